@@ -1,0 +1,1 @@
+"""gateway-bench: agent-session workloads, runner, comparison and charts."""

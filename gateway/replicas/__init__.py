@@ -1,0 +1,1 @@
+"""The replica fleet: backends, health, in-flight counts and scraped engine metrics."""

@@ -1,0 +1,1 @@
+"""Prefix-affinity routing: normalize, hash blocks, index replicas, choose by cost."""

@@ -1,0 +1,1 @@
+"""A faithful vLLM simulator: a pure engine model plus an OpenAI-compatible HTTP server."""

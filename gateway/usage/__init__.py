@@ -1,0 +1,1 @@
+"""Usage accounting: per-request records, sinks, Prometheus metrics and windowed stats."""

@@ -1,0 +1,39 @@
+"""The per-request usage record (design.md section 4), shared by the request path,
+the sinks, the metrics and the stats windows.
+
+One record per proxied request, whatever its outcome: `status` is the HTTP status the
+client saw (or 499 when the client went away first). `cached_tokens` is exactly what the
+engine reported (`usage.prompt_tokens_details.cached_tokens`), `None` when it reported
+nothing; a reported 0 stays 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(slots=True)
+class UsageRecord:
+    ts: float  # unix seconds when the request arrived
+    request_id: str
+    tenant: str | None
+    model: str
+    replica: str | None  # None when no replica was chosen (e.g. 503 with none healthy)
+    route: str | None  # the policy's reason (x-gateway-route)
+    stream: bool
+    status: int
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    predicted_cached_tokens: int | None
+    best_available_tokens: int | None
+    completion_tokens: int | None
+    ttft_ms: float | None
+    latency_ms: float
+    session: str | None
+    hygiene: int = 0  # number of hygiene findings for this request
+    endpoint: str = "chat"  # "chat" | "completions" | other forwarded path
+    error: str | None = None  # short error text for failed/cancelled requests
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
