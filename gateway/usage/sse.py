@@ -1,0 +1,123 @@
+"""An incremental tap on a relayed Server-Sent-Events stream (pure).
+
+`SseUsageTap.feed(chunk)` takes raw upstream bytes, split anywhere, and returns the bytes to
+forward to the client; `finish()` returns whatever is still held at the end of the stream.
+Afterwards `usage` holds the engine's usage from the last event that carried one (the final
+`"choices": []` chunk; with `continuous_usage_stats` every chunk carries a running one and the
+last wins).
+
+Two modes:
+- pass-through (`strip=False`): every chunk is forwarded at once, unchanged. The tap only
+  keeps the bytes of the event still in progress, to read usage when it completes.
+- strip (`strip=True`, the gateway injected `stream_options.include_usage`): complete events
+  are forwarded as soon as their terminating blank line arrives, except the usage-only chunk
+  (`"choices": []` with a `usage` object), which the client never asked for. A partial event
+  is held until its end arrives (vLLM writes each event in one piece, so nothing waits).
+
+Cost: per chunk one concatenation with the held tail, a reverse search for the last event
+boundary and a substring test for `"usage"`; only regions that contain that word are split
+into events and JSON-parsed. Token chunks are never parsed. Events end with a blank line,
+`\\n\\n` or `\\r\\n\\r\\n`; comment lines (`: ...`) and `data: [DONE]` pass through untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import orjson
+
+from gateway.usage.extract import Usage, usage_from_mapping
+
+_USAGE = b'"usage"'
+
+
+def _last_boundary(buf: bytes) -> int:
+    """End index (exclusive) of the last complete event in buf, 0 if there is none."""
+    a = buf.rfind(b"\n\n")
+    b = buf.rfind(b"\n\r\n")
+    return max(a + 2 if a >= 0 else 0, b + 3 if b >= 0 else 0)
+
+
+def _events(region: bytes) -> Iterator[bytes]:
+    """Split a region of complete events into events, each with its terminator."""
+    start = 0
+    n = len(region)
+    i = 0
+    while i < n:
+        j = region.find(b"\n", i)
+        if j < 0:
+            break
+        # a blank line: "\n\n" or "\n\r\n"
+        if j + 1 < n and region[j + 1] == 0x0A:
+            end = j + 2
+        elif j + 2 < n and region[j + 1] == 0x0D and region[j + 2] == 0x0A:
+            end = j + 3
+        else:
+            i = j + 1
+            continue
+        yield region[start:end]
+        start = i = end
+    if start < n:
+        yield region[start:]
+
+
+def _data(event: bytes) -> bytes | None:
+    """The joined `data:` payload of one event, None when it has none."""
+    parts = []
+    for line in event.splitlines():
+        if line.startswith(b"data:"):
+            value = line[5:]
+            parts.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(parts) if parts else None
+
+
+class SseUsageTap:
+    def __init__(self, *, strip: bool) -> None:
+        self.strip = strip
+        self.usage: Usage | None = None
+        self.stripped = 0  # usage-only events removed (for tests and logs)
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        buf = self._tail + chunk if self._tail else chunk
+        cut = _last_boundary(buf)
+        region, self._tail = buf[:cut], buf[cut:]
+        if not self.strip:
+            if region and _USAGE in region:
+                self._scan(region)
+            return chunk
+        if region and _USAGE in region:
+            return self._scan(region)
+        return region
+
+    def finish(self) -> bytes:
+        """End of stream: release the held partial event (a stream cut mid-event)."""
+        tail, self._tail = self._tail, b""
+        if tail and _USAGE in tail:
+            kept = self._scan(tail)
+            return kept if self.strip else b""
+        return tail if self.strip else b""
+
+    def _scan(self, region: bytes) -> bytes:
+        """Read usage from the events in region; return region minus usage-only events."""
+        kept: list[bytes] = []
+        removed = False
+        for event in _events(region):
+            if _USAGE not in event:
+                kept.append(event)
+                continue
+            data = _data(event)
+            doc = None
+            if data is not None and data != b"[DONE]":
+                try:
+                    doc = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    doc = None
+            if isinstance(doc, dict) and isinstance(doc.get("usage"), dict):
+                self.usage = usage_from_mapping(doc["usage"])
+                if self.strip and doc.get("choices") == []:
+                    removed = True
+                    self.stripped += 1
+                    continue
+            kept.append(event)
+        return b"".join(kept) if removed else region
