@@ -1,0 +1,173 @@
+"""Parse one replica's Prometheus `/metrics` text into an `EngineSnapshot` (pure).
+
+Algorithm: one pass over the lines. Comments, blank lines and anything that does not
+look like `name{labels} value [timestamp]` are skipped (a scrape must never fail because
+of one odd line). Only the names below are looked at; every other line is skipped after
+reading its name, so a large histogram-heavy text costs little.
+
+Reading (vLLM V1, see vllm-contract.md section 3):
+- `vllm:kv_cache_usage_perc`, else the deprecated `vllm:gpu_cache_usage_perc` (<= 0.11).
+- `vllm:num_requests_running`, `vllm:num_requests_waiting`.
+- `vllm:prefix_cache_queries_total` / `vllm:prefix_cache_hits_total` (tokens), else the
+  deprecated `vllm:gpu_prefix_cache_queries_total` / `..._hits_total`.
+- `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`.
+- `vllm:cache_config_info{block_size, num_gpu_blocks}` (info gauge: the labels are the data).
+
+Data parallel: each engine exports its own series (label `engine`). Counts and counters
+are summed over series; `num_gpu_blocks` is summed too (each engine has its own cache);
+KV usage is the maximum over engines, because the fullest engine is the one that
+preempts first and it is what the 85%/95% warnings are about.
+
+llama.cpp (`llamacpp:` names, used only when no `vllm:` value exists):
+`requests_processing` -> running, `requests_deferred` -> waiting, `kv_cache_usage_ratio`
+-> KV usage (older builds only), `tokens_predicted_total` -> generation tokens,
+`prompt_tokens_cached_total` -> prefix-cache hits. llama.cpp's `prompt_tokens_total`
+counts only the prompt tokens it evaluated (cached ones are skipped), so vLLM's meaning
+(all prompt tokens, cached included) and the prefix-cache queries are
+`prompt_tokens_total + prompt_tokens_cached_total` when the cached counter exists.
+llama.cpp reports no cache config, so capacity stays unknown (configured elsewhere).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from gateway.replicas.snapshot import EngineSnapshot
+
+# Names whose samples are summed over series (engines, models).
+_SUMMED = frozenset(
+    {
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:gpu_prefix_cache_queries_total",
+        "vllm:gpu_prefix_cache_hits_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "llamacpp:requests_processing",
+        "llamacpp:requests_deferred",
+        "llamacpp:prompt_tokens_total",
+        "llamacpp:prompt_tokens_cached_total",
+        "llamacpp:tokens_predicted_total",
+    }
+)
+_MAXED = frozenset(
+    {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "llamacpp:kv_cache_usage_ratio"}
+)
+_INFO = "vllm:cache_config_info"
+_WANTED = _SUMMED | _MAXED | {_INFO}
+
+_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+
+
+def _labels(text: str) -> dict[str, str] | None:
+    """Label pairs of `a="x",b="y"`; None when the text is not a label set."""
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(text):
+        m = _LABEL.match(text, pos)
+        if m is None:
+            return None if text[pos:].strip() else out
+        out[m.group(1)] = m.group(2).replace('\\"', '"').replace("\\\\", "\\")
+        pos = m.end()
+    return out
+
+
+def _split(line: str) -> tuple[str, dict[str, str], float] | None:
+    """(name, labels, value) of one sample line, None when it is not one."""
+    brace = line.find("{")
+    if brace >= 0:
+        name = line[:brace].strip()
+        if name not in _WANTED:
+            return None
+        close = line.rfind("}")
+        if close < brace:
+            return None
+        labels = _labels(line[brace + 1 : close])
+        if labels is None:
+            return None
+        rest = line[close + 1 :].split()
+    else:
+        parts = line.split()
+        if len(parts) < 2 or parts[0] not in _WANTED:
+            return None
+        name, labels, rest = parts[0], {}, parts[1:]
+    if not rest:
+        return None
+    try:
+        value = float(rest[0])
+    except ValueError:
+        return None
+    return name, labels, value
+
+
+def _int_label(labels: dict[str, str], key: str) -> int | None:
+    raw = labels.get(key)
+    if raw is None:
+        return None
+    try:
+        return int(float(raw))
+    except ValueError:
+        return None
+
+
+def parse_engine_metrics(text: str, now: float) -> EngineSnapshot:
+    """The snapshot a replica's `/metrics` text describes, stamped `now`."""
+    values: dict[str, float] = {}
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] == "#":
+            continue
+        sample = _split(line)
+        if sample is None:
+            continue
+        name, labels, value = sample
+        if math.isnan(value):
+            continue
+        if name == _INFO:
+            bs = _int_label(labels, "block_size")
+            nb = _int_label(labels, "num_gpu_blocks")
+            if bs is not None:
+                block_size = bs
+            if nb is not None:
+                num_gpu_blocks = nb if num_gpu_blocks is None else num_gpu_blocks + nb
+        elif name in _MAXED:
+            values[name] = max(values.get(name, value), value)
+        else:
+            values[name] = values.get(name, 0.0) + value
+
+    def first(*names: str) -> float | None:
+        for n in names:
+            if n in values:
+                return values[n]
+        return None
+
+    lc_prompt = values.get("llamacpp:prompt_tokens_total")
+    lc_cached = values.get("llamacpp:prompt_tokens_cached_total")
+    lc_queries = None if lc_prompt is None or lc_cached is None else lc_prompt + lc_cached
+    queries = first("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+    hits = first("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+    prompt = first("vllm:prompt_tokens_total")
+    if queries is None and hits is None and prompt is None:
+        queries, hits = lc_queries, lc_cached
+        prompt = lc_queries if lc_queries is not None else lc_prompt
+    return EngineSnapshot(
+        ts=now,
+        kv_cache_usage=first(
+            "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "llamacpp:kv_cache_usage_ratio"
+        ),
+        num_requests_running=first("vllm:num_requests_running", "llamacpp:requests_processing"),
+        num_requests_waiting=first("vllm:num_requests_waiting", "llamacpp:requests_deferred"),
+        prefix_cache_queries_total=queries,
+        prefix_cache_hits_total=hits,
+        prompt_tokens_total=prompt,
+        generation_tokens_total=first(
+            "vllm:generation_tokens_total", "llamacpp:tokens_predicted_total"
+        ),
+        num_gpu_blocks=num_gpu_blocks,
+        block_size=block_size,
+    )

@@ -1,0 +1,39 @@
+"""Settings of the usage accounting (TOML section `[usage]`, env `GATEWAY_USAGE_*`).
+
+Where records go (a JSON-lines file, stdout, a Redis stream), how much the sinks may
+buffer before they drop, how often replicas are scraped, and the thresholds the `/stats`
+warnings use. Every field has a default, so `UsageConfig()` is a working configuration
+(no sinks: records only feed the metrics and the stats windows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UsageConfig:
+    log_path: str | None = None  # JSON lines, appended; None = no file sink
+    log_stdout: bool = False  # JSON lines on stdout
+    redis_url: str | None = None  # e.g. redis://127.0.0.1:6379/0; None = no Redis sink
+    redis_stream: str = "gateway:usage"
+    redis_maxlen: int = 1_000_000  # XADD MAXLEN ~ (approximate trim keeps XADD O(1))
+    scrape_interval_s: float = 5.0  # how often the replica monitor reads each /metrics
+    queue_size: int = 10_000  # records buffered per sink before new ones are dropped
+    batch_size: int = 512  # records written per sink write
+    sink_retry_s: float = 1.0  # pause after a failed write before the next attempt
+    bucket_s: float = 10.0  # width of a stats time bucket (window granularity)
+    kv_warn: float = 0.85  # replica KV usage that raises a warning in /stats
+    kv_critical: float = 0.95  # ... and a critical flag
+    ttft_target_ms: float = 1000.0  # P99 TTFT target reported in /stats
+    tpot_target_ms: float = 100.0  # P99 time-per-output-token target
+
+    def __post_init__(self) -> None:
+        if self.redis_maxlen <= 0:
+            raise ValueError("usage.redis_maxlen must be positive")
+        if self.queue_size <= 0 or self.batch_size <= 0:
+            raise ValueError("usage.queue_size and usage.batch_size must be positive")
+        if self.scrape_interval_s <= 0 or self.bucket_s <= 0 or self.sink_retry_s < 0:
+            raise ValueError("usage intervals must be positive")
+        if not 0 < self.kv_warn <= self.kv_critical <= 1:
+            raise ValueError("usage.kv_warn/kv_critical must satisfy 0 < warn <= critical <= 1")

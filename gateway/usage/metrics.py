@@ -1,0 +1,331 @@
+"""The gateway's own Prometheus metrics, in a registry owned by one `GatewayMetrics`.
+
+Every name starts with `gateway_` (never `vllm:`: a dashboard must not mix the engine's
+series with ours). Documented metrics, as exposed (counters carry `_total`); the tests
+render the registry and check that each of these is present:
+
+Per request (from `UsageRecord`s, `observe`):
+- `gateway_requests_total{model,replica,tenant,route,status}` counter
+- `gateway_prompt_tokens_total{model,replica,tenant,route}` counter
+- `gateway_cached_tokens_total{model,replica,tenant,route}` counter (only engine-reported)
+- `gateway_predicted_cached_tokens_total{model,replica,tenant,route}` counter
+- `gateway_best_available_tokens_total{model,replica,tenant,route}` counter
+- `gateway_completion_tokens_total{model,replica,tenant,route}` counter
+- `gateway_records_without_cached_tokens_total{replica}` counter: the engine reported
+  `prompt_tokens` but no `cached_tokens` (vLLM without `--enable-prompt-tokens-details`)
+- `gateway_ttft_seconds{model,replica}` histogram
+- `gateway_request_latency_seconds{model,replica}` histogram
+- `gateway_request_prompt_tokens{model,replica}` histogram (prompt length per request,
+  buckets up to 128k; not `gateway_prompt_tokens`, which is the counter's family name)
+- `gateway_cached_ratio{model,replica}` histogram (cached/prompt per request, 0..1)
+Request path:
+- `gateway_routing_decisions_total{reason}` counter
+- `gateway_hygiene_findings_total{kind,severity}` counter
+- `gateway_usage_sink_errors_total{sink}` counter (failed sink writes)
+- `gateway_usage_records_dropped_total{sink}` counter (records a sink lost: queue full or
+  failed write)
+Replicas (`replica_state`, after each health probe / scrape):
+- `gateway_replica_healthy{replica}` gauge (1/0)
+- `gateway_replica_in_flight{replica}` gauge (this gateway's requests in flight there)
+- `gateway_replica_kv_cache_usage{replica}` gauge 0..1, last scrape
+- `gateway_replica_requests_waiting{replica}`, `gateway_replica_requests_running{replica}`
+  gauges, last scrape
+- `gateway_replica_prefix_cache_hits_tokens{replica}`,
+  `gateway_replica_prefix_cache_queries_tokens{replica}` gauges: the engine's own
+  cumulative counters copied at the last scrape. They are gauges because the gateway does
+  not own them (they reset when the engine restarts); take `delta()` over them, or read the
+  engine's `vllm:prefix_cache_*_total` directly for `rate()`.
+- `gateway_replica_capacity_tokens{replica}` gauge (num_gpu_blocks x block_size)
+A replica gauge whose value the last scrape did not report is removed, not set to 0.
+
+Label values: `None` becomes "none"; status is the HTTP status as a string.
+
+Speed: `observe` runs once per request. `.labels()` costs a lock and a dict lookup per
+metric, so the children for one label tuple are resolved once and cached in a dict keyed
+by that tuple (bounded by label cardinality, like the registry itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Final, NamedTuple
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from gateway.replicas.snapshot import EngineSnapshot
+from gateway.usage.record import UsageRecord
+
+DOCUMENTED_METRICS: Final[tuple[str, ...]] = (
+    "gateway_requests_total",
+    "gateway_prompt_tokens_total",
+    "gateway_cached_tokens_total",
+    "gateway_predicted_cached_tokens_total",
+    "gateway_best_available_tokens_total",
+    "gateway_completion_tokens_total",
+    "gateway_records_without_cached_tokens_total",
+    "gateway_ttft_seconds",
+    "gateway_request_latency_seconds",
+    "gateway_request_prompt_tokens",
+    "gateway_cached_ratio",
+    "gateway_routing_decisions_total",
+    "gateway_hygiene_findings_total",
+    "gateway_usage_sink_errors_total",
+    "gateway_usage_records_dropped_total",
+    "gateway_replica_healthy",
+    "gateway_replica_in_flight",
+    "gateway_replica_kv_cache_usage",
+    "gateway_replica_requests_waiting",
+    "gateway_replica_requests_running",
+    "gateway_replica_prefix_cache_hits_tokens",
+    "gateway_replica_prefix_cache_queries_tokens",
+    "gateway_replica_capacity_tokens",
+)
+
+NONE_LABEL: Final = "none"
+
+_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_LATENCY_BUCKETS = (*_SECONDS_BUCKETS, 120.0, 300.0, 600.0)
+_PROMPT_BUCKETS = tuple(float(2**i) for i in range(5, 18))  # 32 .. 131072
+_RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+
+_TOKEN_LABELS = ("model", "replica", "tenant", "route")
+_HIST_LABELS = ("model", "replica")
+
+
+def _label(value: str | None) -> str:
+    return NONE_LABEL if value is None else value
+
+
+class _TokenChildren(NamedTuple):
+    prompt: Counter
+    cached: Counter
+    predicted: Counter
+    best: Counter
+    completion: Counter
+
+
+class _HistChildren(NamedTuple):
+    ttft: Histogram
+    latency: Histogram
+    prompt: Histogram
+    ratio: Histogram
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self._requests = Counter(
+            "gateway_requests", "Proxied requests by outcome.",
+            (*_TOKEN_LABELS, "status"), registry=r,
+        )  # fmt: skip
+        self._prompt = Counter(
+            "gateway_prompt_tokens", "Prompt tokens the engines reported.", _TOKEN_LABELS,
+            registry=r,
+        )  # fmt: skip
+        self._cached = Counter(
+            "gateway_cached_tokens",
+            "Prompt tokens the engines reported as served from the prefix cache.",
+            _TOKEN_LABELS, registry=r,
+        )  # fmt: skip
+        self._predicted = Counter(
+            "gateway_predicted_cached_tokens",
+            "Cached prompt tokens the gateway predicted on the chosen replica.",
+            _TOKEN_LABELS, registry=r,
+        )  # fmt: skip
+        self._best = Counter(
+            "gateway_best_available_tokens",
+            "Cached prompt tokens the best replica could have given.", _TOKEN_LABELS,
+            registry=r,
+        )  # fmt: skip
+        self._completion = Counter(
+            "gateway_completion_tokens", "Completion tokens the engines reported.",
+            _TOKEN_LABELS, registry=r,
+        )  # fmt: skip
+        self._without_cached = Counter(
+            "gateway_records_without_cached_tokens",
+            "Requests whose usage had prompt_tokens but no cached_tokens "
+            "(start vLLM with --enable-prompt-tokens-details).",
+            ("replica",), registry=r,
+        )  # fmt: skip
+        self._ttft = Histogram(
+            "gateway_ttft_seconds", "Time to first byte of the answer.", _HIST_LABELS,
+            registry=r, buckets=_SECONDS_BUCKETS,
+        )  # fmt: skip
+        self._latency = Histogram(
+            "gateway_request_latency_seconds", "Request latency until the last byte.",
+            _HIST_LABELS, registry=r, buckets=_LATENCY_BUCKETS,
+        )  # fmt: skip
+        self._prompt_hist = Histogram(
+            "gateway_request_prompt_tokens", "Prompt length in tokens per request.", _HIST_LABELS,
+            registry=r, buckets=_PROMPT_BUCKETS,
+        )  # fmt: skip
+        self._ratio = Histogram(
+            "gateway_cached_ratio", "cached_tokens / prompt_tokens per request.",
+            _HIST_LABELS, registry=r, buckets=_RATIO_BUCKETS,
+        )  # fmt: skip
+        self._routes = Counter(
+            "gateway_routing_decisions", "Routing decisions by reason.", ("reason",),
+            registry=r,
+        )  # fmt: skip
+        self._hygiene = Counter(
+            "gateway_hygiene_findings", "Prompt-hygiene findings.", ("kind", "severity"),
+            registry=r,
+        )  # fmt: skip
+        self._sink_errors = Counter(
+            "gateway_usage_sink_errors", "Failed usage-sink writes.", ("sink",), registry=r
+        )
+        self._dropped = Counter(
+            "gateway_usage_records_dropped",
+            "Usage records a sink lost (queue full or failed write).", ("sink",), registry=r,
+        )  # fmt: skip
+        self._healthy = Gauge(
+            "gateway_replica_healthy", "1 when the replica passed its last health check.",
+            ("replica",), registry=r,
+        )  # fmt: skip
+        self._in_flight = Gauge(
+            "gateway_replica_in_flight", "This gateway's requests in flight on the replica.",
+            ("replica",), registry=r,
+        )  # fmt: skip
+        self._kv = Gauge(
+            "gateway_replica_kv_cache_usage", "Replica KV-cache usage 0..1, last scrape.",
+            ("replica",), registry=r,
+        )  # fmt: skip
+        self._waiting = Gauge(
+            "gateway_replica_requests_waiting", "Replica waiting queue, last scrape.",
+            ("replica",), registry=r,
+        )  # fmt: skip
+        self._running = Gauge(
+            "gateway_replica_requests_running", "Replica running batch, last scrape.",
+            ("replica",), registry=r,
+        )  # fmt: skip
+        self._hits = Gauge(
+            "gateway_replica_prefix_cache_hits_tokens",
+            "The replica's cumulative prefix-cache hit tokens counter at the last scrape "
+            "(resets with the engine; use delta()).",
+            ("replica",), registry=r,
+        )  # fmt: skip
+        self._queries = Gauge(
+            "gateway_replica_prefix_cache_queries_tokens",
+            "The replica's cumulative prefix-cache queried tokens counter at the last "
+            "scrape (resets with the engine; use delta()).",
+            ("replica",), registry=r,
+        )  # fmt: skip
+        self._capacity = Gauge(
+            "gateway_replica_capacity_tokens",
+            "Replica KV capacity in tokens (num_gpu_blocks x block_size), last scrape.",
+            ("replica",), registry=r,
+        )  # fmt: skip
+        self._request_children: dict[tuple[str, ...], Counter] = {}
+        self._token_children: dict[tuple[str, ...], _TokenChildren] = {}
+        self._hist_children: dict[tuple[str, str], _HistChildren] = {}
+        self._without_children: dict[str, Counter] = {}
+        self._route_children: dict[str, Counter] = {}
+        self._hygiene_children: dict[tuple[str, str], Counter] = {}
+
+    # -- per request -------------------------------------------------------------------
+
+    def observe(self, rec: UsageRecord) -> None:
+        model = rec.model or NONE_LABEL
+        replica = _label(rec.replica)
+        tokens_key = (model, replica, _label(rec.tenant), _label(rec.route))
+        req_key = (*tokens_key, str(rec.status))
+        req = self._request_children.get(req_key)
+        if req is None:
+            req = self._request_children[req_key] = self._requests.labels(*req_key)
+        req.inc()
+
+        tok = self._token_children.get(tokens_key)
+        if tok is None:
+            tok = self._token_children[tokens_key] = _TokenChildren(
+                *(m.labels(*tokens_key) for m in
+                  (self._prompt, self._cached, self._predicted, self._best, self._completion))
+            )  # fmt: skip
+        prompt, cached = rec.prompt_tokens, rec.cached_tokens
+        if prompt:
+            tok.prompt.inc(prompt)
+        if cached:
+            tok.cached.inc(cached)
+        if rec.predicted_cached_tokens:
+            tok.predicted.inc(rec.predicted_cached_tokens)
+        if rec.best_available_tokens:
+            tok.best.inc(rec.best_available_tokens)
+        if rec.completion_tokens:
+            tok.completion.inc(rec.completion_tokens)
+
+        hist_key = (model, replica)
+        hist = self._hist_children.get(hist_key)
+        if hist is None:
+            hist = self._hist_children[hist_key] = _HistChildren(
+                *(m.labels(*hist_key) for m in
+                  (self._ttft, self._latency, self._prompt_hist, self._ratio))
+            )  # fmt: skip
+        if rec.ttft_ms is not None:
+            hist.ttft.observe(rec.ttft_ms / 1000.0)
+        hist.latency.observe(rec.latency_ms / 1000.0)
+        if prompt is not None:
+            hist.prompt.observe(prompt)
+            if cached is None:
+                without = self._without_children.get(replica)
+                if without is None:
+                    without = self._without_children[replica] = self._without_cached.labels(
+                        replica
+                    )
+                without.inc()
+            elif prompt > 0:
+                hist.ratio.observe(min(1.0, cached / prompt))
+
+    # -- request path events -----------------------------------------------------------
+
+    def route_decision(self, reason: str) -> None:
+        child = self._route_children.get(reason)
+        if child is None:
+            child = self._route_children[reason] = self._routes.labels(reason)
+        child.inc()
+
+    def hygiene_finding(self, kind: str, severity: str) -> None:
+        key = (kind, severity)
+        child = self._hygiene_children.get(key)
+        if child is None:
+            child = self._hygiene_children[key] = self._hygiene.labels(*key)
+        child.inc()
+
+    def sink_error(self, sink: str) -> None:
+        self._sink_errors.labels(sink).inc()
+
+    def records_dropped(self, sink: str, count: int) -> None:
+        self._dropped.labels(sink).inc(count)
+
+    # -- replicas ----------------------------------------------------------------------
+
+    def replica_state(
+        self, name: str, healthy: bool, in_flight: int, snapshot: EngineSnapshot | None
+    ) -> None:
+        self._healthy.labels(name).set(1.0 if healthy else 0.0)
+        self._in_flight.labels(name).set(in_flight)
+        snap = snapshot
+        capacity = None if snap is None else snap.capacity_tokens
+        for gauge, value in (
+            (self._kv, None if snap is None else snap.kv_cache_usage),
+            (self._waiting, None if snap is None else snap.num_requests_waiting),
+            (self._running, None if snap is None else snap.num_requests_running),
+            (self._hits, None if snap is None else snap.prefix_cache_hits_total),
+            (self._queries, None if snap is None else snap.prefix_cache_queries_total),
+            (self._capacity, None if capacity is None else float(capacity)),
+        ):
+            if value is None:
+                # Unknown is not zero: drop the series rather than report a false 0.
+                # (prometheus-client < 0.22 raises KeyError for an absent series)
+                with contextlib.suppress(KeyError):
+                    gauge.remove(name)
+            else:
+                gauge.labels(name).set(value)
+
+    def remove_replica(self, name: str) -> None:
+        """Forget a replica's gauges (it left the fleet)."""
+        for gauge in (self._healthy, self._in_flight, self._kv, self._waiting, self._running,
+                      self._hits, self._queries, self._capacity):  # fmt: skip
+            with contextlib.suppress(KeyError):
+                gauge.remove(name)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,220 @@
+"""The one place a finished request's `UsageRecord` goes: metrics, stats windows, sinks.
+
+`record(rec)` runs on the request path once per request (streamed, non-streamed, failed,
+cancelled). It updates the Prometheus metrics and the stats windows, encodes the record
+once (orjson, fields in schema order, `None` as `null`) and offers the line to each sink's
+bounded buffer. It never awaits and never raises to the caller (see `record`).
+
+Missing cached_tokens: a replica whose records carry `prompt_tokens` but no
+`cached_tokens` runs without `--enable-prompt-tokens-details`. `record` logs that once per
+replica at first detection; `missing_cached_tokens_replicas()` lists the replicas that
+have never reported `cached_tokens` but have sent usage without it, and `/stats` turns
+them into warnings. A replica leaves that list as soon as it reports `cached_tokens` once
+(vLLM <= 0.23 omits the details when the count is 0, so a cold start alone can list a
+replica that has the flag on, until its first cache hit).
+
+`stats(now, replicas)` builds the `/stats` JSON: the windows of `gateway.usage.stats`,
+each replica's last scrape with KV-usage levels (`kv_warn`/`kv_critical` of the config),
+sink counters and a `warnings` list of plain sentences.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from gateway.replicas.snapshot import EngineSnapshot
+from gateway.usage.config import UsageConfig
+from gateway.usage.metrics import GatewayMetrics
+from gateway.usage.record import UsageRecord
+from gateway.usage.sinks import FileSink, RedisStreamSink, Sink, SinkPump, StdoutSink
+from gateway.usage.stats import UsageWindows
+
+log = logging.getLogger("gateway.usage")
+
+_ERROR_LOG_EVERY_S = 60.0
+
+
+def sinks_from_config(config: UsageConfig) -> list[Sink]:
+    sinks: list[Sink] = []
+    if config.log_path:
+        sinks.append(FileSink(config.log_path))
+    if config.log_stdout:
+        sinks.append(StdoutSink())
+    if config.redis_url:
+        sinks.append(RedisStreamSink(config.redis_url, config.redis_stream, config.redis_maxlen))
+    return sinks
+
+
+def kv_level(usage: float | None, warn: float, critical: float) -> str:
+    if usage is None:
+        return "unknown"
+    if usage >= critical:
+        return "critical"
+    if usage >= warn:
+        return "warn"
+    return "ok"
+
+
+def missing_cached_tokens_warning(replica: str) -> str:
+    return (
+        f"replica {replica} does not report cached_tokens: "
+        "start vLLM with --enable-prompt-tokens-details"
+    )
+
+
+class UsageRecorder:
+    def __init__(
+        self,
+        config: UsageConfig,
+        metrics: GatewayMetrics,
+        *,
+        sinks: list[Sink] | None = None,
+    ) -> None:
+        self._config = config
+        self._metrics = metrics
+        self._pumps = [
+            SinkPump(
+                s,
+                metrics,
+                capacity=config.queue_size,
+                batch_size=config.batch_size,
+                retry_s=config.sink_retry_s,
+            )
+            for s in (sinks_from_config(config) if sinks is None else sinks)
+        ]
+        self._windows = UsageWindows(
+            bucket_s=config.bucket_s,
+            ttft_target_ms=config.ttft_target_ms,
+            tpot_target_ms=config.tpot_target_ms,
+        )
+        self._reporting: set[str] = set()  # replicas that have reported cached_tokens
+        self._missing: dict[str, int] = {}  # replica -> records without cached_tokens
+        self._record_errors = 0
+        self._last_error_log = -_ERROR_LOG_EVERY_S
+
+    @property
+    def windows(self) -> UsageWindows:
+        return self._windows
+
+    @property
+    def pumps(self) -> list[SinkPump]:
+        return self._pumps
+
+    async def start(self) -> None:
+        for pump in self._pumps:
+            pump.start()
+
+    async def aclose(self) -> None:
+        for pump in self._pumps:
+            await pump.aclose()
+
+    def record(self, rec: UsageRecord) -> None:
+        """Account one finished request. Never blocks, never raises to the caller."""
+        try:
+            self._metrics.observe(rec)
+            self._windows.add(rec)
+            if rec.prompt_tokens is not None and rec.replica is not None:
+                self._track_details(rec.replica, rec.cached_tokens is not None)
+            if self._pumps:
+                line = orjson.dumps(rec) + b"\n"
+                for pump in self._pumps:
+                    pump.offer(line)
+        except Exception:
+            # The request already finished for the client; a bug in accounting must not
+            # turn it into a failure. It is logged (rate-limited) with its traceback.
+            self._record_errors += 1
+            now = time.monotonic()
+            if now - self._last_error_log >= _ERROR_LOG_EVERY_S:
+                self._last_error_log = now
+                log.exception("usage record failed (%d so far)", self._record_errors)
+
+    def _track_details(self, replica: str, reported: bool) -> None:
+        if reported:
+            if replica not in self._reporting:
+                self._reporting.add(replica)
+                self._missing.pop(replica, None)
+            return
+        if replica in self._reporting:
+            return  # vLLM <= 0.23 leaves details out when nothing was cached
+        n = self._missing.get(replica, 0)
+        self._missing[replica] = n + 1
+        if n == 0:
+            log.warning("%s", missing_cached_tokens_warning(replica))
+
+    def missing_cached_tokens_replicas(self) -> list[str]:
+        return sorted(self._missing)
+
+    def stats(self, now: float, replicas: Mapping[str, EngineSnapshot | None]) -> dict[str, Any]:
+        cfg = self._config
+        warnings = [missing_cached_tokens_warning(r) for r in self.missing_cached_tokens_replicas()]
+        reps: dict[str, Any] = {}
+        for name in sorted(replicas):
+            snap = replicas[name]
+            usage = None if snap is None else snap.kv_cache_usage
+            level = kv_level(usage, cfg.kv_warn, cfg.kv_critical)
+            if level in ("warn", "critical"):
+                assert usage is not None
+                warnings.append(
+                    f"replica {name} KV cache usage {usage:.0%} is {level} "
+                    f"(warn {cfg.kv_warn:.0%}, critical {cfg.kv_critical:.0%})"
+                )
+            reps[name] = _replica_json(snap, level, self._reporting, self._missing, name)
+        windows = self._windows.windows(now)
+        recent = windows["5m"]
+        for key, label in (("ttft", "TTFT"), ("tpot", "TPOT")):
+            fig = recent[key]
+            if fig["ok"] is False:
+                warnings.append(
+                    f"{label} p99 over the last 5 min is {fig['p99_ms']:.0f} ms "
+                    f"(target {fig['target_ms']:.0f} ms)"
+                )
+        sinks: dict[str, Any] = {}
+        for pump in self._pumps:
+            sinks[pump.sink.name] = {
+                "written": pump.written,
+                "queued": pump.queued,
+                "dropped": pump.dropped,
+                "errors": pump.errors,
+            }
+            if pump.dropped:
+                warnings.append(f"usage sink {pump.sink.name} dropped {pump.dropped} records")
+        return {
+            "now": now,
+            "first_record_ts": self._windows.first_ts,
+            "last_record_ts": self._windows.last_ts,
+            "windows": windows,
+            "replicas": reps,
+            "sinks": sinks,
+            "warnings": warnings,
+        }
+
+
+def _replica_json(
+    snap: EngineSnapshot | None,
+    level: str,
+    reporting: set[str],
+    missing: Mapping[str, int],
+    name: str,
+) -> dict[str, Any]:
+    reports: bool | None = True if name in reporting else False if name in missing else None
+    if snap is None:
+        return {"scraped": False, "kv_level": level, "reports_cached_tokens": reports}
+    hit_rate = None
+    if snap.prefix_cache_queries_total and snap.prefix_cache_hits_total is not None:
+        hit_rate = snap.prefix_cache_hits_total / snap.prefix_cache_queries_total
+    return {
+        "scraped": True,
+        "scraped_at": snap.ts,
+        "kv_cache_usage": snap.kv_cache_usage,
+        "kv_level": level,
+        "requests_running": snap.num_requests_running,
+        "requests_waiting": snap.num_requests_waiting,
+        "capacity_tokens": snap.capacity_tokens,
+        "engine_prefix_cache_hit_rate_since_start": hit_rate,
+        "reports_cached_tokens": reports,
+    }

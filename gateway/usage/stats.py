@@ -1,0 +1,284 @@
+"""Windowed usage statistics from `UsageRecord`s (pure: time comes from the records and
+from the `now` a caller passes in).
+
+Storage (bounded memory): records are folded into time buckets of `bucket_s` seconds
+(default 10) keyed by `floor(ts / bucket_s)` of the record's arrival `ts`. A bucket holds
+one `Totals` per (model, replica, tenant) and four quantile sketches (prompt length,
+prompt + completion length, TTFT, TPOT). Only the buckets of the last `horizon_s`
+(default 1 h) before the newest record are kept; older buckets are merged into one
+`archive` bucket, so "since start" = archive + live buckets and nothing grows with the
+number of requests (only with label cardinality and the sketches' bounded bucket count).
+
+Window `W` at `now` covers every bucket whose end lies after `now - W`: at least `W`
+seconds, at most `W + bucket_s`. Records stamped after `now` are included.
+
+Figures (all token-weighted sums over the window, never averages of per-request ratios):
+- cached_ratio = sum(cached) / sum(prompt), over records whose engine reported both.
+- Decomposition of reuse, each over the records where both of its inputs are known:
+  available = sum(best_available) / sum(prompt): reuse any replica could have offered;
+  captured  = sum(predicted) / sum(best_available): how much of it routing captured;
+  delivered = sum(cached) / sum(predicted): how much of the prediction the engine
+  delivered (can exceed 1 when the engine held more than the gateway knew).
+  Records with `cached_tokens` None are excluded from cached_ratio and delivered, and
+  counted in `records_without_cached_tokens`.
+- Percentiles: prompt tokens P50/P95/P99; TTFT P99 (records with status < 400); TPOT P99,
+  TPOT = (latency - ttft) / (completion_tokens - 1) for completion_tokens > 1. Sketch
+  accuracy is 1% relative.
+- max_model_len_suggestion = ceil(P99(prompt + completion) * 1.2 / 1024) * 1024: room for
+  99% of the observed requests plus 20% headroom, in the 1024-token steps operators use.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+from gateway.usage.record import UsageRecord
+from gateway.usage.sketch import QuantileSketch
+
+NONE_KEY: Final = "none"
+WINDOWS: Final[tuple[tuple[str, float | None], ...]] = (
+    ("1m", 60.0),
+    ("5m", 300.0),
+    ("1h", 3600.0),
+    ("all", None),
+)
+MAX_MODEL_LEN_HEADROOM: Final = 1.2
+MAX_MODEL_LEN_STEP: Final = 1024
+
+
+class Totals:
+    """Token-weighted sums for one (model, replica, tenant) in one bucket."""
+
+    __slots__ = (
+        "avail_den", "avail_num", "capt_den", "capt_num", "completion", "deliv_den",
+        "deliv_num", "prompt", "ratio_den", "ratio_num", "requests", "status", "without",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.status: dict[int, int] = {}
+        self.prompt = 0  # every reported prompt token
+        self.completion = 0
+        self.ratio_num = 0  # cached, where prompt and cached are known
+        self.ratio_den = 0  # prompt, same records
+        self.without = 0  # records with prompt known and cached None
+        self.avail_num = 0
+        self.avail_den = 0
+        self.capt_num = 0
+        self.capt_den = 0
+        self.deliv_num = 0
+        self.deliv_den = 0
+
+    def add(self, rec: UsageRecord) -> None:
+        self.requests += 1
+        self.status[rec.status] = self.status.get(rec.status, 0) + 1
+        prompt, cached = rec.prompt_tokens, rec.cached_tokens
+        predicted, best = rec.predicted_cached_tokens, rec.best_available_tokens
+        if rec.completion_tokens is not None:
+            self.completion += rec.completion_tokens
+        if prompt is not None:
+            self.prompt += prompt
+            if cached is None:
+                self.without += 1
+            else:
+                self.ratio_num += cached
+                self.ratio_den += prompt
+            if best is not None:
+                self.avail_num += best
+                self.avail_den += prompt
+        if predicted is not None:
+            if best is not None:
+                self.capt_num += predicted
+                self.capt_den += best
+            if cached is not None:
+                self.deliv_num += cached
+                self.deliv_den += predicted
+
+    def merge(self, o: Totals) -> None:
+        self.requests += o.requests
+        for k, n in o.status.items():
+            self.status[k] = self.status.get(k, 0) + n
+        self.prompt += o.prompt
+        self.completion += o.completion
+        self.ratio_num += o.ratio_num
+        self.ratio_den += o.ratio_den
+        self.without += o.without
+        self.avail_num += o.avail_num
+        self.avail_den += o.avail_den
+        self.capt_num += o.capt_num
+        self.capt_den += o.capt_den
+        self.deliv_num += o.deliv_num
+        self.deliv_den += o.deliv_den
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "prompt_tokens": self.prompt,
+            "cached_tokens": self.ratio_num,
+            "completion_tokens": self.completion,
+            "cached_ratio": _ratio(self.ratio_num, self.ratio_den),
+            "records_without_cached_tokens": self.without,
+            "available": _ratio(self.avail_num, self.avail_den),
+            "captured": _ratio(self.capt_num, self.capt_den),
+            "delivered": _ratio(self.deliv_num, self.deliv_den),
+        }
+
+
+def _ratio(num: int, den: int) -> float | None:
+    return None if den <= 0 else num / den
+
+
+Key = tuple[str, str, str]  # model, replica, tenant
+
+
+class Bucket:
+    __slots__ = ("prompt", "total_len", "totals", "tpot", "ttft")
+
+    def __init__(self) -> None:
+        self.totals: dict[Key, Totals] = {}
+        self.prompt = QuantileSketch()
+        self.total_len = QuantileSketch()
+        self.ttft = QuantileSketch()
+        self.tpot = QuantileSketch()
+
+    def add(self, rec: UsageRecord) -> None:
+        key = (rec.model or NONE_KEY, rec.replica or NONE_KEY, rec.tenant or NONE_KEY)
+        totals = self.totals.get(key)
+        if totals is None:
+            totals = self.totals[key] = Totals()
+        totals.add(rec)
+        if rec.prompt_tokens is not None:
+            self.prompt.add(rec.prompt_tokens)
+            self.total_len.add(rec.prompt_tokens + (rec.completion_tokens or 0))
+        ttft = rec.ttft_ms
+        if ttft is not None and rec.status < 400:
+            self.ttft.add(ttft)
+        completion = rec.completion_tokens
+        if ttft is not None and completion is not None and completion > 1:
+            self.tpot.add((rec.latency_ms - ttft) / (completion - 1))
+
+    def merge(self, o: Bucket) -> None:
+        for key, t in o.totals.items():
+            mine = self.totals.get(key)
+            if mine is None:
+                mine = self.totals[key] = Totals()
+            mine.merge(t)
+        self.prompt.merge(o.prompt)
+        self.total_len.merge(o.total_len)
+        self.ttft.merge(o.ttft)
+        self.tpot.merge(o.tpot)
+
+
+def max_model_len_suggestion(p99_total_tokens: float | None) -> int | None:
+    if p99_total_tokens is None or p99_total_tokens <= 0:
+        return None
+    steps = math.ceil(p99_total_tokens * MAX_MODEL_LEN_HEADROOM / MAX_MODEL_LEN_STEP)
+    return steps * MAX_MODEL_LEN_STEP
+
+
+def _round(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+class UsageWindows:
+    """Time-bucketed aggregates of usage records; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        bucket_s: float = 10.0,
+        horizon_s: float = 3600.0,
+        ttft_target_ms: float = 1000.0,
+        tpot_target_ms: float = 100.0,
+    ) -> None:
+        if bucket_s <= 0 or horizon_s < bucket_s:
+            raise ValueError("need 0 < bucket_s <= horizon_s")
+        self._bucket_s = bucket_s
+        self._keep = math.ceil(horizon_s / bucket_s) + 1
+        self._buckets: dict[int, Bucket] = {}
+        self._archive = Bucket()
+        self._newest = -(2**62)
+        self._ttft_target = ttft_target_ms
+        self._tpot_target = tpot_target_ms
+        self.first_ts: float | None = None
+        self.last_ts: float | None = None
+
+    def add(self, rec: UsageRecord) -> None:
+        ts = rec.ts
+        idx = math.floor(ts / self._bucket_s)
+        bucket = self._buckets.get(idx)
+        if bucket is None:
+            if idx <= self._newest - self._keep:
+                bucket = self._archive  # too old for any window: only "since start"
+            else:
+                bucket = self._buckets[idx] = Bucket()
+                if idx > self._newest:
+                    self._newest = idx
+                    self._evict()
+        bucket.add(rec)
+        if self.first_ts is None or ts < self.first_ts:
+            self.first_ts = ts
+        if self.last_ts is None or ts > self.last_ts:
+            self.last_ts = ts
+
+    def _evict(self) -> None:
+        limit = self._newest - self._keep
+        for idx in [i for i in self._buckets if i <= limit]:
+            self._archive.merge(self._buckets.pop(idx))
+
+    def bucket_count(self) -> int:
+        return len(self._buckets)
+
+    def merged(self, now: float, window_s: float | None) -> Bucket:
+        """One bucket holding everything window `window_s` covers (None = since start)."""
+        out = Bucket()
+        if window_s is None:
+            out.merge(self._archive)
+        start = None if window_s is None else now - window_s
+        for idx, bucket in self._buckets.items():
+            if start is None or (idx + 1) * self._bucket_s > start:
+                out.merge(bucket)
+        return out
+
+    def summary(self, now: float, window_s: float | None) -> dict[str, Any]:
+        b = self.merged(now, window_s)
+        overall = Totals()
+        dims: dict[str, dict[str, Totals]] = {"model": {}, "replica": {}, "tenant": {}}
+        for (model, replica, tenant), t in b.totals.items():
+            overall.merge(t)
+            for dim, name in (("model", model), ("replica", replica), ("tenant", tenant)):
+                agg = dims[dim].get(name)
+                if agg is None:
+                    agg = dims[dim][name] = Totals()
+                agg.merge(t)
+        out = overall.figures()
+        out["window_s"] = window_s
+        out["by_status"] = {str(k): n for k, n in sorted(overall.status.items())}
+        for dim, groups in dims.items():
+            out[f"by_{dim}"] = {name: groups[name].figures() for name in sorted(groups)}
+        p99_total = b.total_len.quantile(0.99)
+        out["prompt_tokens_percentiles"] = {
+            "p50": _round(b.prompt.quantile(0.50), 1),
+            "p95": _round(b.prompt.quantile(0.95), 1),
+            "p99": _round(b.prompt.quantile(0.99), 1),
+        }
+        out["total_tokens_p99"] = _round(p99_total, 1)
+        out["max_model_len_suggestion"] = max_model_len_suggestion(p99_total)
+        ttft99, tpot99 = b.ttft.quantile(0.99), b.tpot.quantile(0.99)
+        out["ttft"] = {
+            "p99_ms": _round(ttft99),
+            "target_ms": self._ttft_target,
+            "ok": None if ttft99 is None else ttft99 <= self._ttft_target,
+            "samples": b.ttft.count,
+        }
+        out["tpot"] = {
+            "p99_ms": _round(tpot99),
+            "target_ms": self._tpot_target,
+            "ok": None if tpot99 is None else tpot99 <= self._tpot_target,
+            "samples": b.tpot.count,
+        }
+        return out
+
+    def windows(self, now: float) -> dict[str, dict[str, Any]]:
+        return {name: self.summary(now, w) for name, w in WINDOWS}
