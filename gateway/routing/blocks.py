@@ -1,0 +1,32 @@
+"""Canonical byte stream -> chained block hashes.
+
+The stream is cut into fixed-size blocks of `block_bytes` (default 64, about one 16-token
+vLLM block); only full blocks are hashed, like vLLM. Block i's hash is
+`xxh3_64(block_i, seed=hash_{i-1})` with `hash_{-1}` = the chain seed (model, cache_salt,
+template switches; see `normalize.chain_seed`), so a hash names the whole prefix up to and
+including its block and any earlier difference changes every later hash.
+
+Cost: one C call per block (about 90 ns); a 128 KiB prompt is 2048 blocks.
+"""
+
+from __future__ import annotations
+
+import xxhash
+
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
+def chain_hashes(data: bytes, seed: int, block_bytes: int) -> list[int]:
+    """Hashes of every full block of `data`, each chained on the previous one."""
+    out: list[int] = []
+    append = out.append
+    h = seed
+    for start in range(0, len(data) - block_bytes + 1, block_bytes):
+        h = _xxh3(data[start : start + block_bytes], h)
+        append(h)
+    return out
+
+
+def tail_hash(data: bytes, full_blocks: int, block_bytes: int, parent: int) -> int:
+    """Hash of the partial block after `full_blocks` full ones (the prompt's tail)."""
+    return _xxh3(data[full_blocks * block_bytes :], parent)

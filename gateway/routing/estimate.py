@@ -1,0 +1,132 @@
+"""Canonical bytes -> prompt tokens, learned from what the engine reports.
+
+Two sources, combined:
+- a per-model EWMA of bytes/token from (canonical bytes, prompt_tokens) of completed
+  requests (weight `ratio_ewma_alpha`, start `initial_bytes_per_token`);
+- anchors: when a request completes with T prompt tokens, its last full block's hash gets
+  the token position where that block ends (T minus the estimated tail), plus the hash of
+  the tail and T itself. A later request whose chain contains that block (the next turn of
+  a conversation, or the same prompt again) is then estimated from the anchor plus the few
+  bytes after it divided by the ratio, so the error does not grow with prompt length. If
+  the later request also repeats the tail bytes, the earlier prompt is an exact prefix of
+  it and its full length `reach` is known to be shared.
+
+Anchors live in one LRU keyed by block hash (the hash already covers model and salt):
+token positions are a property of the content, not of the replica.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.routing.blocks import tail_hash
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    tokens: float  # tokens covering the chain up to the end of this block
+    tail_hash: int  # hash of the bytes that followed this block, up to `tail_len`
+    tail_len: int
+    reach: float  # tokens shared by any request that repeats the tail too
+
+
+class TokenEstimator:
+    def __init__(
+        self, initial_ratio: float, alpha: float, anchor_capacity: int, block_bytes: int
+    ) -> None:
+        self._initial = initial_ratio
+        self._alpha = alpha
+        self._ratios: dict[str, float] = {}
+        self._anchors: OrderedDict[int, Anchor] = OrderedDict()
+        self._capacity = max(1, anchor_capacity)
+        self._block = block_bytes
+
+    def ratio(self, model: str) -> float:
+        return self._ratios.get(model, self._initial)
+
+    def mean_ratio(self) -> float:
+        """Bytes/token over all models seen (sizes the index in blocks)."""
+        ratios = self._ratios
+        return sum(ratios.values()) / len(ratios) if ratios else self._initial
+
+    def observe(self, model: str, nbytes: int, tokens: int) -> None:
+        if tokens <= 0 or nbytes <= 0:
+            return
+        sample = nbytes / tokens
+        old = self._ratios.get(model)
+        self._ratios[model] = sample if old is None else old + self._alpha * (sample - old)
+
+    def deepest(self, hashes: Sequence[int], upto: int) -> tuple[int, Anchor | None]:
+        """(j, anchor) for the deepest anchored block among hashes[:upto]; j = blocks covered."""
+        anchors = self._anchors
+        if not anchors or upto <= 0:
+            return 0, None
+        window = hashes[:upto]
+        found = next(filter(anchors.__contains__, reversed(window)), None)
+        if found is None:
+            return 0, None
+        j = upto - window[::-1].index(found)
+        return j, anchors[found]
+
+    def tokens_at(
+        self, hashes: Sequence[int], blocks: int, ratio: float
+    ) -> tuple[float, int, Anchor | None]:
+        """Estimated tokens covering the first `blocks` blocks, with the anchor used."""
+        j, anchor = self.deepest(hashes, blocks)
+        base = anchor.tokens if anchor is not None else 0.0
+        return base + (blocks - j) * self._block / ratio, j, anchor
+
+    def prompt_tokens(self, hashes: Sequence[int], nbytes: int, ratio: float) -> float:
+        j, anchor = self.deepest(hashes, len(hashes))
+        if anchor is None:
+            return nbytes / ratio
+        return anchor.tokens + (nbytes - j * self._block) / ratio
+
+    def matched_tokens(
+        self, data: bytes, hashes: Sequence[int], blocks: int, ratio: float
+    ) -> float:
+        """Tokens of this request a holder of hashes[:blocks] shares with it."""
+        if blocks <= 0:
+            return 0.0
+        est, j, anchor = self.tokens_at(hashes, blocks, ratio)
+        if anchor is not None and j == blocks and anchor.tail_len > 0:
+            end = blocks * self._block + anchor.tail_len
+            if end <= len(data) and tail_hash(
+                data[: end], blocks, self._block, hashes[blocks - 1]
+            ) == anchor.tail_hash:
+                return max(est, anchor.reach)
+        return est
+
+    def set_anchor(
+        self, data: bytes, hashes: Sequence[int], tokens_total: float, ratio: float
+    ) -> None:
+        """`data` (chained as `hashes`) is `tokens_total` tokens long: remember where its
+        last full block ends in tokens."""
+        n = len(hashes)
+        if n == 0 or tokens_total <= 0:
+            return
+        tail_len = len(data) - n * self._block
+        anchor = Anchor(
+            tokens=max(0.0, tokens_total - tail_len / ratio),
+            tail_hash=tail_hash(data, n, self._block, hashes[n - 1]),
+            tail_len=tail_len,
+            reach=tokens_total,
+        )
+        anchors = self._anchors
+        anchors[hashes[n - 1]] = anchor
+        anchors.move_to_end(hashes[n - 1])
+        while len(anchors) > self._capacity:
+            anchors.popitem(last=False)
+
+    def bytes_for_tokens(
+        self, hashes: Sequence[int], blocks: int, tokens: float, ratio: float
+    ) -> float:
+        """Byte position of `tokens` along the chain, using the deepest anchor below it."""
+        j, anchor = self.deepest(hashes, blocks)
+        while anchor is not None and anchor.tokens > tokens and j > 0:
+            j, anchor = self.deepest(hashes, j - 1)
+        if anchor is None:
+            return tokens * ratio
+        return j * self._block + (tokens - anchor.tokens) * ratio

@@ -1,0 +1,151 @@
+"""Pick a replica: estimated time to first token, session prior, hot-spot guard, ties at random.
+
+`prefix` (default) scores every healthy candidate with an estimated TTFT in seconds:
+
+    cost = prefill_s_per_token x (prompt tokens not cached there + prefill tokens the
+                                  gateway already queued there)
+         + in_flight_s x requests in flight there
+         + engine_waiting_s x waiting requests the engine reports beyond the gateway's own
+         + hot_spot_s x requests in flight above hot_spot_ratio x mean + hot_spot_slack
+         - session prior (session_prior_tokens x prefill_s_per_token) on the session's replica
+
+so a cached prefix wins only while its saved prefill outweighs the queue in front of it: a
+shared system prompt cached everywhere saves the same on every replica and load decides;
+a popular prefix piled onto one replica grows that replica's queued prefill until another
+replica (which then caches it too) becomes cheaper. Costs within `tie_tolerance_s` of the
+best are a tie, broken by the seeded RNG, so cold traffic spreads.
+
+Reasons (x-gateway-route): `prefix` when the chosen replica holds the longest prefix and it
+is longer than on some other candidate, else `session` when the session's replica won,
+`cold` when nothing matched anywhere, `load` otherwise.
+
+The simple policies: `least_loaded` (fewest in flight + queued, then fewest queued prefill
+tokens, ties at random), `round_robin`, `random`, `session` (rendezvous hash of the session
+id: consistent, moves only the sessions of a replica that leaves; no session -> least
+loaded). Their reason is the policy name.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+from gateway.routing.config import PolicyName, RoutingConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    name: str
+    predicted_tokens: int  # cached tokens this replica should deliver
+    queued_tokens: float  # prefill the gateway sent there that has no first token yet
+    queued_requests: int
+    in_flight: int
+    engine_waiting: float = 0.0
+    engine_running: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    ranked: tuple[int, ...]  # candidate positions, best first
+    reason: str
+
+
+def costs(
+    candidates: Sequence[Candidate],
+    prompt_tokens: float,
+    session_replica: str | None,
+    config: RoutingConfig,
+) -> list[float]:
+    """Estimated seconds to first token on each candidate (see the module docstring)."""
+    per_token = config.prefill_s_per_token
+    mean = sum(c.in_flight for c in candidates) / len(candidates)
+    hot_limit = config.hot_spot_ratio * mean + config.hot_spot_slack
+    out: list[float] = []
+    for c in candidates:
+        uncached = max(0.0, prompt_tokens - c.predicted_tokens)
+        cost = per_token * (uncached + c.queued_tokens) + config.in_flight_s * c.in_flight
+        cost += config.engine_waiting_s * max(0.0, c.engine_waiting - c.queued_requests)
+        if c.in_flight > hot_limit:
+            cost += config.hot_spot_s * (c.in_flight - hot_limit)
+        if c.name == session_replica:
+            cost -= per_token * config.session_prior_tokens
+        out.append(cost)
+    return out
+
+
+def rank(values: Sequence[float], tolerance: float, rng: random.Random) -> tuple[int, ...]:
+    """Positions by ascending value; those within `tolerance` of the best in random order."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    best = values[order[0]]
+    tied = [i for i in order if values[i] <= best + tolerance]
+    if len(tied) > 1:
+        rng.shuffle(tied)
+    return (*tied, *order[len(tied) :])
+
+
+def prefix_choice(
+    candidates: Sequence[Candidate],
+    prompt_tokens: float,
+    session_replica: str | None,
+    config: RoutingConfig,
+    rng: random.Random,
+) -> Choice:
+    ranked = rank(costs(candidates, prompt_tokens, session_replica, config),
+                  config.tie_tolerance_s, rng)
+    chosen = candidates[ranked[0]]
+    predicted = [c.predicted_tokens for c in candidates]
+    best = max(predicted)
+    if best <= 0:
+        reason = "cold"
+    elif chosen.predicted_tokens == best and best > min(predicted):
+        reason = "prefix"
+    elif chosen.name == session_replica:
+        reason = "session"
+    else:
+        reason = "load"
+    return Choice(ranked, reason)
+
+
+def least_loaded(candidates: Sequence[Candidate], rng: random.Random) -> tuple[int, ...]:
+    # Requests first, then queued prefill as a fraction, so equal counts prefer less work.
+    loads = [c.in_flight + c.queued_tokens / (1.0 + c.queued_tokens) for c in candidates]
+    return rank(loads, 0.0, rng)
+
+
+def session_order(candidates: Sequence[Candidate], session: str) -> tuple[int, ...]:
+    """Rendezvous (highest random weight) hashing: consistent as replicas come and go."""
+    key = session.encode("utf-8", "surrogatepass")
+    scores = [xxhash.xxh3_64_intdigest(c.name.encode(), xxhash.xxh3_64_intdigest(key))
+              for c in candidates]
+    return tuple(sorted(range(len(candidates)), key=scores.__getitem__, reverse=True))
+
+
+def choose(
+    policy: PolicyName,
+    candidates: Sequence[Candidate],
+    prompt_tokens: float,
+    session: str | None,
+    session_replica: str | None,
+    config: RoutingConfig,
+    rng: random.Random,
+    turn: int,
+) -> Choice:
+    """The ranking of `candidates` under `policy`; `turn` drives round robin."""
+    if not candidates:
+        raise ValueError("no candidate replica")
+    n = len(candidates)
+    if policy == "prefix":
+        return prefix_choice(candidates, prompt_tokens, session_replica, config, rng)
+    if policy == "round_robin":
+        start = turn % n
+        return Choice(tuple((start + i) % n for i in range(n)), "round_robin")
+    if policy == "random":
+        order = list(range(n))
+        rng.shuffle(order)
+        return Choice(tuple(order), "random")
+    if policy == "session" and session is not None:
+        return Choice(session_order(candidates, session), "session")
+    return Choice(least_loaded(candidates, rng), policy)

@@ -1,0 +1,296 @@
+"""The router: one object the app owns, pure (time is a parameter, no I/O).
+
+`route` renders the body (normalize), chain-hashes it (blocks), asks the index how many
+leading blocks each candidate holds, turns that into predicted cached tokens (estimate:
+learned bytes/token + anchors, then vLLM's cap `min(floor(m/B)*B, floor((N-1)/B)*B)` with B
+the engine's block size), and ranks the candidates (policy). The request path then reports
+back what happened:
+
+- `sent`: forwarded there. The index records the whole prompt on that replica now, because
+  vLLM registers a request's blocks when it schedules it, not when it finishes; the
+  request's uncached tokens count as queued prefill there until `first_token`.
+- `first_token`: the prefill is done; no longer queued work.
+- `completed`: usage arrived. prompt_tokens teaches the bytes/token ratio and sets an
+  anchor; cached_tokens vs the prediction drives the feedback (feedback.py). With
+  `reply_text` (the generated answer, when the proxy has it) the reply's blocks are indexed
+  too, as vLLM caches generated tokens and the next turn of the conversation repeats them.
+- `set_capacity`, `add_replica`, `remove_replica`, `replica_restarted`: fleet changes.
+
+Every policy computes predictions (so usage records compare prediction and delivery under
+any policy); only `prefix` uses them to choose.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.routing.blocks import chain_hashes
+from gateway.routing.config import RoutingConfig
+from gateway.routing.decision import Decision, ReplicaState
+from gateway.routing.estimate import TokenEstimator
+from gateway.routing.feedback import Limits, adjust, verdict
+from gateway.routing.index import BlockIndex
+from gateway.routing.normalize import END, canonical_bytes, chain_seed
+from gateway.routing.policy import Candidate, choose
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class RoutePlan:
+    """Everything `route` worked out, handed back by the app with each callback."""
+
+    decision: Decision
+    model: str
+    session: str | None
+    data: bytes  # canonical stream
+    seed: int  # chain seed
+    hashes: list[int]  # chained hashes of the full blocks of `data`
+    matched: Mapping[str, int]  # leading blocks held, per candidate
+    predicted: Mapping[str, int]  # predicted cached tokens, per candidate
+    estimated_tokens: float  # prompt tokens (unrounded)
+
+
+def engine_cap(matched_tokens: float, prompt_tokens: float, block: int) -> int:
+    """vLLM's hit: whole blocks, and at least the last prompt token recomputed."""
+    hit = int(matched_tokens) // block * block
+    cap = (max(1, round(prompt_tokens)) - 1) // block * block
+    return max(0, min(hit, cap))
+
+
+class Router:
+    def __init__(self, config: RoutingConfig) -> None:
+        self.config = config
+        self._rng = random.Random(config.seed)
+        self._turn = 0
+        self._estimator = TokenEstimator(
+            config.initial_bytes_per_token, config.ratio_ewma_alpha,
+            config.anchor_capacity, config.block_bytes,
+        )
+        self._index = BlockIndex(self._blocks_for(config.default_capacity_tokens))
+        self._capacity_tokens: dict[str, int] = {}
+        self._limits: dict[str, Limits] = {}
+        self._engine_block: dict[str, int] = {}
+        self._pending: dict[str, dict[RoutePlan, tuple[float, float]]] = {}
+        self._queued: dict[str, float] = {}
+        self._sessions: OrderedDict[str, str] = OrderedDict()
+        self._last_sweep = float("-inf")
+
+    # the decision ---------------------------------------------------------------------
+    def route(
+        self,
+        body: Mapping[str, Any],
+        endpoint: Literal["chat", "completions"],
+        model: str,
+        session: str | None,
+        candidates: Sequence[ReplicaState],
+        now: float,
+    ) -> RoutePlan:
+        """Rank `candidates` for this request. Raises NormalizeError (a ValueError) for a
+        body that cannot be rendered and ValueError for an empty candidate list."""
+        if not candidates:
+            raise ValueError("no candidate replica")
+        self._sweep(now)
+        data = canonical_bytes(body, endpoint)
+        seed = chain_seed(body, endpoint, model)
+        hashes = chain_hashes(data, seed, self.config.block_bytes)
+        est = self._estimator
+        ratio = est.ratio(model)
+        prompt_tokens = est.prompt_tokens(hashes, len(data), ratio)
+        matched: dict[str, int] = {}
+        predicted: dict[str, int] = {}
+        by_blocks: dict[int, float] = {}
+        views: list[Candidate] = []
+        for state in candidates:
+            name = state.name
+            if name not in self._limits:
+                self.add_replica(name)
+            m = self._index.matched(name, hashes)
+            tokens = by_blocks.get(m)
+            if tokens is None:
+                tokens = by_blocks[m] = est.matched_tokens(data, hashes, m, ratio)
+            block = self._engine_block.get(name, self.config.engine_block_size)
+            matched[name] = m
+            predicted[name] = p = engine_cap(tokens, prompt_tokens, block)
+            pend = self._pending.get(name)
+            views.append(Candidate(
+                name=name, predicted_tokens=p, queued_tokens=self._queued.get(name, 0.0),
+                queued_requests=len(pend) if pend else 0, in_flight=state.in_flight,
+                engine_waiting=state.engine_waiting, engine_running=state.engine_running,
+            ))
+        bound = self._sessions.get(session) if session is not None else None
+        choice = choose(self.config.policy, views, prompt_tokens, session, bound,
+                        self.config, self._rng, self._turn)
+        self._turn += 1
+        chosen = views[choice.ranked[0]].name
+        decision = Decision(
+            replica=chosen, reason=choice.reason, predicted_cached_tokens=predicted[chosen],
+            best_available_tokens=max(predicted.values()),
+            estimated_prompt_tokens=max(0, round(prompt_tokens)),
+            ranked=tuple(views[i].name for i in choice.ranked),
+        )
+        return RoutePlan(decision=decision, model=model, session=session, data=data,
+                         seed=seed, hashes=hashes, matched=matched, predicted=predicted,
+                         estimated_tokens=prompt_tokens)
+
+    # what happened to it ----------------------------------------------------------------
+    def sent(self, plan: RoutePlan, replica: str, now: float) -> None:
+        if replica not in self._limits:
+            self.add_replica(replica)
+        uncached = max(0.0, plan.estimated_tokens - plan.predicted.get(replica, 0))
+        self._unqueue(plan, replica)
+        self._pending.setdefault(replica, {})[plan] = (uncached, now)
+        self._queued[replica] = self._queued.get(replica, 0.0) + uncached
+        self._index.record(replica, plan.hashes, len(plan.hashes), plan.matched.get(replica, 0))
+        if plan.session is not None:
+            sessions = self._sessions
+            sessions[plan.session] = replica
+            sessions.move_to_end(plan.session)
+            if len(sessions) > self.config.session_capacity:
+                sessions.popitem(last=False)
+
+    def first_token(self, plan: RoutePlan, replica: str, now: float) -> None:
+        self._unqueue(plan, replica)
+
+    def completed(
+        self,
+        plan: RoutePlan,
+        replica: str,
+        prompt_tokens: int | None,
+        cached_tokens: int | None,
+        ok: bool,
+        now: float,
+        reply_text: str | None = None,
+        completion_tokens: int | None = None,
+    ) -> None:
+        """Usage is known. `reply_text` / `completion_tokens` (optional) let the index
+        follow the conversation into the generated answer, which vLLM caches too."""
+        self._unqueue(plan, replica)
+        if replica not in self._limits:
+            return  # removed meanwhile
+        est = self._estimator
+        if not ok and prompt_tokens is None:
+            # Never scheduled (rejected, connection refused): the blocks recorded at
+            # `sent` are not there.
+            self._index.drop_from(replica, plan.hashes, plan.matched.get(replica, 0))
+            return
+        if prompt_tokens is not None and prompt_tokens > 0:
+            est.observe(plan.model, len(plan.data), prompt_tokens)
+            est.set_anchor(plan.data, plan.hashes, prompt_tokens, est.ratio(plan.model))
+            self._refresh_capacity(replica)
+            if ok and reply_text:
+                self._index_reply(plan, replica, prompt_tokens, reply_text, completion_tokens)
+        if cached_tokens is not None and replica in plan.predicted:
+            self._feedback(plan, replica, cached_tokens)
+
+    # fleet --------------------------------------------------------------------------------
+    def set_capacity(
+        self, replica: str, capacity_tokens: int | None, engine_block_size: int | None = None
+    ) -> None:
+        """KV capacity in tokens (num_gpu_blocks x block_size) or None for the default;
+        `engine_block_size` (vllm:cache_config_info block_size) when known."""
+        if replica not in self._limits:
+            self.add_replica(replica)
+        if capacity_tokens is None:
+            self._capacity_tokens.pop(replica, None)
+        else:
+            self._capacity_tokens[replica] = max(0, capacity_tokens)
+        if engine_block_size is not None and engine_block_size > 0:
+            self._engine_block[replica] = engine_block_size
+        self._refresh_capacity(replica)
+
+    def add_replica(self, replica: str) -> None:
+        if replica in self._limits:
+            return
+        nominal = self._blocks_for(self.config.default_capacity_tokens)
+        self._limits[replica] = Limits(nominal, nominal)
+        self._index.add_replica(replica)
+        self._index.set_capacity(replica, nominal)
+
+    def remove_replica(self, replica: str) -> None:
+        self._index.remove_replica(replica)
+        for table in (self._limits, self._capacity_tokens, self._engine_block, self._pending,
+                      self._queued):
+            table.pop(replica, None)
+
+    def replica_restarted(self, replica: str) -> None:
+        self._index.clear(replica)
+
+    # introspection (stats, tests) ---------------------------------------------------------
+    def indexed_blocks(self, replica: str) -> int:
+        return self._index.size(replica)
+
+    def index_limit(self, replica: str) -> int:
+        return self._index.capacity(replica)
+
+    def queued_tokens(self, replica: str) -> float:
+        return self._queued.get(replica, 0.0)
+
+    def bytes_per_token(self, model: str) -> float:
+        return self._estimator.ratio(model)
+
+    # internals ----------------------------------------------------------------------------
+    def _blocks_for(self, tokens: int) -> int:
+        return int(tokens * self._estimator.mean_ratio() / self.config.block_bytes)
+
+    def _refresh_capacity(self, replica: str) -> None:
+        tokens = self._capacity_tokens.get(replica, self.config.default_capacity_tokens)
+        nominal = self._blocks_for(tokens)
+        old = self._limits.get(replica, Limits(nominal, nominal))
+        # Keep the feedback's trust fraction when the nominal size moves.
+        fraction = old.limit / old.nominal if old.nominal else 1.0
+        limits = Limits(nominal, max(1 if nominal else 0, int(nominal * fraction)))
+        self._limits[replica] = limits
+        self._index.set_capacity(replica, limits.limit)
+
+    def _unqueue(self, plan: RoutePlan, replica: str) -> None:
+        pend = self._pending.get(replica)
+        if pend is None:
+            return
+        item = pend.pop(plan, None)
+        if item is not None:
+            left = self._queued.get(replica, 0.0) - item[0]
+            self._queued[replica] = left if pend else 0.0  # no float drift when idle
+
+    def _sweep(self, now: float) -> None:
+        """Forget queued work whose callbacks never came (at most once a second)."""
+        if now - self._last_sweep < 1.0:
+            return
+        self._last_sweep = now
+        cutoff = now - self.config.pending_ttl_s
+        for replica, pend in self._pending.items():
+            for plan in [p for p, (_, at) in pend.items() if at < cutoff]:
+                self._unqueue(plan, replica)
+
+    def _feedback(self, plan: RoutePlan, replica: str, delivered: int) -> None:
+        cfg = self.config
+        block = self._engine_block.get(replica, cfg.engine_block_size)
+        outcome = verdict(plan.predicted[replica], delivered, block)
+        short = False
+        if outcome == "over":
+            ratio = self._estimator.ratio(plan.model)
+            pos = self._estimator.bytes_for_tokens(plan.hashes, len(plan.hashes), delivered, ratio)
+            held = min(len(plan.hashes), int(pos) // cfg.block_bytes)
+            short = held > plan.matched.get(replica, 0)
+        limits = adjust(self._limits[replica], outcome, self._index.size(replica), short,
+                        cfg.feedback_shrink, cfg.feedback_recover, cfg.feedback_min_factor)
+        self._limits[replica] = limits
+        self._index.set_capacity(replica, limits.limit)
+
+    def _index_reply(self, plan: RoutePlan, replica: str, prompt_tokens: int,
+                     reply_text: str, completion_tokens: int | None) -> None:
+        """Extend the chain through the answer as the next turn will render it."""
+        block = self.config.block_bytes
+        full = len(plan.hashes)
+        extended = plan.data + reply_text.encode("utf-8", "surrogatepass") + END.encode()
+        parent = plan.hashes[-1] if full else plan.seed
+        hashes = plan.hashes + chain_hashes(extended[full * block :], parent, block)
+        self._index.record(replica, hashes, len(hashes), full)
+        ratio = self._estimator.ratio(plan.model)
+        generated = (completion_tokens if completion_tokens is not None
+                     else (len(extended) - len(plan.data)) / ratio)
+        # The reply's last generated token never had its KV computed: the engine holds
+        # prompt + generated - 1 tokens of this conversation.
+        self._estimator.set_anchor(extended, hashes, prompt_tokens + generated - 1, ratio)
