@@ -1,0 +1,232 @@
+"""The `gateway-bench` command: `run`, `replay` and `compare`.
+
+- `run`: replay agent sessions (a preset, flags override its workload) against any
+  OpenAI-compatible base URL; summary table, JSON, charts.
+- `replay TRACE`: a Mooncake trace slice against a base URL, next to the trace's bound.
+- `compare`: start the simulator and one gateway per policy, same workload, one table.
+
+Exit status: 0 when the run produced results, 1 when every request failed or a process
+could not start, 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway.bench.analysis import analyse
+from gateway.bench.charts import turn_chart
+from gateway.bench.compare import CompareOptions, compare
+from gateway.bench.presets import PRESETS, Preset, with_overrides
+from gateway.bench.replay import ReplayOptions, replay
+from gateway.bench.runner import RunOptions, RunResult, run_workload
+from gateway.bench.table import summary_table, turn_table
+from gateway.bench.trace import TraceError, parse_trace, select, trace_bound
+from gateway.bench.workload import build_workload
+
+POLICIES = ("prefix", "round_robin", "least_loaded", "session", "random")
+
+
+def _workload_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", choices=sorted(PRESETS), default="default")
+    p.add_argument("--sessions", type=int)
+    p.add_argument("--turns", type=int)
+    p.add_argument("--think-time", type=float, dest="think_time_s")
+    p.add_argument("--tool-result-tokens", type=int)
+    p.add_argument("--large-tool-result-tokens", type=int)
+    p.add_argument("--fanout", type=int)
+    p.add_argument("--compaction-every", type=int)
+    p.add_argument("--hygiene-break", action="store_true", default=None)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--out", type=Path, default=Path("bench-out"))
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--max-wall-s", type=float, default=600.0, help="bound on each run")
+
+
+def _preset(args: argparse.Namespace) -> Preset:
+    preset = with_overrides(
+        PRESETS[args.preset],
+        sessions=args.sessions,
+        turns=args.turns,
+        think_time_s=args.think_time_s,
+        tool_result_tokens=args.tool_result_tokens,
+        large_tool_result_tokens=args.large_tool_result_tokens,
+        fanout=args.fanout,
+        compaction_every=args.compaction_every,
+        hygiene_break=args.hygiene_break,
+        seed=args.seed,
+    )
+    if getattr(args, "concurrency", None):
+        from dataclasses import replace
+
+        preset = replace(preset, concurrency=args.concurrency)
+    return preset
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gateway-bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="agent sessions against an OpenAI-compatible endpoint")
+    run.add_argument("--base-url", required=True)
+    run.add_argument("--model", help="default: the first model of /v1/models")
+    run.add_argument("--concurrency", type=int, help="sessions active at once")
+    run.add_argument("--time-scale", type=float, default=1.0,
+                     help="wall seconds per workload second (e.g. 1/sim speed)")
+    run.add_argument("--tokenize-url", help="where /tokenize is served (default: base URL)")
+    _workload_flags(run)
+
+    rep = sub.add_parser("replay", help="replay a Mooncake trace")
+    rep.add_argument("trace", type=Path)
+    rep.add_argument("--base-url", required=True)
+    rep.add_argument("--model")
+    rep.add_argument("--speedup", type=float, default=1.0)
+    rep.add_argument("--limit", type=int)
+    rep.add_argument("--minutes", type=float)
+    rep.add_argument("--max-tokens-cap", type=int, default=64)
+    rep.add_argument("--max-in-flight", type=int, default=64)
+    rep.add_argument("--out", type=Path, default=Path("bench-out"))
+    rep.add_argument("--no-progress", action="store_true")
+    rep.add_argument("--max-wall-s", type=float, default=600.0)
+
+    cmp_ = sub.add_parser("compare", help="simulator + gateway per policy, side by side")
+    cmp_.add_argument("--replicas", type=int)
+    cmp_.add_argument("--policies", default="prefix,round_robin,least_loaded")
+    cmp_.add_argument("--concurrency", type=int)
+    cmp_.add_argument("--kv-blocks", type=int, help="per replica (default: the preset's)")
+    cmp_.add_argument("--speed", type=float, help="simulator speed (default: the preset's)")
+    cmp_.add_argument("--markdown", action="store_true", help="also print a Markdown table")
+    _workload_flags(cmp_)
+    return parser
+
+
+async def _first_model(base_url: str) -> str:
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as http, http.get(
+        base_url.rstrip("/") + "/v1/models"
+    ) as resp:
+        data = orjson.loads(await resp.read())
+    return str(data["data"][0]["id"])
+
+
+def _model(args: argparse.Namespace) -> str:
+    if args.model:
+        return str(args.model)
+    return asyncio.run(_first_model(args.base_url))
+
+
+def _write(out: Path, name: str, payload: dict[str, Any]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    return path
+
+
+def _failed(result: RunResult) -> bool:
+    return not result.records or all(r.error is not None for r in result.records)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    preset = _preset(args)
+    model = _model(args)
+    workload = build_workload(preset.workload)
+    result = asyncio.run(
+        run_workload(
+            workload,
+            RunOptions(
+                base_url=args.base_url, model=model, concurrency=preset.concurrency,
+                time_scale=args.time_scale, max_wall_s=args.max_wall_s,
+                progress=not args.no_progress,
+            ),
+        )
+    )
+    summary = analyse(result, tokenize_url=args.tokenize_url or args.base_url)
+    print(summary_table({"run": summary}))
+    if summary["timing"] != "sim":
+        print("(latencies are wall-clock: the endpoint sent no simulator timing)")
+    if "bound_error" in summary:
+        print(f"(no bound: {summary['bound_error']})")
+    if not summary["gateway"]:
+        print()
+        print(turn_table(summary["turns"]))
+        chart = turn_chart(summary["turns"], args.out / "turns.png", title=args.base_url)
+        print(f"chart: {chart}")
+    path = _write(args.out, "run.json", {
+        "workload": asdict(preset.workload), "summary": summary,
+        "records": [asdict(r) for r in result.records],
+    })
+    print(f"results: {path}")
+    return 1 if _failed(result) else 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    try:
+        with open(args.trace, "rb") as f:
+            requests = select(parse_trace(f), minutes=args.minutes, limit=args.limit)
+    except (OSError, TraceError) as e:
+        print(f"gateway-bench replay: {e}", file=sys.stderr)
+        return 2
+    model = _model(args)
+    result = asyncio.run(replay(requests, ReplayOptions(
+        base_url=args.base_url, model=model, speedup=args.speedup,
+        max_tokens_cap=args.max_tokens_cap, max_in_flight=args.max_in_flight,
+        max_wall_s=args.max_wall_s, progress=not args.no_progress,
+    )))
+    summary = analyse(result)
+    best, total = trace_bound(requests)
+    summary["bound"] = {"ratio": best / total if total else None, "cached_tokens": best,
+                        "prompt_tokens": total, "units": "trace tokens"}
+    if summary["cached_ratio"] is not None and total and best:
+        summary["bound_share"] = summary["cached_ratio"] / (best / total)
+    summary.pop("turns", None)
+    print(summary_table({"replay": summary}))
+    if summary["timing"] != "sim":
+        print("(latencies are wall-clock: the endpoint sent no simulator timing)")
+    print(f"results: {_write(args.out, 'replay.json', {'summary': summary})}")
+    return 1 if _failed(result) else 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    preset = _preset(args)
+    for field_name in ("replicas", "kv_blocks", "speed"):
+        value = getattr(args, field_name)
+        if value is not None:
+            preset = replace(preset, **{field_name: value})
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        print(f"gateway-bench compare: unknown policy {unknown}; choose from {POLICIES}",
+              file=sys.stderr)
+        return 2
+    opts = CompareOptions(preset=preset, policies=policies, out_dir=args.out,
+                          max_wall_s=args.max_wall_s, progress=not args.no_progress)
+    try:
+        result = compare(opts)
+    except (RuntimeError, TimeoutError) as e:
+        print(f"gateway-bench compare: {e}", file=sys.stderr)
+        return 1
+    if args.markdown:
+        print()
+        print(summary_table(result["policies"], markdown=True))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"run": cmd_run, "replay": cmd_replay, "compare": cmd_compare}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

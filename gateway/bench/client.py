@@ -1,0 +1,123 @@
+"""One OpenAI-compatible call over aiohttp, streamed or not, measured.
+
+`post()` sends a chat or completions body and returns an `Exchange`: the answer text, the
+usage the engine reported (streams: the final chunk, with `stream_options.include_usage`),
+the gateway's routing headers, the simulator's timing (`x-sim-timing` header or the
+`: sim-timing {json}` SSE comment, SIMULATED milliseconds) and the wall-clock TTFT and
+latency measured here. Reports prefer the simulator's figures and fall back to wall clock.
+
+SSE parsing is line based: `data:` lines carry JSON chunks, `:` lines are comments.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+
+@dataclass(kw_only=True)
+class Exchange:
+    status: int = 0
+    error: str | None = None
+    text: str = ""
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    wall_ttft_ms: float | None = None
+    wall_e2e_ms: float = 0.0
+    sim_timing: dict[str, Any] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _usage(ex: Exchange, usage: Any) -> None:
+    if not isinstance(usage, dict):
+        return
+    ex.prompt_tokens = usage.get("prompt_tokens")
+    ex.completion_tokens = usage.get("completion_tokens")
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict):
+        ex.cached_tokens = details.get("cached_tokens")
+
+
+def _choice_text(choice: Any, chat: bool, stream: bool) -> str:
+    if not isinstance(choice, dict):
+        return ""
+    if not chat:
+        return str(choice.get("text") or "")
+    part = choice.get("delta" if stream else "message") or {}
+    return str(part.get("content") or "") if isinstance(part, dict) else ""
+
+
+def _sse_line(ex: Exchange, line: bytes, chat: bool, parts: list[str]) -> None:
+    if line.startswith(b":"):
+        comment = line[1:].strip()
+        if comment.startswith(b"sim-timing"):
+            ex.sim_timing = orjson.loads(comment[len(b"sim-timing") :])
+        return
+    if not line.startswith(b"data:"):
+        return
+    data = line[5:].strip()
+    if not data or data == b"[DONE]":
+        return
+    chunk = orjson.loads(data)
+    if chunk.get("usage"):
+        _usage(ex, chunk["usage"])
+    for choice in chunk.get("choices") or ():
+        parts.append(_choice_text(choice, chat, stream=True))
+
+
+async def post(
+    http: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 120.0,
+) -> Exchange:
+    """POST body to url ('.../v1/chat/completions' or '.../v1/completions')."""
+    chat = url.endswith("/chat/completions")
+    stream = bool(body.get("stream"))
+    ex = Exchange()
+    start = time.perf_counter()
+    try:
+        async with http.post(
+            url,
+            data=orjson.dumps(body),
+            headers={"content-type": "application/json", **(headers or {})},
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as resp:
+            ex.status = resp.status
+            ex.headers = {k.lower(): v for k, v in resp.headers.items()}
+            if resp.status != 200:
+                ex.error = (await resp.text())[:300]
+                return ex
+            if not stream:
+                ex.wall_ttft_ms = (time.perf_counter() - start) * 1000
+                payload = orjson.loads(await resp.read())
+                _usage(ex, payload.get("usage"))
+                ex.text = "".join(
+                    _choice_text(c, chat, stream=False) for c in payload.get("choices") or ()
+                )
+                timing = ex.headers.get("x-sim-timing")
+                ex.sim_timing = orjson.loads(timing) if timing else None
+                return ex
+            parts: list[str] = []
+            buffer = b""
+            async for chunk in resp.content.iter_any():
+                if ex.wall_ttft_ms is None:
+                    ex.wall_ttft_ms = (time.perf_counter() - start) * 1000
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    _sse_line(ex, line.rstrip(b"\r"), chat, parts)
+            if buffer:
+                _sse_line(ex, buffer.rstrip(b"\r"), chat, parts)
+            ex.text = "".join(parts)
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
+        ex.error = f"{type(e).__name__}: {e}"
+    finally:
+        ex.wall_e2e_ms = (time.perf_counter() - start) * 1000
+    return ex

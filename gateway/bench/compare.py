@@ -1,0 +1,159 @@
+"""`gateway-bench compare`: the same workload through the gateway under several policies.
+
+For each policy, in turn and from cold: start `gateway sim` (N replicas, the preset's KV
+size and speed, timing comments on) and `gateway serve --policy P` in front of it with a
+usage log, replay the workload, stop the gateway (flushing its log), tokenize the recorded
+requests on a replica for the exact bound, stop the simulator. Fresh processes per policy
+keep caches cold and equal. Then one side-by-side table, a JSON result and a PNG chart.
+
+Everything started is stopped in `finally` (context managers); every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import orjson
+
+from gateway.bench.analysis import analyse, read_usage_log
+from gateway.bench.charts import compare_chart
+from gateway.bench.presets import BLOCK_SIZE, Preset
+from gateway.bench.procs import Managed, free_ports, gateway_command
+from gateway.bench.runner import RunOptions, run_workload
+from gateway.bench.table import replica_table, summary_table
+from gateway.bench.workload import build_workload
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareOptions:
+    preset: Preset
+    policies: tuple[str, ...]
+    out_dir: Path
+    model: str = "sim-model"
+    seed: int = 0
+    max_wall_s: float = 600.0  # per policy run
+    progress: bool = True
+    extra_gateway_args: tuple[str, ...] = ()
+
+
+def sim_argv(preset: Preset, port: int, model: str, seed: int) -> list[str]:
+    return gateway_command(
+        "sim", "--replicas", str(preset.replicas), "--port", str(port), "--model", model,
+        "--kv-blocks", str(preset.kv_blocks), "--block-size", str(BLOCK_SIZE),
+        "--max-model-len", str(preset.max_model_len), "--speed", str(preset.speed),
+        "--seed", str(seed), "--timing-comments",
+    )
+
+
+def run_policy(opts: CompareOptions, policy: str) -> dict[str, Any]:
+    preset = opts.preset
+    workload = build_workload(preset.workload)
+    logs = opts.out_dir / "logs"
+    port = free_ports(preset.replicas)
+    replicas = [f"http://127.0.0.1:{port + i}" for i in range(preset.replicas)]
+    usage_log = logs / f"usage-{policy}.jsonl"
+    usage_log.parent.mkdir(parents=True, exist_ok=True)
+    usage_log.unlink(missing_ok=True)
+    with Managed(
+        sim_argv(preset, port, opts.model, opts.seed),
+        [u + "/health" for u in replicas],
+        logs / f"sim-{policy}.log",
+    ):
+        gw_port = free_ports(1)
+        gw_url = f"http://127.0.0.1:{gw_port}"
+        backends = [a for u in replicas for a in ("--backend", u)]
+        with Managed(
+            gateway_command(
+                "serve", "--host", "127.0.0.1", "--port", str(gw_port), "--policy", policy,
+                *backends, *opts.extra_gateway_args,
+            ),
+            [gw_url + "/ready"],
+            logs / f"gateway-{policy}.log",
+            env={"GATEWAY_USAGE__LOG_PATH": str(usage_log)},
+        ):
+            result = asyncio.run(
+                run_workload(
+                    workload,
+                    RunOptions(
+                        base_url=gw_url, model=opts.model, concurrency=preset.concurrency,
+                        time_scale=1.0 / preset.speed, max_wall_s=opts.max_wall_s,
+                        progress=opts.progress, label=f"{policy:>12}",
+                    ),
+                )
+            )
+        # The gateway is stopped here, so its usage log is complete.
+        summary = analyse(
+            result, preset.replicas, tokenize_url=replicas[0], usage=read_usage_log(usage_log)
+        )
+    summary["policy"] = policy
+    return summary
+
+
+def compare(opts: CompareOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
+    summaries: dict[str, dict[str, Any]] = {}
+    for policy in opts.policies:
+        summaries[policy] = run_policy(opts, policy)
+    preset = opts.preset
+    result: dict[str, Any] = {
+        "preset": {**asdict(preset), "workload": asdict(preset.workload)},
+        "policies": summaries,
+        "checks": quality_checks(summaries),
+    }
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    (opts.out_dir / "compare.json").write_bytes(
+        orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
+    )
+    chart = compare_chart(
+        {p: s["turns"] for p, s in summaries.items()},
+        summaries,
+        opts.out_dir / "compare.png",
+        title=f"preset {preset.name}: {preset.replicas} replicas x {preset.kv_blocks} KV blocks",
+    )
+    print(summary_table(summaries), file=out)
+    print(file=out)
+    print(replica_table(summaries), file=out)
+    print(file=out)
+    for line in format_checks(result["checks"]):
+        print(line, file=out)
+    print(f"\nresults: {opts.out_dir / 'compare.json'}  chart: {chart}", file=out)
+    return result
+
+
+def quality_checks(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The routing issue's bars, checked on the `prefix` column when present."""
+    prefix = summaries.get("prefix")
+    if prefix is None:
+        return []
+    checks: list[dict[str, Any]] = []
+
+    def check(name: str, value: Any, target: str, ok: bool | None) -> None:
+        checks.append({"check": name, "value": value, "target": target, "met": ok})
+
+    share = prefix.get("bound_share")
+    check("cached ratio vs bound", share, ">= 95%", None if share is None else share >= 0.95)
+    imb = (prefix.get("replica_requests") or {}).get("max_over_mean")
+    check("request imbalance max/mean", imb, "<= 1.3", None if imb is None else imb <= 1.3)
+    p99 = (prefix.get("ttft_ms") or {}).get("p99")
+    ll = (summaries.get("least_loaded") or {}).get("ttft_ms", {}).get("p99")
+    check(
+        "TTFT p99 vs least_loaded", [p99, ll], "prefix <= least_loaded",
+        None if p99 is None or ll is None else p99 <= ll,
+    )
+    mae = (prefix.get("predicted") or {}).get("median_abs_error")
+    check("predicted vs delivered MAE", mae, "<= 16 tokens", None if mae is None else mae <= 16)
+    return checks
+
+
+def format_checks(checks: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for c in checks:
+        verdict = {True: "MET", False: "NOT MET", None: "n/a"}[c["met"]]
+        value = c["value"]
+        if isinstance(value, float):
+            value = f"{value:.3f}"
+        lines.append(f"[{verdict:>7}] {c['check']}: {value} (target {c['target']})")
+    return lines

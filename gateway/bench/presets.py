@@ -1,0 +1,115 @@
+"""Named workload + cluster presets.
+
+| preset  | sessions | turns | replicas | kv-blocks | speed | concurrency | purpose           |
+|---------|----------|-------|----------|-----------|-------|-------------|-------------------|
+| tiny    | 6        | 3     | 2        | 400       | 200   | 4           | test smoke run    |
+| default | 32       | 6     | 4        | half WS   | 20    | 16          | ~20 s per policy  |
+| large   | 96       | 10    | 4        | half WS   | 20    | 32          | minutes/policy    |
+| xl      | 256      | 16    | 8        | half WS   | 10    | 64          | bigger machines   |
+
+`default`, `large` and `xl` size each replica's KV cache (`--kv-blocks`) from the
+workload's working set (shared agent prompts + every session's final history, estimated
+at `WORKING_SET_TOKENS_PER_SESSION`) so that the COMBINED cache holds about half of it:
+eviction matters, and a router that piles popular agent types onto one replica pays for
+it. Popular (coder, researcher) and unpopular (support, analyst) agent types share the
+sessions 55/25/12/8; session arrivals are Poisson. Times are simulated seconds; the runner
+divides them by the sim speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from gateway.bench.workload import DEFAULT_AGENT_TYPES, WorkloadConfig
+
+BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preset:
+    name: str
+    workload: WorkloadConfig
+    replicas: int
+    kv_blocks: int  # per replica
+    speed: float  # simulator speed-up; the runner's time scale is 1 / speed
+    concurrency: int  # sessions active at once
+    max_model_len: int = 65536
+
+
+def working_set_tokens(cfg: WorkloadConfig) -> int:
+    """Rough distinct tokens a workload touches: agent prompts + each session's history."""
+    prompts = sum(a.system_tokens + a.tools * a.tool_tokens for a in cfg.agent_types)
+    mean_result = (
+        cfg.tool_result_tokens * (1 - cfg.large_tool_result_prob)
+        + cfg.large_tool_result_tokens * cfg.large_tool_result_prob
+    )
+    per_turn = mean_result + cfg.reply_tokens
+    history_turns = min(cfg.turns, cfg.compaction_every or cfg.turns)
+    per_session = cfg.task_tokens + per_turn * history_turns
+    return int(prompts + cfg.sessions * per_session)
+
+
+def half_working_set_blocks(cfg: WorkloadConfig, replicas: int) -> int:
+    return max(64, working_set_tokens(cfg) // 2 // BLOCK_SIZE // replicas)
+
+
+def _preset(
+    name: str, workload: WorkloadConfig, replicas: int, speed: float, concurrency: int,
+    kv_blocks: int | None = None,
+) -> Preset:
+    blocks = kv_blocks if kv_blocks is not None else half_working_set_blocks(workload, replicas)
+    return Preset(
+        name=name, workload=workload, replicas=replicas, kv_blocks=blocks, speed=speed,
+        concurrency=concurrency,
+    )
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny": _preset(
+        "tiny",
+        WorkloadConfig(
+            sessions=6, turns=3, agent_types=DEFAULT_AGENT_TYPES, task_tokens=60,
+            think_time_s=0.5, idle_prob=0.0, tool_result_tokens=120,
+            large_tool_result_tokens=400, reply_tokens=24, fanout=2, fanout_prob=0.5,
+            arrival_interval_s=0.3,
+        ),
+        replicas=2, speed=200, concurrency=4, kv_blocks=400,
+    ),
+    "default": _preset(
+        "default",
+        WorkloadConfig(
+            sessions=32, turns=6, think_time_s=1.0, idle_prob=0.1, idle_s=6.0,
+            tool_result_tokens=400, large_tool_result_tokens=2000,
+            large_tool_result_prob=0.1, reply_tokens=80, fanout=3, fanout_prob=0.2,
+            compaction_every=0, arrival_interval_s=0.6,
+        ),
+        replicas=4, speed=20, concurrency=16,
+    ),
+    "large": _preset(
+        "large",
+        WorkloadConfig(
+            sessions=96, turns=10, think_time_s=1.5, tool_result_tokens=500,
+            large_tool_result_tokens=3000, reply_tokens=120, fanout=4, fanout_prob=0.2,
+            compaction_every=6, arrival_interval_s=0.5,
+        ),
+        replicas=4, speed=20, concurrency=32,
+    ),
+    "xl": _preset(
+        "xl",
+        WorkloadConfig(
+            sessions=256, turns=16, think_time_s=2.0, tool_result_tokens=600,
+            large_tool_result_tokens=4000, reply_tokens=160, fanout=4, fanout_prob=0.2,
+            compaction_every=8, arrival_interval_s=0.3,
+        ),
+        replicas=8, speed=10, concurrency=64,
+    ),
+}
+
+
+def with_overrides(preset: Preset, **workload_changes: object) -> Preset:
+    """The preset with some workload fields replaced (CLI flags); KV sizing is kept."""
+    changes = {k: v for k, v in workload_changes.items() if v is not None}
+    if not changes:
+        return preset
+    return dataclasses.replace(preset, workload=dataclasses.replace(preset.workload, **changes))  # type: ignore[arg-type]

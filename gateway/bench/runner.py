@@ -1,0 +1,172 @@
+"""Replays a workload's agent sessions against an OpenAI-compatible endpoint.
+
+Each session is a task that waits for its arrival time, takes one of `concurrency` session
+slots, then plays its turns: wait the turn's think time, send the main request and its
+fan-out siblings at once, feed the main reply back into the history. Workload seconds are
+multiplied by `time_scale` to get wall seconds (compare sets it to 1/sim-speed so think
+times stay in step with the simulator's compressed clock).
+
+Every request becomes a `RequestRecord` (what the reports read) plus the body and reply
+kept for the exact bound (`/tokenize` afterwards). A session whose main request fails
+stops there: its history could not continue consistently. The whole run is bounded by
+`max_wall_s`; sessions still running then are cancelled and counted as unfinished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from gateway.bench.client import Exchange, post
+from gateway.bench.progress import Progress
+from gateway.bench.session import AgentSession, TurnRequest
+from gateway.bench.workload import SessionPlan, Workload
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    base_url: str
+    model: str = "sim-model"
+    concurrency: int = 16  # sessions active at once
+    time_scale: float = 1.0  # wall seconds per workload second
+    request_timeout_s: float = 120.0
+    max_wall_s: float = 600.0
+    progress: bool = True
+    label: str = "run"
+
+
+@dataclass(kw_only=True)
+class RequestRecord:
+    session_id: str
+    agent: str
+    turn: int
+    sibling: int
+    send_s: float  # wall seconds since the start of the run
+    status: int
+    error: str | None
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    completion_tokens: int | None
+    ttft_ms: float | None
+    e2e_ms: float
+    timing: str  # "sim" (simulated clock) or "wall"
+    sim_arrival_s: float | None
+    replica: str | None
+    route: str | None
+    request_id: str | None
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    records: list[RequestRecord] = field(default_factory=list)
+    bodies: list[dict[str, Any]] = field(default_factory=list)  # parallel to records
+    replies: list[str] = field(default_factory=list)  # parallel to records
+    wall_s: float = 0.0
+    unfinished_sessions: int = 0
+
+
+def record_of(req: TurnRequest, ex: Exchange, send_s: float) -> RequestRecord:
+    sim = ex.sim_timing
+    return RequestRecord(
+        session_id=req.session_id,
+        agent=req.agent,
+        turn=req.turn,
+        sibling=req.sibling,
+        send_s=send_s,
+        status=ex.status,
+        error=ex.error,
+        prompt_tokens=ex.prompt_tokens,
+        cached_tokens=ex.cached_tokens,
+        completion_tokens=ex.completion_tokens,
+        ttft_ms=float(sim["ttft_ms"]) if sim else ex.wall_ttft_ms,
+        e2e_ms=float(sim["e2e_ms"]) if sim else ex.wall_e2e_ms,
+        timing="sim" if sim else "wall",
+        sim_arrival_s=float(sim["arrival_s"]) if sim and "arrival_s" in sim else None,
+        replica=ex.headers.get("x-gateway-replica"),
+        route=ex.headers.get("x-gateway-route"),
+        request_id=ex.headers.get("x-request-id"),
+    )
+
+
+class Runner:
+    def __init__(self, workload: Workload, options: RunOptions) -> None:
+        self.workload = workload
+        self.options = options
+        self.result = RunResult()
+        self.progress = Progress(
+            workload.request_count(), label=options.label, enabled=options.progress
+        )
+        self._start = 0.0
+
+    async def run(self) -> RunResult:
+        opts = self.options
+        slots = asyncio.Semaphore(max(1, opts.concurrency))
+        connector = aiohttp.TCPConnector(limit=0)
+        self._start = time.perf_counter()
+        async with aiohttp.ClientSession(connector=connector) as http:
+            tasks = [
+                asyncio.create_task(self._session(http, slots, plan))
+                for plan in self.workload.sessions
+            ]
+            done, pending = await asyncio.wait(tasks, timeout=opts.max_wall_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            self.result.unfinished_sessions = len(pending) + sum(
+                1 for t in done if t.exception() is not None or t.result() is False
+            )
+        self.result.wall_s = time.perf_counter() - self._start
+        self.progress.close()
+        return self.result
+
+    async def _send(self, http: aiohttp.ClientSession, req: TurnRequest) -> Exchange:
+        opts = self.options
+        send_s = time.perf_counter() - self._start
+        ex = await post(
+            http,
+            opts.base_url.rstrip("/") + "/v1/chat/completions",
+            req.body,
+            headers={"x-session-id": req.session_id},
+            timeout_s=opts.request_timeout_s,
+        )
+        self.result.records.append(record_of(req, ex, send_s))
+        self.result.bodies.append(req.body)
+        self.result.replies.append(ex.text)
+        self.progress.advance(error=ex.error is not None)
+        return ex
+
+    async def _session(
+        self, http: aiohttp.ClientSession, slots: asyncio.Semaphore, plan: SessionPlan
+    ) -> bool:
+        """Play one session; False when it stopped early on a failed request."""
+        wl = self.workload
+        scale = self.options.time_scale
+        wait = self._start + plan.start_s * scale - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        async with slots:
+            session = AgentSession(
+                plan, wl.prompts[plan.agent], self.options.model, wl.config.hygiene_break
+            )
+            while not session.done:
+                if session.next_delay_s > 0:
+                    await asyncio.sleep(session.next_delay_s * scale)
+                reqs = session.requests()
+                exchanges = await asyncio.gather(*(self._send(http, r) for r in reqs))
+                if exchanges[0].error is not None:
+                    self.progress.advance(self._remaining(plan, reqs[0].turn))
+                    return False
+                session.reply(exchanges[0].text)
+        return True
+
+    @staticmethod
+    def _remaining(plan: SessionPlan, failed_turn: int) -> int:
+        return sum(1 + len(t.siblings) for t in plan.turns if t.index > failed_turn)
+
+
+async def run_workload(workload: Workload, options: RunOptions) -> RunResult:
+    return await Runner(workload, options).run()

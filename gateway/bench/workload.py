@@ -1,0 +1,212 @@
+"""Agent-session workload generator (pure, seeded, deterministic).
+
+A workload is a list of `SessionPlan`s. Each session belongs to an agent TYPE; every type
+has a long system prompt and a set of tool schemas shared by all its sessions (the prefix
+a cache-aware router should exploit). Type weights make some types POPULAR (many
+sessions) and others UNPOPULAR, which is what exposes the hot-spot failure of routers that
+chase the cache without looking at load.
+
+A session is: a task message, then `turns` requests. Before every turn after the first
+the agent appends the model's (real) previous reply and a tool result (usually
+`tool_result_tokens`, sometimes `large_tool_result_tokens`). Some turns fan out into
+parallel sibling calls that share the whole session prefix and differ only in a final
+message. Every `compaction_every` turns the old middle of the history is replaced by a
+summary (the prompt shrinks). Between turns the agent thinks (`think_time_s`, exponential)
+and sometimes idles much longer. Sessions arrive over time (Poisson or staggered).
+
+Everything here is a function of `WorkloadConfig` (its `seed` included): the same config
+gives byte-identical plans. Times are in workload seconds; the runner scales them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gateway.bench.text import identifier, words
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentType:
+    name: str
+    system_tokens: int  # instructions in the system prompt
+    tools: int  # number of tool schemas
+    tool_tokens: int  # approximate size of one tool schema's description
+    weight: float  # relative share of sessions
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadConfig:
+    sessions: int = 24
+    turns: int = 6
+    seed: int = 0
+    agent_types: tuple[AgentType, ...] = field(
+        default_factory=lambda: DEFAULT_AGENT_TYPES
+    )
+    arrival: Literal["poisson", "staggered"] = "poisson"
+    arrival_interval_s: float = 1.0  # mean gap between session starts
+    task_tokens: int = 200
+    think_time_s: float = 1.0  # mean think time between turns (exponential)
+    idle_prob: float = 0.1  # chance that a gap is a long idle instead
+    idle_s: float = 8.0
+    tool_result_tokens: int = 400
+    large_tool_result_tokens: int = 2000
+    large_tool_result_prob: float = 0.1
+    reply_tokens: int = 96  # max_tokens of every request
+    fanout: int = 1  # requests per fan-out turn (1 = no siblings)
+    fanout_prob: float = 0.25  # chance that a turn fans out
+    compaction_every: int = 0  # 0 = never compact
+    summary_tokens: int = 150
+    hygiene_break: bool = False  # put a changing timestamp at the top of the system prompt
+
+
+DEFAULT_AGENT_TYPES: tuple[AgentType, ...] = (
+    AgentType(name="coder", system_tokens=2400, tools=8, tool_tokens=140, weight=0.55),
+    AgentType(name="researcher", system_tokens=1600, tools=5, tool_tokens=120, weight=0.25),
+    AgentType(name="support", system_tokens=1200, tools=4, tool_tokens=100, weight=0.12),
+    AgentType(name="analyst", system_tokens=900, tools=3, tool_tokens=100, weight=0.08),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentPrompt:
+    """What every session of one agent type shares."""
+
+    agent: str
+    system: str
+    tools: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnPlan:
+    index: int
+    delay_s: float  # wait after the previous turn's reply (0 for the first turn)
+    tool_result: str  # appended before this turn ("" for the first turn)
+    siblings: tuple[str, ...]  # final messages of the parallel sibling calls
+    compact: bool  # replace the old history by `summary` before this turn
+    summary: str
+    max_tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionPlan:
+    session_id: str
+    agent: str
+    start_s: float
+    task: str
+    turns: tuple[TurnPlan, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    config: WorkloadConfig
+    prompts: dict[str, AgentPrompt]
+    sessions: tuple[SessionPlan, ...]
+
+    def request_count(self) -> int:
+        return sum(1 + len(t.siblings) for s in self.sessions for t in s.turns)
+
+
+def agent_prompt(agent: AgentType, seed: int) -> AgentPrompt:
+    base = f"{seed}:{agent.name}"
+    system = (
+        f"You are the {agent.name} agent. Follow the operating manual below.\n\n"
+        + words(f"{base}:system", agent.system_tokens)
+    )
+    tools = []
+    for i in range(agent.tools):
+        tseed = f"{base}:tool:{i}"
+        params = {
+            identifier(f"{tseed}:p{j}"): {
+                "type": "string",
+                "description": words(f"{tseed}:pd{j}", 12),
+            }
+            for j in range(3)
+        }
+        tools.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": identifier(tseed),
+                    "description": words(f"{tseed}:d", max(agent.tool_tokens - 60, 10)),
+                    "parameters": {
+                        "type": "object",
+                        "properties": params,
+                        "required": sorted(params)[:1],
+                    },
+                },
+            }
+        )
+    return AgentPrompt(agent=agent.name, system=system, tools=tuple(tools))
+
+
+def _tool_result(cfg: WorkloadConfig, rng: random.Random, seed: str) -> str:
+    large = rng.random() < cfg.large_tool_result_prob
+    size = cfg.large_tool_result_tokens if large else cfg.tool_result_tokens
+    size = max(1, int(size * rng.uniform(0.7, 1.3)))
+    payload = {"status": "ok", "output": words(seed, size)}
+    return "Tool result:\n" + json.dumps(payload)
+
+
+def _gap(cfg: WorkloadConfig, rng: random.Random) -> float:
+    if rng.random() < cfg.idle_prob:
+        return cfg.idle_s * rng.uniform(0.5, 1.5)
+    return rng.expovariate(1.0 / cfg.think_time_s) if cfg.think_time_s > 0 else 0.0
+
+
+def _session(cfg: WorkloadConfig, index: int, agent: str, start_s: float) -> SessionPlan:
+    sid = f"s{index:04d}-{agent}"
+    seed = f"{cfg.seed}:{sid}"
+    rng = random.Random(seed)
+    turns = []
+    for t in range(cfg.turns):
+        fan = cfg.fanout > 1 and t > 0 and rng.random() < cfg.fanout_prob
+        siblings = tuple(
+            f"Parallel check {k + 1}: " + words(f"{seed}:t{t}:sib{k}", 40)
+            for k in range(cfg.fanout - 1 if fan else 0)
+        )
+        compact = cfg.compaction_every > 0 and t > 0 and t % cfg.compaction_every == 0
+        turns.append(
+            TurnPlan(
+                index=t,
+                delay_s=_gap(cfg, rng) if t > 0 else 0.0,
+                tool_result=_tool_result(cfg, rng, f"{seed}:t{t}:tool") if t > 0 else "",
+                siblings=siblings,
+                compact=compact,
+                summary=(
+                    "Summary of the work so far: " + words(f"{seed}:t{t}:sum", cfg.summary_tokens)
+                    if compact
+                    else ""
+                ),
+                max_tokens=cfg.reply_tokens,
+            )
+        )
+    task = f"Task for session {sid}: " + words(f"{seed}:task", cfg.task_tokens)
+    return SessionPlan(session_id=sid, agent=agent, start_s=start_s, task=task, turns=tuple(turns))
+
+
+def build_workload(cfg: WorkloadConfig) -> Workload:
+    if cfg.sessions < 0 or cfg.turns < 1:
+        raise ValueError("need sessions >= 0 and turns >= 1")
+    if not cfg.agent_types:
+        raise ValueError("need at least one agent type")
+    rng = random.Random(f"{cfg.seed}:arrivals")
+    names = [a.name for a in cfg.agent_types]
+    weights = [a.weight for a in cfg.agent_types]
+    # Deal types by weight but guarantee every type at least one session when there is room,
+    # so unpopular types are always present.
+    agents = names[: min(len(names), cfg.sessions)]
+    agents += rng.choices(names, weights=weights, k=cfg.sessions - len(agents))
+    rng.shuffle(agents)
+    sessions = []
+    now = 0.0
+    for i, agent in enumerate(agents):
+        sessions.append(_session(cfg, i, agent, now))
+        if cfg.arrival == "poisson":
+            now += rng.expovariate(1.0 / cfg.arrival_interval_s) if cfg.arrival_interval_s else 0
+        else:
+            now += cfg.arrival_interval_s
+    prompts = {a.name: agent_prompt(a, cfg.seed) for a in cfg.agent_types}
+    return Workload(config=cfg, prompts=prompts, sessions=tuple(sessions))
