@@ -1,0 +1,360 @@
+"""The HTTP face of one simulated vLLM replica: a raw ASGI app (no framework on the hot path).
+
+Routes (contract section 6): POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
+POST /tokenize, POST /detokenize, GET /health, GET|POST /ping, GET /version, GET /load,
+GET /metrics, POST /reset_prefix_cache. Unknown paths answer FastAPI's ``{"detail": ...}``.
+
+Generation: the body is validated (protocol), rendered (chat template) and tokenized, then
+submitted to the replica's engine; the handler waits for tokens while a watcher task reads
+``receive()`` so a client disconnect aborts the request in the engine at once (its blocks
+are freed, as vLLM does). ``X-Request-Id`` becomes the response id (``chatcmpl-<id>``).
+
+``--timing-comments``: non-streaming responses carry header ``x-sim-timing`` and streams
+carry one SSE comment ``: sim-timing {json}`` (plus a blank line) right before
+``data: [DONE]``. The json is ``{"arrival_s", "queue_ms", "ttft_ms", "e2e_ms",
+"prompt_tokens", "cached_tokens"}`` in SIMULATED time of the replica's virtual clock, so
+benchmarks can read engine latencies without wall-clock noise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from gateway.sim import protocol
+from gateway.sim.errors import ApiError, bad_request
+from gateway.sim.hashing import salt_key
+from gateway.sim.replica import Pending, Replica
+from gateway.sim.request import SimRequest
+from gateway.sim.responses import (
+    ChunkWriter,
+    UsagePolicy,
+    chat_body,
+    completion_body,
+    running_usage,
+)
+from gateway.sim.template import render_chat
+from gateway.sim.tokenizer import ENDOFTEXT_ID, IM_END_ID, Tokenizer
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeConfig:
+    model: str
+    max_model_len: int
+    contract: Literal["0.23", "0.24"] = "0.24"
+    prompt_tokens_details: bool = True
+    force_include_usage: bool = False
+    timing_comments: bool = False
+    deprecated_metrics: bool = False
+
+
+class SimApp:
+    def __init__(self, replica: Replica, tokenizer: Tokenizer, config: ServeConfig) -> None:
+        self.replica = replica
+        self.tokenizer = tokenizer
+        self.config = config
+        self.policy = UsagePolicy(details=config.prompt_tokens_details, contract=config.contract)
+        self.created = int(time.time())
+        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/completions"): self._completions,
+            ("GET", "/v1/models"): self._models,
+            ("POST", "/tokenize"): self._tokenize,
+            ("POST", "/detokenize"): self._detokenize,
+            ("GET", "/health"): self._empty,
+            ("GET", "/ping"): self._empty,
+            ("POST", "/ping"): self._empty,
+            ("GET", "/version"): self._version,
+            ("GET", "/load"): self._load,
+            ("GET", "/metrics"): self._metrics,
+            ("POST", "/reset_prefix_cache"): self._reset,
+        }
+        self._paths = {path for _, path in self._routes}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await _lifespan(receive, send)
+            return
+        handler = self._routes.get((scope["method"], scope["path"]))
+        if handler is None:
+            if scope["path"] in self._paths:
+                await _respond(send, 405, b'{"detail":"Method Not Allowed"}')
+            else:
+                await _respond(send, 404, b'{"detail":"Not Found"}')
+            return
+        try:
+            await handler(scope, receive, send)
+        except ApiError as e:
+            await _respond(send, e.status, e.body())
+
+    # -- generation -------------------------------------------------------------------
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        params = protocol.parse_chat(protocol.parse_json(await _read_body(receive)))
+        self._check_model(params.gen.model)
+        text = render_chat(params.messages, params.tools, params.add_generation_prompt,
+                           params.continue_final_message)
+        ids = self.tokenizer.encode(text)
+        await self._generate(scope, receive, send, "chat", params.gen, ids, IM_END_ID)
+
+    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        params = protocol.parse_completion(protocol.parse_json(await _read_body(receive)))
+        self._check_model(params.gen.model)
+        prompt = params.prompt
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        await self._generate(scope, receive, send, "completions", params.gen, ids, ENDOFTEXT_ID)
+
+    async def _generate(self, scope: Scope, receive: Receive, send: Send,
+                        endpoint: Literal["chat", "completions"],
+                        gen: protocol.GenerationParams, ids: list[int], stop: int) -> None:
+        max_tokens = self._check_length(len(ids), gen.max_tokens)
+        rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + _request_id(scope)
+        replica = self.replica
+        req = replica.engine.new_request(rid, ids, max_tokens, replica.now(), stop,
+                                         salt_key(gen.cache_salt))
+        replica.in_flight += 1
+        try:
+            pending = replica.submit(req, streaming=gen.stream)
+            watcher = asyncio.ensure_future(_watch_disconnect(receive, replica, pending))
+            try:
+                if gen.stream:
+                    await self._stream(send, endpoint, gen, pending, rid)
+                else:
+                    await self._unary(send, endpoint, pending, rid)
+            finally:
+                watcher.cancel()
+                replica.abort(pending)  # no-op once finished
+        finally:
+            replica.in_flight -= 1
+
+    async def _unary(self, send: Send, endpoint: str, pending: Pending, rid: str) -> None:
+        await pending.queue.get()
+        req = pending.request
+        if req.status != "finished":
+            return  # aborted: the client is gone
+        out = req.output_ids
+        if req.finish_reason == "stop":
+            out = out[:-1]  # the stop token is counted but not shown
+        text = self.tokenizer.decode(out)
+        usage = self.policy.usage(req.num_prompt_tokens, req.num_output_tokens,
+                                  req.num_cached_tokens)
+        render = chat_body if endpoint == "chat" else completion_body
+        body = render(rid, int(time.time()), self.config.model, text,
+                      req.finish_reason or "stop", usage)
+        headers = list(_JSON)
+        headers.append((b"x-request-id", rid.split("-", 1)[1].encode()))
+        if self.config.timing_comments:
+            headers.append((b"x-sim-timing", orjson.dumps(_timing(req))))
+        await _respond(send, 200, body, headers)
+
+    async def _stream(self, send: Send, endpoint: Literal["chat", "completions"],
+                      gen: protocol.GenerationParams, pending: Pending, rid: str) -> None:
+        force = self.config.force_include_usage
+        include_usage = gen.include_usage or force
+        continuous = (gen.continuous_usage and gen.include_usage) or force
+        req = pending.request
+        writer = ChunkWriter(endpoint, rid, int(time.time()), self.config.model)
+        prompt = req.num_prompt_tokens
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [*_SSE, (b"x-request-id", rid.split("-", 1)[1].encode())]})
+        more = {"type": "http.response.body", "body": b"", "more_body": True}
+        first = True
+        produced = 0
+        piece = self.tokenizer.piece
+        queue = pending.queue
+        while True:
+            token = await queue.get()
+            if token is None:
+                break
+            if first and endpoint == "chat":
+                more["body"] = writer.role(running_usage(prompt, 0) if continuous else None)
+                await send(more)
+            first = False
+            produced += 1
+            finished = req.status == "finished" and produced == req.num_output_tokens
+            text = "" if token == req.stop_token and req.finish_reason == "stop" else piece(token)
+            usage = running_usage(prompt, produced) if continuous else None
+            more["body"] = writer.content(text, req.finish_reason if finished else None, usage)
+            await send(more)
+        if req.status != "finished":
+            return
+        tail = b""
+        if include_usage:
+            tail += writer.usage(self.policy.usage(prompt, req.num_output_tokens,
+                                                   req.num_cached_tokens))
+        if self.config.timing_comments:
+            tail += ChunkWriter.comment("sim-timing", _timing(req))
+        await send({"type": "http.response.body", "body": tail + ChunkWriter.DONE,
+                    "more_body": False})
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.config.model:
+            raise ApiError(404, f"The model `{model}` does not exist.", "model")
+
+    def _check_length(self, n: int, max_tokens: int | None) -> int | None:
+        limit = self.config.max_model_len
+        if n >= limit:
+            if self.config.contract == "0.23":
+                msg = (f"This model's maximum context length is {limit} tokens. However, your "
+                       f"request has {n} input tokens. Please reduce the length of the input "
+                       "messages.")
+            else:
+                msg = (f"This model's maximum context length is {limit} tokens. However, your "
+                       f"prompt contains {n} input tokens, which exceeds this limit even "
+                       "without any output tokens. Please reduce the length of the input "
+                       "prompt.")
+            raise bad_request(msg)
+        pool = self.replica.engine.config
+        if -(-n // pool.block_size) > pool.num_gpu_blocks - 1:
+            raise bad_request(f"The prompt ({n} tokens) does not fit in the simulated KV cache "
+                              f"({pool.num_gpu_blocks - 1} blocks of {pool.block_size}).")
+        if max_tokens is not None and n + max_tokens > limit:
+            if self.config.contract == "0.23" or max_tokens > limit:
+                raise bad_request(
+                    f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This "
+                    f"model's maximum context length is {limit} tokens and your request has "
+                    f"{n} input tokens ({max_tokens} > {limit} - {n}).", "max_tokens")
+            return limit - n  # clamped to the remaining room (>= 0.24)
+        return max_tokens
+
+    # -- the rest -----------------------------------------------------------------------
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        m = self.config.model
+        card = {"id": m, "object": "model", "created": self.created, "owned_by": "vllm",
+                "root": m, "parent": None, "max_model_len": self.config.max_model_len,
+                "permission": [{"id": f"modelperm-{uuid.uuid4().hex}",
+                                "object": "model_permission", "created": self.created,
+                                "allow_create_engine": False, "allow_sampling": True,
+                                "allow_logprobs": True, "allow_search_indices": False,
+                                "allow_view": True, "allow_fine_tuning": False,
+                                "organization": "*", "group": None, "is_blocking": False}]}
+        await _respond(send, 200, orjson.dumps({"object": "list", "data": [card]}))
+
+    async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = protocol.parse_json(await _read_body(receive))
+        self._check_model(protocol.parse_generation({"model": body.get("model")}, "").model)
+        if "messages" in body:
+            params = protocol.parse_chat(body)
+            ids = self.tokenizer.encode(render_chat(
+                params.messages, params.tools, params.add_generation_prompt,
+                params.continue_final_message))
+        elif isinstance(body.get("prompt"), str):
+            ids = self.tokenizer.encode(body["prompt"])
+        else:
+            raise bad_request("tokenize needs `prompt` (a string) or `messages`", "prompt")
+        strs = self.tokenizer.pieces(ids) if body.get("return_token_strs") else None
+        await _respond(send, 200, orjson.dumps({
+            "count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids,
+            "token_strs": strs}))
+
+    async def _detokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = protocol.parse_json(await _read_body(receive))
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise bad_request("`tokens` must be a list of integers", "tokens")
+        try:
+            text = self.tokenizer.decode(tokens)
+        except (ValueError, OverflowError) as e:
+            raise bad_request(str(e), "tokens") from None
+        await _respond(send, 200, orjson.dumps({"prompt": text}))
+
+    async def _empty(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _respond(send, 200, b"", [])
+
+    async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _respond(send, 200, orjson.dumps({"version": f"{self.config.contract}.0"}))
+
+    async def _load(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _respond(send, 200, orjson.dumps({"server_load": self.replica.in_flight}))
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        engine = self.replica.engine
+        text = engine.metrics.render(self.config.model, engine.gauges(),
+                                     self.config.deprecated_metrics)
+        await _respond(send, 200, text.encode(),
+                       [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")])
+
+    async def _reset(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # vLLM answers 200 either way and only logs when blocks are still in use.
+        self.replica.engine.reset_prefix_cache()
+        await _respond(send, 200, b"", [])
+
+
+def _timing(req: SimRequest) -> dict[str, Any]:
+    first = req.first_token if req.first_token is not None else req.arrival
+    sched = req.first_scheduled if req.first_scheduled is not None else req.arrival
+    end = req.finished if req.finished is not None else first
+    return {"arrival_s": round(req.arrival, 6),
+            "queue_ms": round((sched - req.arrival) * 1000, 3),
+            "ttft_ms": round((first - req.arrival) * 1000, 3),
+            "e2e_ms": round((end - req.arrival) * 1000, 3),
+            "prompt_tokens": req.num_prompt_tokens, "cached_tokens": req.num_cached_tokens}
+
+
+def _request_id(scope: Scope) -> str:
+    for k, v in scope["headers"]:
+        if k == b"x-request-id":
+            return str(v.decode("latin-1"))
+    return uuid.uuid4().hex
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise bad_request("client disconnected while sending the body")
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise bad_request(f"Request body exceeds {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+        if not msg.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _watch_disconnect(receive: Receive, replica: Replica, pending: Pending) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            replica.abort(pending)
+            return
+
+
+async def _respond(send: Send, status: int, body: bytes,
+                   headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": _JSON if headers is None else headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif msg["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+

@@ -1,0 +1,116 @@
+"""N simulated vLLM replicas in one process and one event loop: ``SimOptions`` + ``SimCluster``.
+
+Each replica is independent (own engine, KV pool, cache, metrics, virtual clock) and served by
+its own uvicorn server (httptools) on 127.0.0.1:port+i. The tokenizer is shared: it is
+stateless apart from a memo. Used by ``gateway sim``, the gateway's embedded default backend
+and the benchmarks::
+
+    cluster = SimCluster(SimOptions(replicas=4, port=8100, speed=100))
+    await cluster.start()      # binds every port or raises
+    cluster.urls               # ["http://127.0.0.1:8100", ...]
+    await cluster.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Literal
+
+import uvicorn
+
+from gateway.sim.app import ServeConfig, SimApp
+from gateway.sim.engine import Engine, EngineConfig
+from gateway.sim.replica import Replica
+from gateway.sim.steptime import StepTimeModel
+from gateway.sim.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimOptions:
+    replicas: int = 2
+    host: str = "127.0.0.1"
+    port: int = 8100
+    model: str = "Qwen/Qwen2.5-7B-Instruct"
+    kv_blocks: int = 2048
+    block_size: int = 16
+    max_model_len: int = 32768
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    speed: float = 1.0
+    seed: int = 0
+    contract: Literal["0.23", "0.24"] = "0.24"
+    prompt_tokens_details: bool = True
+    force_include_usage: bool = False
+    timing_comments: bool = False
+    log_interval: float = 10.0
+    deprecated_metrics: bool = False
+    output_len: int = 64
+    hash_seed: Literal["fixed", "random"] = "fixed"
+    step_time: StepTimeModel = field(default_factory=StepTimeModel)
+
+
+class SimCluster:
+    def __init__(self, options: SimOptions) -> None:
+        if options.replicas < 1:
+            raise ValueError("replicas must be >= 1")
+        self.options = options
+        self.tokenizer = Tokenizer()
+        self.replicas: list[Replica] = []
+        self._servers: list[uvicorn.Server] = []
+
+    @property
+    def urls(self) -> list[str]:
+        o = self.options
+        return [f"http://{o.host}:{o.port + i}" for i in range(o.replicas)]
+
+    async def start(self) -> None:
+        o = self.options
+        try:
+            for i in range(o.replicas):
+                engine = Engine(EngineConfig(
+                    num_gpu_blocks=o.kv_blocks, block_size=o.block_size,
+                    max_model_len=o.max_model_len,
+                    max_num_batched_tokens=o.max_num_batched_tokens,
+                    max_num_seqs=o.max_num_seqs, output_len=o.output_len, seed=o.seed,
+                    replica=i, hash_seed=o.hash_seed, step_time=o.step_time,
+                ), self.tokenizer)
+                replica = Replica(f"[{o.host}:{o.port + i}]", engine, o.speed,
+                                  o.seed * 7919 + i, o.log_interval)
+                replica.start()
+                self.replicas.append(replica)
+                app = SimApp(replica, self.tokenizer, ServeConfig(
+                    model=o.model, max_model_len=o.max_model_len, contract=o.contract,
+                    prompt_tokens_details=o.prompt_tokens_details,
+                    force_include_usage=o.force_include_usage,
+                    timing_comments=o.timing_comments,
+                    deprecated_metrics=o.deprecated_metrics,
+                ))
+                config = uvicorn.Config(app, host=o.host, port=o.port + i, http="httptools",
+                                        loop="none", lifespan="off", access_log=False,
+                                        log_level="warning", timeout_keep_alive=30,
+                                        backlog=2048)
+                config.load()
+                server = uvicorn.Server(config)
+                # Driven without Server.serve(): that would install per-server signal
+                # handlers; the owner of the loop handles signals for all replicas.
+                server.lifespan = config.lifespan_class(config)
+                await server.startup()
+                if server.should_exit:
+                    raise OSError(f"cannot bind {o.host}:{o.port + i}")
+                self._servers.append(server)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        servers, self._servers = self._servers, []
+        for replica in self.replicas:
+            await replica.stop()
+        self.replicas = []
+        await asyncio.gather(*(s.shutdown() for s in servers), return_exceptions=True)
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    logging.basicConfig(level=level, format="%(levelname)s %(asctime)s %(message)s")

@@ -1,0 +1,203 @@
+"""One simulated vLLM engine: scheduler + KV pool + step-time model + sampling + stats.
+
+Pure and synchronous; the caller owns time. A step is two calls:
+
+    plan, duration = engine.plan_step(noise)     # schedule; blocks registered now
+    ...the caller lets `duration` simulated seconds pass...
+    outputs = engine.finish_step(plan, start, end)   # tokens sampled, requests finish
+
+``plan_step`` stamps the first-scheduled time of newly admitted requests with the step's
+start; ``finish_step`` samples one token for every request whose known tokens are all
+computed (end of its prefill, or a decode), stamps first-token / finish times with the
+step's end, and frees finished requests' blocks (in reverse, so tails are evicted first).
+Latency histograms, counters and the hit-rate window are updated here, in simulated time.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from gateway.sim.generator import OutputGenerator
+from gateway.sim.hashing import none_hash
+from gateway.sim.hitrate import HitRateWindow
+from gateway.sim.metrics import EngineMetrics, Gauges
+from gateway.sim.pool import BlockPool
+from gateway.sim.request import SimRequest
+from gateway.sim.scheduler import Scheduler, StepPlan
+from gateway.sim.steptime import StepTimeModel
+from gateway.sim.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    num_gpu_blocks: int = 2048
+    block_size: int = 16
+    max_model_len: int = 32768
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    output_len: int = 64
+    seed: int = 0
+    replica: int = 0
+    hash_seed: str = "fixed"
+    step_time: StepTimeModel = StepTimeModel()
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """A request that produced a token (``token``) and/or finished in this step."""
+
+    request: SimRequest
+    token: int | None
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, tokenizer: Tokenizer) -> None:
+        self.config = config
+        self.pool = BlockPool(config.num_gpu_blocks)
+        self.scheduler = Scheduler(
+            self.pool,
+            config.block_size,
+            none_hash(config.hash_seed, config.seed, config.replica),
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+        )
+        self.generator = OutputGenerator(tokenizer, config.seed, config.output_len)
+        self.metrics = EngineMetrics(config.max_model_len)
+        self.hit_rate = HitRateWindow()
+        self.jitter_rng = random.Random(config.seed * 1_000_003 + config.replica)
+        # Since the last log line: computed prompt tokens, generated tokens.
+        self.interval_prompt_tokens = 0
+        self.interval_generation_tokens = 0
+
+    def new_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        max_tokens: int | None,
+        arrival: float,
+        stop_token: int,
+        first_extra: bytes = b"",
+    ) -> SimRequest:
+        rng = self.generator.rng_for(prompt_ids)
+        room = self.config.max_model_len - len(prompt_ids)
+        natural = None if max_tokens is not None else self.generator.natural_len(rng)
+        return SimRequest(
+            request_id=request_id,
+            token_ids=list(prompt_ids),
+            num_prompt_tokens=len(prompt_ids),
+            max_tokens=max(1, min(room, max_tokens if max_tokens is not None else room)),
+            natural_len=natural,
+            stop_token=stop_token,
+            rng=rng,
+            arrival=arrival,
+            first_extra=first_extra,
+        )
+
+    def add(self, req: SimRequest) -> None:
+        self.scheduler.add(req)
+
+    def abort(self, req: SimRequest, now: float) -> bool:
+        """Abort a waiting or running request; False if it already ended."""
+        if req.status not in ("waiting", "running"):
+            return False
+        self.scheduler.finish(req)
+        req.status = "aborted"
+        self._finished(req, "abort", now)
+        return True
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def plan_step(self, noise: float, start: float) -> tuple[StepPlan, float]:
+        plan = self.scheduler.schedule()
+        decode_ctx = prefill = attention = 0
+        for req, n in plan.work:
+            if n == 1 and req.num_computed >= req.num_prompt_tokens:
+                decode_ctx += req.num_computed + 1
+            else:
+                prefill += n
+                end = req.num_computed + n
+                attention += end * end - req.num_computed * req.num_computed
+                if req.num_computed < req.num_prompt_tokens:
+                    self.interval_prompt_tokens += min(end, req.num_prompt_tokens) - req.num_computed
+        for req in plan.newly_scheduled:
+            req.first_scheduled = start
+            c = self.metrics.counters
+            c.prompt_tokens += req.num_prompt_tokens
+            c.prompt_tokens_cached += req.num_cached_tokens
+            self.metrics.queue.observe(start - req.arrival)
+            self.metrics.prompt_len.observe(req.num_prompt_tokens)
+        c = self.metrics.counters
+        c.prefix_queries += plan.queried_tokens
+        c.prefix_hits += plan.hit_tokens
+        c.preemptions += plan.preempted
+        self.hit_rate.observe(plan.admitted, plan.queried_tokens, plan.hit_tokens)
+        duration = self.config.step_time.duration(decode_ctx, prefill, attention, noise)
+        return plan, duration
+
+    def finish_step(self, plan: StepPlan, end: float) -> list[StepOutput]:
+        outputs: list[StepOutput] = []
+        gen = self.generator
+        finished_any = False
+        for req, n in plan.work:
+            if req.status != "running":
+                continue  # aborted while the step was executing
+            req.num_computed += n
+            if req.num_computed < req.num_tokens:
+                continue  # a prefill chunk that does not complete the prompt
+            produced = req.num_output_tokens
+            natural = req.natural_len
+            if natural is not None and produced >= natural:
+                token = req.stop_token
+            else:
+                previous = req.token_ids[-1] if produced else None
+                token = gen.next_token(req.rng, previous)
+            req.token_ids.append(token)
+            if req.first_token is None:
+                req.first_token = end
+                self.metrics.ttft.observe(end - req.arrival)
+            elif req.last_token is not None:
+                self.metrics.itl.observe(end - req.last_token)
+            req.last_token = end
+            produced += 1
+            reason = None
+            if token == req.stop_token and natural is not None:
+                reason = "stop"
+            elif produced >= req.max_tokens or req.num_tokens >= self.config.max_model_len:
+                reason = "length"
+            if reason is not None:
+                self.scheduler.release(req)
+                req.status = "finished"
+                finished_any = True
+                self._finished(req, reason, end)
+            outputs.append(StepOutput(req, token))
+        self.metrics.counters.generation_tokens += len(outputs)
+        self.interval_generation_tokens += len(outputs)
+        if finished_any:
+            self.scheduler.drop_finished()
+        return outputs
+
+    def reset_prefix_cache(self) -> bool:
+        if not self.pool.reset():
+            return False
+        self.hit_rate.reset()
+        return True
+
+    def gauges(self) -> Gauges:
+        return Gauges(
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            kv_usage=self.pool.usage(),
+            num_gpu_blocks=self.config.num_gpu_blocks,
+            block_size=self.config.block_size,
+        )
+
+    def _finished(self, req: SimRequest, reason: str, now: float) -> None:
+        req.finished = now
+        req.finish_reason = reason  # type: ignore[assignment]
+        m = self.metrics
+        m.counters.success[reason] = m.counters.success.get(reason, 0) + 1
+        if reason != "abort":
+            m.e2e.observe(now - req.arrival)
+            m.generation_len.observe(req.num_output_tokens)
