@@ -7,11 +7,8 @@ bounded buffer. It never awaits and never raises to the caller (see `record`).
 
 Missing cached_tokens: a replica whose records carry `prompt_tokens` but no
 `cached_tokens` runs without `--enable-prompt-tokens-details`. `record` logs that once per
-replica at first detection; `missing_cached_tokens_replicas()` lists the replicas that
-have never reported `cached_tokens` but have sent usage without it, and `/stats` turns
-them into warnings. A replica leaves that list as soon as it reports `cached_tokens` once
-(vLLM <= 0.23 omits the details when the count is 0, so a cold start alone can list a
-replica that has the flag on, until its first cache hit).
+replica at first detection; `missing_cached_tokens_replicas()` lists such replicas (rule
+in `gateway.usage.details`), and `/stats` turns them into warnings.
 
 `stats(now, replicas)` builds the `/stats` JSON: the windows of `gateway.usage.stats`,
 each replica's last scrape with KV-usage levels (`kv_warn`/`kv_critical` of the config),
@@ -29,6 +26,7 @@ import orjson
 
 from gateway.replicas.snapshot import EngineSnapshot
 from gateway.usage.config import UsageConfig
+from gateway.usage.details import CachedTokensReporting, missing_cached_tokens_warning
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.record import UsageRecord
 from gateway.usage.sinks import FileSink, RedisStreamSink, Sink, SinkPump, StdoutSink
@@ -60,13 +58,6 @@ def kv_level(usage: float | None, warn: float, critical: float) -> str:
     return "ok"
 
 
-def missing_cached_tokens_warning(replica: str) -> str:
-    return (
-        f"replica {replica} does not report cached_tokens: "
-        "start vLLM with --enable-prompt-tokens-details"
-    )
-
-
 class UsageRecorder:
     def __init__(
         self,
@@ -92,8 +83,7 @@ class UsageRecorder:
             ttft_target_ms=config.ttft_target_ms,
             tpot_target_ms=config.tpot_target_ms,
         )
-        self._reporting: set[str] = set()  # replicas that have reported cached_tokens
-        self._missing: dict[str, int] = {}  # replica -> records without cached_tokens
+        self._details = CachedTokensReporting()
         self._record_errors = 0
         self._last_error_log = -_ERROR_LOG_EVERY_S
 
@@ -118,8 +108,8 @@ class UsageRecorder:
         try:
             self._metrics.observe(rec)
             self._windows.add(rec)
-            if rec.prompt_tokens is not None and rec.replica is not None:
-                self._track_details(rec.replica, rec.cached_tokens is not None)
+            if self._details.add(rec):
+                log.warning("%s", missing_cached_tokens_warning(rec.replica or ""))
             if self._pumps:
                 line = orjson.dumps(rec) + b"\n"
                 for pump in self._pumps:
@@ -133,21 +123,9 @@ class UsageRecorder:
                 self._last_error_log = now
                 log.exception("usage record failed (%d so far)", self._record_errors)
 
-    def _track_details(self, replica: str, reported: bool) -> None:
-        if reported:
-            if replica not in self._reporting:
-                self._reporting.add(replica)
-                self._missing.pop(replica, None)
-            return
-        if replica in self._reporting:
-            return  # vLLM <= 0.23 leaves details out when nothing was cached
-        n = self._missing.get(replica, 0)
-        self._missing[replica] = n + 1
-        if n == 0:
-            log.warning("%s", missing_cached_tokens_warning(replica))
-
     def missing_cached_tokens_replicas(self) -> list[str]:
-        return sorted(self._missing)
+        """Replicas that send usage without cached_tokens (see gateway.usage.details)."""
+        return self._details.missing()
 
     def stats(self, now: float, replicas: Mapping[str, EngineSnapshot | None]) -> dict[str, Any]:
         cfg = self._config
@@ -163,7 +141,7 @@ class UsageRecorder:
                     f"replica {name} KV cache usage {usage:.0%} is {level} "
                     f"(warn {cfg.kv_warn:.0%}, critical {cfg.kv_critical:.0%})"
                 )
-            reps[name] = _replica_json(snap, level, self._reporting, self._missing, name)
+            reps[name] = _replica_json(snap, level, self._details.reports(name))
         windows = self._windows.windows(now)
         recent = windows["5m"]
         for key, label in (("ttft", "TTFT"), ("tpot", "TPOT")):
@@ -197,11 +175,8 @@ class UsageRecorder:
 def _replica_json(
     snap: EngineSnapshot | None,
     level: str,
-    reporting: set[str],
-    missing: Mapping[str, int],
-    name: str,
+    reports: bool | None,
 ) -> dict[str, Any]:
-    reports: bool | None = True if name in reporting else False if name in missing else None
     if snap is None:
         return {"scraped": False, "kv_level": level, "reports_cached_tokens": reports}
     hit_rate = None

@@ -241,6 +241,10 @@ class UsageWindows:
                 out.merge(bucket)
         return out
 
+    def covered_from(self, now: float, window_s: float) -> float:
+        """Start of the span window `window_s` really covers (a bucket boundary)."""
+        return math.floor((now - window_s) / self._bucket_s) * self._bucket_s
+
     def summary(self, now: float, window_s: float | None) -> dict[str, Any]:
         b = self.merged(now, window_s)
         overall = Totals()
@@ -254,6 +258,9 @@ class UsageWindows:
                 agg.merge(t)
         out = overall.figures()
         out["window_s"] = window_s
+        out["covered_s"] = (
+            None if window_s is None else round(now - self.covered_from(now, window_s), 3)
+        )
         out["by_status"] = {str(k): n for k, n in sorted(overall.status.items())}
         for dim, groups in dims.items():
             out[f"by_{dim}"] = {name: groups[name].figures() for name in sorted(groups)}

@@ -1,0 +1,204 @@
+"""UsageRecorder: records reach the file/stdout sinks unchanged (0 stays 0, null stays
+null), failures are counted and never raised, /stats JSON carries flags and warnings."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.replicas.snapshot import EngineSnapshot
+from gateway.usage.config import UsageConfig
+from gateway.usage.metrics import GatewayMetrics
+from gateway.usage.record import UsageRecord
+from gateway.usage.recorder import UsageRecorder
+from gateway.usage.sinks import FileSink, SinkPump, StdoutSink
+
+
+def rec(**kw: Any) -> UsageRecord:
+    base: dict[str, Any] = dict(
+        ts=1000.0, request_id="r", tenant=None, model="m", replica="a", route="prefix",
+        stream=True, status=200, prompt_tokens=1000, cached_tokens=0,
+        predicted_cached_tokens=600, best_available_tokens=800, completion_tokens=10,
+        ttft_ms=100.0, latency_ms=600.0, session="s",
+    )  # fmt: skip
+    base.update(kw)
+    return UsageRecord(**base)
+
+
+def metric(m: GatewayMetrics, name: str, **labels: str) -> float | None:
+    for fam in text_string_to_metric_families(m.render().decode()):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return None
+
+
+def snap(kv: float | None) -> EngineSnapshot:
+    return EngineSnapshot(
+        ts=1.0, kv_cache_usage=kv, num_requests_running=1.0, num_requests_waiting=0.0,
+        prefix_cache_queries_total=200.0, prefix_cache_hits_total=50.0, prompt_tokens_total=200.0,
+        generation_tokens_total=5.0, num_gpu_blocks=100, block_size=16,
+    )  # fmt: skip
+
+
+async def test_file_sink_keeps_zero_and_null(tmp_path: Path) -> None:
+    path = tmp_path / "usage.jsonl"
+    m = GatewayMetrics()
+    r = UsageRecorder(UsageConfig(log_path=str(path)), m)
+    await r.start()
+    r.record(rec(request_id="zero", cached_tokens=0))
+    r.record(rec(request_id="null", cached_tokens=None, ttft_ms=None, tenant=None))
+    r.record(rec(request_id="hit", cached_tokens=992, tenant="acme"))
+    await r.aclose()
+    lines = path.read_bytes().splitlines()
+    assert len(lines) == 3
+    objs = [orjson.loads(line) for line in lines]
+    assert [o["request_id"] for o in objs] == ["zero", "null", "hit"]
+    assert objs[0]["cached_tokens"] == 0
+    assert "cached_tokens" in objs[1] and objs[1]["cached_tokens"] is None
+    assert objs[1]["ttft_ms"] is None and objs[1]["tenant"] is None
+    assert objs[2]["cached_tokens"] == 992
+    assert list(objs[0]) == list(rec().to_dict())  # schema order, every field
+    # and the same truth in the stats
+    s = r.stats(1000.0, {})["windows"]["1m"]
+    assert s["cached_tokens"] == 992
+    assert s["records_without_cached_tokens"] == 1
+    assert s["cached_ratio"] == pytest.approx(992 / 2000)
+    assert r.pumps[0].written == 3
+
+
+async def test_stdout_sink() -> None:
+    out = io.StringIO()
+    m = GatewayMetrics()
+    r = UsageRecorder(UsageConfig(), m, sinks=[StdoutSink(out)])
+    await r.start()
+    r.record(rec(cached_tokens=None))
+    await r.aclose()
+    assert orjson.loads(out.getvalue())["cached_tokens"] is None
+
+
+async def test_unwritable_file_is_counted_not_raised(tmp_path: Path, caplog: Any) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    m = GatewayMetrics()
+    # a path under a regular file cannot be opened, even as root
+    r = UsageRecorder(UsageConfig(log_path=str(blocker / "usage.jsonl"), sink_retry_s=0.0), m)
+    await r.start()
+    with caplog.at_level(logging.WARNING, logger="gateway.usage"):
+        for i in range(5):
+            r.record(rec(request_id=str(i)))  # must not raise
+            await asyncio.sleep(0.01)
+        await r.aclose()
+    errors = metric(m, "gateway_usage_sink_errors_total", sink="file")
+    assert errors is not None and errors >= 1
+    assert metric(m, "gateway_usage_records_dropped_total", sink="file") == 5.0
+    assert r.pumps[0].dropped == 5
+    # the failure is logged, rate-limited: one line for several failures
+    assert sum("usage sink file failed" in m_.message for m_ in caplog.records) == 1
+    stats = r.stats(1000.0, {})
+    assert stats["sinks"]["file"]["errors"] == errors
+    assert any("dropped 5 records" in w for w in stats["warnings"])
+    # metrics and stats still saw every record
+    assert metric(m, "gateway_requests_total", replica="a") == 5.0
+
+
+async def test_bounded_queue_drops_and_counts() -> None:
+    m = GatewayMetrics()
+    out = io.StringIO()
+    pump = SinkPump(StdoutSink(out), m, capacity=3, batch_size=2)
+    for i in range(10):
+        pump.offer(b'{"i":%d}\n' % i)  # not started: nothing drains yet
+    assert pump.queued == 3 and pump.dropped == 7
+    assert metric(m, "gateway_usage_records_dropped_total", sink="stdout") == 7.0
+    pump.start()
+    await pump.aclose()
+    assert [orjson.loads(x)["i"] for x in out.getvalue().splitlines()] == [0, 1, 2]
+
+
+async def test_aclose_flushes_without_start(tmp_path: Path) -> None:
+    path = tmp_path / "u.jsonl"
+    r = UsageRecorder(UsageConfig(log_path=str(path)), GatewayMetrics())
+    r.record(rec())
+    await r.aclose()
+    assert len(path.read_bytes().splitlines()) == 1
+
+
+async def test_file_sink_reopens_after_failure(tmp_path: Path) -> None:
+    sub = tmp_path / "later"
+    sink = FileSink(str(sub / "u.jsonl"))
+    with pytest.raises(OSError):
+        await sink.write([b"{}\n"])
+    sub.mkdir()
+    await sink.write([b'{"a":1}\n'])
+    await sink.aclose()
+    assert (sub / "u.jsonl").read_bytes() == b'{"a":1}\n'
+
+
+def test_record_never_raises_on_a_broken_record() -> None:
+    m = GatewayMetrics()
+    r = UsageRecorder(UsageConfig(), m)
+    bad = rec()
+    bad.latency_ms = "not a number"  # type: ignore[assignment]
+    r.record(bad)  # logged, not raised
+    r.record(rec())
+    assert metric(m, "gateway_requests_total", replica="a") is not None
+
+
+def test_missing_cached_tokens_detection(caplog: Any) -> None:
+    r = UsageRecorder(UsageConfig(), GatewayMetrics())
+    with caplog.at_level(logging.WARNING, logger="gateway.usage"):
+        r.record(rec(replica="old", cached_tokens=None))
+        r.record(rec(replica="old", cached_tokens=None))
+        r.record(rec(replica="new", cached_tokens=0))
+        r.record(rec(replica="failed", cached_tokens=None, prompt_tokens=None, status=502))
+        r.record(rec(replica="cold023", cached_tokens=None))
+    assert r.missing_cached_tokens_replicas() == ["cold023", "old"]
+    logged = [x.message for x in caplog.records if "does not report cached_tokens" in x.message]
+    assert len(logged) == 2  # once per replica
+    r.record(rec(replica="cold023", cached_tokens=512))  # <=0.23 with the flag: first hit
+    assert r.missing_cached_tokens_replicas() == ["old"]
+    r.record(rec(replica="cold023", cached_tokens=None))  # its later cold requests
+    assert r.missing_cached_tokens_replicas() == ["old"]
+    stats = r.stats(1000.0, {"old": None, "new": snap(0.2)})
+    assert (
+        "replica old does not report cached_tokens: start vLLM with "
+        "--enable-prompt-tokens-details"
+    ) in stats["warnings"]
+    assert stats["replicas"]["old"]["reports_cached_tokens"] is False
+    assert stats["replicas"]["new"]["reports_cached_tokens"] is True
+
+
+@pytest.mark.parametrize(
+    ("kv", "level", "warns"),
+    [(None, "unknown", False), (0.5, "ok", False), (0.85, "warn", True), (0.94, "warn", True),
+     (0.95, "critical", True), (1.0, "critical", True)],
+)  # fmt: skip
+def test_kv_levels(kv: float | None, level: str, warns: bool) -> None:
+    r = UsageRecorder(UsageConfig(), GatewayMetrics())
+    stats = r.stats(5.0, {"a": snap(kv)})
+    rep = stats["replicas"]["a"]
+    assert rep["kv_level"] == level
+    assert rep["capacity_tokens"] == 1600
+    assert rep["engine_prefix_cache_hit_rate_since_start"] == 0.25
+    assert any("replica a KV cache usage" in w for w in stats["warnings"]) is warns
+    assert orjson.loads(orjson.dumps(stats)) == stats  # JSON-serialisable as is
+
+
+def test_stats_windows_and_latency_warnings() -> None:
+    r = UsageRecorder(UsageConfig(bucket_s=1.0), GatewayMetrics())
+    for i in range(10):
+        r.record(rec(ts=1000.0 - i * 31, ttft_ms=2500.0, latency_ms=2590.0, completion_tokens=2))
+    stats = r.stats(1000.0, {})
+    w = stats["windows"]
+    assert (w["1m"]["requests"], w["5m"]["requests"], w["1h"]["requests"]) == (2, 10, 10)
+    assert w["all"]["requests"] == 10
+    assert any(x.startswith("TTFT p99 over the last 5 min") for x in stats["warnings"])
+    assert any(x.startswith("TPOT p99") for x in stats["warnings"]) is False  # 90 ms
+    assert stats["first_record_ts"] == 721.0 and stats["last_record_ts"] == 1000.0
