@@ -115,8 +115,8 @@ def test_stream_cut_mid_event_releases_tail() -> None:
 @pytest.mark.parametrize(
     ("usage", "expected"),
     [
-        ({"prompt_tokens": 5, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}},
-         Usage(5, 1, 0)),
+        ({"prompt_tokens": 5, "completion_tokens": 1,
+          "prompt_tokens_details": {"cached_tokens": 0}}, Usage(5, 1, 0)),
         ({"prompt_tokens": 5, "completion_tokens": 1, "prompt_tokens_details": None},
          Usage(5, 1, None)),
         ({"prompt_tokens": 5}, Usage(5, None, None)),

@@ -90,6 +90,11 @@ class SseUsageTap:
             return self._scan(region)
         return region
 
+    @property
+    def pending(self) -> bool:
+        """An event has started but its terminating blank line has not arrived."""
+        return bool(self._tail)
+
     def finish(self) -> bytes:
         """End of stream: release the held partial event (a stream cut mid-event)."""
         tail, self._tail = self._tail, b""

@@ -1,0 +1,193 @@
+"""The gateway's ASGI application and the factory that builds it.
+
+`create_app(settings, upstream=None, clock=time.time)` returns a plain ASGI callable. Every
+long-lived object (upstream client, fleet and its monitor, router, hygiene analyzer,
+metrics, usage recorder) is built at startup, in the lifespan, and owned by one `Services`
+value; nothing lives at module level, so a test process can build as many apps as it likes.
+Tests that drive the app without a server (httpx.ASGITransport skips the lifespan) use
+`async with app.running(): ...`.
+
+Routes:
+    POST /v1/chat/completions, POST /v1/completions   routed + recorded (gateway.proxy)
+    GET  /v1/models                                   union of the healthy replicas' models
+    *    /v1/...                                      forwarded to a replica serving `model`
+    GET  /health                                      200 while the gateway runs
+    GET  /ready                                       200 with >= 1 healthy replica, else 503
+    GET  /metrics                                     GatewayMetrics (Prometheus text 0.0.4)
+    GET  /stats                                       UsageRecorder.stats JSON
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import orjson
+
+from gateway.asgi import Receive, Scope, Send, respond, respond_error
+from gateway.auth import Authenticator
+from gateway.errors import GatewayError
+from gateway.hygiene.analyzer import HygieneAnalyzer
+from gateway.proxy import Proxy
+from gateway.replicas.fleet import Fleet
+from gateway.replicas.monitor import FleetMonitor
+from gateway.routing.router import Router
+from gateway.settings import Settings
+from gateway.upstream import AiohttpUpstream, Upstream
+from gateway.usage.metrics import GatewayMetrics
+from gateway.usage.recorder import UsageRecorder
+
+log = logging.getLogger("gateway.app")
+
+PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(slots=True, eq=False)
+class Services:
+    settings: Settings
+    clock: Callable[[], float]
+    upstream: Upstream
+    fleet: Fleet
+    router: Router
+    analyzer: HygieneAnalyzer
+    metrics: GatewayMetrics
+    recorder: UsageRecorder
+    auth: Authenticator
+    monitor: FleetMonitor
+
+
+class GatewayApp:
+    def __init__(
+        self, settings: Settings, *, upstream: Upstream | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self._given_upstream = upstream
+        self.clock = clock
+        self.services: Services | None = None
+        self._proxy: Proxy | None = None
+
+    # lifecycle --------------------------------------------------------------------------
+
+    async def startup(self) -> None:
+        settings = self.settings
+        upstream = self._given_upstream or AiohttpUpstream()
+        fleet = Fleet(settings.replicas, unhealthy_after=settings.server.unhealthy_after)
+        router = Router(settings.routing)
+        metrics = GatewayMetrics()
+        recorder = UsageRecorder(settings.usage, metrics)
+        monitor = FleetMonitor(fleet, upstream, router, metrics, settings, self.clock)
+        services = Services(
+            settings=settings, clock=self.clock, upstream=upstream, fleet=fleet, router=router,
+            analyzer=HygieneAnalyzer(settings.hygiene), metrics=metrics, recorder=recorder,
+            auth=Authenticator(settings.auth.keys), monitor=monitor,
+        )
+        await recorder.start()
+        await monitor.start()
+        self.services = services
+        self._proxy = Proxy(services)
+        log.info("gateway started", extra={
+            "replicas": [r.name for r in settings.replicas],
+            "healthy": [r.name for r in fleet.healthy()],
+            "policy": settings.routing.policy,
+        })
+
+    async def shutdown(self) -> None:
+        services, self.services, self._proxy = self.services, None, None
+        if services is None:
+            return
+        await services.monitor.aclose()
+        await services.recorder.aclose()
+        if self._given_upstream is None:
+            await services.upstream.aclose()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[GatewayApp]:
+        await self.startup()
+        try:
+            yield self
+        finally:
+            await self.shutdown()
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:  # reported to the server, which exits non-zero
+                    log.exception("startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # dispatch ---------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        services, proxy = self.services, self._proxy
+        if services is None or proxy is None:
+            await respond_error(send, GatewayError(
+                503, "The gateway is not started.", code="not_started"), [])
+            return
+        path, method = scope["path"], scope["method"]
+        if method == "POST":
+            if path == "/v1/chat/completions":
+                await proxy.inference(scope, receive, send, "chat")
+                return
+            if path == "/v1/completions":
+                await proxy.inference(scope, receive, send, "completions")
+                return
+        elif method in ("GET", "HEAD"):
+            simple = self._simple_get(services, path)
+            if simple is not None:
+                status, body, content_type = simple
+                await respond(send, status, body, [], content_type)
+                return
+        if path.startswith("/v1/"):
+            await proxy.forward(scope, receive, send)
+            return
+        if path in ("/v1/chat/completions", "/v1/completions", "/health", "/ready", "/metrics",
+                    "/stats"):
+            error = GatewayError(405, f"Method {method} not allowed on {path}.",
+                                 code="method_not_allowed")
+        else:
+            error = GatewayError(404, f"No route {path}.", code="not_found")
+        await respond_error(send, error, [])
+
+    def _simple_get(self, s: Services, path: str) -> tuple[int, bytes, bytes] | None:
+        json = b"application/json"
+        if path == "/health":
+            return 200, b'{"status":"ok"}', json
+        if path == "/ready":
+            healthy = [r.name for r in s.fleet.healthy()]
+            status = 200 if healthy else 503
+            return status, orjson.dumps({"ready": bool(healthy), "healthy": healthy}), json
+        if path == "/metrics":
+            for r in s.fleet.replicas.values():
+                s.metrics.replica_state(r.name, r.healthy, r.in_flight, r.snapshot)
+            return 200, s.metrics.render(), PROMETHEUS
+        if path == "/stats":
+            snaps = {r.name: r.snapshot for r in s.fleet.replicas.values()}
+            return 200, orjson.dumps(s.recorder.stats(s.clock(), snaps)), json
+        if path == "/v1/models":
+            return 200, orjson.dumps({"object": "list", "data": s.fleet.model_list()}), json
+        return None
+
+
+def create_app(
+    settings: Settings, *, upstream: Upstream | None = None,
+    clock: Callable[[], float] = time.time,
+) -> GatewayApp:
+    return GatewayApp(settings, upstream=upstream, clock=clock)

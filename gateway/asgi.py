@@ -1,0 +1,80 @@
+"""The ASGI shapes the gateway speaks (like starlette/types.py) and the few primitives every
+route uses: read a bounded request body, answer a complete response, answer an error.
+
+The gateway is a plain ASGI callable rather than a framework app: the relay path is hot
+(one request costs well under a millisecond of CPU) and a framework's Request/Response
+objects and middleware stack would be most of that budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+from gateway.errors import GatewayError
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+
+JSON = b"application/json"
+
+
+def request_headers(scope: Scope, names: Sequence[bytes]) -> list[bytes | None]:
+    """Values of the named (lower-case) request headers, first occurrence, None if absent."""
+    found: list[bytes | None] = [None] * len(names)
+    for key, value in scope["headers"]:
+        if key in names:
+            i = names.index(key)
+            if found[i] is None:
+                found[i] = value
+    return found
+
+
+async def read_body(receive: Receive, limit: int, content_length: bytes | None) -> bytes:
+    if content_length is not None and content_length.isdigit() and int(content_length) > limit:
+        raise too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise too_large(limit)
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class ClientGone(Exception):
+    """The client disconnected while the gateway was still reading its request."""
+
+
+def too_large(limit: int) -> GatewayError:
+    return GatewayError(413, f"Request body larger than {limit} bytes.", code="request_too_large")
+
+
+async def respond(
+    send: Send, status: int, body: bytes, headers: Headers, content_type: bytes = JSON
+) -> None:
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [
+            (b"content-type", content_type),
+            (b"content-length", str(len(body)).encode()),
+            *headers,
+        ],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+async def respond_error(send: Send, error: GatewayError, headers: Headers) -> None:
+    await respond(send, error.status, error.body(), headers)

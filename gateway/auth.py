@@ -1,0 +1,44 @@
+"""Client authentication: an optional table of API keys, each naming a tenant (pure).
+
+With no keys configured every request is accepted with tenant `None`. Otherwise the
+`Authorization: Bearer <key>` header must match one key; the comparison runs
+`hmac.compare_digest` against every configured key, so the time taken does not reveal which
+key (or how much of one) matched.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping
+
+from gateway.errors import GatewayError
+
+
+class Authenticator:
+    def __init__(self, keys: Mapping[str, str]) -> None:
+        self._keys = [(k.encode(), tenant) for k, tenant in keys.items()]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._keys)
+
+    def tenant(self, authorization: bytes | None) -> str | None:
+        """The tenant of the request's Authorization header value; 401 if it is not valid."""
+        if not self._keys:
+            return None
+        presented = b""
+        if authorization is not None:
+            scheme, _, value = authorization.partition(b" ")
+            if scheme.lower() == b"bearer":
+                presented = value.strip()
+        found: str | None = None
+        for key, tenant in self._keys:
+            if hmac.compare_digest(key, presented) and found is None:
+                found = tenant
+        if found is None:
+            raise GatewayError(
+                401,
+                "Incorrect API key provided." if presented else "Missing API key.",
+                code="invalid_api_key",
+            )
+        return found

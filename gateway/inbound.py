@@ -1,0 +1,85 @@
+"""The client's request as the gateway needs it (pure): the body parsed once with orjson,
+the fields the gateway reads checked for type (400 naming the field in `param`), and the one
+change the gateway may make to it (asking the engine for usage in a stream).
+
+Checked: the body is a JSON object; `model` is a string; chat `messages` is a list of
+objects; completions `prompt` is a string or a list; `stream` is a boolean; `stream_options`
+is an object; `tools` is a list; `user` and `prompt_cache_key` are strings (`null` is
+accepted wherever the field is optional). Everything else is the engine's to judge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from gateway.errors import GatewayError, invalid_field, missing_field
+
+Endpoint = Literal["chat", "completions"]
+
+
+@dataclass(slots=True)
+class Inbound:
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    client_wants_usage: bool  # stream_options.include_usage was already true
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise GatewayError(400, f"Invalid JSON body: {exc}", code="invalid_json") from None
+
+
+def _optional(body: dict[str, Any], key: str, kind: type | tuple[type, ...], expected: str) -> Any:
+    value = body.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise invalid_field(key, expected)
+    return value
+
+
+def parse_inbound(raw: bytes, endpoint: Endpoint) -> Inbound:
+    body = parse_json(raw)
+    if not isinstance(body, dict):
+        raise GatewayError(400, "The request body must be a JSON object.", code="invalid_json")
+    model = body.get("model")
+    if model is None:
+        raise missing_field("model")
+    if not isinstance(model, str):
+        raise invalid_field("model", "a string")
+    if endpoint == "chat":
+        messages = body.get("messages")
+        if messages is None:
+            raise missing_field("messages")
+        if not isinstance(messages, list):
+            raise invalid_field("messages", "an array")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise invalid_field(f"messages[{i}]", "an object")
+    else:
+        prompt = body.get("prompt")
+        if prompt is None:
+            raise missing_field("prompt")
+        if not isinstance(prompt, str | list):
+            raise invalid_field("prompt", "a string or an array")
+    stream = _optional(body, "stream", bool, "a boolean") is True
+    options = _optional(body, "stream_options", dict, "an object")
+    _optional(body, "tools", list, "an array")
+    _optional(body, "user", str, "a string")
+    _optional(body, "prompt_cache_key", str, "a string")
+    wants = bool(options) and options.get("include_usage") is True
+    return Inbound(body=body, model=model, stream=stream, client_wants_usage=wants)
+
+
+def inject_usage(body: dict[str, Any]) -> None:
+    """Ask the engine for the final usage chunk the client did not request. Continuous
+    per-chunk usage is switched off with it, or every chunk the client sees would change."""
+    options = dict(body.get("stream_options") or {})
+    options["include_usage"] = True
+    if options.get("continuous_usage_stats"):
+        options["continuous_usage_stats"] = False
+    body["stream_options"] = options

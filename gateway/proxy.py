@@ -1,0 +1,315 @@
+"""The request path for proxied calls (design.md section 2), sequencing the pure parts:
+
+    auth -> read body (bounded) -> parse + check once -> session -> candidates (404/503)
+    -> hygiene scan/log/rewrite -> route -> forward (original bytes unless changed)
+    -> relay (retry once on the next ranked replica if nothing reached the client yet)
+    -> finally: one UsageRecord, Router.completed, in-flight released
+
+Cancellation: once the body is read, a watcher task waits for `http.disconnect`; when the
+client goes, it cancels the request task, which closes the upstream connection at once
+(the engine aborts the request and frees its KV blocks) and records status 499. The
+in-flight count is released in a `finally`, never in a background task.
+
+Retry rule: a connect error, or a 5xx answer, from a replica before anything was sent to
+the client moves the request to the next replica of `Decision.ranked` (at most
+`server.retries` times). A timeout is not retried: the engine may still be working on it.
+When every attempt failed, the last upstream 5xx is relayed as is, else a 502/504.
+
+Other `/v1/*` calls (`forward`) go to the least busy healthy replica serving the body's
+`model` (any healthy replica without one), relayed the same way, and are recorded too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+import orjson
+
+from gateway.asgi import ClientGone, Headers, Receive, Scope, Send, read_body, request_headers
+from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, from_upstream
+from gateway.inbound import Endpoint, inject_usage, parse_inbound, parse_json
+from gateway.relay import RelayOutcome, relay, upstream_request_headers
+from gateway.replicas.fleet import Replica, no_healthy
+from gateway.session import resolve_session
+from gateway.upstream import Timeouts, UpstreamResponse
+from gateway.usage.record import UsageRecord
+
+if TYPE_CHECKING:
+    from gateway.app import Services
+    from gateway.routing.router import RoutePlan
+
+log = logging.getLogger("gateway.proxy")
+
+_WANTED = (b"x-request-id", b"authorization", b"x-session-id", b"content-length")
+
+
+class Exchange:
+    """Per-request facts that end up in the usage record."""
+
+    __slots__ = (
+        "best", "disconnected", "done", "endpoint", "error", "findings", "model", "outcome",
+        "predicted", "replica", "request_id", "route", "session", "status", "stream", "t0",
+        "tenant", "ts",
+    )
+
+    def __init__(self, request_id: str, ts: float, t0: float, endpoint: str) -> None:
+        self.request_id = request_id
+        self.ts = ts
+        self.t0 = t0
+        self.endpoint = endpoint
+        self.tenant: str | None = None
+        self.model = ""
+        self.stream = False
+        self.session: str | None = None
+        self.findings = 0
+        self.replica: str | None = None
+        self.route: str | None = None
+        self.predicted: int | None = None
+        self.best: int | None = None
+        self.status = 500
+        self.error: str | None = None
+        self.outcome = RelayOutcome()
+        self.disconnected = False
+        self.done = False  # the last byte was handed to the server: disconnects are moot
+
+    def fail(self, error: GatewayError) -> None:
+        self.status = error.status
+        self.error = error.message
+
+    def record(self, now: float) -> UsageRecord:
+        o = self.outcome
+        u = o.usage
+        return UsageRecord(
+            ts=self.ts, request_id=self.request_id, tenant=self.tenant, model=self.model,
+            replica=self.replica, route=self.route, stream=self.stream, status=self.status,
+            prompt_tokens=u.prompt_tokens if u else None,
+            cached_tokens=u.cached_tokens if u else None,
+            predicted_cached_tokens=self.predicted, best_available_tokens=self.best,
+            completion_tokens=u.completion_tokens if u else None,
+            ttft_ms=(o.first_byte - self.t0) * 1000.0 if o.first_byte is not None else None,
+            latency_ms=(time.perf_counter() - self.t0) * 1000.0, session=self.session,
+            hygiene=self.findings, endpoint=self.endpoint, error=self.error,
+        )
+
+
+class Proxy:
+    def __init__(self, services: Services) -> None:
+        self.s = services
+        server = services.settings.server
+        self.max_body = server.max_body_bytes
+        self.retries = server.retries
+        self.timeouts = Timeouts(connect_s=server.connect_timeout_s, read_s=server.read_timeout_s)
+
+    # entry points -----------------------------------------------------------------------
+
+    async def inference(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint,
+                        ) -> None:
+        await self._run(scope, receive, send, endpoint)
+
+    async def forward(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._run(scope, receive, send, None)
+
+    # the path ---------------------------------------------------------------------------
+
+    async def _run(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint | None,
+                   ) -> None:
+        s = self.s
+        rid_h, auth_h, session_h, length_h = request_headers(scope, _WANTED)
+        rid = rid_h.decode("latin-1") if rid_h else uuid.uuid4().hex
+        ex = Exchange(rid, s.clock(), time.perf_counter(), endpoint or scope["path"])
+        headers: Headers = [(b"x-request-id", rid.encode("latin-1"))]
+        task = asyncio.current_task()
+        assert task is not None
+        watcher: asyncio.Task[None] | None = None
+        try:
+            ex.tenant = s.auth.tenant(auth_h)
+            raw = await read_body(receive, self.max_body, length_h)
+            watcher = asyncio.create_task(self._watch(receive, ex, task))
+            if endpoint is None:
+                await self._forward_other(scope, send, raw, ex, headers)
+            else:
+                await self._inference(scope, send, raw, endpoint, session_h, ex, headers)
+        except GatewayError as err:
+            ex.fail(err)
+            if not ex.outcome.started:
+                ex.done = True
+                await _respond_error(send, err, headers)
+        except ClientGone:
+            ex.status, ex.error = 499, "client disconnected"
+        except asyncio.CancelledError:
+            if not ex.disconnected:
+                raise
+            task.uncancel()
+            ex.status, ex.error = 499, "client disconnected"
+        finally:
+            ex.done = True
+            if watcher is not None:
+                watcher.cancel()
+            s.recorder.record(ex.record(s.clock()))
+
+    async def _watch(self, receive: Receive, ex: Exchange, task: asyncio.Task[None]) -> None:
+        message = await receive()
+        if message["type"] == "http.disconnect" and not ex.done:
+            ex.disconnected = True
+            task.cancel()
+
+    async def _inference(
+        self, scope: Scope, send: Send, raw: bytes, endpoint: Endpoint, session_h: bytes | None,
+        ex: Exchange, headers: Headers,
+    ) -> None:
+        s = self.s
+        inbound = parse_inbound(raw, endpoint)
+        body = inbound.body
+        ex.model, ex.stream = inbound.model, inbound.stream
+        ex.session = resolve_session(session_h, body)
+        candidates = s.fleet.candidates(inbound.model)
+
+        findings = s.analyzer.scan(body, endpoint, ex.session, ex.ts)
+        if findings:
+            ex.findings = len(findings)
+            for f in findings:
+                s.metrics.hygiene_finding(f.kind, f.severity)
+            for f in s.analyzer.to_log(findings, ex.ts):
+                log.warning("hygiene finding", extra={
+                    "request_id": ex.request_id, "model": ex.model, **f.to_dict()})
+            value = s.analyzer.header_value(findings)
+            if value is not None:
+                headers.append((b"x-gateway-hygiene", value.encode()))
+        inject = inbound.stream and not inbound.client_wants_usage
+        changed = inject
+        if inject:
+            inject_usage(body)
+        if s.analyzer.rewrite(body):
+            changed = True
+        payload = orjson.dumps(body) if changed else raw
+
+        try:
+            plan = s.router.route(body, endpoint, ex.model, ex.session,
+                                  [r.state() for r in candidates], ex.ts)
+        except ValueError as exc:  # NormalizeError: a body shape the engine would refuse too
+            raise GatewayError(400, str(exc), code="invalid_request") from None
+        decision = plan.decision
+        s.metrics.route_decision(decision.reason)
+        ex.route, ex.predicted, ex.best = (
+            decision.reason, decision.predicted_cached_tokens, decision.best_available_tokens)
+        headers.append((b"x-gateway-route", decision.reason.encode()))
+        await self._attempts(scope, send, payload, decision.ranked, plan, inject, ex, headers)
+
+    async def _forward_other(self, scope: Scope, send: Send, raw: bytes, ex: Exchange,
+                             headers: Headers) -> None:
+        model = None
+        if raw and scope["method"] != "GET":
+            doc = parse_json(raw)
+            if isinstance(doc, dict) and isinstance(doc.get("model"), str):
+                model = doc["model"]
+        if model is not None:
+            ex.model = model
+            candidates = self.s.fleet.candidates(model)
+        else:
+            candidates = self.s.fleet.healthy()
+            if not candidates:
+                raise no_healthy(None)
+        ranked = tuple(r.name for r in sorted(candidates, key=lambda r: r.in_flight))
+        ex.route = "forward"
+        headers.append((b"x-gateway-route", b"forward"))
+        await self._attempts(scope, send, raw or None, ranked, None, False, ex, headers)
+
+    # forwarding -------------------------------------------------------------------------
+
+    async def _attempts(
+        self, scope: Scope, send: Send, payload: bytes | None, ranked: tuple[str, ...],
+        plan: RoutePlan | None, strip: bool, ex: Exchange, headers: Headers,
+    ) -> None:
+        s = self.s
+        url_path = scope["path"]
+        if scope.get("query_string"):
+            url_path += "?" + scope["query_string"].decode("latin-1")
+        failure: GatewayError | None = None
+        fleet = s.fleet.replicas
+        spare = [n for n in ranked[1:] if n in fleet and fleet[n].healthy]
+        targets = [ranked[0], *spare[: self.retries]]
+        for i, name in enumerate(targets):
+            replica = fleet.get(name)
+            if replica is None or (i and not replica.healthy):
+                continue
+            ex.replica = name
+            outcome = await self._attempt(scope, send, payload, url_path, replica, plan, strip,
+                                          ex, headers, i == len(targets) - 1)
+            if outcome is None:
+                return
+            failure = outcome
+        if failure is None:
+            failure = no_healthy(ex.model or None)
+        raise failure
+
+    async def _attempt(
+        self, scope: Scope, send: Send, payload: bytes | None, url_path: str, replica: Replica,
+        plan: RoutePlan | None, strip: bool, ex: Exchange, headers: Headers, last: bool,
+    ) -> GatewayError | None:
+        """One try on one replica; returns the error to fall back on if another may try."""
+        s = self.s
+        name = replica.name
+        replica.in_flight += 1
+        if plan is not None:
+            s.router.sent(plan, name, s.clock())
+        resp: UpstreamResponse | None = None
+        ok = False
+        clean = False
+        ex.outcome = outcome = RelayOutcome()
+        try:
+            up_headers = upstream_request_headers(scope["headers"], ex.request_id,
+                                                  replica.upstream_headers)
+            try:
+                resp = await s.upstream.send(scope["method"], replica.url + url_path, up_headers,
+                                             payload, self.timeouts)
+            except UpstreamConnectError as exc:
+                s.monitor.report_connect_failure(replica)
+                return from_upstream(exc, name)
+            except UpstreamError as exc:  # timeout: the engine may be busy with it, no retry
+                raise from_upstream(exc, name) from None
+            if resp.status >= 500 and not last:
+                log.warning("upstream error, retrying", extra={
+                    "request_id": ex.request_id, "replica": name, "status": resp.status})
+                return GatewayError(resp.status, f"Replica {name} answered {resp.status}.",
+                                    code="upstream_error")
+            extra = [*headers, (b"x-gateway-replica", name.encode())]
+
+            def first_byte() -> None:
+                if plan is not None:
+                    s.router.first_token(plan, name, s.clock())
+
+            try:
+                await relay(resp, send, extra, strip_usage=strip, replica=name, outcome=outcome,
+                            on_first_byte=first_byte, timer=time.perf_counter)
+            except UpstreamError as exc:
+                raise from_upstream(exc, name) from None
+            ex.status = outcome.status
+            if outcome.error is not None:
+                ex.fail(outcome.error)
+            ok = ex.status < 400
+            clean = outcome.error is None
+            return None
+        finally:
+            ex.done = ex.done or clean
+            replica.in_flight -= 1
+            if resp is not None:
+                if clean:
+                    resp.release()
+                else:
+                    resp.abort()  # cancelled or broken: drop the connection, engine aborts
+            if plan is not None:
+                u = outcome.usage
+                s.router.completed(plan, name, u.prompt_tokens if u else None,
+                                   u.cached_tokens if u else None, ok, s.clock())
+
+
+async def _respond_error(send: Send, err: GatewayError, headers: Headers) -> None:
+    body = err.body()
+    await send({"type": "http.response.start", "status": err.status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        *headers]})
+    await send({"type": "http.response.body", "body": body})

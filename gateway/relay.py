@@ -1,0 +1,110 @@
+"""Relaying one upstream response to the client (I/O) and the header rules around it (pure).
+
+Headers: the client's request headers go upstream minus hop-by-hop ones, its
+`Authorization` (replaced by the replica's own key, if any), `Accept-Encoding` (bytes are
+relayed as the engine wrote them, uncompressed) and `X-Request-Id` (replaced by the
+gateway's id). Upstream response headers come back minus hop-by-hop ones, `content-length`
+(recomputed), `server`, `date` and `x-request-id`.
+
+Body: an SSE answer (`text/event-stream`) is forwarded chunk by chunk through an
+`SseUsageTap`; a failure after the first byte ends the stream with an OpenAI error event and
+`data: [DONE]`. Any other answer is read whole (it is complete JSON) and sent with its length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway.asgi import Headers, Send
+from gateway.errors import GatewayError, UpstreamError, from_upstream
+from gateway.upstream import RawHeaders, UpstreamResponse
+from gateway.usage.extract import Usage, usage_from_body
+from gateway.usage.sse import SseUsageTap
+
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate",
+    b"proxy-authorization", b"te", b"trailer", b"trailers", b"transfer-encoding", b"upgrade",
+})
+DROP_REQUEST = HOP_BY_HOP | {
+    b"host", b"content-length", b"authorization", b"x-request-id", b"accept-encoding", b"expect",
+}
+DROP_RESPONSE = HOP_BY_HOP | {b"content-length", b"server", b"date", b"x-request-id"}
+
+
+def upstream_request_headers(
+    client: Headers, request_id: str, replica_auth: tuple[tuple[str, str], ...]
+) -> list[tuple[str, str]]:
+    out = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in client if k not in DROP_REQUEST]
+    if not any(k == "content-type" for k, _ in out):
+        out.append(("content-type", "application/json"))
+    out.append(("X-Request-Id", request_id))
+    out.extend(replica_auth)
+    return out
+
+
+def client_response_headers(upstream: RawHeaders, extra: Headers) -> tuple[Headers, bytes]:
+    """Headers for the client and the upstream content type."""
+    out: Headers = []
+    content_type = b""
+    for key, value in upstream:
+        k = key.lower()
+        if k in DROP_RESPONSE:
+            continue
+        if k == b"content-type":
+            content_type = value
+        out.append((k, value))
+    out.extend(extra)
+    return out, content_type
+
+
+class RelayOutcome:
+    """What the relay observed; the request path turns it into the usage record."""
+
+    __slots__ = ("error", "first_byte", "started", "status", "usage")
+
+    def __init__(self) -> None:
+        self.started = False  # the response head went to the client
+        self.first_byte: float | None = None  # perf_counter when the first body byte went
+        self.status = 0
+        self.usage: Usage | None = None
+        self.error: GatewayError | None = None
+
+
+async def relay(
+    resp: UpstreamResponse, send: Send, extra: Headers, *, strip_usage: bool, replica: str,
+    outcome: RelayOutcome, on_first_byte: Callable[[], None], timer: Callable[[], float],
+) -> None:
+    """Send resp to the client. Upstream failures before the head propagate (nothing was
+    sent); after it they end the stream with an error event recorded in `outcome.error`."""
+    headers, content_type = client_response_headers(resp.headers, extra)
+    outcome.status = resp.status
+    if not content_type.startswith(b"text/event-stream"):
+        data = await resp.read()
+        if resp.status == 200:
+            outcome.usage = usage_from_body(data)
+        headers.append((b"content-length", str(len(data)).encode()))
+        outcome.first_byte = timer()
+        on_first_byte()
+        outcome.started = True
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+        return
+
+    tap = SseUsageTap(strip=strip_usage)
+    outcome.started = True
+    await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+    try:
+        async for chunk in resp.chunks():
+            out = tap.feed(chunk)
+            if out:
+                if outcome.first_byte is None:
+                    outcome.first_byte = timer()
+                    on_first_byte()
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+        tail = tap.finish()
+    except UpstreamError as exc:
+        outcome.error = from_upstream(exc, replica)
+        # close a half-written event so the error event parses on its own
+        tail = (b"\n\n" if tap.pending else b"") + outcome.error.sse_events()
+    outcome.usage = tap.usage
+    await send({"type": "http.response.body", "body": tail, "more_body": False})

@@ -1,0 +1,168 @@
+"""The replica fleet as the request path sees it: health, models, in-flight counts and the
+last engine snapshot per replica, plus the pure decisions made from them.
+
+No I/O here: `gateway.replicas.monitor` probes and scrapes, then reports through
+`probe_result`, `set_models` and `set_snapshot`; the request path asks `candidates(model)`
+and moves in-flight counts with `acquire`/`release`.
+
+Health rule: a replica starts down, goes up on its first successful probe, and goes down
+after `unhealthy_after` consecutive failed probes, or at once when a request could not
+connect to it (`connect_failed`); only a probe brings it back. A restart is detected when a
+cumulative engine counter goes backwards between two scrapes (`counters_reset`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gateway.errors import GatewayError
+from gateway.replicas.snapshot import EngineSnapshot
+from gateway.routing.decision import ReplicaState
+from gateway.settings import ReplicaSettings
+
+Transition = Literal["up", "down"] | None
+
+
+@dataclass(slots=True, eq=False)
+class Replica:
+    settings: ReplicaSettings
+    healthy: bool = False
+    failures: int = 0
+    in_flight: int = 0
+    models: frozenset[str] | None = None  # None until discovered (or configured)
+    model_cards: tuple[dict[str, object], ...] = ()  # /v1/models entries, as served
+    snapshot: EngineSnapshot | None = None
+    upstream_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def url(self) -> str:
+        return self.settings.url
+
+    def state(self) -> ReplicaState:
+        snap = self.snapshot
+        return ReplicaState(
+            name=self.settings.name,
+            in_flight=self.in_flight,
+            engine_waiting=(snap.num_requests_waiting or 0.0) if snap else 0.0,
+            engine_running=(snap.num_requests_running or 0.0) if snap else 0.0,
+        )
+
+    def capacity_tokens(self) -> int | None:
+        """The engine's own figure when it reports one, else the configured one."""
+        reported = self.snapshot.capacity_tokens if self.snapshot else None
+        return reported if reported is not None else self.settings.capacity_tokens
+
+
+def counters_reset(prev: EngineSnapshot | None, cur: EngineSnapshot) -> bool:
+    """True when a cumulative counter went backwards: the engine restarted (cache empty)."""
+    if prev is None:
+        return False
+    pairs = (
+        (prev.prefix_cache_queries_total, cur.prefix_cache_queries_total),
+        (prev.prompt_tokens_total, cur.prompt_tokens_total),
+        (prev.generation_tokens_total, cur.generation_tokens_total),
+    )
+    return any(a is not None and b is not None and b < a for a, b in pairs)
+
+
+def not_found(model: str) -> GatewayError:
+    return GatewayError(404, f"The model `{model}` does not exist.", code="model_not_found",
+                        param="model")
+
+
+def no_healthy(model: str | None) -> GatewayError:
+    what = f" serving `{model}`" if model else ""
+    return GatewayError(503, f"No healthy replica{what} is available.",
+                        code="no_healthy_replica")
+
+
+class Fleet:
+    def __init__(self, replicas: Sequence[ReplicaSettings], *, unhealthy_after: int = 1) -> None:
+        self.unhealthy_after = unhealthy_after
+        self.replicas: dict[str, Replica] = {}
+        for r in replicas:
+            headers = (("Authorization", f"Bearer {r.api_key}"),) if r.api_key else ()
+            self.replicas[r.name] = Replica(
+                settings=r,
+                models=frozenset(r.models) if r.models is not None else None,
+                upstream_headers=headers,
+            )
+
+    def healthy(self) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.healthy]
+
+    def candidates(self, model: str) -> list[Replica]:
+        """Healthy replicas serving model; 404 when no replica knows it, 503 when the ones
+        that do are down. Replicas whose models are not known yet count as serving it."""
+        up: list[Replica] = []
+        unknown: list[Replica] = []
+        known_anywhere = False
+        for r in self.replicas.values():
+            if r.models is None:
+                if r.healthy:
+                    unknown.append(r)
+                continue
+            if model in r.models:
+                known_anywhere = True
+                if r.healthy:
+                    up.append(r)
+        if up:
+            return up
+        if unknown:
+            return unknown
+        if known_anywhere or not any(r.healthy for r in self.replicas.values()):
+            raise no_healthy(model)
+        raise not_found(model)
+
+    def probe_result(self, name: str, ok: bool) -> Transition:
+        r = self.replicas[name]
+        if ok:
+            r.failures = 0
+            if not r.healthy:
+                r.healthy = True
+                return "up"
+            return None
+        r.failures += 1
+        if r.healthy and r.failures >= self.unhealthy_after:
+            r.healthy = False
+            return "down"
+        return None
+
+    def connect_failed(self, name: str) -> Transition:
+        r = self.replicas[name]
+        r.failures = max(r.failures, self.unhealthy_after)
+        if r.healthy:
+            r.healthy = False
+            return "down"
+        return None
+
+    def set_models(self, name: str, cards: Sequence[dict[str, object]]) -> None:
+        r = self.replicas[name]
+        r.model_cards = tuple(cards)
+        if r.settings.models is None:
+            r.models = frozenset(str(c["id"]) for c in cards if isinstance(c.get("id"), str))
+
+    def set_snapshot(self, name: str, snapshot: EngineSnapshot) -> bool:
+        """Store a scrape; True when it shows the engine restarted since the last one."""
+        r = self.replicas[name]
+        restarted = counters_reset(r.snapshot, snapshot)
+        r.snapshot = snapshot
+        return restarted
+
+    def model_list(self) -> list[dict[str, object]]:
+        """Union of the healthy replicas' model cards, first card per id wins."""
+        seen: dict[str, dict[str, object]] = {}
+        for r in self.healthy():
+            cards = r.model_cards or tuple(
+                {"id": m, "object": "model", "owned_by": "gateway"} for m in sorted(r.models or ())
+            )
+            for card in cards:
+                key = str(card.get("id"))
+                seen.setdefault(key, card)
+        return list(seen.values())

@@ -1,0 +1,159 @@
+"""Background I/O that keeps the `Fleet` current: health probes, model discovery and engine
+metrics scrapes, each on its own timer, all through the app's `Upstream`.
+
+- health, every `server.health_interval_s` (timeout `server.health_timeout_s`): `GET /health`
+  on every replica; 200 is up. A replica going up is added to the router and has its models
+  and metrics read at once; one going down is removed from the router.
+- models, every `server.models_refresh_s`: `GET /v1/models` on the healthy replicas.
+- scrape, every `usage.scrape_interval_s`: `GET /metrics`, parsed by
+  `parse_engine_metrics`; feeds `Router.set_capacity` (reported capacity, else the
+  configured `capacity_tokens`), `Router.replica_restarted` when counters went backwards,
+  and `GatewayMetrics.replica_state`.
+
+`start()` runs one probe round before returning, so `/ready` is right as soon as the app
+serves. Failures of one replica never stop the loops; each probe is bounded by its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import orjson
+
+from gateway.errors import UpstreamError
+from gateway.replicas.fleet import Fleet, Replica
+from gateway.replicas.scrape import parse_engine_metrics
+from gateway.routing.router import Router
+from gateway.settings import Settings
+from gateway.upstream import Timeouts, Upstream
+from gateway.usage.metrics import GatewayMetrics
+
+log = logging.getLogger("gateway.replicas")
+
+
+class FleetMonitor:
+    def __init__(
+        self, fleet: Fleet, upstream: Upstream, router: Router, metrics: GatewayMetrics,
+        settings: Settings, clock: Callable[[], float],
+    ) -> None:
+        self.fleet = fleet
+        self.upstream = upstream
+        self.router = router
+        self.metrics = metrics
+        self.clock = clock
+        server = settings.server
+        self.health_interval = server.health_interval_s
+        self.models_interval = server.models_refresh_s
+        self.scrape_interval = settings.usage.scrape_interval_s
+        self.timeouts = Timeouts(
+            connect_s=server.health_timeout_s, read_s=server.health_timeout_s,
+            total_s=server.health_timeout_s,
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await self.probe_all()
+        self._tasks = [
+            asyncio.create_task(self._every(self.health_interval, self.probe_all)),
+            asyncio.create_task(self._every(self.models_interval, self.refresh_models)),
+            asyncio.create_task(self._every(self.scrape_interval, self.scrape_all)),
+        ]
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def _every(self, interval: float, action: Callable[[], object]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            result = action()
+            if asyncio.iscoroutine(result):
+                await result
+
+    async def _get(self, replica: Replica, path: str) -> tuple[int, bytes]:
+        resp = await self.upstream.send(
+            "GET", replica.url + path, replica.upstream_headers, None, self.timeouts
+        )
+        try:
+            body = await resp.read()
+        except BaseException:
+            resp.abort()
+            raise
+        resp.release()
+        return resp.status, body
+
+    # health ------------------------------------------------------------------------------
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(r) for r in self.fleet.replicas.values()))
+
+    async def probe(self, replica: Replica) -> None:
+        try:
+            status, _ = await self._get(replica, "/health")
+            ok = status == 200
+        except UpstreamError:
+            ok = False
+        transition = self.fleet.probe_result(replica.name, ok)
+        if transition is not None:
+            await self.on_transition(replica, transition)
+        self.publish(replica)
+
+    async def on_transition(self, replica: Replica, transition: str) -> None:
+        level = logging.INFO if transition == "up" else logging.WARNING
+        log.log(level, "replica %s", transition, extra={"replica": replica.name, "url": replica.url})
+        if transition == "up":
+            self.router.add_replica(replica.name)
+            await asyncio.gather(self.refresh_model(replica), self.scrape(replica))
+        else:
+            self.router.remove_replica(replica.name)
+
+    def report_connect_failure(self, replica: Replica) -> None:
+        """The request path could not connect: take the replica out until a probe succeeds."""
+        if self.fleet.connect_failed(replica.name) == "down":
+            log.warning("replica down", extra={"replica": replica.name, "url": replica.url,
+                                               "reason": "connect failed"})
+            self.router.remove_replica(replica.name)
+            self.publish(replica)
+
+    def publish(self, replica: Replica) -> None:
+        self.metrics.replica_state(
+            replica.name, replica.healthy, replica.in_flight, replica.snapshot
+        )
+
+    # models ------------------------------------------------------------------------------
+
+    async def refresh_models(self) -> None:
+        await asyncio.gather(*(self.refresh_model(r) for r in self.fleet.healthy()))
+
+    async def refresh_model(self, replica: Replica) -> None:
+        try:
+            status, body = await self._get(replica, "/v1/models")
+            doc = orjson.loads(body) if status == 200 else None
+        except (UpstreamError, orjson.JSONDecodeError):
+            return
+        data = doc.get("data") if isinstance(doc, dict) else None
+        if isinstance(data, list):
+            self.fleet.set_models(replica.name, [c for c in data if isinstance(c, dict)])
+
+    # engine metrics ----------------------------------------------------------------------
+
+    async def scrape_all(self) -> None:
+        await asyncio.gather(*(self.scrape(r) for r in self.fleet.healthy()))
+
+    async def scrape(self, replica: Replica) -> None:
+        try:
+            status, body = await self._get(replica, "/metrics")
+        except UpstreamError:
+            return
+        if status != 200:
+            return
+        snapshot = parse_engine_metrics(body.decode("utf-8", "replace"), self.clock())
+        if self.fleet.set_snapshot(replica.name, snapshot):
+            log.warning("replica restarted", extra={"replica": replica.name})
+            self.router.replica_restarted(replica.name)
+        self.router.set_capacity(replica.name, replica.capacity_tokens(), snapshot.block_size)
+        self.publish(replica)

@@ -1,0 +1,210 @@
+"""Gateway settings: a TOML file, then `GATEWAY_*` environment variables, then command-line
+flags, validated once into frozen dataclasses (parsing is pure: the caller passes the file
+text and the environment).
+
+Sections: `[server]` (`ServerSettings`), `[[replicas]]` (`ReplicaSettings`, one table per
+replica), `[auth]` (`AuthSettings`), and the components' own dataclasses, mapped generically
+by field name and type (`gateway.coerce`): `[routing]` -> `RoutingConfig`, `[hygiene]` ->
+`HygieneConfig`, `[usage]` -> `UsageConfig`.
+
+Environment scheme (values are text, parsed by the field's type):
+- `GATEWAY_<SECTION>__<KEY>` sets `[section] key`, e.g. `GATEWAY_ROUTING__POLICY=session`,
+  `GATEWAY_USAGE__LOG_PATH=/var/log/usage.jsonl`, `GATEWAY_AUTH__KEYS=sk-a=team-a,sk-b=team-b`.
+  A single underscore after the section name is accepted too (`GATEWAY_USAGE_LOG_PATH`).
+- `GATEWAY_<KEY>` sets a `[server]` key: `GATEWAY_PORT=9000`, `GATEWAY_LOG_LEVEL=debug`.
+- `GATEWAY_BACKENDS=http://h1:8000,http://h2:8000` replaces `[[replicas]]` (like `--backend`).
+Any other `GATEWAY_*` variable is an error, so a typo never goes unnoticed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from gateway.coerce import SettingsError, build, coerce, field_types
+from gateway.hygiene.config import HygieneConfig
+from gateway.routing.config import RoutingConfig
+from gateway.usage.config import UsageConfig
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+ENV_PREFIX = "GATEWAY_"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_bytes: int = 32 * 1024 * 1024  # larger requests get 413
+    connect_timeout_s: float = 5.0  # TCP connect to a replica
+    read_timeout_s: float = 600.0  # longest silence from a replica (incl. prefill) -> 504
+    retries: int = 1  # extra replicas tried on connect error / 5xx before the first byte
+    health_interval_s: float = 5.0  # GET /health on every replica this often
+    health_timeout_s: float = 2.0
+    unhealthy_after: int = 1  # consecutive failed probes that mark a replica down
+    models_refresh_s: float = 30.0  # re-read /v1/models this often
+    log_level: LogLevel = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"server.port must be 0..65535, got {self.port}")
+        if self.max_body_bytes <= 0:
+            raise ValueError("server.max_body_bytes must be positive")
+        for name in ("connect_timeout_s", "read_timeout_s", "health_interval_s",
+                     "health_timeout_s", "models_refresh_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"server.{name} must be positive")
+        if self.retries < 0 or self.unhealthy_after < 1:
+            raise ValueError("server.retries must be >= 0 and server.unhealthy_after >= 1")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReplicaSettings:
+    name: str
+    url: str  # base URL, e.g. http://10.0.0.5:8000 (no /v1)
+    api_key: str | None = field(default=None, repr=False)  # sent upstream as Bearer
+    models: tuple[str, ...] | None = None  # None: discovered from /v1/models
+    capacity_tokens: int | None = None  # KV capacity if the engine does not report it
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"replica {self.name!r}: url must be http(s)://host:port, "
+                             f"got {self.url!r}")
+        if not self.name:
+            raise ValueError("replica name must not be empty")
+        if self.capacity_tokens is not None and self.capacity_tokens <= 0:
+            raise ValueError(f"replica {self.name!r}: capacity_tokens must be positive")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AuthSettings:
+    # client API key -> tenant name; empty = no authentication
+    keys: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    replicas: tuple[ReplicaSettings, ...] = ()
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    hygiene: HygieneConfig = field(default_factory=HygieneConfig)
+    usage: UsageConfig = field(default_factory=UsageConfig)
+
+
+# table sections: name -> dataclass (replicas, an array of tables, is handled apart)
+SECTIONS: dict[str, type[Any]] = {
+    "server": ServerSettings,
+    "auth": AuthSettings,
+    "routing": RoutingConfig,
+    "hygiene": HygieneConfig,
+    "usage": UsageConfig,
+}
+
+
+def replica_from_url(url: str) -> ReplicaSettings:
+    """A `--backend URL` replica, named by its host:port (what x-gateway-replica shows)."""
+    url = url.rstrip("/")
+    if url.endswith("/v1"):
+        url = url[:-3]
+    netloc = urlsplit(url).netloc
+    try:
+        return ReplicaSettings(name=netloc or url, url=url)
+    except ValueError as exc:
+        raise SettingsError(f"--backend: {exc}") from exc
+
+
+def _env_target(name: str) -> tuple[str, str]:
+    """GATEWAY_X__Y / GATEWAY_X_Y / GATEWAY_Y -> (section, key)."""
+    rest = name[len(ENV_PREFIX):].lower()
+    section, sep, key = rest.partition("__")
+    if sep:
+        return section, key
+    for sec in SECTIONS:
+        if rest.startswith(sec + "_"):
+            return sec, rest[len(sec) + 1:]
+    return "server", rest
+
+
+def _env_overrides(env: Mapping[str, str]) -> tuple[dict[str, dict[str, Any]], list[str] | None]:
+    sections: dict[str, dict[str, Any]] = {}
+    backends: list[str] | None = None
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        text = env[name]
+        if name == ENV_PREFIX + "BACKENDS":
+            backends = [u.strip() for u in text.split(",") if u.strip()]
+            continue
+        section, key = _env_target(name)
+        if section not in SECTIONS:
+            raise SettingsError(f"{name}: unknown section {section!r} "
+                                f"(known: {', '.join(SECTIONS)}, BACKENDS)")
+        types_ = field_types(SECTIONS[section])
+        if key not in types_:
+            raise SettingsError(f"{name}: unknown key {section}.{key} "
+                                f"(known keys: {', '.join(sorted(types_))})")
+        sections.setdefault(section, {})[key] = coerce(
+            text, types_[key], f"{name} ({section}.{key})", from_text=True
+        )
+    return sections, backends
+
+
+def parse_settings(
+    toml_text: str | None,
+    env: Mapping[str, str],
+    *,
+    source: str = "config",
+    backends: Sequence[str] = (),
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Settings:
+    """Validate file text + environment + flags (later wins) into `Settings`.
+
+    `backends` (from `--backend`, else `GATEWAY_BACKENDS`) replace the file's replicas.
+    `overrides` maps section -> key -> typed value (command-line flags)."""
+    try:
+        doc: dict[str, Any] = tomllib.loads(toml_text) if toml_text else {}
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{source}: invalid TOML: {exc}") from exc
+    unknown = sorted(set(doc) - set(SECTIONS) - {"replicas"})
+    if unknown:
+        raise SettingsError(f"{source}: unknown section [{unknown[0]}] "
+                            f"(known: {', '.join([*SECTIONS, 'replicas'])})")
+    env_sections, env_backends = _env_overrides(env)
+    built: dict[str, Any] = {}
+    for name, cls in SECTIONS.items():
+        raw = doc.get(name, {})
+        if not isinstance(raw, dict):
+            raise SettingsError(f"{source}: [{name}] must be a table")
+        merged = {**raw, **env_sections.get(name, {}), **(overrides or {}).get(name, {})}
+        built[name] = build(cls, merged, name)
+
+    urls = list(backends) or env_backends
+    if urls:
+        replicas = tuple(replica_from_url(u) for u in urls)
+    else:
+        raw_replicas = doc.get("replicas", [])
+        if not isinstance(raw_replicas, list):
+            raise SettingsError(f"{source}: replicas must be an array of tables [[replicas]]")
+        replicas = tuple(
+            build(ReplicaSettings, r, f"replicas[{i}]") if isinstance(r, dict)
+            else _raise(f"{source}: replicas[{i}] must be a table")
+            for i, r in enumerate(raw_replicas)
+        )
+    names = [r.name for r in replicas]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise SettingsError(f"duplicate replica name {dupes[0]!r}")
+    return Settings(replicas=replicas, **built)
+
+
+def _raise(message: str) -> ReplicaSettings:
+    raise SettingsError(message)
+
+
+def with_replicas(settings: Settings, replicas: Sequence[ReplicaSettings]) -> Settings:
+    return dataclasses.replace(settings, replicas=tuple(replicas))
