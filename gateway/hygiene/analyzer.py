@@ -1,0 +1,252 @@
+"""HygieneAnalyzer: findings for one request from patterns and from drift.
+
+Per request (`scan`):
+1. `prompt.parse` turns the body into rendered-order parts (tools, messages / prompt).
+2. The state entry of the request's session (or, without one, of its template: a hash of
+   the model, the sorted tool names and the first 256 chars of the first part with
+   volatile-looking spans masked, so a timestamp at the top does not hide the template) is
+   looked up in an LRU. `drift.diverge` names the first break against that previous
+   request (`evidence="drift"`).
+3. Pattern evidence comes from the parts a client regenerates per request: tools,
+   system/developer messages and user messages before the last user message (assistant
+   and tool messages replay the past; the last user message has nothing cached behind it).
+   Parts identical to the previous request's are not reported (what stays the same does
+   not break anything), nor are values seen in the previous request. A STRONG hit with at
+   least `warn_min_tokens` behind it is a `warning`, anything else `info`.
+   Hits are cached per part hash (`scan_cache_entries`), so an unchanged system prompt or
+   tool list costs a hash, not a scan.
+4. The new request becomes the entry's snapshot.
+
+`to_log` dedups/rate-limits findings for logging, `header_value` renders
+`x-gateway-hygiene`, `rewrite` applies the opt-in body rewrites. Pure: `now` is a parameter.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import xxhash
+
+from gateway.hygiene import rewrite as rewrites
+from gateway.hygiene.config import HygieneConfig
+from gateway.hygiene.drift import Divergence, Snapshot, diverge
+from gateway.hygiene.finding import Finding
+from gateway.hygiene.lograte import LogLimiter
+from gateway.hygiene.patterns import STRONG, WEAK, Hit, scan_text
+from gateway.hygiene.prompt import Prompt, parse, validate
+
+_SCANNED_ROLES = frozenset({"system", "developer", "user", "tools", "prompt"})
+_TEMPLATE_CHARS = 256
+_MAX_VALUES = 512
+_MAX_FINDINGS = 16
+_SPAN_CHARS = 200
+_HEADER_ITEMS = 8
+
+
+class HygieneAnalyzer:
+    def __init__(self, config: HygieneConfig) -> None:
+        self.config = config
+        self._sessions: OrderedDict[str, Snapshot] = OrderedDict()
+        self._templates: OrderedDict[int, Snapshot] = OrderedDict()
+        self._hits: OrderedDict[int, tuple[Hit, ...]] = OrderedDict()
+        self._limiter = LogLimiter(
+            config.log_interval_s, config.log_max_per_s, config.max_sessions + config.max_templates
+        )
+
+    def scan(
+        self,
+        body: Mapping[str, Any],
+        endpoint: Literal["chat", "completions"],
+        session: str | None,
+        now: float,
+    ) -> list[Finding]:
+        if not self.config.enabled:
+            return []
+        try:
+            validate(body, endpoint)
+        except ValueError:
+            return []  # the proxy answers malformed bodies; nothing to judge here
+        p = parse(body, endpoint)
+        if not p.parts:
+            return []
+        scanned = [
+            k
+            for k, part in enumerate(p.parts)
+            if part.role in _SCANNED_ROLES and (k < p.last_user or endpoint == "completions")
+        ]
+        hits = {k: self._hits_of(p, k) for k in scanned}
+        state: OrderedDict[Any, Snapshot]
+        key: Any
+        if session is not None:
+            state, key, cap = self._sessions, session, self.config.max_sessions
+        else:
+            state, key, cap = (
+                self._templates,
+                self._template_key(body, p, hits),
+                self.config.max_templates,
+            )
+        old = state.get(key)
+        findings: list[Finding] = []
+        same = 0
+        seen: frozenset[str] = frozenset()
+        if old is not None:
+            same = _same_prefix(old, p)
+            seen = old.values
+            d = diverge(old, p, head_only=session is None)
+            if d is not None:
+                findings.append(self._drift_finding(p, d, session, head_only=session is None))
+        findings.extend(self._pattern_findings(p, hits, same, seen, findings, session, now))
+        values = (
+            frozenset(p.parts[k].text[h.start : h.end] for k in scanned for h in hits[k])
+            if hits
+            else frozenset()
+        )
+        if len(values) > _MAX_VALUES:
+            values = frozenset(sorted(values)[:_MAX_VALUES])
+        state[key] = Snapshot.of(p, values, self.config.drift_text_chars)
+        state.move_to_end(key)
+        if len(state) > cap:
+            state.popitem(last=False)
+        return findings[:_MAX_FINDINGS]
+
+    def to_log(self, findings: Sequence[Finding], now: float) -> list[Finding]:
+        return self._limiter.admit(findings, now)
+
+    def rewrite(self, body: dict[str, Any]) -> bool:
+        changed = False
+        if self.config.rewrite_schema_keys:
+            changed = rewrites.sort_schema_keys(body) or changed
+        if self.config.rewrite_sort_tools:
+            changed = rewrites.sort_tools(body) or changed
+        return changed
+
+    def header_value(self, findings: Sequence[Finding]) -> str | None:
+        if not self.config.header:
+            return None
+        items = [
+            f"{f.kind}@{f.role if f.message_index is None else f.message_index}:{f.char_offset}"
+            for f in findings
+            if f.severity == "warning"
+        ][:_HEADER_ITEMS]
+        return ";".join(items) if items else None
+
+    # -- internals -------------------------------------------------------------------
+
+    def _hits_of(self, p: Prompt, k: int) -> tuple[Hit, ...]:
+        part = p.parts[k]
+        cached = self._hits.get(part.digest)
+        if cached is not None:
+            self._hits.move_to_end(part.digest)
+            return cached
+        found = tuple(scan_text(part.text))
+        self._hits[part.digest] = found
+        if len(self._hits) > self.config.scan_cache_entries:
+            self._hits.popitem(last=False)
+        return found
+
+    def _template_key(
+        self, body: Mapping[str, Any], p: Prompt, hits: dict[int, tuple[Hit, ...]]
+    ) -> int:
+        h = xxhash.xxh3_64()
+        h.update(str(body.get("model", "")).encode())
+        h.update(p.endpoint.encode())
+        h.update("\x00".join(sorted(t.name for t in p.tools)).encode())
+        k = 1 if p.tools and len(p.parts) > 1 else 0
+        text = p.parts[k].text[:_TEMPLATE_CHARS]
+        masked: list[str] = []
+        pos = 0
+        for hit in hits.get(k, ()):
+            if hit.start >= len(text):
+                break
+            masked.append(text[pos : hit.start])
+            masked.append("\x00" + hit.kind)
+            pos = max(pos, hit.end)
+        masked.append(text[pos:])
+        h.update(
+            p.parts[k].role.encode() + b"\x00" + "".join(masked).encode("utf-8", "surrogatepass")
+        )
+        return h.intdigest()
+
+    def _drift_finding(
+        self, p: Prompt, d: Divergence, session: str | None, head_only: bool
+    ) -> Finding:
+        part = p.parts[d.part]
+        tokens = p.tokens_after(d.part, d.offset)
+        # without a session, an unexplained difference may just be another user's prompt
+        confident = d.classified or not head_only
+        warn = confident and tokens >= self.config.warn_min_tokens
+        return Finding(
+            kind=d.kind,
+            severity="warning" if warn else "info",
+            evidence="drift",
+            message_index=part.index,
+            role=part.role,
+            char_offset=d.offset,
+            span=self._span(d.kind, part.text[d.offset : d.end]),
+            tokens_at_risk=tokens,
+            session=session,
+        )
+
+    def _pattern_findings(
+        self,
+        p: Prompt,
+        hits: dict[int, tuple[Hit, ...]],
+        same: int,
+        seen: frozenset[str],
+        drift: list[Finding],
+        session: str | None,
+        now: float,
+    ) -> list[Finding]:
+        out: list[Finding] = []
+        window = self.config.recent_window_s
+        for k, found in hits.items():
+            if k < same or not found:
+                continue
+            part = p.parts[k]
+            for hit in found:
+                strength = hit.strength(now, window)
+                if strength < WEAK:
+                    continue
+                value = part.text[hit.start : hit.end]
+                if value in seen or _covered(drift, part.index, part.role, hit):
+                    continue
+                tokens = p.tokens_after(k, hit.start)
+                warn = strength == STRONG and tokens >= self.config.warn_min_tokens
+                out.append(
+                    Finding(
+                        kind=hit.kind,
+                        severity="warning" if warn else "info",
+                        evidence="pattern",
+                        message_index=part.index,
+                        role=part.role,
+                        char_offset=hit.start,
+                        span=self._span(hit.kind, value),
+                        tokens_at_risk=tokens,
+                        session=session,
+                    )
+                )
+        return out
+
+    def _span(self, kind: str, text: str) -> str:
+        if self.config.redact:
+            return f"<{kind}:{len(text)} chars>"
+        return text[:_SPAN_CHARS]
+
+
+def _same_prefix(old: Snapshot, p: Prompt) -> int:
+    """How many leading parts are identical to the previous request's."""
+    n = 0
+    for o, part in zip(old.parts, p.parts, strict=False):
+        if o.digest != part.digest or o.role != part.role:
+            break
+        n += 1
+    return n
+
+
+def _covered(drift: list[Finding], index: int | None, role: str, hit: Hit) -> bool:
+    return any(
+        f.message_index == index and f.role == role and hit.start <= f.char_offset < hit.end + 1
+        for f in drift
+    )

@@ -1,0 +1,210 @@
+"""Drift: where a request stops extending the previous one of its session or template.
+
+A `Snapshot` keeps, per part of the previous request, its role, hash and (while the
+entry's `text_budget` of characters lasts, earliest parts first) its text, plus the tool
+names and key-order-free tool hashes. `diverge(old, new, head_only)` walks both in
+rendered order and stops at the first part that differs:
+
+- tools: same tools in another order -> `tool_order`; same tools in the same order whose
+  JSON differs only in key order -> `json_key_order`; else the changed span is classified.
+- a message or the prompt: the first differing character (common prefix by binary search
+  on slices, so C speed) and the end of the differing run (common suffix); whitespace-only
+  change -> `whitespace`; a span a volatile pattern covers -> that kind (`timestamp`,
+  `uuid`, `request_id`, `nonce`, `counter`; a bare integer that went up -> `counter`);
+  otherwise, past the head (system/developer messages) -> `history_rewrite` (earlier
+  conversation edited, removed or summarised), in the head -> `volatile_span`.
+- a break in the new request's last part costs nothing (nothing cached follows it) and
+  is not reported; neither is a request that extends or is a prefix of the previous one.
+
+`head_only` (requests without a session, compared with another conversation of the same
+template) looks only at tools and leading system/developer messages: the conversations
+themselves are expected to differ.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gateway.hygiene.patterns import classify_span
+from gateway.hygiene.prompt import Prompt
+
+HEAD_ROLES = frozenset({"system", "developer"})
+_WS = re.compile(r"\s+")
+
+
+@dataclass(frozen=True, slots=True)
+class PartSig:
+    role: str
+    digest: int
+    text: str | None  # None past the entry's text budget
+    extra: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    parts: tuple[PartSig, ...]
+    tool_names: tuple[str, ...]
+    tool_canon: tuple[int, ...]
+    tool_digest: tuple[int, ...]  # hash of each tool's text as sent
+    values: frozenset[str]  # volatile-looking values seen in scanned parts
+
+    @staticmethod
+    def of(p: Prompt, values: frozenset[str], text_budget: int) -> Snapshot:
+        sigs: list[PartSig] = []
+        left = text_budget
+        for part in p.parts:
+            keep = part.size <= left
+            if keep:
+                left -= part.size
+            sigs.append(
+                PartSig(
+                    part.role,
+                    part.digest,
+                    part.text if keep else None,
+                    part.extra if keep else None,
+                )
+            )
+        return Snapshot(
+            parts=tuple(sigs),
+            tool_names=tuple(t.name for t in p.tools),
+            tool_canon=tuple(t.canon for t in p.tools),
+            tool_digest=tuple(hash(t.text) for t in p.tools),
+            values=values,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    kind: str
+    part: int  # position in the new prompt's parts
+    offset: int  # char offset within that part's text
+    end: int  # end of the differing span in the new text
+    classified: bool  # a named cause (False: `volatile_span` / `history_rewrite` fallback)
+
+
+def diverge(old: Snapshot, new: Prompt, head_only: bool) -> Divergence | None:
+    k_new = 0
+    old_parts = old.parts
+    k_old = 0
+    if old_parts and old_parts[0].role == "tools":
+        k_old = 1
+    if new.parts and new.parts[0].role == "tools":
+        k_new = 1
+        d = _tools(old, new)
+        if d is not None:
+            return d
+    elif old.tool_names:
+        # tools were dropped: the first message now sits where the tools were
+        return _at(new, 0, 0, len(new.parts[0].text) if new.parts else 0, "volatile_span", False)
+    last = len(new.parts) - 1
+    while k_old < len(old_parts) and k_new < len(new.parts):
+        o, n = old_parts[k_old], new.parts[k_new]
+        if head_only and (o.role not in HEAD_ROLES or n.role not in HEAD_ROLES):
+            return None
+        if o.digest != n.digest or o.role != n.role:
+            if k_new >= last:
+                return None  # the break is in the last part: nothing cached behind it
+            return _in_part(o, new, k_new)
+        k_old += 1
+        k_new += 1
+    return None
+
+
+def _at(new: Prompt, k: int, offset: int, end: int, kind: str, classified: bool) -> Divergence:
+    return Divergence(kind, k, offset, end, classified)
+
+
+def _tools(old: Snapshot, new: Prompt) -> Divergence | None:
+    tools = new.tools
+    digests = tuple(hash(t.text) for t in tools)
+    if digests == old.tool_digest:
+        return None
+    names = tuple(t.name for t in tools)
+    canon = tuple(t.canon for t in tools)
+    first = next(
+        (i for i, (a, b) in enumerate(zip(digests, old.tool_digest, strict=False)) if a != b),
+        min(len(digests), len(old.tool_digest)),
+    )
+    at = tools[first].offset if first < len(tools) else len(new.parts[0].text) - 1
+    if len(tools) == len(old.tool_canon) and sorted(canon) == sorted(old.tool_canon):
+        if canon != old.tool_canon:
+            return _at(new, 0, at, at + len(tools[first].text), "tool_order", True)
+        return _at(new, 0, at, at + len(tools[first].text), "json_key_order", True)
+    if names == old.tool_names and canon == old.tool_canon:
+        return _at(new, 0, at, at + len(tools[first].text), "json_key_order", True)
+    old_text = old.parts[0].text if old.parts and old.parts[0].role == "tools" else None
+    if old_text is not None:
+        return _text_diff(old_text, new, 0, head=True)
+    return _at(new, 0, at, at, "volatile_span", False)
+
+
+def _in_part(o: PartSig, new: Prompt, k: int) -> Divergence:
+    n = new.parts[k]
+    head = n.role in HEAD_ROLES or n.role == "prompt"
+    if o.role != n.role or o.text is None:
+        return _at(new, k, 0, 0, "volatile_span" if head else "history_rewrite", False)
+    if o.text == n.text:
+        # content equal: tool calls, names or non-text parts changed
+        return _at(
+            new, k, len(n.text), len(n.text), "volatile_span" if head else "history_rewrite", False
+        )
+    return _text_diff(o.text, new, k, head)
+
+
+def _text_diff(old: str, new: Prompt, k: int, head: bool) -> Divergence:
+    text = new.parts[k].text
+    start = common_prefix(old, text)
+    tail = common_suffix(old[start:], text[start:])
+    end_new = len(text) - tail
+    end_old = len(old) - tail
+    if _WS.sub(" ", old[start:]).strip() == _WS.sub(" ", text[start:]).strip() or (
+        not old[start:end_old].strip() and not text[start:end_new].strip()
+    ):
+        return _at(new, k, start, max(end_new, start), "whitespace", True)
+    # widen to whole tokens so "…:22" vs "…:23" is judged as the timestamp it belongs to
+    hit = classify_span(text, start)
+    if hit is not None:
+        return _at(new, k, hit.start, hit.end, hit.kind, True)
+    if _counter_step(old, text, start, end_old, end_new):
+        return _at(new, k, start, end_new, "counter", True)
+    return _at(
+        new, k, start, max(end_new, start), "volatile_span" if head else "history_rewrite", False
+    )
+
+
+def _counter_step(old: str, new: str, start: int, end_old: int, end_new: int) -> bool:
+    """A bare integer that went up between requests ("3 unread" -> "4 unread")."""
+    a0 = start
+    while a0 > 0 and new[a0 - 1].isdigit():
+        a0 -= 1
+    a1, b1 = end_old, end_new
+    while a1 < len(old) and old[a1].isdigit():
+        a1 += 1
+    while b1 < len(new) and new[b1].isdigit():
+        b1 += 1
+    a, b = old[a0:a1], new[a0:b1]
+    return a.isdigit() and b.isdigit() and len(b) <= 9 and int(b) > int(a)
+
+
+def common_prefix(a: str, b: str) -> int:
+    """Length of the common prefix, by binary search over slice comparisons."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def common_suffix(a: str, b: str) -> int:
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[len(a) - mid : len(a) - lo] == b[len(b) - mid : len(b) - lo]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

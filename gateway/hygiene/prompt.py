@@ -1,0 +1,173 @@
+"""A request body seen as the ordered parts the engine's template renders: the tool
+definitions, then each message (or the completions prompt).
+
+Each part carries `text` (what `char_offset` indexes: a message's content, the serialized
+tools JSON, the prompt) and `extra` (everything else of the part that reaches the template:
+tool calls, names, tool_call_id, non-text content parts), plus a hash of both so drift can
+compare parts without keeping their text. `chars_after(k, offset)` is the rendered size
+from a break to the end of the prompt, the basis of `tokens_at_risk` (about 4 chars a token).
+
+Tools are serialized with orjson (compact, key order as sent), which is what a template's
+`tojson` keeps: key order matters, whitespace in the client's JSON does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import xxhash
+
+# Role markers and separators a chat template adds around each message (ChatML: about
+# "<|im_start|>user\n" + "<|im_end|>\n"); only the size matters here.
+TEMPLATE_OVERHEAD = 24
+CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    text: str  # orjson of the tool as sent
+    offset: int  # where it starts in the serialized tools list
+    canon: int  # hash of the tool with keys sorted: equal canon, different text = key order
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    index: int | None  # message index; None for tools and the completions prompt
+    role: str  # message role, "tools" or "prompt"
+    text: str
+    extra: str
+    digest: int  # xxh3 of text and extra
+
+    @property
+    def size(self) -> int:
+        return len(self.text) + len(self.extra) + TEMPLATE_OVERHEAD
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    endpoint: str
+    parts: tuple[Part, ...]  # tools part first when there are tools
+    tools: tuple[Tool, ...]
+    last_user: int  # position in `parts` of the last user message, len(parts) if none
+    suffix: tuple[int, ...]  # suffix[k] = rendered chars of parts k.. end
+
+    def chars_after(self, k: int, offset: int) -> int:
+        return max(0, self.parts[k].size - offset) + self.suffix[k + 1]
+
+    def tokens_after(self, k: int, offset: int) -> int:
+        return self.chars_after(k, offset) // CHARS_PER_TOKEN
+
+
+def validate(body: Any, endpoint: str) -> None:
+    """Raise ValueError naming what is wrong with a body the analyzer cannot read."""
+    if not isinstance(body, Mapping):
+        raise ValueError("request body is not a JSON object")
+    if endpoint == "chat":
+        msgs = body.get("messages")
+        if not isinstance(msgs, list):
+            raise ValueError("'messages' is not a list")
+        for i, m in enumerate(msgs):
+            if not isinstance(m, Mapping):
+                raise ValueError(f"messages[{i}] is not an object")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise ValueError("'tools' is not a list")
+    elif not isinstance(body.get("prompt", ""), str | list):
+        raise ValueError("'prompt' is not a string or list")
+
+
+def parse(body: Mapping[str, Any], endpoint: str) -> Prompt:
+    """The parts of a body (which `validate` accepts; anything unexpected inside a message
+    is kept in `extra` rather than rejected)."""
+    parts: list[Part] = []
+    tools: tuple[Tool, ...] = ()
+    last_user = -1
+    if endpoint == "chat":
+        raw_tools = body.get("tools")
+        if isinstance(raw_tools, list) and raw_tools:
+            tools, tools_text = _tools(raw_tools)
+            parts.append(_part(None, "tools", tools_text, ""))
+        msgs = body.get("messages")
+        for i, m in enumerate(msgs if isinstance(msgs, list) else ()):
+            if not isinstance(m, Mapping):
+                continue
+            role = str(m.get("role", ""))
+            text, extra = _content(m)
+            if role == "user":
+                last_user = len(parts)
+            parts.append(_part(i, role, text, extra))
+    else:
+        prompt = body.get("prompt", "")
+        if isinstance(prompt, list):
+            # a batch of strings or token ids: the first prompt stands for the template
+            first = prompt[0] if prompt else ""
+            prompt = first if isinstance(first, str) else orjson.dumps(prompt).decode()
+        parts.append(_part(None, "prompt", str(prompt), ""))
+    suffix = [0] * (len(parts) + 1)
+    for k in range(len(parts) - 1, -1, -1):
+        suffix[k] = suffix[k + 1] + parts[k].size
+    return Prompt(
+        endpoint=endpoint,
+        parts=tuple(parts),
+        tools=tools,
+        last_user=last_user if last_user >= 0 else len(parts),
+        suffix=tuple(suffix),
+    )
+
+
+def _part(index: int | None, role: str, text: str, extra: str) -> Part:
+    h = xxhash.xxh3_64()
+    h.update(text.encode("utf-8", "surrogatepass"))
+    h.update(b"\x00" + extra.encode("utf-8", "surrogatepass"))
+    return Part(index, role, text, extra, h.intdigest())
+
+
+def _tools(raw: Sequence[Any]) -> tuple[tuple[Tool, ...], str]:
+    out: list[Tool] = []
+    pieces: list[str] = []
+    offset = 1  # after "["
+    for t in raw:
+        text = orjson.dumps(t).decode()
+        canon = xxhash.xxh3_64_intdigest(orjson.dumps(t, option=orjson.OPT_SORT_KEYS))
+        out.append(Tool(tool_name(t), text, offset, canon))
+        pieces.append(text)
+        offset += len(text) + 1
+    return tuple(out), "[" + ",".join(pieces) + "]"
+
+
+def tool_name(t: Any) -> str:
+    if isinstance(t, Mapping):
+        fn = t.get("function")
+        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+            return str(fn["name"])
+        if isinstance(t.get("name"), str):
+            return str(t["name"])
+    return ""
+
+
+def _content(m: Mapping[str, Any]) -> tuple[str, str]:
+    content = m.get("content")
+    rest: dict[str, Any] = {}
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        texts: list[str] = []
+        others: list[Any] = []
+        for p in content:
+            if isinstance(p, Mapping) and isinstance(p.get("text"), str):
+                texts.append(p["text"])
+            else:
+                others.append(p)
+        text = "\n".join(texts)
+        if others:
+            rest["content"] = others
+    else:
+        text = "" if content is None else orjson.dumps(content).decode()
+    for key in ("name", "tool_calls", "tool_call_id", "function_call"):
+        if key in m:
+            rest[key] = m[key]
+    return text, orjson.dumps(rest).decode() if rest else ""
