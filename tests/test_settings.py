@@ -1,0 +1,134 @@
+"""Settings: the TOML + environment + flags loader, validated once (pure tables), and
+`gateway serve` refusing bad settings with the key named."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.coerce import SettingsError
+from gateway.settings import Settings, parse_settings
+from tests.servers import ROOT, script
+
+EXAMPLE = ROOT / "config" / "gateway.example.toml"
+
+
+def test_example_config_loads() -> None:
+    s = parse_settings(EXAMPLE.read_text(), {}, source=str(EXAMPLE))
+    assert [r.name for r in s.replicas] == ["gpu-0", "gpu-1"]
+    assert s.server.port == 8080
+    assert s.routing.policy == "prefix"
+    assert s.auth.keys == {}
+
+
+def test_defaults_without_file() -> None:
+    s = parse_settings(None, {})
+    assert s == Settings()
+    assert s.replicas == ()
+
+
+GOOD: list[tuple[str, dict[str, str], str, Any]] = [
+    ("[server]\nport = 9000", {}, "server.port", 9000),
+    ("", {"GATEWAY_PORT": "9001"}, "server.port", 9001),
+    ("[server]\nport = 9000", {"GATEWAY_SERVER__PORT": "9002"}, "server.port", 9002),
+    ("", {"GATEWAY_ROUTING__POLICY": "session"}, "routing.policy", "session"),
+    ("", {"GATEWAY_ROUTING_POLICY": "random"}, "routing.policy", "random"),
+    ("", {"GATEWAY_LOG_LEVEL": "debug"}, "server.log_level", "debug"),
+    ("", {"GATEWAY_HYGIENE__HEADER": "yes"}, "hygiene.header", True),
+    ("", {"GATEWAY_HYGIENE__ENABLED": "0"}, "hygiene.enabled", False),
+    ("", {"GATEWAY_USAGE__LOG_PATH": "/tmp/u.jsonl"}, "usage.log_path", "/tmp/u.jsonl"),
+    ("[usage]\nlog_path = '/x'", {"GATEWAY_USAGE__LOG_PATH": "none"}, "usage.log_path", None),
+    ("[server]\nread_timeout_s = 3", {}, "server.read_timeout_s", 3.0),
+    ("", {"GATEWAY_AUTH__KEYS": "k1=team-a, k2=team-b"}, "auth.keys",
+     {"k1": "team-a", "k2": "team-b"}),
+    ('[auth]\nkeys = { "k" = "t" }', {}, "auth.keys", {"k": "t"}),
+    ("", {"OTHER_PORT": "1"}, "server.port", 8080),
+]
+
+
+@pytest.mark.parametrize(("toml", "env", "key", "expected"), GOOD)
+def test_values(toml: str, env: dict[str, str], key: str, expected: Any) -> None:
+    s = parse_settings(toml, env)
+    section, name = key.split(".")
+    assert getattr(getattr(s, section), name) == expected
+
+
+BAD: list[tuple[str, dict[str, str], str]] = [
+    ("[server]\nprt = 1", {}, "server.prt"),
+    ("[serverx]\nport = 1", {}, "[serverx]"),
+    ("[server]\nport = 'x'", {}, "server.port"),
+    ("[server]\nport = true", {}, "server.port"),
+    ("[server]\nport = 70000", {}, "server.port"),
+    ("[server]\nlog_level = 'loud'", {}, "server.log_level"),
+    ("[server]\nread_timeout_s = 0", {}, "server.read_timeout_s"),
+    ("[routing]\npolicy = 'fastest'", {}, "routing.policy"),
+    ("[hygiene]\nheader = 'maybe'", {}, "hygiene.header"),
+    ("[usage]\nredis_maxlen = 0", {}, "usage.redis_maxlen"),
+    ("[server\nport = 1", {}, "invalid TOML"),
+    ("", {"GATEWAY_PORT": "eighty"}, "GATEWAY_PORT"),
+    ("", {"GATEWAY_PORTT": "1"}, "server.portt"),
+    ("", {"GATEWAY_NOPE__X": "1"}, "'nope'"),
+    ("", {"GATEWAY_ROUTING__POLICY": "fastest"}, "routing.policy"),
+    ("", {"GATEWAY_AUTH__KEYS": "novalue"}, "key=value"),
+    ("[[replicas]]\nname = 'a'", {}, "replicas[0]"),
+    ("[[replicas]]\nname = 'a'\nurl = 'ftp://x'", {}, "url must be http"),
+    ("[[replicas]]\nname = 'a'\nurl = 'http://x:1'\ncolor = 1", {}, "replicas[0].color"),
+    ("[[replicas]]\nname = 'a'\nurl = 'http://x:1'\nmodels = 'm'", {}, "replicas[0].models"),
+    ("[[replicas]]\nname = 'a'\nurl = 'http://x:1'\n[[replicas]]\nname = 'a'\n"
+     "url = 'http://y:1'", {}, "duplicate replica name 'a'"),
+    ("replicas = 3", {}, "array of tables"),
+]
+
+
+@pytest.mark.parametrize(("toml", "env", "needle"), BAD)
+def test_errors_name_the_key(toml: str, env: dict[str, str], needle: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        parse_settings(toml, env)
+    assert needle in str(info.value)
+
+
+def test_replicas_from_file_env_and_flags() -> None:
+    toml = ("[[replicas]]\nname = 'a'\nurl = 'http://h1:8000'\napi_key = 'secret'\n"
+            "models = ['m1', 'm2']\ncapacity_tokens = 4096\n")
+    s = parse_settings(toml, {})
+    (r,) = s.replicas
+    assert (r.name, r.url, r.api_key, r.models, r.capacity_tokens) == (
+        "a", "http://h1:8000", "secret", ("m1", "m2"), 4096)
+    assert "secret" not in repr(s)
+    env = parse_settings(toml, {"GATEWAY_BACKENDS": "http://h2:1,http://h3:2/v1"})
+    assert [(x.name, x.url) for x in env.replicas] == [("h2:1", "http://h2:1"),
+                                                         ("h3:2", "http://h3:2")]
+    flags = parse_settings(toml, {"GATEWAY_BACKENDS": "http://h2:1"},
+                           backends=["http://h4:3/"], overrides={"server": {"port": 1}})
+    assert [x.url for x in flags.replicas] == ["http://h4:3"]
+    assert flags.server.port == 1
+
+
+def test_flags_win_over_env() -> None:
+    s = parse_settings("[routing]\npolicy = 'session'", {"GATEWAY_ROUTING__POLICY": "random"},
+                       overrides={"routing": {"policy": "round_robin"}})
+    assert s.routing.policy == "round_robin"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["--policy", "fastest"], {}, "routing.policy"),
+        (["--backend", "nothing"], {}, "--backend"),
+        ([], {"GATEWAY_PORT": "x"}, "GATEWAY_PORT"),
+        (["--config", "/nonexistent/gw.toml"], {}, "cannot read"),
+    ],
+)
+def test_serve_exits_non_zero_naming_the_key(
+    args: list[str], env: dict[str, str], needle: str, tmp_path: Path
+) -> None:
+    import os
+
+    full = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")} | env
+    proc = subprocess.run([*script("gateway"), "serve", *args], env=full, capture_output=True,
+                          timeout=30, check=False)
+    assert proc.returncode == 2
+    assert needle in proc.stderr.decode()
