@@ -44,12 +44,13 @@ class RoutingConfig:
     # Costs closer than this are a tie, broken at random so cold traffic spreads.
     tie_tolerance_s: float = 0.002
     seed: int = 0
-    # Feedback: a replica that delivers less than predicted has its effective index
-    # capacity multiplied by feedback_shrink (floor feedback_min_factor); every accurate or
-    # better-than-predicted answer multiplies it back by feedback_recover (up to 1).
+    # Feedback (off with feedback = false): a replica that delivers less than predicted has
+    # its index limit cut to feedback_shrink x what is indexed (floor: feedback_min_factor
+    # x nominal); each accurate answer multiplies it back by feedback_recover (feedback.py).
+    feedback: bool = True
     feedback_shrink: float = 0.8
     feedback_recover: float = 1.02
-    feedback_min_factor: float = 0.02
+    feedback_min_factor: float = 0.001
     # Requests sent but never reported (lost callbacks) stop counting as queued work after
     # this long.
     pending_ttl_s: float = 300.0

@@ -97,6 +97,9 @@ class TokenEstimator:
                 data[: end], blocks, self._block, hashes[blocks - 1]
             ) == anchor.tail_hash:
                 return max(est, anchor.reach)
+        if blocks < len(hashes):
+            # The two streams part somewhere inside the next block: on average half-way.
+            est += self._block / (2 * ratio)
         return est
 
     def set_anchor(

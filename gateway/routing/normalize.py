@@ -23,8 +23,11 @@ Choices, each following what the template does to the prefill tokens:
   so `[{"type":"text","text":"a"},{"type":"text","text":"b"}]` equals `"a\\nb"`; non-text
   parts (images, audio) are kept as their JSON so different media differ.
 - Whitespace inside content is content: it changes the stream.
-- `tool_calls[].function.arguments` given as a string is passed through as text (the
-  template prints it as is), given as an object it is serialized with key order kept.
+- `tool_calls[].function.arguments`: the OpenAI API sends a JSON *string*; vLLM parses it
+  (`json.loads`) before rendering and the template prints it back with `tojson`, so what
+  reaches the tokens is the parsed object re-serialized with its key order kept. We do the
+  same: spacing inside the argument string does not matter, key order and values do. A
+  string that is not valid JSON is kept as text.
 - `tool_call_id` and message `name` are not rendered by ChatML/Qwen templates: ignored.
 - Sampling parameters (temperature, max_tokens, stream, n, ...) are ignored.
 - The model, `cache_salt` and template switches (`chat_template`, `chat_template_kwargs`,
@@ -95,7 +98,13 @@ def _tool_call_text(call: Any) -> str:
     if not isinstance(fn, Mapping):
         raise NormalizeError("tool_calls entries must be objects")
     args = fn.get("arguments", "")
-    args_text = args if isinstance(args, str) else _json(args)
+    if isinstance(args, str):
+        try:
+            args_text = _json(orjson.loads(args))
+        except orjson.JSONDecodeError:
+            args_text = args
+    else:
+        args_text = _json(args)
     name = fn.get("name", "")
     return f'\n<tool_call>\n{{"name": "{name}", "arguments": {args_text}}}\n</tool_call>'
 

@@ -182,7 +182,7 @@ class Router:
             self._refresh_capacity(replica)
             if ok and reply_text:
                 self._index_reply(plan, replica, prompt_tokens, reply_text, completion_tokens)
-        if cached_tokens is not None and replica in plan.predicted:
+        if cached_tokens is not None and replica in plan.predicted and self.config.feedback:
             self._feedback(plan, replica, cached_tokens)
 
     # fleet --------------------------------------------------------------------------------
