@@ -104,7 +104,8 @@ class FleetMonitor:
 
     async def on_transition(self, replica: Replica, transition: str) -> None:
         level = logging.INFO if transition == "up" else logging.WARNING
-        log.log(level, "replica %s", transition, extra={"replica": replica.name, "url": replica.url})
+        log.log(level, "replica %s", transition,
+                extra={"replica": replica.name, "url": replica.url})
         if transition == "up":
             self.router.add_replica(replica.name)
             await asyncio.gather(self.refresh_model(replica), self.scrape(replica))
