@@ -108,8 +108,12 @@ class SimApp:
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         params = protocol.parse_chat(protocol.parse_json(await _read_body(receive)))
         self._check_model(params.gen.model)
-        text = render_chat(params.messages, params.tools, params.add_generation_prompt,
-                           params.continue_final_message)
+        text = render_chat(
+            params.messages,
+            params.tools,
+            params.add_generation_prompt,
+            params.continue_final_message,
+        )
         ids = self.tokenizer.encode(text)
         await self._generate(scope, receive, send, "chat", params.gen, ids, IM_END_ID)
 
@@ -120,14 +124,22 @@ class SimApp:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         await self._generate(scope, receive, send, "completions", params.gen, ids, ENDOFTEXT_ID)
 
-    async def _generate(self, scope: Scope, receive: Receive, send: Send,
-                        endpoint: Literal["chat", "completions"],
-                        gen: protocol.GenerationParams, ids: list[int], stop: int) -> None:
+    async def _generate(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        endpoint: Literal["chat", "completions"],
+        gen: protocol.GenerationParams,
+        ids: list[int],
+        stop: int,
+    ) -> None:
         max_tokens = self._check_length(len(ids), gen.max_tokens)
         rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + _request_id(scope)
         replica = self.replica
-        req = replica.engine.new_request(rid, ids, max_tokens, replica.now(), stop,
-                                         salt_key(gen.cache_salt))
+        req = replica.engine.new_request(
+            rid, ids, max_tokens, replica.now(), stop, salt_key(gen.cache_salt)
+        )
         replica.in_flight += 1
         try:
             pending = replica.submit(req, streaming=gen.stream)
@@ -152,27 +164,40 @@ class SimApp:
         if req.finish_reason == "stop":
             out = out[:-1]  # the stop token is counted but not shown
         text = self.tokenizer.decode(out)
-        usage = self.policy.usage(req.num_prompt_tokens, req.num_output_tokens,
-                                  req.num_cached_tokens)
+        usage = self.policy.usage(
+            req.num_prompt_tokens, req.num_output_tokens, req.num_cached_tokens
+        )
         render = chat_body if endpoint == "chat" else completion_body
-        body = render(rid, int(time.time()), self.config.model, text,
-                      req.finish_reason or "stop", usage)
+        body = render(
+            rid, int(time.time()), self.config.model, text, req.finish_reason or "stop", usage
+        )
         headers = list(_JSON)
         headers.append((b"x-request-id", rid.split("-", 1)[1].encode()))
         if self.config.timing_comments:
             headers.append((b"x-sim-timing", orjson.dumps(_timing(req))))
         await _respond(send, 200, body, headers)
 
-    async def _stream(self, send: Send, endpoint: Literal["chat", "completions"],
-                      gen: protocol.GenerationParams, pending: Pending, rid: str) -> None:
+    async def _stream(
+        self,
+        send: Send,
+        endpoint: Literal["chat", "completions"],
+        gen: protocol.GenerationParams,
+        pending: Pending,
+        rid: str,
+    ) -> None:
         force = self.config.force_include_usage
         include_usage = gen.include_usage or force
         continuous = (gen.continuous_usage and gen.include_usage) or force
         req = pending.request
         writer = ChunkWriter(endpoint, rid, int(time.time()), self.config.model)
         prompt = req.num_prompt_tokens
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [*_SSE, (b"x-request-id", rid.split("-", 1)[1].encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [*_SSE, (b"x-request-id", rid.split("-", 1)[1].encode())],
+            }
+        )
         more = {"type": "http.response.body", "body": b"", "more_body": True}
         first = True
         produced = 0
@@ -196,12 +221,14 @@ class SimApp:
             return
         tail = b""
         if include_usage:
-            tail += writer.usage(self.policy.usage(prompt, req.num_output_tokens,
-                                                   req.num_cached_tokens))
+            tail += writer.usage(
+                self.policy.usage(prompt, req.num_output_tokens, req.num_cached_tokens)
+            )
         if self.config.timing_comments:
             tail += ChunkWriter.comment("sim-timing", _timing(req))
-        await send({"type": "http.response.body", "body": tail + ChunkWriter.DONE,
-                    "more_body": False})
+        await send(
+            {"type": "http.response.body", "body": tail + ChunkWriter.DONE, "more_body": False}
+        )
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.config.model:
@@ -211,25 +238,33 @@ class SimApp:
         limit = self.config.max_model_len
         if n >= limit:
             if self.config.contract == "0.23":
-                msg = (f"This model's maximum context length is {limit} tokens. However, your "
-                       f"request has {n} input tokens. Please reduce the length of the input "
-                       "messages.")
+                msg = (
+                    f"This model's maximum context length is {limit} tokens. However, your "
+                    f"request has {n} input tokens. Please reduce the length of the input "
+                    "messages."
+                )
             else:
-                msg = (f"This model's maximum context length is {limit} tokens. However, your "
-                       f"prompt contains {n} input tokens, which exceeds this limit even "
-                       "without any output tokens. Please reduce the length of the input "
-                       "prompt.")
+                msg = (
+                    f"This model's maximum context length is {limit} tokens. However, your "
+                    f"prompt contains {n} input tokens, which exceeds this limit even "
+                    "without any output tokens. Please reduce the length of the input "
+                    "prompt."
+                )
             raise bad_request(msg)
         pool = self.replica.engine.config
         if -(-n // pool.block_size) > pool.num_gpu_blocks - 1:
-            raise bad_request(f"The prompt ({n} tokens) does not fit in the simulated KV cache "
-                              f"({pool.num_gpu_blocks - 1} blocks of {pool.block_size}).")
+            raise bad_request(
+                f"The prompt ({n} tokens) does not fit in the simulated KV cache "
+                f"({pool.num_gpu_blocks - 1} blocks of {pool.block_size})."
+            )
         if max_tokens is not None and n + max_tokens > limit:
             if self.config.contract == "0.23" or max_tokens > limit:
                 raise bad_request(
                     f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This "
                     f"model's maximum context length is {limit} tokens and your request has "
-                    f"{n} input tokens ({max_tokens} > {limit} - {n}).", "max_tokens")
+                    f"{n} input tokens ({max_tokens} > {limit} - {n}).",
+                    "max_tokens",
+                )
             return limit - n  # clamped to the remaining room (>= 0.24)
         return max_tokens
 
@@ -237,14 +272,31 @@ class SimApp:
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         m = self.config.model
-        card = {"id": m, "object": "model", "created": self.created, "owned_by": "vllm",
-                "root": m, "parent": None, "max_model_len": self.config.max_model_len,
-                "permission": [{"id": f"modelperm-{uuid.uuid4().hex}",
-                                "object": "model_permission", "created": self.created,
-                                "allow_create_engine": False, "allow_sampling": True,
-                                "allow_logprobs": True, "allow_search_indices": False,
-                                "allow_view": True, "allow_fine_tuning": False,
-                                "organization": "*", "group": None, "is_blocking": False}]}
+        card = {
+            "id": m,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "vllm",
+            "root": m,
+            "parent": None,
+            "max_model_len": self.config.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{uuid.uuid4().hex}",
+                    "object": "model_permission",
+                    "created": self.created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
         await _respond(send, 200, orjson.dumps({"object": "list", "data": [card]}))
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -252,23 +304,38 @@ class SimApp:
         self._check_model(protocol.parse_generation({"model": body.get("model")}, "").model)
         if "messages" in body:
             params = protocol.parse_chat(body)
-            ids = self.tokenizer.encode(render_chat(
-                params.messages, params.tools, params.add_generation_prompt,
-                params.continue_final_message))
+            ids = self.tokenizer.encode(
+                render_chat(
+                    params.messages,
+                    params.tools,
+                    params.add_generation_prompt,
+                    params.continue_final_message,
+                )
+            )
         elif isinstance(body.get("prompt"), str):
             ids = self.tokenizer.encode(body["prompt"])
         else:
             raise bad_request("tokenize needs `prompt` (a string) or `messages`", "prompt")
         strs = self.tokenizer.pieces(ids) if body.get("return_token_strs") else None
-        await _respond(send, 200, orjson.dumps({
-            "count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids,
-            "token_strs": strs}))
+        await _respond(
+            send,
+            200,
+            orjson.dumps(
+                {
+                    "count": len(ids),
+                    "max_model_len": self.config.max_model_len,
+                    "tokens": ids,
+                    "token_strs": strs,
+                }
+            ),
+        )
 
     async def _detokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = protocol.parse_json(await _read_body(receive))
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            isinstance(t, int) and not isinstance(t, bool) for t in tokens
+        ):
             raise bad_request("`tokens` must be a list of integers", "tokens")
         try:
             text = self.tokenizer.decode(tokens)
@@ -287,10 +354,15 @@ class SimApp:
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         engine = self.replica.engine
-        text = engine.metrics.render(self.config.model, engine.gauges(),
-                                     self.config.deprecated_metrics)
-        await _respond(send, 200, text.encode(),
-                       [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")])
+        text = engine.metrics.render(
+            self.config.model, engine.gauges(), self.config.deprecated_metrics
+        )
+        await _respond(
+            send,
+            200,
+            text.encode(),
+            [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
+        )
 
     async def _reset(self, scope: Scope, receive: Receive, send: Send) -> None:
         # vLLM answers 200 either way and only logs when blocks are still in use.
@@ -302,11 +374,14 @@ def _timing(req: SimRequest) -> dict[str, Any]:
     first = req.first_token if req.first_token is not None else req.arrival
     sched = req.first_scheduled if req.first_scheduled is not None else req.arrival
     end = req.finished if req.finished is not None else first
-    return {"arrival_s": round(req.arrival, 6),
-            "queue_ms": round((sched - req.arrival) * 1000, 3),
-            "ttft_ms": round((first - req.arrival) * 1000, 3),
-            "e2e_ms": round((end - req.arrival) * 1000, 3),
-            "prompt_tokens": req.num_prompt_tokens, "cached_tokens": req.num_cached_tokens}
+    return {
+        "arrival_s": round(req.arrival, 6),
+        "queue_ms": round((sched - req.arrival) * 1000, 3),
+        "ttft_ms": round((first - req.arrival) * 1000, 3),
+        "e2e_ms": round((end - req.arrival) * 1000, 3),
+        "prompt_tokens": req.num_prompt_tokens,
+        "cached_tokens": req.num_cached_tokens,
+    }
 
 
 def _request_id(scope: Scope) -> str:
@@ -340,10 +415,16 @@ async def _watch_disconnect(receive: Receive, replica: Replica, pending: Pending
             return
 
 
-async def _respond(send: Send, status: int, body: bytes,
-                   headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": _JSON if headers is None else headers})
+async def _respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": _JSON if headers is None else headers,
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -355,6 +436,3 @@ async def _lifespan(receive: Receive, send: Send) -> None:
         elif msg["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
-
-
-

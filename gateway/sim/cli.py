@@ -29,35 +29,70 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--max-model-len", type=int, default=d.max_model_len)
     a("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
     a("--max-num-seqs", type=int, default=d.max_num_seqs)
-    a("--speed", type=float, default=d.speed,
-      help="simulated seconds per wall second (1 = real time, 100 = 100x faster)")
+    a(
+        "--speed",
+        type=float,
+        default=d.speed,
+        help="simulated seconds per wall second (1 = real time, 100 = 100x faster)",
+    )
     a("--seed", type=int, default=d.seed)
-    a("--contract", choices=["0.23", "0.24"], default=d.contract,
-      help="vLLM behaviour version: 0.24 reports cached_tokens 0 for cold requests")
-    a("--no-prompt-tokens-details", action="store_true",
-      help="as vLLM without --enable-prompt-tokens-details: never fill prompt_tokens_details")
+    a(
+        "--contract",
+        choices=["0.23", "0.24"],
+        default=d.contract,
+        help="vLLM behaviour version: 0.24 reports cached_tokens 0 for cold requests",
+    )
+    a(
+        "--no-prompt-tokens-details",
+        action="store_true",
+        help="as vLLM without --enable-prompt-tokens-details: never fill prompt_tokens_details",
+    )
     a("--enable-force-include-usage", action="store_true")
-    a("--timing-comments", action="store_true",
-      help="report simulated latencies (x-sim-timing header / ': sim-timing' SSE comment)")
+    a(
+        "--timing-comments",
+        action="store_true",
+        help="report simulated latencies (x-sim-timing header / ': sim-timing' SSE comment)",
+    )
     a("--log-interval", type=float, default=d.log_interval, help="stats log period (s)")
-    a("--deprecated-metrics", action="store_true",
-      help="also export vllm:gpu_cache_usage_perc and vllm:gpu_prefix_cache_*")
-    a("--output-len", type=int, default=d.output_len,
-      help="mean completion length when max_tokens is absent")
-    a("--hash-seed", choices=["fixed", "random"], default=d.hash_seed,
-      help="NONE_HASH per replica: fixed (0.33 sha256) or random (0.11)")
+    a(
+        "--deprecated-metrics",
+        action="store_true",
+        help="also export vllm:gpu_cache_usage_perc and vllm:gpu_prefix_cache_*",
+    )
+    a(
+        "--output-len",
+        type=int,
+        default=d.output_len,
+        help="mean completion length when max_tokens is absent",
+    )
+    a(
+        "--hash-seed",
+        choices=["fixed", "random"],
+        default=d.hash_seed,
+        help="NONE_HASH per replica: fixed (0.33 sha256) or random (0.11)",
+    )
 
 
 def options_from(args: argparse.Namespace) -> SimOptions:
     return SimOptions(
-        replicas=args.replicas, host=args.host, port=args.port, model=args.model,
-        kv_blocks=args.kv_blocks, block_size=args.block_size,
-        max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs, speed=args.speed, seed=args.seed,
-        contract=args.contract, prompt_tokens_details=not args.no_prompt_tokens_details,
+        replicas=args.replicas,
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        kv_blocks=args.kv_blocks,
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        speed=args.speed,
+        seed=args.seed,
+        contract=args.contract,
+        prompt_tokens_details=not args.no_prompt_tokens_details,
         force_include_usage=args.enable_force_include_usage,
-        timing_comments=args.timing_comments, log_interval=args.log_interval,
-        deprecated_metrics=args.deprecated_metrics, output_len=args.output_len,
+        timing_comments=args.timing_comments,
+        log_interval=args.log_interval,
+        deprecated_metrics=args.deprecated_metrics,
+        output_len=args.output_len,
         hash_seed=args.hash_seed,
     )
 
@@ -70,8 +105,12 @@ async def serve(options: SimOptions) -> None:
         loop.add_signal_handler(sig, stop.set)
     await cluster.start()
     logging.getLogger("gateway.sim").info(
-        "simulating %d vLLM replica(s) of %s at %s (speed %gx)", options.replicas,
-        options.model, ", ".join(cluster.urls), options.speed)
+        "simulating %d vLLM replica(s) of %s at %s (speed %gx)",
+        options.replicas,
+        options.model,
+        ", ".join(cluster.urls),
+        options.speed,
+    )
     try:
         await stop.wait()
     finally:

@@ -69,28 +69,51 @@ class SimCluster:
         o = self.options
         try:
             for i in range(o.replicas):
-                engine = Engine(EngineConfig(
-                    num_gpu_blocks=o.kv_blocks, block_size=o.block_size,
-                    max_model_len=o.max_model_len,
-                    max_num_batched_tokens=o.max_num_batched_tokens,
-                    max_num_seqs=o.max_num_seqs, output_len=o.output_len, seed=o.seed,
-                    replica=i, hash_seed=o.hash_seed, step_time=o.step_time,
-                ), self.tokenizer)
-                replica = Replica(f"[{o.host}:{o.port + i}]", engine, o.speed,
-                                  o.seed * 7919 + i, o.log_interval)
+                engine = Engine(
+                    EngineConfig(
+                        num_gpu_blocks=o.kv_blocks,
+                        block_size=o.block_size,
+                        max_model_len=o.max_model_len,
+                        max_num_batched_tokens=o.max_num_batched_tokens,
+                        max_num_seqs=o.max_num_seqs,
+                        output_len=o.output_len,
+                        seed=o.seed,
+                        replica=i,
+                        hash_seed=o.hash_seed,
+                        step_time=o.step_time,
+                    ),
+                    self.tokenizer,
+                )
+                replica = Replica(
+                    f"[{o.host}:{o.port + i}]", engine, o.speed, o.seed * 7919 + i, o.log_interval
+                )
                 replica.start()
                 self.replicas.append(replica)
-                app = SimApp(replica, self.tokenizer, ServeConfig(
-                    model=o.model, max_model_len=o.max_model_len, contract=o.contract,
-                    prompt_tokens_details=o.prompt_tokens_details,
-                    force_include_usage=o.force_include_usage,
-                    timing_comments=o.timing_comments,
-                    deprecated_metrics=o.deprecated_metrics,
-                ))
-                config = uvicorn.Config(app, host=o.host, port=o.port + i, http="httptools",
-                                        loop="none", lifespan="off", access_log=False,
-                                        log_level="warning", timeout_keep_alive=30,
-                                        backlog=2048)
+                app = SimApp(
+                    replica,
+                    self.tokenizer,
+                    ServeConfig(
+                        model=o.model,
+                        max_model_len=o.max_model_len,
+                        contract=o.contract,
+                        prompt_tokens_details=o.prompt_tokens_details,
+                        force_include_usage=o.force_include_usage,
+                        timing_comments=o.timing_comments,
+                        deprecated_metrics=o.deprecated_metrics,
+                    ),
+                )
+                config = uvicorn.Config(
+                    app,
+                    host=o.host,
+                    port=o.port + i,
+                    http="httptools",
+                    loop="none",
+                    lifespan="off",
+                    access_log=False,
+                    log_level="warning",
+                    timeout_keep_alive=30,
+                    backlog=2048,
+                )
                 config.load()
                 server = uvicorn.Server(config)
                 # Driven without Server.serve(): that would install per-server signal

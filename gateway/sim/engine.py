@@ -16,7 +16,7 @@ Latency histograms, counters and the hit-rate window are updated here, in simula
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.sim.generator import OutputGenerator
 from gateway.sim.hashing import none_hash
@@ -40,7 +40,7 @@ class EngineConfig:
     seed: int = 0
     replica: int = 0
     hash_seed: str = "fixed"
-    step_time: StepTimeModel = StepTimeModel()
+    step_time: StepTimeModel = field(default_factory=StepTimeModel)
 
 
 @dataclass(slots=True)
@@ -120,7 +120,9 @@ class Engine:
                 end = req.num_computed + n
                 attention += end * end - req.num_computed * req.num_computed
                 if req.num_computed < req.num_prompt_tokens:
-                    self.interval_prompt_tokens += min(end, req.num_prompt_tokens) - req.num_computed
+                    self.interval_prompt_tokens += (
+                        min(end, req.num_prompt_tokens) - req.num_computed
+                    )
         for req in plan.newly_scheduled:
             req.first_scheduled = start
             c = self.metrics.counters

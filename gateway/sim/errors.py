@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import orjson
 
-_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
-          501: "NotImplementedError", 503: "ServiceUnavailableError"}
+_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    500: "InternalServerError",
+    501: "NotImplementedError",
+    503: "ServiceUnavailableError",
+}
 
 
 class ApiError(Exception):
@@ -21,8 +26,16 @@ class ApiError(Exception):
         return _TYPES.get(self.status, "BadRequestError")
 
     def body(self) -> bytes:
-        return orjson.dumps({"error": {"message": self.message, "type": self.type,
-                                       "param": self.param, "code": self.status}})
+        return orjson.dumps(
+            {
+                "error": {
+                    "message": self.message,
+                    "type": self.type,
+                    "param": self.param,
+                    "code": self.status,
+                }
+            }
+        )
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:

@@ -14,12 +14,74 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-               7.5, 10.0, 20.0, 40.0, 80.0)
-LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-                   50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -92,30 +154,109 @@ class EngineMetrics:
             sample = name + ("_total" if kind == "counter" else "")
             out.append(f"{sample}{{{labels}{extra}}} {_num(value)}\n")
 
-        metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", gauges.running)
-        metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", gauges.waiting)
-        metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", gauges.kv_usage)
+        metric(
+            "vllm:num_requests_running",
+            "gauge",
+            "Number of requests in model execution batches.",
+            gauges.running,
+        )
+        metric(
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Number of requests waiting to be processed.",
+            gauges.waiting,
+        )
+        metric(
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            gauges.kv_usage,
+        )
         if deprecated:
-            metric("vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage.", gauges.kv_usage)
-            metric("vllm:gpu_prefix_cache_queries", "counter", "GPU prefix cache queries, in terms of number of queried tokens.", c.prefix_queries)
-            metric("vllm:gpu_prefix_cache_hits", "counter", "GPU prefix cache hits, in terms of number of cached tokens.", c.prefix_hits)
-        metric("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in terms of number of queried tokens.", c.prefix_queries)
-        metric("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens.", c.prefix_hits)
-        metric("vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine.", c.preemptions)
-        metric("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.", c.prompt_tokens)
-        metric("vllm:prompt_tokens_cached", "counter", "Number of cached prompt tokens (local + external).", c.prompt_tokens_cached)
-        metric("vllm:generation_tokens", "counter", "Number of generation tokens processed.", c.generation_tokens)
-        out.append("# HELP vllm:request_success_total Count of successfully processed requests.\n"
-                   "# TYPE vllm:request_success_total counter\n")
+            metric(
+                "vllm:gpu_cache_usage_perc",
+                "gauge",
+                "GPU KV-cache usage. 1 means 100 percent usage.",
+                gauges.kv_usage,
+            )
+            metric(
+                "vllm:gpu_prefix_cache_queries",
+                "counter",
+                "GPU prefix cache queries, in terms of number of queried tokens.",
+                c.prefix_queries,
+            )
+            metric(
+                "vllm:gpu_prefix_cache_hits",
+                "counter",
+                "GPU prefix cache hits, in terms of number of cached tokens.",
+                c.prefix_hits,
+            )
+        metric(
+            "vllm:prefix_cache_queries",
+            "counter",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            c.prefix_queries,
+        )
+        metric(
+            "vllm:prefix_cache_hits",
+            "counter",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            c.prefix_hits,
+        )
+        metric(
+            "vllm:num_preemptions",
+            "counter",
+            "Cumulative number of preemption from the engine.",
+            c.preemptions,
+        )
+        metric(
+            "vllm:prompt_tokens", "counter", "Number of prefill tokens processed.", c.prompt_tokens
+        )
+        metric(
+            "vllm:prompt_tokens_cached",
+            "counter",
+            "Number of cached prompt tokens (local + external).",
+            c.prompt_tokens_cached,
+        )
+        metric(
+            "vllm:generation_tokens",
+            "counter",
+            "Number of generation tokens processed.",
+            c.generation_tokens,
+        )
+        out.append(
+            "# HELP vllm:request_success_total Count of successfully processed requests.\n"
+            "# TYPE vllm:request_success_total counter\n"
+        )
         for reason, n in c.success.items():
             out.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {n}\n')
         for name, help_text, h in (
-            ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.ttft),
-            ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", self.itl),
-            ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", self.e2e),
-            ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", self.queue),
+            (
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                self.ttft,
+            ),
+            (
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                self.itl,
+            ),
+            (
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+                self.e2e,
+            ),
+            (
+                "vllm:request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase for request.",
+                self.queue,
+            ),
             ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", self.prompt_len),
-            ("vllm:request_generation_tokens", "Number of generation tokens processed.", self.generation_len),
+            (
+                "vllm:request_generation_tokens",
+                "Number of generation tokens processed.",
+                self.generation_len,
+            ),
         ):
             out.append(_histogram(name, help_text, labels, h))
         out.append(

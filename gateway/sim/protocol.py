@@ -20,8 +20,14 @@ import orjson
 from gateway.sim.errors import ApiError, bad_request
 
 _ROLES = ("system", "user", "assistant", "tool", "developer")
-_NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty",
-            "repetition_penalty", "min_p")
+_NUMBERS = (
+    "temperature",
+    "top_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_p",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,11 +73,13 @@ def parse_generation(body: Mapping[str, Any], name: str) -> GenerationParams:
     include = continuous = False
     if options is not None:
         include = bool(_opt(options, "include_usage", bool, "a boolean", "stream_options."))
-        continuous = bool(_opt(options, "continuous_usage_stats", bool, "a boolean",
-                               "stream_options."))
+        continuous = bool(
+            _opt(options, "continuous_usage_stats", bool, "a boolean", "stream_options.")
+        )
         if not stream:
-            raise bad_request("Stream options can only be defined when `stream=True`.",
-                              "stream_options")
+            raise bad_request(
+                "Stream options can only be defined when `stream=True`.", "stream_options"
+            )
     n = _opt(body, "n", int, "an integer")
     if n is not None and n != 1:
         raise bad_request("n > 1 is not supported by the simulator", "n")
@@ -85,9 +93,15 @@ def parse_generation(body: Mapping[str, Any], name: str) -> GenerationParams:
         max_tokens = _opt(body, "max_completion_tokens", int, "an integer")
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
-    return GenerationParams(model=model, stream=stream, include_usage=include,
-                            continuous_usage=continuous, has_stream_options=options is not None,
-                            max_tokens=max_tokens, cache_salt=_cache_salt(body))
+    return GenerationParams(
+        model=model,
+        stream=stream,
+        include_usage=include,
+        continuous_usage=continuous,
+        has_stream_options=options is not None,
+        max_tokens=max_tokens,
+        cache_salt=_cache_salt(body),
+    )
 
 
 def parse_chat(body: Mapping[str, Any]) -> ChatParams:
@@ -103,11 +117,16 @@ def parse_chat(body: Mapping[str, Any]) -> ChatParams:
     add_gen = _opt(body, "add_generation_prompt", bool, "a boolean")
     cont = bool(_opt(body, "continue_final_message", bool, "a boolean"))
     if cont and add_gen:
-        raise bad_request("Cannot set both `continue_final_message` and "
-                          "`add_generation_prompt` to True.")
-    return ChatParams(gen=gen, messages=messages, tools=parsed_tools,
-                      add_generation_prompt=True if add_gen is None else add_gen,
-                      continue_final_message=cont)
+        raise bad_request(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        )
+    return ChatParams(
+        gen=gen,
+        messages=messages,
+        tools=parsed_tools,
+        add_generation_prompt=True if add_gen is None else add_gen,
+        continue_final_message=cont,
+    )
 
 
 def parse_completion(body: Mapping[str, Any]) -> CompletionParams:
@@ -119,8 +138,11 @@ def parse_completion(body: Mapping[str, Any]) -> CompletionParams:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, list):
         if not prompt or not all(isinstance(t, int) and t >= 0 for t in prompt):
-            raise bad_request("prompt must be a string or a list of token ids "
-                              "(batches are not supported by the simulator)", "prompt")
+            raise bad_request(
+                "prompt must be a string or a list of token ids "
+                "(batches are not supported by the simulator)",
+                "prompt",
+            )
     elif not isinstance(prompt, str):
         raise bad_request(_type_msg("CompletionRequest", "prompt", "a string"), "prompt")
     if prompt == "":
@@ -152,15 +174,19 @@ def _content(content: Any, i: int) -> str | None:
         for part in content:
             if isinstance(part, str):
                 texts.append(part)
-            elif isinstance(part, dict) and part.get("type", "text") == "text" \
-                    and isinstance(part.get("text"), str):
+            elif (
+                isinstance(part, dict)
+                and part.get("type", "text") == "text"
+                and isinstance(part.get("text"), str)
+            ):
                 texts.append(part["text"])
             else:
-                raise bad_request(f"messages[{i}].content: only text parts are supported "
-                                  "by the simulator", "messages")
+                raise bad_request(
+                    f"messages[{i}].content: only text parts are supported by the simulator",
+                    "messages",
+                )
         return "\n".join(texts)
-    raise bad_request(f"messages[{i}].content must be a string or a list of parts",
-                      "messages")
+    raise bad_request(f"messages[{i}].content must be a string or a list of parts", "messages")
 
 
 def _tool_call(call: Any, i: int) -> dict[str, Any]:
@@ -172,20 +198,27 @@ def _tool_call(call: Any, i: int) -> dict[str, Any]:
         try:
             args = orjson.loads(args) if args else {}
         except orjson.JSONDecodeError:
-            raise bad_request(f"messages[{i}].tool_calls arguments are not valid JSON",
-                              "messages") from None
+            raise bad_request(
+                f"messages[{i}].tool_calls arguments are not valid JSON", "messages"
+            ) from None
     return {**call, "function": {**fn, "arguments": args}}
 
 
 def _tool(tool: Any, i: int) -> dict[str, Any]:
     fn = tool.get("function") if isinstance(tool, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise bad_request(f"tools[{i}] must be {{'type': 'function', 'function': "
-                          "{'name': ...}}", "tools")
+        raise bad_request(
+            f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", "tools"
+        )
     # vLLM renders `tool.model_dump()`: declared fields in model order, unset ones as null.
-    return {"type": tool.get("type", "function"),
-            "function": {"name": fn["name"], "description": fn.get("description"),
-                         "parameters": fn.get("parameters")}}
+    return {
+        "type": tool.get("type", "function"),
+        "function": {
+            "name": fn["name"],
+            "description": fn.get("description"),
+            "parameters": fn.get("parameters"),
+        },
+    }
 
 
 def _cache_salt(body: Mapping[str, Any]) -> str | None:
@@ -193,21 +226,29 @@ def _cache_salt(body: Mapping[str, Any]) -> str | None:
     if salt is None:
         return None
     if not isinstance(salt, str) or not salt:
-        raise bad_request("Parameter 'cache_salt' must be a non-empty string if provided.",
-                          "cache_salt")
+        raise bad_request(
+            "Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt"
+        )
     if len(salt) > 128 or any(c in salt for c in "@/\\\x00"):
-        raise bad_request("Parameter 'cache_salt' must be at most 128 characters and must "
-                          "not contain '@', '/', '\\' or NUL.", "cache_salt")
+        raise bad_request(
+            "Parameter 'cache_salt' must be at most 128 characters and must "
+            "not contain '@', '/', '\\' or NUL.",
+            "cache_salt",
+        )
     return salt
 
 
-def _opt(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str,
-         prefix: str = "") -> Any:
+def _opt(
+    body: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str, prefix: str = ""
+) -> Any:
     value = body.get(key)
     if value is None:
         return None
-    wrong_bool = isinstance(value, bool) and kind is not bool and bool not in (
-        kind if isinstance(kind, tuple) else (kind,))
+    wrong_bool = (
+        isinstance(value, bool)
+        and kind is not bool
+        and bool not in (kind if isinstance(kind, tuple) else (kind,))
+    )
     if not isinstance(value, kind) or wrong_bool:
         raise ApiError(400, _type_msg("Request", prefix + key, what), prefix + key)
     return value

@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass, field
 
 from gateway.sim.clock import VirtualClock
-from gateway.sim.engine import Engine
+from gateway.sim.engine import Engine, StepOutput
 from gateway.sim.request import SimRequest
 
 log = logging.getLogger("gateway.sim")
@@ -39,8 +39,9 @@ class Pending:
 
 
 class Replica:
-    def __init__(self, name: str, engine: Engine, speed: float, seed: int,
-                 log_interval: float) -> None:
+    def __init__(
+        self, name: str, engine: Engine, speed: float, seed: int, log_interval: float
+    ) -> None:
         self.name = name
         self.engine = engine
         self.speed = speed
@@ -56,8 +57,10 @@ class Replica:
         self.in_flight = 0
 
     def start(self) -> None:
-        self._tasks = [self._loop.create_task(self._run()),
-                       self._loop.create_task(self._log_loop())]
+        self._tasks = [
+            self._loop.create_task(self._run()),
+            self._loop.create_task(self._log_loop()),
+        ]
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -119,7 +122,7 @@ class Replica:
             end = clock.end_step(loop.time())
             self._deliver(engine.finish_step(plan, end))
 
-    def _deliver(self, outputs: list) -> None:  # type: ignore[type-arg]
+    def _deliver(self, outputs: list[StepOutput]) -> None:
         pending = self._pending
         for out in outputs:
             req = out.request
@@ -148,8 +151,12 @@ class Replica:
                 "%s Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation "
                 "throughput: %.1f tokens/s, Running: %d reqs, Waiting: %d reqs, GPU KV cache "
                 "usage: %.1f%%, Prefix cache hit rate: %.1f%%",
-                self.name, engine.interval_prompt_tokens / elapsed,
-                engine.interval_generation_tokens / elapsed, g.running, g.waiting,
-                g.kv_usage * 100, engine.hit_rate.rate() * 100,
+                self.name,
+                engine.interval_prompt_tokens / elapsed,
+                engine.interval_generation_tokens / elapsed,
+                g.running,
+                g.waiting,
+                g.kv_usage * 100,
+                engine.hit_rate.rate() * 100,
             )
             engine.interval_prompt_tokens = engine.interval_generation_tokens = 0

@@ -70,7 +70,7 @@ class Scheduler:
         while i < len(running) and budget > 0:
             req = running[i]
             num_new = min(req.num_tokens - req.num_computed, budget)
-            while not self._allocate(req, req.num_computed + num_new, ()):
+            while not self._allocate(req, req.num_computed + num_new, []):
                 victim = running.pop()
                 self._preempt(victim)
                 plan.preempted += 1
@@ -121,8 +121,15 @@ class Scheduler:
         max_blocks = (req.num_tokens - 1) // bs
         if max_blocks <= 0:
             return []
-        extend_hashes(req.block_hashes, req.token_ids, max_blocks * bs, bs, self.none_hash,
-                      req.first_extra, req.every_extra)
+        extend_hashes(
+            req.block_hashes,
+            req.token_ids,
+            max_blocks * bs,
+            bs,
+            self.none_hash,
+            req.first_extra,
+            req.every_extra,
+        )
         hits: list[KVBlock] = []
         lookup = self.pool.lookup
         for h in req.block_hashes[:max_blocks]:
@@ -150,8 +157,15 @@ class Scheduler:
             req.blocks.extend(pool.allocate(need_new))
         full = min(total_tokens, req.num_tokens) // bs
         if full > req.num_cached_blocks:
-            extend_hashes(req.block_hashes, req.token_ids, full * bs, bs, self.none_hash,
-                          req.first_extra, req.every_extra)
+            extend_hashes(
+                req.block_hashes,
+                req.token_ids,
+                full * bs,
+                bs,
+                self.none_hash,
+                req.first_extra,
+                req.every_extra,
+            )
             hashes = req.block_hashes
             blocks = req.blocks
             for j in range(req.num_cached_blocks, full):
