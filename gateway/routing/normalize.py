@@ -133,10 +133,17 @@ def render_chat(body: Mapping[str, Any]) -> str:
         parts.append(TOOLS_TAIL)
     parts.append(END)
     in_tool_group = False
+    append = parts.append
     for msg in rest:
-        if not isinstance(msg, Mapping):
+        if type(msg) is not dict and not isinstance(msg, Mapping):
             raise NormalizeError("each message must be an object")
         role = msg.get("role")
+        content = msg.get("content")
+        # Fast path (most messages): plain role + string content, one f-string each.
+        if (type(content) is str and type(role) is str and role != "tool"
+                and not in_tool_group and (role != "assistant" or not msg.get("tool_calls"))):
+            append(f"{START}{role}\n{content}{END}")
+            continue
         if not isinstance(role, str):
             raise NormalizeError("each message needs a string 'role'")
         if role == "tool":
@@ -144,7 +151,7 @@ def render_chat(body: Mapping[str, Any]) -> str:
             if not in_tool_group:
                 parts += [START, "user"]
                 in_tool_group = True
-            parts += ["\n<tool_response>\n", content_text(msg.get("content")), "\n</tool_response>"]
+            parts += ["\n<tool_response>\n", content_text(content), "\n</tool_response>"]
             continue
         if in_tool_group:
             parts.append(END)
@@ -153,12 +160,12 @@ def render_chat(body: Mapping[str, Any]) -> str:
         if calls:
             if not isinstance(calls, list):
                 raise NormalizeError("'tool_calls' must be a list")
-            text = content_text(msg.get("content"))
+            text = content_text(content)
             parts += [START, "assistant", "\n" + text if text else ""]
             parts += [_tool_call_text(c) for c in calls]
             parts.append(END)
         else:
-            parts += [START, role, "\n", content_text(msg.get("content")), END]
+            parts += [START, role, "\n", content_text(content), END]
     if in_tool_group:
         parts.append(END)
     if body.get("add_generation_prompt", True) is not False:

@@ -30,14 +30,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import xxhash
 
 from gateway.routing.config import PolicyName, RoutingConfig
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(NamedTuple):  # a tuple: built per replica per request, cheaply
     name: str
     predicted_tokens: int  # cached tokens this replica should deliver
     queued_tokens: float  # prefill the gateway sent there that has no first token yet

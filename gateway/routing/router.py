@@ -101,19 +101,22 @@ class Router:
         prompt_tokens = est.prompt_tokens(hashes, len(data), ratio)
         matched: dict[str, int] = {}
         predicted: dict[str, int] = {}
-        by_blocks: dict[int, float] = {}
+        # Replicas usually share a few match lengths: estimate each (length, block) once.
+        by_blocks: dict[tuple[int, int], int] = {}
+        default_block = self.config.engine_block_size
         views: list[Candidate] = []
         for state in candidates:
             name = state.name
             if name not in self._limits:
                 self.add_replica(name)
             m = self._index.matched(name, hashes)
-            tokens = by_blocks.get(m)
-            if tokens is None:
-                tokens = by_blocks[m] = est.matched_tokens(data, hashes, m, ratio)
-            block = self._engine_block.get(name, self.config.engine_block_size)
+            key = (m, self._engine_block.get(name, default_block))
+            p = by_blocks.get(key)
+            if p is None:
+                tokens = est.matched_tokens(data, hashes, m, ratio)
+                p = by_blocks[key] = engine_cap(tokens, prompt_tokens, key[1])
             matched[name] = m
-            predicted[name] = p = engine_cap(tokens, prompt_tokens, block)
+            predicted[name] = p
             pend = self._pending.get(name)
             views.append(Candidate(
                 name=name, predicted_tokens=p, queued_tokens=self._queued.get(name, 0.0),
