@@ -48,6 +48,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+_ABORTED = ApiError(503, "The request was aborted (simulator shutting down).")
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
@@ -159,7 +160,10 @@ class SimApp:
         await pending.queue.get()
         req = pending.request
         if req.status != "finished":
-            return  # aborted: the client is gone
+            # Aborted: either the client is gone (then this send is a no-op) or the
+            # simulator is shutting down.
+            await _respond(send, 503, _ABORTED.body())
+            return
         out = req.output_ids
         if req.finish_reason == "stop":
             out = out[:-1]  # the stop token is counted but not shown
@@ -218,6 +222,9 @@ class SimApp:
             more["body"] = writer.content(text, req.finish_reason if finished else None, usage)
             await send(more)
         if req.status != "finished":
+            # Same as above; vLLM reports a mid-stream failure as an error event.
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": ChunkWriter.error(_ABORTED.body()) + ChunkWriter.DONE})
             return
         tail = b""
         if include_usage:

@@ -15,7 +15,6 @@ Latency histograms, counters and the hit-rate window are updated here, in simula
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 
 from gateway.sim.generator import OutputGenerator
@@ -65,7 +64,6 @@ class Engine:
         self.generator = OutputGenerator(tokenizer, config.seed, config.output_len)
         self.metrics = EngineMetrics(config.max_model_len)
         self.hit_rate = HitRateWindow()
-        self.jitter_rng = random.Random(config.seed * 1_000_003 + config.replica)
         # Since the last log line: computed prompt tokens, generated tokens.
         self.interval_prompt_tokens = 0
         self.interval_generation_tokens = 0
