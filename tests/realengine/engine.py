@@ -45,6 +45,7 @@ class EngineOptions:
     ctx_per_slot: int = 2048
     cache_ram_mib: int = 0
     threads: int = 1
+    metrics: bool = True  # llama.cpp's own default is off (`--metrics`)
 
     @property
     def capacity_tokens(self) -> int:
@@ -57,6 +58,7 @@ class EngineOptions:
             "--model", str(self.model_path), "--port", str(port), "--alias", self.alias,
             "--slots", str(self.slots), "--ctx-per-slot", str(self.ctx_per_slot),
             "--cache-ram-mib", str(self.cache_ram_mib), "--threads", str(self.threads),
+            *([] if self.metrics else ["--no-metrics"]),
         ]  # fmt: skip
 
 
@@ -90,6 +92,7 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--ctx-per-slot", type=int, default=2048)
     ap.add_argument("--cache-ram-mib", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-metrics", action="store_true")
     args = ap.parse_args(argv)
 
     p = xllamacpp.CommonParams()
@@ -101,10 +104,10 @@ def _serve(argv: Sequence[str]) -> int:
     p.n_ctx = args.slots * args.ctx_per_slot
     p.cpuparams.n_threads = args.threads
     p.cpuparams_batch.n_threads = args.threads
-    p.n_threads_http = 2
+    p.n_threads_http = 8
     p.cache_prompt = True
     p.cache_ram_mib = args.cache_ram_mib
-    p.endpoint_metrics = True
+    p.endpoint_metrics = not args.no_metrics
     p.endpoint_slots = True
     p.verbosity = 1
     server = xllamacpp.Server(p)  # serves from its own threads until the process ends

@@ -179,7 +179,7 @@ def _write_gguf(spec: ModelSpec, path: Path) -> None:
 def ensure_model(spec: ModelSpec, folder: Path) -> Path:
     """Path of the GGUF for `spec` under `folder`, generating it on first use."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"tiny-{spec.key()}.gguf"
+    path = folder / f"realengine-{spec.key()}.gguf"
     if path.exists():
         return path
     tmp = folder / f".{path.name}.{os.getpid()}.tmp"
