@@ -91,6 +91,7 @@ def run_sessions(
     turns: int,
     seed: int,
     system_words: int = 300,
+    report: str = "reply",
 ) -> list[tuple[int, int]]:
     """Interleaved multi-turn sessions; returns (predicted, delivered) per request."""
     rng = random.Random(seed)
@@ -115,6 +116,7 @@ def run_sessions(
             generated = [*tok.encode(reply), IM_END_ID]
             delivered = engines[name].run(prompt, generated)
             router.first_token(plan, name, now)
+            # What the proxy can report: the answer's text, its token count, or neither.
             router.completed(
                 plan,
                 name,
@@ -122,8 +124,8 @@ def run_sessions(
                 delivered,
                 True,
                 now,
-                reply_text=reply,
-                completion_tokens=len(generated),
+                reply_text=reply if report == "reply" else None,
+                completion_tokens=len(generated) if report != "usage" else None,
             )
             out.append((plan.decision.predicted_cached_tokens, delivered))
             msgs += [
@@ -137,11 +139,14 @@ def errors(pairs: list[tuple[int, int]]) -> list[int]:
     return [abs(p - d) for p, d in pairs]
 
 
-@pytest.mark.parametrize("replicas", [1, 3])
-def test_prediction_within_one_block_after_warm_up(replicas: int) -> None:
+@pytest.mark.parametrize(
+    ("replicas", "report"),
+    [(1, "reply"), (3, "reply"), (3, "completion_tokens"), (3, "usage")],
+)
+def test_prediction_within_one_block_after_warm_up(replicas: int, report: str) -> None:
     router = Router(RoutingConfig())
     engines = {f"r{i}": Engine(1_000_000) for i in range(replicas)}
-    pairs = run_sessions(router, engines, sessions=6, turns=8, seed=replicas)
+    pairs = run_sessions(router, engines, sessions=6, turns=8, seed=replicas, report=report)
     warm = errors(pairs[12:])
     assert statistics.median(warm) <= BLOCK
     assert sum(e <= BLOCK for e in warm) >= 0.8 * len(warm)

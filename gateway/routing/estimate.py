@@ -9,7 +9,8 @@ Two sources, combined:
   a conversation, or the same prompt again) is then estimated from the anchor plus the few
   bytes after it divided by the ratio, so the error does not grow with prompt length. If
   the later request also repeats the tail bytes, the earlier prompt is an exact prefix of
-  it and its full length `reach` is known to be shared.
+  it and its full length `reach` is known to be shared, plus the earlier answer's tokens
+  when this request repeats it (vLLM caches generated tokens too; see `_reply_credit`).
 
 Anchors live in one LRU keyed by block hash (the hash already covers model and salt):
 token positions are a property of the content, not of the replica.
@@ -22,6 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.routing.blocks import tail_hash
+from gateway.routing.normalize import END, START
+
+END_MARK = END[0].encode()  # end of a message in the canonical stream
+GENERATION_PROMPT = (START + "assistant\n").encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +35,8 @@ class Anchor:
     tail_hash: int  # hash of the bytes that followed this block, up to `tail_len`
     tail_len: int
     reach: float  # tokens shared by any request that repeats the tail too
+    generated: int | None = None  # completion tokens of that request, when reported
+    answer_follows: bool = False  # it ended with the generation prompt: its answer is next
 
 
 class TokenEstimator:
@@ -96,14 +103,35 @@ class TokenEstimator:
             if end <= len(data) and tail_hash(
                 data[: end], blocks, self._block, hashes[blocks - 1]
             ) == anchor.tail_hash:
-                return max(est, anchor.reach)
+                return max(est, anchor.reach + self._reply_credit(data, end, anchor, ratio))
         if blocks < len(hashes):
             # The two streams part somewhere inside the next block: on average half-way.
             est += self._block / (2 * ratio)
         return est
 
+    @staticmethod
+    def _reply_credit(data: bytes, end: int, anchor: Anchor, ratio: float) -> float:
+        """Tokens of the earlier request's answer that this request repeats.
+
+        vLLM caches the blocks its generated tokens fill (all but the last token's KV), and
+        the next turn of a conversation renders that answer right after the earlier
+        prompt, up to the end-of-message marker. Credit the answer's text: its length here
+        in bytes / ratio, or exactly completion_tokens - 1 (the stop token's KV is never
+        computed) when the usage reported it.
+        """
+        if not anchor.answer_follows:
+            return 0.0
+        stop = data.find(END_MARK, end)
+        if stop <= end:
+            return 0.0
+        estimate = (stop - end) / ratio
+        if anchor.generated is not None:
+            return float(min(max(0, anchor.generated - 1), estimate * 1.5 + 1))
+        return estimate
+
     def set_anchor(
-        self, data: bytes, hashes: Sequence[int], tokens_total: float, ratio: float
+        self, data: bytes, hashes: Sequence[int], tokens_total: float, ratio: float,
+        generated: int | None = None,
     ) -> None:
         """`data` (chained as `hashes`) is `tokens_total` tokens long: remember where its
         last full block ends in tokens."""
@@ -116,6 +144,8 @@ class TokenEstimator:
             tail_hash=tail_hash(data, n, self._block, hashes[n - 1]),
             tail_len=tail_len,
             reach=tokens_total,
+            generated=generated,
+            answer_follows=data.endswith(GENERATION_PROMPT),
         )
         anchors = self._anchors
         anchors[hashes[n - 1]] = anchor

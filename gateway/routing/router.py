@@ -181,7 +181,8 @@ class Router:
             return
         if prompt_tokens is not None and prompt_tokens > 0:
             est.observe(plan.model, len(plan.data), prompt_tokens)
-            est.set_anchor(plan.data, plan.hashes, prompt_tokens, est.ratio(plan.model))
+            est.set_anchor(plan.data, plan.hashes, prompt_tokens, est.ratio(plan.model),
+                           completion_tokens if ok else None)
             self._refresh_capacity(replica)
             if ok and reply_text:
                 self._index_reply(plan, replica, prompt_tokens, reply_text, completion_tokens)
