@@ -23,7 +23,7 @@ from gateway.bench.analysis import analyse, read_usage_log
 from gateway.bench.charts import compare_chart
 from gateway.bench.presets import BLOCK_SIZE, Preset
 from gateway.bench.procs import Managed, free_ports, gateway_command
-from gateway.bench.runner import RunOptions, run_workload
+from gateway.bench.runner import RequestRecord, RunOptions, run_workload
 from gateway.bench.table import replica_table, summary_table
 from gateway.bench.workload import build_workload
 
@@ -86,11 +86,22 @@ def run_policy(opts: CompareOptions, policy: str) -> dict[str, Any]:
                 )
             )
         # The gateway is stopped here, so its usage log is complete.
+        _relabel(result.records, replicas)
         summary = analyse(
             result, preset.replicas, tokenize_url=replicas[0], usage=read_usage_log(usage_log)
         )
     summary["policy"] = policy
     return summary
+
+
+def _relabel(records: list[RequestRecord], urls: list[str]) -> None:
+    """Name replicas by position (replica0..) instead of ports that change every run."""
+    names: dict[str, str] = {}
+    for i, url in enumerate(urls):
+        names[url] = names[url.split("//", 1)[-1]] = f"replica{i}"
+    for r in records:
+        if r.replica is not None:
+            r.replica = names.get(r.replica, r.replica)
 
 
 def compare(opts: CompareOptions, out: TextIO = sys.stdout) -> dict[str, Any]:

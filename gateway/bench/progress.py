@@ -1,5 +1,6 @@
 """A plain text progress bar on stderr (no tqdm): redrawn in place with '\\r', at most
-`steps` times over the whole run so a slow terminal or a log file is not flooded."""
+`steps` times over the whole run so a slow terminal is not flooded; when stderr is not a
+terminal (a log file, CI) only a few plain lines are written instead."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ class Progress:
         self.enabled = enabled
         self.done = 0
         self.errors = 0
-        self._every = max(1, self.total // steps)
+        self._tty = self.stream.isatty()
+        self._every = max(1, self.total // (steps if self._tty else 4))
 
     def advance(self, n: int = 1, error: bool = False) -> None:
         self.done += n
@@ -31,11 +33,13 @@ class Progress:
         filled = min(width, width * self.done // self.total)
         bar = "#" * filled + "." * (width - filled)
         errors = f" errors={self.errors}" if self.errors else ""
-        self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.total}{errors}")
+        start, end = ("\r", "") if self._tty else ("", "\n")
+        self.stream.write(f"{start}{self.label} [{bar}] {self.done}/{self.total}{errors}{end}")
         self.stream.flush()
 
     def close(self) -> None:
         if self.enabled:
-            self._draw()
-            self.stream.write("\n")
+            if self._tty:
+                self._draw()
+                self.stream.write("\n")
             self.stream.flush()

@@ -110,7 +110,6 @@ def summarize(
             req_counts[r.replica] += 1
             tok_counts[r.replica] += r.prompt_tokens or 0
     timing = {r.timing for r in ok}
-    sim_span = _sim_span(ok)
     completion = sum(r.completion_tokens or 0 for r in ok)
     return {
         "requests": len(records),
@@ -124,22 +123,12 @@ def summarize(
         "e2e_ms": {q: percentile(e2e, n) for q, n in (("p50", 50), ("p90", 90), ("p99", 99))},
         "wall_s": wall_s,
         "requests_per_s": len(ok) / wall_s if wall_s else None,
-        "sim_span_s": sim_span,
-        "sim_requests_per_s": len(ok) / sim_span if sim_span else None,
+        "prompt_tokens_per_s": prompt / wall_s if wall_s else None,
         "replica_requests": shares(req_counts, replicas) if req_counts else None,
         "replica_prompt_tokens": shares(tok_counts, replicas) if tok_counts else None,
         "routing_precision": routing_precision(ok),
         "gateway": bool(req_counts),
     }
-
-
-def _sim_span(records: Sequence[RequestRecord]) -> float | None:
-    timed = [r for r in records if r.sim_arrival_s is not None]
-    if len(timed) < 2:
-        return None
-    start = min(r.sim_arrival_s or 0.0 for r in timed)
-    end = max((r.sim_arrival_s or 0.0) + r.e2e_ms / 1000 for r in timed)
-    return end - start if end > start else None
 
 
 def per_turn(records: Sequence[RequestRecord]) -> list[dict[str, Any]]:
