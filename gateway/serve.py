@@ -93,7 +93,7 @@ async def serve(settings: Settings) -> int:
         config = uvicorn.Config(
             create_app(settings), host=settings.server.host, port=settings.server.port,
             http="httptools", loop="none", lifespan="on", access_log=False, log_config=None,
-            server_header=False, workers=1,
+            server_header=False, proxy_headers=False, workers=1,
         )
         server = uvicorn.Server(config)
         await server.serve()

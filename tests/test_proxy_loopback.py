@@ -283,3 +283,12 @@ def test_openai_client_end_to_end(gw: str) -> None:
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model",
                                        messages=[{"role": "user", "content": "x"}])
+
+
+def test_zero_config_serve_fronts_an_embedded_simulator() -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with running([*script("gateway"), "serve", "--port", str(port)], [url + "/ready"]):
+        assert len(httpx.get(url + "/ready").json()["healthy"]) == 4
+        r = httpx.post(url + "/v1/chat/completions", json=body("hello"), timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] > 0

@@ -1,0 +1,242 @@
+"""Proxy overhead benchmark: the gateway (routing on, default settings) in front of two
+instant backends, against the same load sent straight to a backend.
+
+Backends: a raw-asyncio HTTP/1.1 server in its own process that answers every POST at once,
+with a canned chat completion carrying usage, or, for `"stream": true`, 64 SSE events plus
+the usage chunk and `[DONE]`. Prompts are ~2 KB (a shared 1.5 KB system prompt plus a unique
+user message), so the router hashes and indexes real blocks.
+
+Load: one client process (aiohttp), a fixed number of requests at concurrency C. Measured:
+the gateway process's CPU time per request (utime+stime from /proc/<pid>/stat) and the
+client-side latency percentiles, gateway vs direct, side by side in one run.
+
+    .venv/bin/python bench/bench_proxy.py [--requests 2000] [--out bench/results/proxy.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+TICK = os.sysconf("SC_CLK_TCK")
+
+USAGE = {"prompt_tokens": 512, "total_tokens": 528, "completion_tokens": 16,
+         "prompt_tokens_details": {"cached_tokens": 384}}
+COMPLETION = orjson.dumps({
+    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok " * 16},
+                 "finish_reason": "stop"}],
+    "usage": USAGE,
+})
+EVENT = (b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":0,'
+         b'"model":"bench","choices":[{"index":0,"delta":{"content":"tok "},'
+         b'"logprobs":null,"finish_reason":null}]}\n\n')
+STREAM = [EVENT] * 64 + [
+    b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":0,"model":"bench",'
+    b'"choices":[],"usage":' + orjson.dumps(USAGE) + b"}\n\n",
+    b"data: [DONE]\n\n",
+]
+MODELS = orjson.dumps({"object": "list", "data": [{"id": "bench", "object": "model"}]})
+
+
+# -- the instant backend ----------------------------------------------------------------------
+
+class Backend(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.t = transport
+        self.buf = b""
+        sock = transport.get_extra_info("socket")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            head_end = self.buf.find(b"\r\n\r\n")
+            if head_end < 0:
+                return
+            head = self.buf[:head_end].decode("latin-1")
+            length = 0
+            for line in head.split("\r\n")[1:]:
+                k, _, v = line.partition(":")
+                if k.strip().lower() == "content-length":
+                    length = int(v)
+            if len(self.buf) < head_end + 4 + length:
+                return
+            body = self.buf[head_end + 4: head_end + 4 + length]
+            self.buf = self.buf[head_end + 4 + length:]
+            self.answer(head.split(" ", 2)[1], body)
+
+    def _send(self, ctype: bytes, payload: bytes) -> None:
+        self.t.write(b"HTTP/1.1 200 OK\r\ncontent-type: " + ctype + b"\r\ncontent-length: "
+                     + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+
+    def answer(self, path: str, body: bytes) -> None:
+        if path == "/v1/models":
+            self._send(b"application/json", MODELS)
+        elif path in ("/health", "/metrics"):
+            self._send(b"text/plain", b"")
+        elif b'"stream":true' in body:
+            self.t.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"transfer-encoding: chunked\r\n\r\n")
+            for event in STREAM:
+                self.t.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.t.write(b"0\r\n\r\n")
+        else:
+            self._send(b"application/json", COMPLETION)
+
+
+async def serve_backend(port: int) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(Backend, "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
+# -- load -------------------------------------------------------------------------------------
+
+def prompts(n: int) -> list[bytes]:
+    system = ("You are a careful assistant for the bench corporation. " * 28)[:1500]
+    out = []
+    for i in range(n):
+        user = f"Question {i}: " + ("please summarise the attached notes " * 14)[:480]
+        out.append(orjson.dumps({"model": "bench", "max_tokens": 16, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": user}]}))
+    return out
+
+
+async def load(url: str, bodies: list[bytes], concurrency: int, stream: bool) -> list[float]:
+    if stream:
+        bodies = [b[:-1] + b',"stream":true}' for b in bodies]
+    latencies: list[float] = []
+    queue = list(reversed(bodies))
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    headers = {"content-type": "application/json"}
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def worker() -> None:
+            while queue:
+                body = queue.pop()
+                t0 = time.perf_counter()
+                async with session.post(url + "/v1/chat/completions", data=body,
+                                        headers=headers) as r:
+                    async for _ in r.content.iter_any():
+                        pass
+                    assert r.status == 200, r.status
+                latencies.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(url)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--serial-requests", type=int, default=400)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra environment for the gateway, e.g. GATEWAY_HYGIENE__ENABLED=0")
+    ap.add_argument("--backend-server", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.backend_server:
+        asyncio.run(serve_backend(args.backend_server))
+        return 0
+
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        ports = [free_port(), free_port()]
+        for p in ports:
+            procs.append(subprocess.Popen([sys.executable, __file__, "--backend-server", str(p)]))
+        backends = [f"http://127.0.0.1:{p}" for p in ports]
+        for b in backends:
+            wait(b + "/health")
+        gw_port = free_port()
+        env = {**os.environ, "GATEWAY_LOG_LEVEL": "warning",
+               **dict(kv.split("=", 1) for kv in args.gateway_env)}
+        gw = subprocess.Popen([str(ROOT / ".venv/bin/gateway"), "serve", "--port", str(gw_port),
+                               "--backend", backends[0], "--backend", backends[1]], env=env)
+        procs.append(gw)
+        gateway = f"http://127.0.0.1:{gw_port}"
+        wait(gateway + "/ready")
+        rows = []
+        for stream in (False, True):
+            for concurrency, n in ((32, args.requests), (1, args.serial_requests)):
+                bodies = prompts(n)
+                asyncio.run(load(gateway, bodies[:50], concurrency, stream))  # warm up
+                asyncio.run(load(backends[0], bodies[:50], concurrency, stream))
+                direct = asyncio.run(load(backends[0], bodies, concurrency, stream))
+                c0 = cpu_seconds(gw.pid)
+                t0 = time.perf_counter()
+                via = asyncio.run(load(gateway, bodies, concurrency, stream))
+                wall = time.perf_counter() - t0
+                cpu_ms = (cpu_seconds(gw.pid) - c0) / n * 1000
+                rows.append((
+                    "64-chunk SSE" if stream else "JSON", concurrency, n, cpu_ms,
+                    statistics.median(direct) * 1000, statistics.median(via) * 1000,
+                    (statistics.median(via) - statistics.median(direct)) * 1000,
+                    pct(direct, 0.99) * 1000, pct(via, 0.99) * 1000, n / wall,
+                ))
+        header = ("| response | conc. | requests | gateway CPU ms/req | p50 direct ms | "
+                  "p50 via gateway ms | added p50 ms | p99 direct ms | p99 via gateway ms | "
+                  "req/s via gateway |\n|---|---|---|---|---|---|---|---|---|---|")
+        lines = [header] + [
+            f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.3f} | {r[4]:.3f} | {r[5]:.3f} | {r[6]:.3f} | "
+            f"{r[7]:.3f} | {r[8]:.3f} | {r[9]:.0f} |" for r in rows
+        ]
+        table = "\n".join(lines)
+        print(table)
+        if args.out:
+            args.out.write_text(args.out.read_text() + "\n" + table + "\n"
+                                if args.out.exists() else table + "\n")
+        return 0
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
