@@ -8,7 +8,8 @@ llama.cpp reports no capacity), and the same seeded workload is played with stre
 repetition; medians over repetitions are printed.
 
     .venv/bin/python bench/bench_realengine.py                 # 2 replicas, medium model
-    .venv/bin/python bench/bench_realengine.py --replicas 3 --sessions 9 --repeat 3
+    .venv/bin/python bench/bench_realengine.py --concurrency 1 # sequential sessions
+    .venv/bin/python bench/bench_realengine.py --replicas 3 --sessions 9 --concurrency 9
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--prefix-words", type=int, default=1000)
     ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument(
+        "--concurrency", type=int, default=6, help="requests of a round in flight together"
+    )
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--policies", default="prefix,round_robin")
