@@ -6,6 +6,7 @@ include_usage, completions, models, an OpenAI-shaped 404, and the engine's
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -151,3 +152,35 @@ def test_gateway_accounting_sees_every_engine_usage(gw: str) -> None:
     names = {line.split("{")[0].split(" ")[0] for line in metrics.splitlines() if line[:1] != "#"}
     names.discard("")
     assert names and all(n.startswith("gateway_") for n in names)
+
+
+def _engine_counters(urls: list[str]) -> tuple[float, float]:
+    """(requests processing, tokens predicted) summed over the replicas' /metrics."""
+    processing = predicted = 0.0
+    for u in urls:
+        for line in httpx.get(u + "/metrics", timeout=10).text.splitlines():
+            if line.startswith("llamacpp:requests_processing "):
+                processing += float(line.split()[1])
+            elif line.startswith("llamacpp:tokens_predicted_total "):
+                predicted += float(line.split()[1])
+    return processing, predicted
+
+
+def test_client_disconnect_stops_generation_on_the_engine(gw: str, llama_pair: list[str]) -> None:
+    _, before = _engine_counters(llama_pair)
+    # ignore_eos (a llama.cpp extension, passed through) keeps the random model talking.
+    body = {"model": "tiny", "messages": _messages(701, 20), "max_tokens": 3000,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    with httpx.stream("POST", gw + "/v1/chat/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        for i, _line in enumerate(r.iter_lines()):
+            if i >= 10:
+                break
+    processing, after = 1.0, before
+    for _ in range(160):  # bounded: 8 s (left alone it runs to the slot's ~2000-token end)
+        time.sleep(0.05)
+        processing, after = _engine_counters(llama_pair)
+        if processing == 0:
+            break
+    assert processing == 0
+    assert after - before < 1000, "the engine kept generating for a client that left"
