@@ -104,7 +104,8 @@ def _relabel(records: list[RequestRecord], urls: list[str]) -> None:
             r.replica = names.get(r.replica, r.replica)
 
 
-def compare(opts: CompareOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
+def compare(opts: CompareOptions, out: TextIO | None = None) -> dict[str, Any]:
+    out = out if out is not None else sys.stdout
     summaries: dict[str, dict[str, Any]] = {}
     for policy in opts.policies:
         summaries[policy] = run_policy(opts, policy)

@@ -3,7 +3,7 @@
 | preset  | sessions | turns | replicas | kv-blocks | speed | concurrency | purpose           |
 |---------|----------|-------|----------|-----------|-------|-------------|-------------------|
 | tiny    | 6        | 3     | 2        | 400       | 200   | 4           | test smoke run    |
-| default | 32       | 6     | 4        | half WS   | 20    | 16          | ~20 s per policy  |
+| default | 48       | 8     | 4        | half WS   | 5     | 16          | ~20 s per policy  |
 | large   | 96       | 10    | 4        | half WS   | 20    | 32          | minutes/policy    |
 | xl      | 256      | 16    | 8        | half WS   | 10    | 64          | bigger machines   |
 
@@ -79,12 +79,12 @@ PRESETS: dict[str, Preset] = {
     "default": _preset(
         "default",
         WorkloadConfig(
-            sessions=32, turns=6, think_time_s=1.0, idle_prob=0.1, idle_s=6.0,
+            sessions=48, turns=8, think_time_s=1.0, idle_prob=0.1, idle_s=6.0,
             tool_result_tokens=400, large_tool_result_tokens=2000,
             large_tool_result_prob=0.1, reply_tokens=80, fanout=3, fanout_prob=0.2,
-            compaction_every=0, arrival_interval_s=0.6,
+            compaction_every=0, arrival_interval_s=1.0,
         ),
-        replicas=4, speed=20, concurrency=16,
+        replicas=4, speed=5, concurrency=16,
     ),
     "large": _preset(
         "large",

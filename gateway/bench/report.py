@@ -114,6 +114,7 @@ def summarize(
     return {
         "requests": len(records),
         "errors": len(records) - len(ok),
+        "error_samples": sorted({f"{r.status}: {r.error}"[:200] for r in records if r.error})[:3],
         "timing": "sim" if timing == {"sim"} else "wall" if timing == {"wall"} else "mixed",
         "prompt_tokens": prompt,
         "cached_tokens": cached,

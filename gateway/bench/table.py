@@ -57,6 +57,7 @@ SUMMARY_ROWS: tuple[tuple[str, str, str], ...] = (
     ("cached tokens (engine)", "cached_tokens", ""),
     ("cached ratio (engine)", "cached_ratio", "pct"),
     ("bound ratio", "bound.ratio", "pct"),
+    ("working set (blocks)", "bound.working_set_blocks", ""),
     ("share of bound", "bound_share", "pct"),
     ("TTFT p50 ms", "ttft_ms.p50", "ms"),
     ("TTFT p90 ms", "ttft_ms.p90", "ms"),
