@@ -15,7 +15,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +65,6 @@ def _preset(args: argparse.Namespace) -> Preset:
         seed=args.seed,
     )
     if getattr(args, "concurrency", None):
-        from dataclasses import replace
-
         preset = replace(preset, concurrency=args.concurrency)
     return preset
 
@@ -196,8 +194,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     preset = _preset(args)
     for field_name in ("replicas", "kv_blocks", "speed"):
         value = getattr(args, field_name)
