@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -140,6 +141,99 @@ async def load(url: str, bodies: list[bytes], concurrency: int, stream: bool) ->
     return latencies
 
 
+# -- in process: the gateway's own Python, no sockets ----------------------------------------
+
+class _InstantResponse:
+    """An `UpstreamResponse` that is already complete (JSON, or the stream in 3 reads)."""
+
+    def __init__(self, stream: bool, body: bytes) -> None:
+        self.status = 200
+        ctype = b"text/event-stream" if stream else b"application/json"
+        self.headers = [(b"content-type", ctype), (b"content-length", b"%d" % len(body))]
+        self._body = body
+
+    async def read(self) -> bytes:
+        return self._body
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        step = -(-len(self._body) // 3)
+        for i in range(0, len(self._body), step):
+            yield self._body[i:i + step]
+
+    def release(self) -> None:
+        return None
+
+    def abort(self) -> None:
+        return None
+
+
+class _InstantUpstream:
+    async def send(self, method: str, url: str, headers: object, body: bytes | None,
+                   timeouts: object) -> _InstantResponse:
+        if url.endswith("/v1/models"):
+            return _InstantResponse(False, MODELS)
+        if body is None:
+            return _InstantResponse(False, b"")
+        if b'"stream":true' in body:
+            return _InstantResponse(True, b"".join(STREAM))
+        return _InstantResponse(False, COMPLETION)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def _in_process(n: int, stream: bool) -> float:
+    from gateway.app import create_app
+    from gateway.settings import parse_settings
+
+    settings = parse_settings(None, {}, backends=["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    app = create_app(settings, upstream=_InstantUpstream())  # type: ignore[arg-type]
+    async with app.running():
+        assert app.services is not None
+        for _ in range(100):  # the monitor's first probes mark the replicas up
+            if len(app.services.fleet.healthy()) == 2:
+                break
+            await asyncio.sleep(0.01)
+        bodies = prompts(n + 200)
+        if stream:
+            bodies = [b[:-1] + b',"stream":true}' for b in bodies]
+        never = asyncio.get_running_loop().create_future()
+
+        async def send(message: object) -> None:
+            return None
+
+        async def one(body: bytes) -> None:
+            messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def receive() -> dict[str, object]:
+                if messages:
+                    return messages.pop()
+                await never
+                return {"type": "http.disconnect"}
+
+            await app({"type": "http", "method": "POST", "path": "/v1/chat/completions",
+                       "query_string": b"", "headers": [
+                           (b"host", b"gw"), (b"content-type", b"application/json"),
+                           (b"content-length", b"%d" % len(body))]}, receive, send)
+
+        for body in bodies[:200]:
+            await one(body)
+        c0 = time.process_time()
+        for body in bodies[200:]:
+            await one(body)
+        return (time.process_time() - c0) / n * 1000
+
+
+def run_in_process(n: int, rounds: int) -> int:
+    import uvloop
+
+    for stream in (False, True):
+        runs = [uvloop.run(_in_process(n, stream)) for _ in range(rounds)]
+        print(f"{'64-chunk SSE (3 reads)' if stream else 'JSON'}: gateway CPU ms/req median "
+              f"{statistics.median(runs):.4f} (runs: {' '.join(f'{r:.4f}' for r in runs)})")
+    return 0
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
@@ -168,10 +262,34 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def start_gateway(backends: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen([str(ROOT / ".venv/bin/gateway"), "serve", "--port", str(port),
+                             *(a for b in backends for a in ("--backend", b))], env=env)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def measure(pid: int, url: str, bodies: list[bytes], concurrency: int, stream: bool,
+            ) -> tuple[float, list[float], float]:
+    """CPU ms/request of pid, client latencies, wall seconds."""
+    c0 = cpu_seconds(pid)
+    t0 = time.perf_counter()
+    lat = asyncio.run(load(url, bodies, concurrency, stream))
+    wall = time.perf_counter() - t0
+    return (cpu_seconds(pid) - c0) / len(bodies) * 1000, lat, wall
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--serial-requests", type=int, default=400)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure each case this many times (alternating gateways); medians")
+    ap.add_argument("--baseline", metavar="SRC",
+                    help="also run a gateway from this source tree (PYTHONPATH=SRC, e.g. a "
+                    "`git archive HEAD~n gateway` unpacked), measured alternately with this one")
+    ap.add_argument("--in-process", action="store_true",
+                    help="no sockets: drive the ASGI app directly (gateway Python cost only)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment for the gateway, e.g. GATEWAY_HYGIENE__ENABLED=0")
@@ -180,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend_server:
         asyncio.run(serve_backend(args.backend_server))
         return 0
+    if args.in_process:
+        return run_in_process(args.requests, args.rounds)
 
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -189,38 +309,54 @@ def main(argv: list[str] | None = None) -> int:
         backends = [f"http://127.0.0.1:{p}" for p in ports]
         for b in backends:
             wait(b + "/health")
-        gw_port = free_port()
         env = {**os.environ, "GATEWAY_LOG_LEVEL": "warning",
                **dict(kv.split("=", 1) for kv in args.gateway_env)}
-        gw = subprocess.Popen([str(ROOT / ".venv/bin/gateway"), "serve", "--port", str(gw_port),
-                               "--backend", backends[0], "--backend", backends[1]], env=env)
-        procs.append(gw)
-        gateway = f"http://127.0.0.1:{gw_port}"
-        wait(gateway + "/ready")
+        gateways: list[tuple[str, subprocess.Popen[bytes], str]] = []
+        proc, url = start_gateway(backends, env)
+        procs.append(proc)
+        gateways.append(("this", proc, url))
+        if args.baseline:
+            base_env = {**env, "PYTHONPATH": str(Path(args.baseline).resolve())}
+            proc, url = start_gateway(backends, base_env)
+            procs.append(proc)
+            gateways.append(("baseline", proc, url))
+        for _, _, url in gateways:
+            wait(url + "/ready")
         rows = []
         for stream in (False, True):
             for concurrency, n in ((32, args.requests), (1, args.serial_requests)):
                 bodies = prompts(n)
-                asyncio.run(load(gateway, bodies[:50], concurrency, stream))  # warm up
-                asyncio.run(load(backends[0], bodies[:50], concurrency, stream))
-                direct = asyncio.run(load(backends[0], bodies, concurrency, stream))
-                c0 = cpu_seconds(gw.pid)
-                t0 = time.perf_counter()
-                via = asyncio.run(load(gateway, bodies, concurrency, stream))
-                wall = time.perf_counter() - t0
-                cpu_ms = (cpu_seconds(gw.pid) - c0) / n * 1000
-                rows.append((
-                    "64-chunk SSE" if stream else "JSON", concurrency, n, cpu_ms,
-                    statistics.median(direct) * 1000, statistics.median(via) * 1000,
-                    (statistics.median(via) - statistics.median(direct)) * 1000,
-                    pct(direct, 0.99) * 1000, pct(via, 0.99) * 1000, n / wall,
-                ))
-        header = ("| response | conc. | requests | gateway CPU ms/req | p50 direct ms | "
-                  "p50 via gateway ms | added p50 ms | p99 direct ms | p99 via gateway ms | "
-                  "req/s via gateway |\n|---|---|---|---|---|---|---|---|---|---|")
+                asyncio.run(load(backends[0], bodies[:50], concurrency, stream))  # warm up
+                for _, _, url in gateways:
+                    asyncio.run(load(url, bodies[:50], concurrency, stream))
+                direct: list[float] = []
+                got: dict[str, list[tuple[float, float, float, float]]] = {
+                    g[0]: [] for g in gateways}
+                for r in range(args.rounds):
+                    d = asyncio.run(load(backends[0], bodies, concurrency, stream))
+                    direct.append(statistics.median(d))
+                    order = gateways if r % 2 == 0 else gateways[::-1]
+                    for label, proc, url in order:
+                        cpu, lat, wall = measure(proc.pid, url, bodies, concurrency, stream)
+                        got[label].append((cpu, statistics.median(lat), pct(lat, 0.99), n / wall))
+                d50 = statistics.median(direct)
+                for label, _, _ in gateways:
+                    runs = got[label]
+                    cpu = statistics.median(x[0] for x in runs)
+                    v50 = statistics.median(x[1] for x in runs)
+                    rows.append((
+                        "64-chunk SSE" if stream else "JSON", label, concurrency, n, cpu,
+                        d50 * 1000, v50 * 1000, (v50 - d50) * 1000,
+                        statistics.median(x[2] for x in runs) * 1000,
+                        statistics.median(x[3] for x in runs),
+                        " ".join(f"{x[0]:.3f}" for x in runs),
+                    ))
+        header = ("| response | gateway | conc. | requests | gateway CPU ms/req | p50 direct ms | "
+                  "p50 via gateway ms | added p50 ms | p99 via gateway ms | req/s via gateway | "
+                  "CPU per round |\n|---|---|---|---|---|---|---|---|---|---|---|")
         lines = [header] + [
-            f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.3f} | {r[4]:.3f} | {r[5]:.3f} | {r[6]:.3f} | "
-            f"{r[7]:.3f} | {r[8]:.3f} | {r[9]:.0f} |" for r in rows
+            f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]:.3f} | {r[5]:.3f} | {r[6]:.3f} | "
+            f"{r[7]:.3f} | {r[8]:.3f} | {r[9]:.0f} | {r[10]} |" for r in rows
         ]
         table = "\n".join(lines)
         print(table)

@@ -144,10 +144,10 @@ class GatewayApp:
         path, method = scope["path"], scope["method"]
         if method == "POST":
             if path == "/v1/chat/completions":
-                await proxy.inference(scope, receive, send, "chat")
+                await proxy.handle(scope, receive, send, "chat")
                 return
             if path == "/v1/completions":
-                await proxy.inference(scope, receive, send, "completions")
+                await proxy.handle(scope, receive, send, "completions")
                 return
         elif method in ("GET", "HEAD"):
             simple = self._simple_get(services, path)
@@ -156,7 +156,7 @@ class GatewayApp:
                 await respond(send, status, body, [], content_type)
                 return
         if path.startswith("/v1/"):
-            await proxy.forward(scope, receive, send)
+            await proxy.handle(scope, receive, send, None)
             return
         if path in ("/v1/chat/completions", "/v1/completions", "/health", "/ready", "/metrics",
                     "/stats"):

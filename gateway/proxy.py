@@ -22,9 +22,10 @@ Other `/v1/*` calls (`forward`) go to the least busy healthy replica serving the
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import os
 import time
-import uuid
 from typing import TYPE_CHECKING
 
 import orjson
@@ -103,23 +104,20 @@ class Proxy:
         self.max_body = server.max_body_bytes
         self.retries = server.retries
         self.timeouts = Timeouts(connect_s=server.connect_timeout_s, read_s=server.read_timeout_s)
-
-    # entry points -----------------------------------------------------------------------
-
-    async def inference(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint,
-                        ) -> None:
-        await self._run(scope, receive, send, endpoint)
-
-    async def forward(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._run(scope, receive, send, None)
+        # Request ids: a random per-process prefix and a counter (32 hex digits, like a
+        # uuid4 hex, unique without a random draw per request).
+        self._rid_prefix = os.urandom(8).hex()
+        self._rid_seq = itertools.count(1)
 
     # the path ---------------------------------------------------------------------------
 
-    async def _run(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint | None,
-                   ) -> None:
+    async def handle(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint | None,
+                     ) -> None:
+        """One proxied call: `endpoint` for the routed inference routes, None for any other
+        `/v1/*` call (forwarded to the least busy replica serving its model)."""
         s = self.s
         rid_h, auth_h, session_h, length_h = request_headers(scope, _WANTED)
-        rid = rid_h.decode("latin-1") if rid_h else uuid.uuid4().hex
+        rid = rid_h.decode("latin-1") if rid_h else f"{self._rid_prefix}{next(self._rid_seq):016x}"
         ex = Exchange(rid, s.clock(), time.perf_counter(), endpoint or scope["path"])
         headers: Headers = [(b"x-request-id", rid.encode("latin-1"))]
         task = asyncio.current_task()
@@ -303,8 +301,13 @@ class Proxy:
                     resp.abort()  # cancelled or broken: drop the connection, engine aborts
             if plan is not None:
                 u = outcome.usage
-                s.router.completed(plan, name, u.prompt_tokens if u else None,
-                                   u.cached_tokens if u else None, ok, s.clock())
+                if u is None:
+                    s.router.completed(plan, name, None, None, ok, s.clock())
+                else:
+                    # No reply_text yet: Router._index_reply raises KeyError when the
+                    # prompt's blocks were evicted meanwhile (see bench/results/proxy.md).
+                    s.router.completed(plan, name, u.prompt_tokens, u.cached_tokens, ok,
+                                       s.clock(), None, u.completion_tokens)
 
 
 async def _respond_error(send: Send, err: GatewayError, headers: Headers) -> None:

@@ -93,18 +93,29 @@ async def relay(
     tap = SseUsageTap(strip=strip_usage)
     outcome.started = True
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+    # A response that can tell it has ended without another read lets its last bytes and
+    # the end of the body go to the client in one write instead of two.
+    at_eof: Callable[[], bool] | None = getattr(resp, "at_eof", None)
+    held = b""
     try:
         async for chunk in resp.chunks():
             out = tap.feed(chunk)
-            if out:
-                if outcome.first_byte is None:
-                    outcome.first_byte = timer()
-                    on_first_byte()
-                await send({"type": "http.response.body", "body": out, "more_body": True})
-        tail = tap.finish()
+            if not out:
+                continue
+            if outcome.first_byte is None:
+                outcome.first_byte = timer()
+                on_first_byte()
+            if held:  # at_eof was wrong after all: keep the order
+                await send({"type": "http.response.body", "body": held, "more_body": True})
+                held = b""
+            if at_eof is not None and at_eof():
+                held = out  # the loop ends on the next step without waiting
+                continue
+            await send({"type": "http.response.body", "body": out, "more_body": True})
+        tail = held + tap.finish()
     except UpstreamError as exc:
         outcome.error = from_upstream(exc, replica)
         # close a half-written event so the error event parses on its own
-        tail = (b"\n\n" if tap.pending else b"") + outcome.error.sse_events()
+        tail = held + (b"\n\n" if tap.pending else b"") + outcome.error.sse_events()
     outcome.usage = tap.usage
     await send({"type": "http.response.body", "body": tail, "more_body": False})

@@ -76,13 +76,19 @@ class _AiohttpResponse:
             raise UpstreamProtocolError(str(exc) or type(exc).__name__) from exc
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        """Whatever has arrived at each step (readany coalesces the buffered reads)."""
+        content = self._resp.content
         try:
-            async for chunk in self._resp.content.iter_any():
+            while chunk := await content.readany():
                 yield chunk
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise UpstreamTimeout("read timed out") from exc
         except aiohttp.ClientError as exc:
             raise UpstreamProtocolError(str(exc) or type(exc).__name__) from exc
+
+    def at_eof(self) -> bool:
+        """The body has ended and every byte was read: `chunks()` ends without waiting."""
+        return self._resp.content.at_eof()
 
     def release(self) -> None:
         self._resp.release()

@@ -14,10 +14,13 @@ Two modes:
   (`"choices": []` with a `usage` object), which the client never asked for. A partial event
   is held until its end arrives (vLLM writes each event in one piece, so nothing waits).
 
-Cost: per chunk one concatenation with the held tail, a reverse search for the last event
-boundary and a substring test for `"usage"`; only regions that contain that word are split
-into events and JSON-parsed. Token chunks are never parsed. Events end with a blank line,
-`\\n\\n` or `\\r\\n\\r\\n`; comment lines (`: ...`) and `data: [DONE]` pass through untouched.
+Cost: per chunk a reverse search for the last event boundary and a forward search for
+`"usage"` (C byte searches; the held tail is concatenated only when an event was split
+across reads). Token chunks are never sliced, split or parsed; when `"usage"` appears, only
+the event holding it and the ones after it are split into events and JSON-parsed (in a
+coalesced read, the 60 token events before it are forwarded as one untouched slice).
+Events end with a blank line, `\\n\\n` or `\\r\\n\\r\\n`; comment lines
+(`: ...`) and `data: [DONE]` pass through untouched.
 """
 
 from __future__ import annotations
@@ -33,8 +36,18 @@ _USAGE = b'"usage"'
 
 def _last_boundary(buf: bytes) -> int:
     """End index (exclusive) of the last complete event in buf, 0 if there is none."""
+    if buf.endswith(b"\n\n"):  # the usual read: whole events
+        return len(buf)
     a = buf.rfind(b"\n\n")
     b = buf.rfind(b"\n\r\n")
+    return max(a + 2 if a >= 0 else 0, b + 3 if b >= 0 else 0)
+
+
+def _event_start(buf: bytes, at: int) -> int:
+    """Start index of the event that contains index `at` (just after the blank line
+    before it, 0 if none)."""
+    a = buf.rfind(b"\n\n", 0, at)
+    b = buf.rfind(b"\n\r\n", 0, at)
     return max(a + 2 if a >= 0 else 0, b + 3 if b >= 0 else 0)
 
 
@@ -81,14 +94,21 @@ class SseUsageTap:
     def feed(self, chunk: bytes) -> bytes:
         buf = self._tail + chunk if self._tail else chunk
         cut = _last_boundary(buf)
-        region, self._tail = buf[:cut], buf[cut:]
+        self._tail = buf[cut:] if cut < len(buf) else b""
+        at = buf.find(_USAGE, 0, cut) if cut else -1
+        if at < 0:  # token chunks: no slicing, no parsing
+            if not self.strip:
+                return chunk
+            return buf if cut == len(buf) else buf[:cut]
+        # Events before the one that holds the first `"usage"` are forwarded untouched;
+        # only that one and those after it are split and parsed.
+        start = _event_start(buf, at)
+        kept = self._scan(buf[start:cut])
         if not self.strip:
-            if region and _USAGE in region:
-                self._scan(region)
             return chunk
-        if region and _USAGE in region:
-            return self._scan(region)
-        return region
+        if start == 0:
+            return kept
+        return buf[:start] + kept if kept else buf[:start]
 
     @property
     def pending(self) -> bool:

@@ -1,0 +1,72 @@
+"""relay(): how the body goes to the client (one test per way a stream can end)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from gateway.errors import UpstreamProtocolError
+from gateway.relay import RelayOutcome, relay
+
+EVENTS = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n',
+          b'data: {"choices":[{"delta":{"content":"b"}}]}\n\n',
+          b'data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2}}\n\n'
+          b"data: [DONE]\n\n"]
+
+
+class Stream:
+    """An upstream SSE answer read in len(reads) steps; `eof_known` says whether it can
+    tell the body ended without another read (as the aiohttp response can)."""
+
+    def __init__(self, reads: list[bytes], eof_known: bool, fail_after: int | None = None,
+                 ) -> None:
+        self.status = 200
+        self.headers = [(b"content-type", b"text/event-stream")]
+        self.reads = reads
+        self.left = len(reads)
+        self.fail_after = fail_after
+        if eof_known:
+            self.at_eof = lambda: self.left == 0
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for i, chunk in enumerate(self.reads):
+            if self.fail_after == i:
+                raise UpstreamProtocolError("reset")
+            self.left -= 1
+            yield chunk
+
+    async def read(self) -> bytes:
+        return b"".join(self.reads)
+
+
+@pytest.mark.parametrize(("eof_known", "fail_after", "bodies", "ends_with_error"), [
+    # the last read goes out with the end of the body when EOF is known at once
+    (True, None, [b"", EVENTS[0], EVENTS[1], EVENTS[2].replace(
+        b'data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2}}\n\n', b"")],
+     False),
+    (False, None, [b"", EVENTS[0], EVENTS[1], b"data: [DONE]\n\n", b""], False),
+    (True, 2, [b"", EVENTS[0], EVENTS[1]], True),
+])
+async def test_stream_sends(eof_known: bool, fail_after: int | None, bodies: list[bytes],
+                            ends_with_error: bool) -> None:
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    firsts: list[int] = []
+    outcome = RelayOutcome()
+    await relay(Stream(EVENTS, eof_known, fail_after), send, [], strip_usage=True,  # type: ignore[arg-type]
+                replica="r", outcome=outcome, on_first_byte=lambda: firsts.append(1),
+                timer=lambda: 1.0)
+    assert sent[0]["type"] == "http.response.start"
+    got = [m["body"] for m in sent[1:]]
+    assert [m["more_body"] for m in sent[1:]] == [True] * (len(sent) - 2) + [False]
+    if ends_with_error:
+        assert got[:-1] == bodies[1:] and b'"error"' in got[-1] and outcome.error is not None
+    else:
+        assert got == bodies[1:]
+        assert outcome.usage is not None and outcome.usage.prompt_tokens == 9
+    assert firsts == [1] and outcome.first_byte == 1.0
