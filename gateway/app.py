@@ -30,13 +30,14 @@ import orjson
 from gateway.asgi import Receive, Scope, Send, respond, respond_error
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError
+from gateway.h1client import H1Upstream
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.proxy import Proxy
 from gateway.replicas.fleet import Fleet
 from gateway.replicas.monitor import FleetMonitor
 from gateway.routing.router import Router
 from gateway.settings import Settings
-from gateway.upstream import AiohttpUpstream, Upstream
+from gateway.upstream import Upstream
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.recorder import UsageRecorder
 
@@ -74,7 +75,7 @@ class GatewayApp:
 
     async def startup(self) -> None:
         settings = self.settings
-        upstream = self._given_upstream or AiohttpUpstream()
+        upstream = self._given_upstream or H1Upstream()
         fleet = Fleet(settings.replicas, unhealthy_after=settings.server.unhealthy_after)
         router = Router(settings.routing)
         metrics = GatewayMetrics()
