@@ -23,6 +23,7 @@ Per request (`scan`):
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -43,6 +44,7 @@ _MAX_VALUES = 512
 _MAX_FINDINGS = 16
 _SPAN_CHARS = 200
 _HEADER_ITEMS = 8
+_WS = re.compile(r"\s+")
 
 
 class HygieneAnalyzer:
@@ -154,7 +156,7 @@ class HygieneAnalyzer:
         h.update(p.endpoint.encode())
         h.update("\x00".join(sorted(t.name for t in p.tools)).encode())
         k = 1 if p.tools and len(p.parts) > 1 else 0
-        text = p.parts[k].text[:_TEMPLATE_CHARS]
+        text = p.parts[k].text[: 2 * _TEMPLATE_CHARS]
         masked: list[str] = []
         pos = 0
         for hit in hits.get(k, ()):
@@ -164,9 +166,9 @@ class HygieneAnalyzer:
             masked.append("\x00" + hit.kind)
             pos = max(pos, hit.end)
         masked.append(text[pos:])
-        h.update(
-            p.parts[k].role.encode() + b"\x00" + "".join(masked).encode("utf-8", "surrogatepass")
-        )
+        # clients that re-wrap or trim whitespace still send the same template
+        head = _WS.sub(" ", "".join(masked)).strip()[:_TEMPLATE_CHARS]
+        h.update(p.parts[k].role.encode() + b"\x00" + head.encode("utf-8", "surrogatepass"))
         return h.intdigest()
 
     def _drift_finding(

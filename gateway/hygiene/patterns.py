@@ -52,17 +52,17 @@ _COMBINED = re.compile(
             r"(?P<lclk>\b(?i:time|now|clock)(?:\s+is)?\s*[:=]?\s*[0-2]?\d:[0-5]\d(?![\d:]))",
             r"(?P<clk>(?<![\d:.])[0-2]?\d:[0-5]\d:[0-5]\d(?:[.,]\d{1,6})?(?:\s?[AaPp][Mm])?"
             r"(?![\d:]))",
-            r"(?P<ep>(?<![\d.])1\d{9}(?:\d{3})?(?:\.\d{1,6})?(?![\d.]))",
+            r"(?P<ep>(?<![\d.])1\d{9}(?:\d{3})?(?:\.\d{1,6})?(?!\d|\.\d))",
             r"(?P<uuid>(?<![0-9A-Fa-f-])[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-"
             r"[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}(?![0-9A-Fa-f-]))",
             r"(?P<lid>\b(?P<lidl>(?i:request|req|trace|span|correlation|session|sess|"
             r"conversation|conv|thread|run|idempotency|message|msg|event))[ _-]?(?i:id|key)\b"
-            r"[\"']?\s*[:=]?\s*[\"']?(?P<lidv>[A-Za-z0-9][A-Za-z0-9_.:\-]{5,}))",
+            r"[\"'*]{0,2}\s*[:=]?\s*[\"'*]{0,2}(?P<lidv>[A-Za-z0-9][A-Za-z0-9_.:\-]{4,}[A-Za-z0-9]))",
             r"(?P<pid>(?<![A-Za-z0-9])(?P<pidp>(?i:req|request|trace|span|msg|chatcmpl|evt|"
             r"event|txn|corr|call|sess|session|conv|thread|run|job|task|cmpl|resp))[_-]"
             r"[A-Za-z0-9\-]{6,}(?![A-Za-z0-9]))",
             r"(?P<nl>\b(?i:nonce|salt|csrf(?:[_ ]?token)?|cache[_-]?buster|state|challenge|"
-            r"random(?:[_ ]?(?:token|string|value|seed))?)[\"']?\s*[:=]\s*[\"']?"
+            r"random(?:[_ ]?(?:token|string|value|seed))?)[\"'*]{0,2}\s*[:=]\s*[\"'*]{0,2}"
             rf"(?P<nlv>[{_TOKEN}]{{8,}}=*))",
             r"(?P<cnt>\b(?P<cntw>(?i:turn|round|iteration|attempt|retry|try|request|message|"
             r"call|interaction|exchange|step|query|run|loop|cycle))\s*(?P<cnth>#\s*|(?i:no)\.\s*"

@@ -1,0 +1,136 @@
+"""`gateway lint [FILE|-]`: the hygiene analysis offline, over a log of request bodies.
+
+Input: JSON lines in arrival order (blank lines are skipped). A line is either a bare
+request body (`{"model":…, "messages":[…]}` or `{"prompt":…}`), or a wrapper object with
+the body under `body` and optionally `session` (string), `headers` (object; `x-session-id`
+is honoured), `endpoint` (`"chat"` or `"completions"`; otherwise inferred: `messages` means
+chat) and `ts` (epoch seconds the request arrived; used as `now` to judge whether a
+timestamp in the prompt was "the current time"; without it, `--now` or the clock at start).
+A request's session is, in order: wrapper `session`, header `x-session-id`, body
+`prompt_cache_key`, body `user` (design.md section 5).
+
+Output: one JSON finding per line (design.md section 4 schema plus the input `line`).
+Exit status 0 whether or not there are findings; 2 for unreadable input (invalid JSON, a
+line that is not an object, `messages` not a list, ...), with a message naming the line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import IO, Any, Literal
+
+import orjson
+
+from gateway.hygiene.analyzer import HygieneAnalyzer
+from gateway.hygiene.config import HygieneConfig
+from gateway.hygiene.finding import Finding
+from gateway.hygiene.prompt import validate
+
+_SEVERITY_RANK = {"info": 0, "warning": 1}
+
+
+class LintInputError(ValueError):
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(f"line {line}: {reason}")
+        self.line = line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "file", nargs="?", default="-", help="JSON lines of request bodies (- = stdin)"
+    )
+    parser.add_argument("--unredacted", action="store_true", help="print offending text verbatim")
+    parser.add_argument("--min-severity", choices=("info", "warning"), default="info")
+    parser.add_argument(
+        "--now", type=float, default=None, help="epoch seconds for lines without ts"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    analyzer = HygieneAnalyzer(HygieneConfig(redact=not args.unredacted))
+    now = time.time() if args.now is None else float(args.now)
+    out = sys.stdout.buffer
+    try:
+        if args.file == "-":
+            return _emit(lint_lines(sys.stdin.buffer, analyzer, now, args.min_severity), out)
+        with open(args.file, "rb") as f:
+            return _emit(lint_lines(f, analyzer, now, args.min_severity), out)
+    except OSError as e:
+        print(f"gateway lint: {e}", file=sys.stderr)
+        return 2
+    except LintInputError as e:
+        print(f"gateway lint: {e}", file=sys.stderr)
+        return 2
+
+
+def _emit(findings: Iterable[Finding], out: IO[bytes]) -> int:
+    for f in findings:
+        out.write(orjson.dumps(f.to_dict()) + b"\n")
+    out.flush()
+    return 0
+
+
+def lint_lines(
+    lines: Iterable[bytes | str],
+    analyzer: HygieneAnalyzer,
+    now: float,
+    min_severity: str = "info",
+) -> Iterator[Finding]:
+    """Findings for each line in order; raises LintInputError at the first unreadable line."""
+    floor = _SEVERITY_RANK[min_severity]
+    for n, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        body, endpoint, session, ts = _read(n, raw, now)
+        for f in analyzer.scan(body, endpoint, session, ts):
+            if _SEVERITY_RANK[f.severity] >= floor:
+                yield dataclasses.replace(f, line=n)
+
+
+def _read(
+    n: int, raw: bytes | str, now: float
+) -> tuple[Mapping[str, Any], Literal["chat", "completions"], str | None, float]:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise LintInputError(n, f"invalid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise LintInputError(n, "not a JSON object")
+    wrapped = isinstance(obj.get("body"), dict)
+    body: dict[str, Any] = obj["body"] if wrapped else obj
+    if "body" in obj and not wrapped:
+        raise LintInputError(n, "'body' is not an object")
+    endpoint_raw = obj.get("endpoint") if wrapped else None
+    if endpoint_raw is None:
+        endpoint_raw = "completions" if "prompt" in body and "messages" not in body else "chat"
+    if endpoint_raw not in ("chat", "completions"):
+        raise LintInputError(n, f"endpoint {endpoint_raw!r} is not 'chat' or 'completions'")
+    endpoint: Literal["chat", "completions"] = "chat" if endpoint_raw == "chat" else "completions"
+    try:
+        validate(body, endpoint)
+    except ValueError as e:
+        raise LintInputError(n, str(e)) from None
+    session = _session(obj if wrapped else {}, body)
+    ts = obj.get("ts") if wrapped else None
+    when = float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else now
+    return body, endpoint, session, when
+
+
+def _session(wrapper: Mapping[str, Any], body: Mapping[str, Any]) -> str | None:
+    s = wrapper.get("session")
+    if isinstance(s, str) and s:
+        return s
+    headers = wrapper.get("headers")
+    if isinstance(headers, Mapping):
+        for k, v in headers.items():
+            if isinstance(k, str) and k.lower() == "x-session-id" and isinstance(v, str) and v:
+                return v
+    for key in ("prompt_cache_key", "user"):
+        v = body.get(key)
+        if isinstance(v, str) and v:
+            return v
+    return None
