@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import cast
 
 import httptools
@@ -45,8 +45,10 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 class _Conn(asyncio.Protocol):
     """One connection; its response state is reset for each request it carries."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop,
+                 on_lost: Callable[[_Conn], None]) -> None:
         self.loop = loop
+        self.on_lost = on_lost
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
@@ -89,6 +91,7 @@ class _Conn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.reusable = False
+        self.on_lost(self)
         if self.done:
             return
         if self.head_done and self.until_close:
@@ -285,7 +288,7 @@ class H1Upstream:
         try:
             async with asyncio.timeout(limit_s):
                 _, conn = await self._loop.create_connection(
-                    lambda: _Conn(self._loop), host, port, ssl=context,
+                    lambda: _Conn(self._loop, self._open.discard), host, port, ssl=context,
                     server_hostname=host if context else None)
         except TimeoutError:
             raise UpstreamTimeout("timed out connecting") from None
