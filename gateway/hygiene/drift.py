@@ -23,14 +23,12 @@ themselves are expected to differ.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from gateway.hygiene.patterns import classify_span
 from gateway.hygiene.prompt import Prompt
 
 HEAD_ROLES = frozenset({"system", "developer"})
-_WS = re.compile(r"\s+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,9 +156,9 @@ def _text_diff(old: str, new: Prompt, k: int, head: bool) -> Divergence:
     tail = common_suffix(old[start:], text[start:])
     end_new = len(text) - tail
     end_old = len(old) - tail
-    if _WS.sub(" ", old[start:]).strip() == _WS.sub(" ", text[start:]).strip() or (
-        not old[start:end_old].strip() and not text[start:end_new].strip()
-    ):
+    # only the run between the common prefix and suffix differs: whitespace-only when its
+    # non-blank characters are the same on both sides
+    if "".join(old[start:end_old].split()) == "".join(text[start:end_new].split()):
         return _at(new, k, start, max(end_new, start), "whitespace", True)
     # widen to whole tokens so "…:22" vs "…:23" is judged as the timestamp it belongs to
     hit = classify_span(text, start)
