@@ -7,10 +7,20 @@ the usage chunk and `[DONE]`. Prompts are ~2 KB (a shared 1.5 KB system prompt p
 user message), so the router hashes and indexes real blocks.
 
 Load: one client process (aiohttp), a fixed number of requests at concurrency C. Measured:
-the gateway process's CPU time per request (utime+stime from /proc/<pid>/stat) and the
-client-side latency percentiles, gateway vs direct, side by side in one run.
+the gateway process's CPU time per request (utime+stime from /proc/<pid>/stat, 10 ms ticks:
+use >= 500 requests per case) and the client-side latency percentiles, gateway vs direct,
+side by side in one run.
 
-    .venv/bin/python bench/bench_proxy.py [--requests 2000] [--out bench/results/proxy.md]
+Before/after: `--baseline SRC` runs a second gateway from another source tree next to this
+one (same backends, same load, measured alternately `--rounds` times; medians), e.g.
+
+    mkdir -p /tmp/base && git archive <commit> gateway | tar -x -C /tmp/base
+    .venv/bin/python bench/bench_proxy.py --requests 2000 --serial-requests 600 \
+        --rounds 5 --baseline /tmp/base
+
+`--in-process` drives the ASGI app directly with an instant in-memory upstream (no sockets,
+no uvicorn, no HTTP client): the gateway's own Python per request (routing, hygiene, usage,
+glue). `PYTHONPATH=/tmp/base` runs it against the baseline tree.
 """
 
 from __future__ import annotations
