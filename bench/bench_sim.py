@@ -27,8 +27,39 @@ sys.path.insert(0, str(ROOT))
 
 from tests.servers import free_ports, running, script  # noqa: E402
 
-WORDS = ("cache block prefix token engine batch model server router replica memory compute "
-         "the of and to in is that it was for on are as with they at be this from").split()
+WORDS = [
+    "cache",
+    "block",
+    "prefix",
+    "token",
+    "engine",
+    "batch",
+    "model",
+    "server",
+    "router",
+    "replica",
+    "memory",
+    "compute",
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "it",
+    "was",
+    "for",
+    "on",
+    "are",
+    "as",
+    "with",
+    "they",
+    "at",
+    "be",
+    "this",
+    "from",
+]
 
 
 def prompt(i: int, size: int = 2048) -> str:
@@ -48,20 +79,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def drive(urls: list[str], seconds: float, concurrency: int, max_tokens: int,
-                stream: bool, pid: int) -> dict[str, float]:
+async def drive(
+    urls: list[str], seconds: float, concurrency: int, max_tokens: int, stream: bool, pid: int
+) -> dict[str, float]:
     count = 0
     errors = 0
     latencies: list[float] = []
     connector = aiohttp.TCPConnector(limit=concurrency * 2)
     async with aiohttp.ClientSession(connector=connector) as session:
+
         async def one(i: int) -> None:
             nonlocal count, errors
-            body = {"model": "Qwen/Qwen2.5-7B-Instruct", "max_tokens": max_tokens,
-                    "messages": [{"role": "user", "content": prompt(i)}], "stream": stream}
+            body = {
+                "model": "Qwen/Qwen2.5-7B-Instruct",
+                "max_tokens": max_tokens,
+                "messages": [{"role": "user", "content": prompt(i)}],
+                "stream": stream,
+            }
             t0 = time.perf_counter()
-            async with session.post(urls[i % len(urls)] + "/v1/chat/completions",
-                                    json=body) as r:
+            async with session.post(urls[i % len(urls)] + "/v1/chat/completions", json=body) as r:
                 await r.read()
                 if r.status != 200:
                     errors += 1
@@ -87,9 +123,15 @@ async def drive(urls: list[str], seconds: float, concurrency: int, max_tokens: i
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - t0
         cpu = cpu_seconds(pid) - cpu0
-    return {"requests": count, "errors": errors, "seconds": elapsed, "rps": count / elapsed,
-            "cpu_ms_per_req": cpu / max(count, 1) * 1000, "sim_cpu_util": cpu / elapsed,
-            "p50_ms": statistics.median(latencies) * 1000 if latencies else 0.0}
+    return {
+        "requests": count,
+        "errors": errors,
+        "seconds": elapsed,
+        "rps": count / elapsed,
+        "cpu_ms_per_req": cpu / max(count, 1) * 1000,
+        "sim_cpu_util": cpu / elapsed,
+        "p50_ms": statistics.median(latencies) * 1000 if latencies else 0.0,
+    }
 
 
 def main() -> int:
@@ -103,22 +145,40 @@ def main() -> int:
     args = ap.parse_args()
     port = free_ports(args.replicas)
     urls = [f"http://127.0.0.1:{port + i}" for i in range(args.replicas)]
-    argv = [*script("gateway"), "sim", "--replicas", str(args.replicas), "--port", str(port),
-            "--speed", str(args.speed), "--kv-blocks", "16384", "--log-interval", "3600"]
+    argv = [
+        *script("gateway"),
+        "sim",
+        "--replicas",
+        str(args.replicas),
+        "--port",
+        str(port),
+        "--speed",
+        str(args.speed),
+        "--kv-blocks",
+        "16384",
+        "--log-interval",
+        "3600",
+    ]
     print(f"sim: {' '.join(argv[1:])}")
     with running(argv, [u + "/health" for u in urls]) as proc:
         for stream in (False, True):
-            results = [asyncio.run(drive(urls, args.seconds, args.concurrency, args.max_tokens,
-                                         stream, proc.pid)) for _ in range(args.rounds)]
+            results = [
+                asyncio.run(
+                    drive(urls, args.seconds, args.concurrency, args.max_tokens, stream, proc.pid)
+                )
+                for _ in range(args.rounds)
+            ]
             rps = statistics.median(r["rps"] for r in results)
             cpu = statistics.median(r["cpu_ms_per_req"] for r in results)
             util = statistics.median(r["sim_cpu_util"] for r in results)
             p50 = statistics.median(r["p50_ms"] for r in results)
             errs = sum(r["errors"] for r in results)
-            print(f"stream={stream!s:5} max_tokens={args.max_tokens} c={args.concurrency}: "
-                  f"median {rps:.0f} req/s, sim CPU {cpu:.2f} ms/req (util {util:.2f}), "
-                  f"p50 latency {p50:.1f} ms, errors {errs}, rounds "
-                  f"{[round(r['rps']) for r in results]}")
+            print(
+                f"stream={stream!s:5} max_tokens={args.max_tokens} c={args.concurrency}: "
+                f"median {rps:.0f} req/s, sim CPU {cpu:.2f} ms/req (util {util:.2f}), "
+                f"p50 latency {p50:.1f} ms, errors {errs}, rounds "
+                f"{[round(r['rps']) for r in results]}"
+            )
     return 0
 
 

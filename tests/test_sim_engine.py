@@ -34,8 +34,9 @@ def drain(engine: Engine, now: float = 0.0) -> float:
     raise AssertionError("engine did not drain")
 
 
-def submit(engine: Engine, ids: list[int], now: float, max_tokens: int | None = 4,
-           salt: bytes = b"") -> SimRequest:
+def submit(
+    engine: Engine, ids: list[int], now: float, max_tokens: int | None = 4, salt: bytes = b""
+) -> SimRequest:
     req = engine.new_request(f"r{now}", ids, max_tokens, now, IM_END_ID, salt)
     engine.add(req)
     return req
@@ -131,14 +132,18 @@ def test_cache_salt_isolates_and_same_salt_shares() -> None:
         # A hit touches: block 2 leaves the free queue and survives a full allocation.
         ([("cache", 3), ("free_rev", [1, 2, 3]), ("touch", [2]), ("alloc", 4)], [], [2]),
         # LRU across requests: the one freed first loses its tail (2) first.
-        ([("cache", 4), ("free_rev", [1, 2]), ("free_rev", [3, 4]), ("alloc", 2)],
-         [1, 4, 3], [1, 3, 4]),
+        (
+            [("cache", 4), ("free_rev", [1, 2]), ("free_rev", [3, 4]), ("alloc", 2)],
+            [1, 4, 3],
+            [1, 3, 4],
+        ),
         # Nothing is evicted before a cached block is popped.
         ([("cache", 2), ("free_rev", [1, 2]), ("alloc", 3)], [2, 1], [1, 2]),
     ],
 )
-def test_pool_eviction_order(ops: list[tuple[str, object]], free_order: list[int],
-                             cached_ids: list[int]) -> None:
+def test_pool_eviction_order(
+    ops: list[tuple[str, object]], free_order: list[int], cached_ids: list[int]
+) -> None:
     pool = BlockPool(6)
     for op, arg in ops:
         if op == "cache":
@@ -197,7 +202,7 @@ def test_blocks_are_registered_at_scheduling_time() -> None:
 def test_finished_request_frees_its_blocks() -> None:
     engine = make_engine()
     submit(engine, prompt(500), 0.0, max_tokens=50)
-    plan, d = engine.plan_step(0.5, 0.0)
+    _, d = engine.plan_step(0.5, 0.0)
     assert engine.pool.usage() > 0
     drain(engine, d)
     assert engine.pool.usage() == 0.0
@@ -304,3 +309,20 @@ def test_metrics_counters_track_queries_hits_tokens() -> None:
     text = engine.metrics.render("m", engine.gauges())
     assert 'vllm:prefix_cache_hits_total{model_name="m",engine="0"} 992.0' in text
     assert 'vllm:time_to_first_token_seconds_count{model_name="m",engine="0"} 2.0' in text
+
+
+def test_virtual_clock_idle_wake_and_steps() -> None:
+    from gateway.sim.clock import VirtualClock
+
+    clock = VirtualClock(speed=100.0, wall=10.0)
+    assert clock.now(10.5) == pytest.approx(50.0)  # idle: wall x speed
+    assert clock.wake(10.5) == pytest.approx(50.0)
+    assert clock.now(10.6) == pytest.approx(50.0)  # pinned until the step starts
+    assert clock.begin_step(10.6, 0.2) == pytest.approx(50.0)
+    assert clock.now(10.601) == pytest.approx(50.1)  # inside the step: wall x speed ...
+    assert clock.now(11.0) == pytest.approx(50.2)  # ... capped at the step's end
+    assert clock.end_step(11.5) == pytest.approx(50.2)  # CPU lag is not simulated time
+    assert clock.begin_step(11.5, 0.1) == pytest.approx(50.2)  # back-to-back steps chain
+    clock.end_step(11.6)
+    clock.idle(12.0)
+    assert clock.now(12.01) == pytest.approx(51.3)

@@ -26,8 +26,14 @@ def fast() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def old() -> Iterator[str]:
     """Contract 0.23, force-include-usage, legacy metric names, real-time speed."""
-    extra = ["--contract", "0.23", "--enable-force-include-usage", "--deprecated-metrics",
-             "--max-model-len", "8192"]
+    extra = [
+        "--contract",
+        "0.23",
+        "--enable-force-include-usage",
+        "--deprecated-metrics",
+        "--max-model-len",
+        "8192",
+    ]
     with sim(1, extra) as urls:
         yield urls[0]
 
@@ -57,27 +63,56 @@ def sse(base: str, body: dict[str, Any], path: str = "/v1/chat/completions") -> 
 
 def test_chat_body_has_vllm_fields_and_usage_order(fast: str) -> None:
     msgs = [{"role": "system", "content": "Cold"}, {"role": "user", "content": "cold one"}]
-    r = httpx.post(fast + "/v1/chat/completions", headers={"X-Request-Id": "abc-1"},
-                   json={"model": MODEL, "messages": msgs,
-                         "max_tokens": 7}, timeout=30)
+    r = httpx.post(
+        fast + "/v1/chat/completions",
+        headers={"X-Request-Id": "abc-1"},
+        json={"model": MODEL, "messages": msgs, "max_tokens": 7},
+        timeout=30,
+    )
     assert r.status_code == 200
     b = r.json()
-    assert list(b) == ["id", "object", "created", "model", "choices", "service_tier",
-                       "system_fingerprint", "usage", "prompt_logprobs", "prompt_token_ids",
-                       "kv_transfer_params"]
+    assert list(b) == [
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
+        "service_tier",
+        "system_fingerprint",
+        "usage",
+        "prompt_logprobs",
+        "prompt_token_ids",
+        "kv_transfer_params",
+    ]
     assert b["id"] == "chatcmpl-abc-1" and b["object"] == "chat.completion"
     choice = b["choices"][0]
-    assert list(choice) == ["index", "message", "logprobs", "finish_reason", "stop_reason",
-                            "token_ids"]
+    assert list(choice) == [
+        "index",
+        "message",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+        "token_ids",
+    ]
     assert choice["finish_reason"] == "length"
     assert choice["message"]["tool_calls"] == [] and choice["message"]["refusal"] is None
-    assert list(b["usage"]) == ["prompt_tokens", "total_tokens", "completion_tokens",
-                                "prompt_tokens_details"]
+    assert list(b["usage"]) == [
+        "prompt_tokens",
+        "total_tokens",
+        "completion_tokens",
+        "prompt_tokens_details",
+    ]
     assert b["usage"]["completion_tokens"] == 7
     assert b["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     timing = json.loads(r.headers["x-sim-timing"])
-    assert set(timing) == {"arrival_s", "queue_ms", "ttft_ms", "e2e_ms", "prompt_tokens",
-                           "cached_tokens"}
+    assert set(timing) == {
+        "arrival_s",
+        "queue_ms",
+        "ttft_ms",
+        "e2e_ms",
+        "prompt_tokens",
+        "cached_tokens",
+    }
     assert 0 < timing["ttft_ms"] <= timing["e2e_ms"]
 
 
@@ -99,51 +134,77 @@ def test_tokenize_matches_engine_prompt_and_detokenize_round_trips(fast: str) ->
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
     tok = httpx.post(fast + "/tokenize", json={"model": MODEL, "messages": msgs}).json()
     assert list(tok) == ["count", "max_model_len", "tokens", "token_strs"]
-    usage = httpx.post(fast + "/v1/chat/completions",
-                       json={"messages": msgs, "max_tokens": 1}).json()["usage"]
+    usage = httpx.post(
+        fast + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 1}
+    ).json()["usage"]
     assert tok["count"] == len(tok["tokens"]) == usage["prompt_tokens"]
     text = httpx.post(fast + "/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"]
     assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>\n")
     assert text.endswith("<|im_start|>assistant\n")
-    plain = httpx.post(fast + "/tokenize", json={"prompt": "hello world",
-                                                 "return_token_strs": True}).json()
+    plain = httpx.post(
+        fast + "/tokenize", json={"prompt": "hello world", "return_token_strs": True}
+    ).json()
     assert plain["token_strs"] == ["hello", " world"]
 
 
 def test_sse_sequence_chat(fast: str) -> None:
     msgs = [{"role": "system", "content": "SSE"}, {"role": "user", "content": "stream me"}]
-    events = sse(fast, {"model": MODEL, "messages": msgs,
-                        "max_tokens": 4, "stream": True,
-                        "stream_options": {"include_usage": True}})
+    events = sse(
+        fast,
+        {
+            "model": MODEL,
+            "messages": msgs,
+            "max_tokens": 4,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert events[-1] == "data: [DONE]"
     assert events[-2].startswith(": sim-timing {")
-    chunks = [json.loads(e[len("data: "):]) for e in events[:-2]]
+    chunks = [json.loads(e[len("data: ") :]) for e in events[:-2]]
     role, *content, finish, usage = chunks
     ids = {c["id"] for c in chunks}
     assert len(ids) == 1 and ids.pop().startswith("chatcmpl-")
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
-    assert role["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None, "finish_reason": None}]
+    assert role["choices"] == [
+        {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+    ]
     assert role["prompt_token_ids"] is None and "usage" not in role
     assert len(content) == 3
     for c in content:
-        assert list(c["choices"][0]) == ["index", "delta", "logprobs", "finish_reason",
-                                         "token_ids"]
+        assert list(c["choices"][0]) == ["index", "delta", "logprobs", "finish_reason", "token_ids"]
         assert c["choices"][0]["finish_reason"] is None and "usage" not in c
     f = finish["choices"][0]
     assert f["finish_reason"] == "length" and f["stop_reason"] is None
     assert usage["choices"] == []
-    assert list(usage["usage"]) == ["prompt_tokens", "total_tokens", "completion_tokens",
-                                    "prompt_tokens_details"]
-    assert usage["usage"] == {"prompt_tokens": usage["usage"]["prompt_tokens"],
-                              "total_tokens": usage["usage"]["prompt_tokens"] + 4,
-                              "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 0}}
+    assert list(usage["usage"]) == [
+        "prompt_tokens",
+        "total_tokens",
+        "completion_tokens",
+        "prompt_tokens_details",
+    ]
+    assert usage["usage"] == {
+        "prompt_tokens": usage["usage"]["prompt_tokens"],
+        "total_tokens": usage["usage"]["prompt_tokens"] + 4,
+        "completion_tokens": 4,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 def test_sse_continuous_usage_and_stop_finish(fast: str) -> None:
-    events = sse(fast, {"messages": [{"role": "user", "content": "x"}], "stream": True,
-                        "stream_options": {"include_usage": True,
-                                           "continuous_usage_stats": True}})
+    events = sse(
+        fast,
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        },
+    )
     chunks = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
     running = [c["usage"]["completion_tokens"] for c in chunks[:-1]]
     assert running == list(range(len(running)))
@@ -154,15 +215,24 @@ def test_sse_continuous_usage_and_stop_finish(fast: str) -> None:
 
 
 def test_sse_without_include_usage_has_no_usage_chunk(fast: str) -> None:
-    events = sse(fast, {"messages": [{"role": "user", "content": "x"}], "stream": True,
-                        "max_tokens": 2})
+    events = sse(
+        fast, {"messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 2}
+    )
     datas = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
     assert all(d["choices"] for d in datas) and events[-1] == "data: [DONE]"
 
 
 def test_sse_completions(fast: str) -> None:
-    events = sse(fast, {"prompt": "Once upon", "stream": True, "max_tokens": 3,
-                        "stream_options": {"include_usage": True}}, "/v1/completions")
+    events = sse(
+        fast,
+        {
+            "prompt": "Once upon",
+            "stream": True,
+            "max_tokens": 3,
+            "stream_options": {"include_usage": True},
+        },
+        "/v1/completions",
+    )
     chunks = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
     assert [c["object"] for c in chunks] == ["text_completion"] * 4
     assert chunks[0]["id"].startswith("cmpl-") and "text" in chunks[0]["choices"][0]
@@ -171,11 +241,20 @@ def test_sse_completions(fast: str) -> None:
 
 
 def test_completions_body(fast: str) -> None:
-    b = httpx.post(fast + "/v1/completions", json={"prompt": "Once upon a time",
-                                                   "max_tokens": 5}).json()
+    b = httpx.post(
+        fast + "/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 5}
+    ).json()
     assert b["object"] == "text_completion" and b["id"].startswith("cmpl-")
-    assert list(b["choices"][0]) == ["index", "text", "logprobs", "finish_reason", "stop_reason",
-                                     "prompt_logprobs", "prompt_token_ids", "token_ids"]
+    assert list(b["choices"][0]) == [
+        "index",
+        "text",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+        "prompt_logprobs",
+        "prompt_token_ids",
+        "token_ids",
+    ]
     assert b["usage"]["completion_tokens"] == 5
 
 
@@ -202,22 +281,35 @@ def _error(r: httpx.Response, status: int, typ: str, fragment: str) -> None:
         (b'{"messages": [], "cache_salt": ""}', 400, "BadRequestError", "cache_salt"),
         (b'{"messages": [], "cache_salt": "a/b"}', 400, "BadRequestError", "cache_salt"),
         (b'{"messages": [], "cache_salt": 7}', 400, "BadRequestError", "cache_salt"),
-        (b'{"model": "nope", "messages": []}', 404, "NotFoundError",
-         "The model `nope` does not exist."),
-        (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}', 400,
-         "BadRequestError", "too large"),
+        (
+            b'{"model": "nope", "messages": []}',
+            404,
+            "NotFoundError",
+            "The model `nope` does not exist.",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}',
+            400,
+            "BadRequestError",
+            "too large",
+        ),
     ],
 )
 def test_bad_requests(fast: str, body: bytes, status: int, typ: str, fragment: str) -> None:
-    r = httpx.post(fast + "/v1/chat/completions", content=body,
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        fast + "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
     _error(r, status, typ, fragment)
 
 
 def test_prompt_too_long_and_huge_body(fast: str) -> None:
     long = " ".join(["word"] * 5000)
-    _error(chat(fast, long), 400, "BadRequestError",
-           "This model's maximum context length is 4096 tokens. However, your prompt contains")
+    _error(
+        chat(fast, long),
+        400,
+        "BadRequestError",
+        "This model's maximum context length is 4096 tokens. However, your prompt contains",
+    )
     r = httpx.post(fast + "/v1/completions", content=b'{"prompt": "' + b"a" * (33 << 20) + b'"}')
     _error(r, 400, "BadRequestError", "exceeds")
 
@@ -227,8 +319,7 @@ def test_old_contract_omits_zero_details_and_uses_old_message(old: str) -> None:
     u = httpx.post(old + "/v1/chat/completions", json={"messages": cold, "max_tokens": 2})
     assert u.json()["usage"]["prompt_tokens_details"] is None
     cold[0]["content"] = "Old stream"
-    events = sse(old, {"messages": cold,
-                       "stream": True, "max_tokens": 2, "stream_options": {}})
+    events = sse(old, {"messages": cold, "stream": True, "max_tokens": 2, "stream_options": {}})
     last = json.loads(events[-2][6:])
     assert last["choices"] == [] and "prompt_tokens_details" not in last["usage"]
     cached = chat(old, "old contract prompt " * 10, max_tokens=2)
@@ -251,8 +342,9 @@ def test_no_prompt_tokens_details(nodetails: str) -> None:
 
 
 def test_force_include_usage(old: str) -> None:
-    events = sse(old, {"messages": [{"role": "user", "content": "force"}], "stream": True,
-                       "max_tokens": 2})
+    events = sse(
+        old, {"messages": [{"role": "user", "content": "force"}], "stream": True, "max_tokens": 2}
+    )
     chunks = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
     assert all("usage" in c for c in chunks) and chunks[-1]["choices"] == []
 
@@ -269,18 +361,35 @@ def scrape(base: str) -> dict[str, float]:
 def test_metrics_names_and_labels(old: str) -> None:
     labels = f'{{model_name="{MODEL}",engine="0"}}'
     m = scrape(old)
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                 "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
-                 "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
-                 "vllm:generation_tokens_total", "vllm:num_preemptions_total",
-                 "vllm:prompt_tokens_cached_total", "vllm:gpu_cache_usage_perc",
-                 "vllm:time_to_first_token_seconds_count", "vllm:e2e_request_latency_seconds_sum",
-                 "vllm:request_queue_time_seconds_count", "vllm:inter_token_latency_seconds_count",
-                 "vllm:request_prompt_tokens_count", "vllm:request_generation_tokens_count"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:num_preemptions_total",
+        "vllm:prompt_tokens_cached_total",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:e2e_request_latency_seconds_sum",
+        "vllm:request_queue_time_seconds_count",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:request_prompt_tokens_count",
+        "vllm:request_generation_tokens_count",
+    ):
         assert name + labels in m, name
-    assert any(k.startswith('vllm:cache_config_info{block_size="16",') and
-               'num_gpu_blocks="2048"' in k and 'enable_prefix_caching="True"' in k for k in m)
-    assert f'vllm:request_success_total{{model_name="{MODEL}",engine="0",finished_reason="length"}}' in m
+    assert any(
+        k.startswith('vllm:cache_config_info{block_size="16",')
+        and 'num_gpu_blocks="2048"' in k
+        and 'enable_prefix_caching="True"' in k
+        for k in m
+    )
+    assert (
+        f'vllm:request_success_total{{model_name="{MODEL}",engine="0",finished_reason="length"}}'
+        in m
+    )
 
 
 def test_small_endpoints(fast: str) -> None:
@@ -301,22 +410,30 @@ def test_small_endpoints(fast: str) -> None:
 def test_reset_prefix_cache_and_replicas_are_independent(fast: str) -> None:
     content = "reset test " * 40
     chat(fast, content, max_tokens=1)
-    assert chat(fast, content, max_tokens=1).json()["usage"]["prompt_tokens_details"][
-        "cached_tokens"] > 0
+    assert (
+        chat(fast, content, max_tokens=1).json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        > 0
+    )
     assert httpx.post(fast + "/reset_prefix_cache").status_code == 200
-    assert chat(fast, content, max_tokens=1).json()["usage"]["prompt_tokens_details"][
-        "cached_tokens"] == 0
+    assert (
+        chat(fast, content, max_tokens=1).json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        == 0
+    )
     other = fast.rsplit(":", 1)[0] + ":" + str(int(fast.rsplit(":", 1)[1]) + 1)
-    assert chat(other, content, max_tokens=1).json()["usage"]["prompt_tokens_details"][
-        "cached_tokens"] == 0
+    assert (
+        chat(other, content, max_tokens=1).json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        == 0
+    )
 
 
 def _raw_request(base: str, body: dict[str, Any]) -> socket.socket:
     host, port = base.removeprefix("http://").split(":")
     s = socket.create_connection((host, int(port)), timeout=10)
     data = json.dumps(body).encode()
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-              b"\r\nContent-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+        b"\r\nContent-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data
+    )
     return s
 
 
@@ -325,8 +442,10 @@ def _wait_idle(base: str) -> dict[str, float]:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         m = scrape(base)
-        if m["vllm:num_requests_running" + labels] == 0 and \
-                m["vllm:kv_cache_usage_perc" + labels] == 0:
+        if (
+            m["vllm:num_requests_running" + labels] == 0
+            and m["vllm:kv_cache_usage_perc" + labels] == 0
+        ):
             return m
         time.sleep(0.05)
     raise AssertionError(f"blocks not freed: {m}")
@@ -335,8 +454,14 @@ def _wait_idle(base: str) -> dict[str, float]:
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_disconnect_aborts_and_frees_blocks(old: str, stream: bool) -> None:
     labels = f'{{model_name="{MODEL}",engine="0"}}'
-    s = _raw_request(old, {"messages": [{"role": "user", "content": "long " * 300}],
-                           "max_tokens": 5000, "stream": stream})
+    s = _raw_request(
+        old,
+        {
+            "messages": [{"role": "user", "content": "long " * 300}],
+            "max_tokens": 5000,
+            "stream": stream,
+        },
+    )
     try:
         if stream:
             assert s.recv(65536).startswith(b"HTTP/1.1 200")
@@ -349,7 +474,10 @@ def test_client_disconnect_aborts_and_frees_blocks(old: str, stream: bool) -> No
     finally:
         s.close()
     m = _wait_idle(old)
-    assert m[f'vllm:request_success_total{{model_name="{MODEL}",engine="0",finished_reason="abort"}}'] >= 1
+    assert (
+        m[f'vllm:request_success_total{{model_name="{MODEL}",engine="0",finished_reason="abort"}}']
+        >= 1
+    )
     assert httpx.get(old + "/load").json() == {"server_load": 0}
 
 
@@ -359,18 +487,26 @@ def test_openai_client(fast: str) -> None:
     client = openai.OpenAI(base_url=fast + "/v1", api_key="x", max_retries=0)
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]
-    r = client.chat.completions.create(model=MODEL, max_tokens=5,
-                                       messages=[{"role": "user", "content": "hello openai"}])
+    r = client.chat.completions.create(
+        model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "hello openai"}]
+    )
     assert r.usage is not None and r.usage.completion_tokens == 5
     assert r.choices[0].message.content
     stream = client.chat.completions.create(
-        model=MODEL, max_tokens=5, stream=True, stream_options={"include_usage": True},
-        messages=[{"role": "user", "content": "hello openai"}])
+        model=MODEL,
+        max_tokens=5,
+        stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "hello openai"}],
+    )
     chunks = list(stream)
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.prompt_tokens_details is not None
-    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens // 16 * 16 \
-        or chunks[-1].usage.prompt_tokens_details.cached_tokens == (r.usage.prompt_tokens - 1) // 16 * 16
+    assert (
+        chunks[-1].usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens // 16 * 16
+        or chunks[-1].usage.prompt_tokens_details.cached_tokens
+        == (r.usage.prompt_tokens - 1) // 16 * 16
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == r.choices[0].message.content
     c = client.completions.create(model=MODEL, prompt="Say", max_tokens=3)

@@ -22,8 +22,17 @@ PROSE = (
 
 @pytest.mark.parametrize(
     "text",
-    [PROSE, "héllo wörld 日本語テキスト 🎉 \x00 a\n\n  b\t\tc  ", "def f(x):\n    return x**2\n",
-     "<|im_start|>user\nhi<|im_end|>\n", " ", "", "a  b", "x.<|im_end|>", "ｆｕｌｌ width"],
+    [
+        PROSE,
+        "héllo wörld 日本語テキスト 🎉 \x00 a\n\n  b\t\tc  ",
+        "def f(x):\n    return x**2\n",
+        "<|im_start|>user\nhi<|im_end|>\n",
+        " ",
+        "",
+        "a  b",
+        "x.<|im_end|>",
+        "\uff46\uff55\uff4c\uff4c width",
+    ],
 )
 def test_tokenizer_round_trips(text: str) -> None:
     tok = Tokenizer()
@@ -42,7 +51,10 @@ def test_tokenizer_is_bpe_like_on_prose() -> None:
 @pytest.mark.parametrize(
     ("text", "pieces"),
     [
-        ("<|im_start|>user\nHi<|im_end|>\n", ["<|im_start|>", "user", "\n", "Hi", "<|im_end|>", "\n"]),
+        (
+            "<|im_start|>user\nHi<|im_end|>\n",
+            ["<|im_start|>", "user", "\n", "Hi", "<|im_end|>", "\n"],
+        ),
         ("a  b", ["a", " ", " b"]),
         ("\nThe cat.", ["\n", "The", " cat", "."]),
         ("international", ["intern", "ationa", "l"]),
@@ -79,41 +91,71 @@ USER = [{"role": "user", "content": "Hi"}]
 @pytest.mark.parametrize(
     ("messages", "tools", "expected"),
     [
-        (USER, None,
-         f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-         "<|im_start|>assistant\n"),
-        ([{"role": "system", "content": "Be brief."}, *USER], None,
-         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-         "<|im_start|>assistant\n"),
-        ([*USER, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Q"}],
-         None,
-         f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-         "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
-         "<|im_start|>assistant\n"),
-        (USER, [{"type": "function", "function": {"name": "f", "description": None,
-                                                   "parameters": {"b": 1, "a": 2}}}],
-         f"<|im_start|>system\n{DEFAULT_SYSTEM}\n\n# Tools\n\nYou may call one or more functions "
-         "to assist with the user query.\n\nYou are provided with function signatures within "
-         '<tools></tools> XML tags:\n<tools>\n{"type": "function", "function": {"name": "f", '
-         '"description": null, "parameters": {"b": 1, "a": 2}}}\n</tools>\n\nFor each function '
-         "call, return a json object with function name and arguments within "
-         "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
-         "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
-         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"),
-        ([*USER,
-          {"role": "assistant", "content": None,
-           "tool_calls": [{"id": "c1", "type": "function",
-                           "function": {"name": "get", "arguments": {"city": "Zürich"}}}]},
-          {"role": "tool", "content": "12C"}, {"role": "tool", "content": "sunny"}],
-         None,
-         f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-         '<|im_start|>assistant\n<tool_call>\n{"name": "get", "arguments": {"city": "Zürich"}}'
-         "\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n12C\n</tool_response>\n"
-         "<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"),
+        (
+            USER,
+            None,
+            f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n",
+        ),
+        (
+            [{"role": "system", "content": "Be brief."}, *USER],
+            None,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n",
+        ),
+        (
+            [*USER, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Q"}],
+            None,
+            f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
+            "<|im_start|>assistant\n",
+        ),
+        (
+            USER,
+            [
+                {
+                    "type": "function",
+                    "function": {"name": "f", "description": None, "parameters": {"b": 1, "a": 2}},
+                }
+            ],
+            f"<|im_start|>system\n{DEFAULT_SYSTEM}\n\n# Tools\n\nYou may call one or more "
+            "functions to assist with the user query.\n\nYou are provided with function "
+            "signatures within "
+            '<tools></tools> XML tags:\n<tools>\n{"type": "function", "function": {"name": "f", '
+            '"description": null, "parameters": {"b": 1, "a": 2}}}\n</tools>\n\nFor each function '
+            "call, return a json object with function name and arguments within "
+            '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, '
+            '"arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+        ),
+        (
+            [
+                *USER,
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "get", "arguments": {"city": "Zürich"}},
+                        }
+                    ],
+                },
+                {"role": "tool", "content": "12C"},
+                {"role": "tool", "content": "sunny"},
+            ],
+            None,
+            f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            '<|im_start|>assistant\n<tool_call>\n{"name": "get", "arguments": {"city": "Zürich"}}'
+            "\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n12C\n</tool_response>\n"
+            "<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+        ),
     ],
 )
-def test_qwen25_template(messages: list[dict[str, object]], tools: list[dict[str, object]] | None,
-                         expected: str) -> None:
+def test_qwen25_template(
+    messages: list[dict[str, object]], tools: list[dict[str, object]] | None, expected: str
+) -> None:
     assert render_chat(messages, tools) == expected
 
 

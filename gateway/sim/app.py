@@ -139,7 +139,7 @@ class SimApp:
         rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + _request_id(scope)
         replica = self.replica
         req = replica.engine.new_request(
-            rid, ids, max_tokens, replica.now(), stop, salt_key(gen.cache_salt)
+            rid, ids, max_tokens, replica.arrive(), stop, salt_key(gen.cache_salt)
         )
         replica.in_flight += 1
         try:
@@ -223,8 +223,13 @@ class SimApp:
             await send(more)
         if req.status != "finished":
             # Same as above; vLLM reports a mid-stream failure as an error event.
-            await send({"type": "http.response.body", "more_body": False,
-                        "body": ChunkWriter.error(_ABORTED.body()) + ChunkWriter.DONE})
+            await send(
+                {
+                    "type": "http.response.body",
+                    "more_body": False,
+                    "body": ChunkWriter.error(_ABORTED.body()) + ChunkWriter.DONE,
+                }
+            )
             return
         tail = b""
         if include_usage:

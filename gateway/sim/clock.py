@@ -2,7 +2,8 @@
 
 While the engine is busy, simulated time advances by exactly the modelled step durations;
 a moment inside a step maps to step start + elapsed wall x speed, capped at the step's end.
-While idle, simulated time advances with wall time x speed. Pure: wall time is a parameter.
+While idle, simulated time advances with wall time x speed until work arrives (``wake``),
+which pins the clock until the step that serves it begins. Pure: wall time is a parameter.
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ class VirtualClock:
         if self._step_end is not None:
             return min(self._sim + elapsed, self._step_end)
         return self._sim + elapsed
+
+    def wake(self, wall: float) -> float:
+        """Work arrived: pin the clock here until the next step begins, so the wall-clock
+        latency of waking the step loop is not counted (x speed) as queueing."""
+        if self._step_end is None:
+            self._sim = self.now(wall)
+            self._wall = wall
+            self._step_end = self._sim
+        return self.now(wall)
 
     def begin_step(self, wall: float, duration: float) -> float:
         """Start a step now; returns its simulated start."""

@@ -50,11 +50,27 @@ class SimOptions:
     hash_seed: Literal["fixed", "random"] = "fixed"
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
 
+    def __post_init__(self) -> None:
+        checks = {
+            "replicas must be >= 1": self.replicas >= 1,
+            "port range must lie within 1..65535": self.port > 0
+            and self.port + self.replicas - 1 <= 65535,
+            "kv_blocks must be >= 2": self.kv_blocks >= 2,
+            "block_size must be >= 1": self.block_size >= 1,
+            "max_model_len must be >= 2": self.max_model_len >= 2,
+            "max_num_batched_tokens must be >= 1": self.max_num_batched_tokens >= 1,
+            "max_num_seqs must be >= 1": self.max_num_seqs >= 1,
+            "speed must be > 0": self.speed > 0,
+            "log_interval must be > 0": self.log_interval > 0,
+            "output_len must be >= 1": self.output_len >= 1,
+        }
+        for message, ok in checks.items():
+            if not ok:
+                raise ValueError(message)
+
 
 class SimCluster:
     def __init__(self, options: SimOptions) -> None:
-        if options.replicas < 1:
-            raise ValueError("replicas must be >= 1")
         self.options = options
         self.tokenizer = Tokenizer()
         self.replicas: list[Replica] = []
@@ -119,7 +135,10 @@ class SimCluster:
                 # Driven without Server.serve(): that would install per-server signal
                 # handlers; the owner of the loop handles signals for all replicas.
                 server.lifespan = config.lifespan_class(config)
-                await server.startup()
+                try:
+                    await server.startup()
+                except SystemExit:  # uvicorn exits the process when it cannot bind
+                    raise OSError(f"cannot bind {o.host}:{o.port + i}") from None
                 if server.should_exit:
                     raise OSError(f"cannot bind {o.host}:{o.port + i}")
                 self._servers.append(server)

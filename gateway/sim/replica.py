@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from gateway.sim.clock import VirtualClock
 from gateway.sim.engine import Engine, StepOutput
 from gateway.sim.request import SimRequest
+from gateway.sim.statslog import stats_line
 
 log = logging.getLogger("gateway.sim")
 
@@ -73,6 +74,11 @@ class Replica:
 
     def now(self) -> float:
         return self.clock.now(self._loop.time())
+
+    def arrive(self) -> float:
+        """Simulated arrival time of a request about to be submitted."""
+        self._wake.set()
+        return self.clock.wake(self._loop.time())
 
     def submit(self, req: SimRequest, streaming: bool) -> Pending:
         p = Pending(req, streaming=streaming)
@@ -144,19 +150,19 @@ class Replica:
                 continue
             self._busy_since_log = False
             now = self.now()
-            elapsed = max(now - self._last_log_sim, 1e-9)
-            self._last_log_sim = now
             g = engine.gauges()
             log.info(
-                "%s Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation "
-                "throughput: %.1f tokens/s, Running: %d reqs, Waiting: %d reqs, GPU KV cache "
-                "usage: %.1f%%, Prefix cache hit rate: %.1f%%",
-                self.name,
-                engine.interval_prompt_tokens / elapsed,
-                engine.interval_generation_tokens / elapsed,
-                g.running,
-                g.waiting,
-                g.kv_usage * 100,
-                engine.hit_rate.rate() * 100,
+                "%s",
+                stats_line(
+                    self.name,
+                    engine.interval_prompt_tokens,
+                    engine.interval_generation_tokens,
+                    now - self._last_log_sim,
+                    g.running,
+                    g.waiting,
+                    g.kv_usage,
+                    engine.hit_rate.rate(),
+                ),
             )
+            self._last_log_sim = now
             engine.interval_prompt_tokens = engine.interval_generation_tokens = 0
