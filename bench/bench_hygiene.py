@@ -6,6 +6,8 @@
    request + snapshot) for a 2 KiB and a 128 KiB chat prompt, every part of which lies
    before the last user message (so all of it is eligible for the pattern scan). Rounds
    are interleaved so machine noise hits every case alike; medians and p90 are quoted.
+   Sizes: the text mixes in numbers (8% of words: versions, prices, step numbers), the
+   worst case for a scanner keyed on digits; `prose` is the same without numbers.
    Cases per size:
    - `steady`: a session's next request; the conversation so far is unchanged and the
      last user message is new (the common case: scan results come from the hash cache).
@@ -42,26 +44,31 @@ _TEXT = (
     "x * 2 see table 4 row 17 price 19.99 eur"
 )
 WORDS = _TEXT.split()
+# the same vocabulary without numbers: ordinary instructions, where digits are rare
+PROSE = [w for w in WORDS if not any(c.isdigit() for c in w)]
 
 
-def text(rng: random.Random, n_chars: int) -> str:
+def text(rng: random.Random, n_chars: int, words: list[str] = WORDS) -> str:
     out: list[str] = []
     size = 0
     while size < n_chars:
-        w = rng.choice(WORDS)
+        w = rng.choice(words)
         out.append(w)
         size += len(w) + 1
     return " ".join(out)[:n_chars]
 
 
-def conversation(rng: random.Random, total: int) -> list[dict[str, Any]]:
+def conversation(rng: random.Random, total: int, words: list[str] = WORDS) -> list[dict[str, Any]]:
     """System prompt, then alternating user/assistant turns, ~`total` chars in all."""
-    msgs: list[dict[str, Any]] = [{"role": "system", "content": text(rng, min(8192, total // 4))}]
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": text(rng, min(8192, total // 4), words)}
+    ]
     size = len(msgs[0]["content"])
     turn = 0
     while size < total:
         n = min(total - size, rng.randint(200, 4000) if turn % 2 else rng.randint(100, 1200))
-        msgs.append({"role": "assistant" if turn % 2 else "user", "content": text(rng, max(n, 1))})
+        role = "assistant" if turn % 2 else "user"
+        msgs.append({"role": role, "content": text(rng, max(n, 1), words)})
         size += len(msgs[-1]["content"])
         turn += 1
     if msgs[-1]["role"] != "assistant":
@@ -80,7 +87,12 @@ def request(history: list[dict[str, Any]], k: int, clock: bool) -> dict[str, Any
 
 def bench_scan(rounds: int) -> dict[str, list[float]]:
     rng = random.Random(1)
-    histories = {"2k": conversation(rng, 2048), "128k": conversation(rng, 128 * 1024)}
+    histories = {
+        "2k": conversation(rng, 2048),
+        "2k prose": conversation(rng, 2048, PROSE),
+        "128k": conversation(rng, 128 * 1024),
+        "128k prose": conversation(rng, 128 * 1024, PROSE),
+    }
     times: dict[str, list[float]] = {}
     analyzers = {
         (size, case): HygieneAnalyzer(HygieneConfig())

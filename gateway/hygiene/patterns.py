@@ -138,7 +138,7 @@ def classify_span(text: str, start: int) -> Hit | None:
     lo = cut + 1 if lo > 0 else 0
     best: Hit | None = None
     # no volatile value is longer than a few hundred chars; matches stop at the window end
-    for hit in scan_text(text, lo, min(len(text), start + 512), permissive=True):
+    for hit in scan_text(text, lo, min(len(text), start + 160), permissive=True):
         if hit.start > start:
             break
         if start < hit.end and (best is None or hit.end - hit.start < best.end - best.start):
