@@ -326,3 +326,10 @@ def test_virtual_clock_idle_wake_and_steps() -> None:
     clock.end_step(11.6)
     clock.idle(12.0)
     assert clock.now(12.01) == pytest.approx(51.3)
+
+
+def test_a_request_larger_than_the_pool_is_capped_not_stuck() -> None:
+    engine = make_engine(num_gpu_blocks=5)  # 4 usable blocks = 64 tokens
+    req = submit(engine, prompt(40), 0.0, max_tokens=1000)
+    drain(engine)
+    assert req.finish_reason == "length" and req.num_tokens <= 64

@@ -78,7 +78,10 @@ class Engine:
         first_extra: bytes = b"",
     ) -> SimRequest:
         rng = self.generator.rng_for(prompt_ids)
-        room = self.config.max_model_len - len(prompt_ids)
+        cfg = self.config
+        # A request must fit the pool on its own, or it would preempt itself forever.
+        capacity = (cfg.num_gpu_blocks - 1) * cfg.block_size
+        room = min(cfg.max_model_len, capacity) - len(prompt_ids)
         natural = None if max_tokens is not None else self.generator.natural_len(rng)
         return SimRequest(
             request_id=request_id,
