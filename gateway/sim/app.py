@@ -21,13 +21,24 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
 
 from gateway.sim import protocol
+from gateway.sim.asgi import (
+    JSON_HEADERS,
+    Receive,
+    Scope,
+    Send,
+    lifespan,
+    read_body,
+    request_id,
+    respond,
+    watch_disconnect,
+)
 from gateway.sim.errors import ApiError, bad_request
 from gateway.sim.hashing import salt_key
 from gateway.sim.replica import Pending, Replica
@@ -42,14 +53,7 @@ from gateway.sim.responses import (
 from gateway.sim.template import render_chat
 from gateway.sim.tokenizer import ENDOFTEXT_ID, IM_END_ID, Tokenizer
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
-MAX_BODY_BYTES = 32 * 1024 * 1024
 _ABORTED = ApiError(503, "The request was aborted (simulator shutting down).")
-_JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
@@ -90,24 +94,24 @@ class SimApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             if scope["type"] == "lifespan":
-                await _lifespan(receive, send)
+                await lifespan(receive, send)
             return
         handler = self._routes.get((scope["method"], scope["path"]))
         if handler is None:
             if scope["path"] in self._paths:
-                await _respond(send, 405, b'{"detail":"Method Not Allowed"}')
+                await respond(send, 405, b'{"detail":"Method Not Allowed"}')
             else:
-                await _respond(send, 404, b'{"detail":"Not Found"}')
+                await respond(send, 404, b'{"detail":"Not Found"}')
             return
         try:
             await handler(scope, receive, send)
         except ApiError as e:
-            await _respond(send, e.status, e.body())
+            await respond(send, e.status, e.body())
 
     # -- generation -------------------------------------------------------------------
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
-        params = protocol.parse_chat(protocol.parse_json(await _read_body(receive)))
+        params = protocol.parse_chat(protocol.parse_json(await read_body(receive)))
         self._check_model(params.gen.model)
         text = render_chat(
             params.messages,
@@ -119,7 +123,7 @@ class SimApp:
         await self._generate(scope, receive, send, "chat", params.gen, ids, IM_END_ID)
 
     async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
-        params = protocol.parse_completion(protocol.parse_json(await _read_body(receive)))
+        params = protocol.parse_completion(protocol.parse_json(await read_body(receive)))
         self._check_model(params.gen.model)
         prompt = params.prompt
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -136,7 +140,7 @@ class SimApp:
         stop: int,
     ) -> None:
         max_tokens = self._check_length(len(ids), gen.max_tokens)
-        rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + _request_id(scope)
+        rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + request_id(scope)
         replica = self.replica
         req = replica.engine.new_request(
             rid, ids, max_tokens, replica.arrive(), stop, salt_key(gen.cache_salt)
@@ -144,7 +148,7 @@ class SimApp:
         replica.in_flight += 1
         try:
             pending = replica.submit(req, streaming=gen.stream)
-            watcher = asyncio.ensure_future(_watch_disconnect(receive, replica, pending))
+            watcher = asyncio.ensure_future(watch_disconnect(receive, replica, pending))
             try:
                 if gen.stream:
                     await self._stream(send, endpoint, gen, pending, rid)
@@ -162,7 +166,7 @@ class SimApp:
         if req.status != "finished":
             # Aborted: either the client is gone (then this send is a no-op) or the
             # simulator is shutting down.
-            await _respond(send, 503, _ABORTED.body())
+            await respond(send, 503, _ABORTED.body())
             return
         out = req.output_ids
         if req.finish_reason == "stop":
@@ -175,11 +179,11 @@ class SimApp:
         body = render(
             rid, int(time.time()), self.config.model, text, req.finish_reason or "stop", usage
         )
-        headers = list(_JSON)
+        headers = list(JSON_HEADERS)
         headers.append((b"x-request-id", rid.split("-", 1)[1].encode()))
         if self.config.timing_comments:
             headers.append((b"x-sim-timing", orjson.dumps(_timing(req))))
-        await _respond(send, 200, body, headers)
+        await respond(send, 200, body, headers)
 
     async def _stream(
         self,
@@ -309,10 +313,10 @@ class SimApp:
                 }
             ],
         }
-        await _respond(send, 200, orjson.dumps({"object": "list", "data": [card]}))
+        await respond(send, 200, orjson.dumps({"object": "list", "data": [card]}))
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = protocol.parse_json(await _read_body(receive))
+        body = protocol.parse_json(await read_body(receive))
         self._check_model(protocol.parse_generation({"model": body.get("model")}, "").model)
         if "messages" in body:
             params = protocol.parse_chat(body)
@@ -329,7 +333,7 @@ class SimApp:
         else:
             raise bad_request("tokenize needs `prompt` (a string) or `messages`", "prompt")
         strs = self.tokenizer.pieces(ids) if body.get("return_token_strs") else None
-        await _respond(
+        await respond(
             send,
             200,
             orjson.dumps(
@@ -343,7 +347,7 @@ class SimApp:
         )
 
     async def _detokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = protocol.parse_json(await _read_body(receive))
+        body = protocol.parse_json(await read_body(receive))
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in tokens
@@ -353,23 +357,23 @@ class SimApp:
             text = self.tokenizer.decode(tokens)
         except (ValueError, OverflowError) as e:
             raise bad_request(str(e), "tokens") from None
-        await _respond(send, 200, orjson.dumps({"prompt": text}))
+        await respond(send, 200, orjson.dumps({"prompt": text}))
 
     async def _empty(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _respond(send, 200, b"", [])
+        await respond(send, 200, b"", [])
 
     async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _respond(send, 200, orjson.dumps({"version": f"{self.config.contract}.0"}))
+        await respond(send, 200, orjson.dumps({"version": f"{self.config.contract}.0"}))
 
     async def _load(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _respond(send, 200, orjson.dumps({"server_load": self.replica.in_flight}))
+        await respond(send, 200, orjson.dumps({"server_load": self.replica.in_flight}))
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         engine = self.replica.engine
         text = engine.metrics.render(
             self.config.model, engine.gauges(), self.config.deprecated_metrics
         )
-        await _respond(
+        await respond(
             send,
             200,
             text.encode(),
@@ -379,7 +383,7 @@ class SimApp:
     async def _reset(self, scope: Scope, receive: Receive, send: Send) -> None:
         # vLLM answers 200 either way and only logs when blocks are still in use.
         self.replica.engine.reset_prefix_cache()
-        await _respond(send, 200, b"", [])
+        await respond(send, 200, b"", [])
 
 
 def _timing(req: SimRequest) -> dict[str, Any]:
@@ -394,57 +398,3 @@ def _timing(req: SimRequest) -> dict[str, Any]:
         "prompt_tokens": req.num_prompt_tokens,
         "cached_tokens": req.num_cached_tokens,
     }
-
-
-def _request_id(scope: Scope) -> str:
-    for k, v in scope["headers"]:
-        if k == b"x-request-id":
-            return str(v.decode("latin-1"))
-    return uuid.uuid4().hex
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            raise bad_request("client disconnected while sending the body")
-        chunk = msg.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise bad_request(f"Request body exceeds {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-        if not msg.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _watch_disconnect(receive: Receive, replica: Replica, pending: Pending) -> None:
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            replica.abort(pending)
-            return
-
-
-async def _respond(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": _JSON if headers is None else headers,
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        msg = await receive()
-        if msg["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif msg["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

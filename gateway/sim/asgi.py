@@ -1,0 +1,73 @@
+"""ASGI plumbing shared by the simulator's handlers: body reading with a size cap,
+disconnect watching, plain responses and a no-op lifespan."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from gateway.sim.errors import bad_request
+from gateway.sim.replica import Pending, Replica
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+def request_id(scope: Scope) -> str:
+    for k, v in scope["headers"]:
+        if k == b"x-request-id":
+            return str(v.decode("latin-1"))
+    return uuid.uuid4().hex
+
+
+async def read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise bad_request("client disconnected while sending the body")
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise bad_request(f"Request body exceeds {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+        if not msg.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def watch_disconnect(receive: Receive, replica: Replica, pending: Pending) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            replica.abort(pending)
+            return
+
+
+async def respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": JSON_HEADERS if headers is None else headers,
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif msg["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
