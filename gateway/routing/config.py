@@ -36,6 +36,13 @@ class RoutingConfig:
     # Session affinity prior, worth this many prefill tokens: real prefix evidence beyond
     # it overrides the binding.
     session_prior_tokens: int = 64
+    # Placing a session (a new one, or one whose replica holds nothing of it that others
+    # lack): its later turns will follow it, so each session bound to a replica (decayed
+    # count, session_active_s time constant, sessions.py) costs session_s, and no replica
+    # may take it above ceil(session_cap_factor x mean sessions) (bounded-load cap).
+    session_s: float = 0.02
+    session_cap_factor: float = 1.25
+    session_active_s: float = 60.0
     # Hot-spot guard: each request in flight above hot_spot_ratio x mean + hot_spot_slack
     # costs hot_spot_s more.
     hot_spot_ratio: float = 1.5
@@ -68,5 +75,11 @@ class RoutingConfig:
             raise ValueError("routing.initial_bytes_per_token must be positive")
         if not 0 < self.ratio_ewma_alpha <= 1:
             raise ValueError("routing.ratio_ewma_alpha must be in (0, 1]")
+        if self.session_cap_factor < 1:
+            raise ValueError("routing.session_cap_factor must be at least 1")
+        if self.session_active_s <= 0:
+            raise ValueError("routing.session_active_s must be positive")
+        if self.session_s < 0:
+            raise ValueError("routing.session_s must not be negative")
         if not 0 < self.feedback_shrink <= 1 or self.feedback_recover < 1:
             raise ValueError("routing.feedback_shrink must be in (0, 1], feedback_recover >= 1")

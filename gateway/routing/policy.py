@@ -1,4 +1,4 @@
-"""Pick a replica: estimated time to first token, session prior, hot-spot guard, ties at random.
+"""Pick a replica: estimated time to first token, session load when placing a session.
 
 `prefix` (default) scores every healthy candidate with an estimated TTFT in seconds:
 
@@ -9,11 +9,26 @@
          + hot_spot_s x requests in flight above hot_spot_ratio x mean + hot_spot_slack
          - session prior (session_prior_tokens x prefill_s_per_token) on the session's replica
 
-so a cached prefix wins only while its saved prefill outweighs the queue in front of it: a
-shared system prompt cached everywhere saves the same on every replica and load decides;
-a popular prefix piled onto one replica grows that replica's queued prefill until another
-replica (which then caches it too) becomes cheaper. Costs within `tie_tolerance_s` of the
-best are a tie, broken by the seeded RNG, so cold traffic spreads.
+so a cached prefix wins only while its saved prefill outweighs the queue in front of it.
+
+Placing a session. The request that decides where a session lives (a new session id, or a
+session whose replica holds nothing of it that another candidate lacks: its history was
+evicted, the feedback collapsed that replica's index, or it never got past the shared
+agent prompt) also pays for the session's future: its later turns follow it, so
+
+         + session_s x sessions bound to the replica (decayed count, sessions.py, not
+                       counting this session itself)
+
+and a replica that would exceed ceil(session_cap_factor x mean) sessions with it ranks
+after every other (bounded-load consistent hashing). A popular agent prompt therefore
+fills its first replica only to the cap; the next sessions re-prefill it elsewhere, after
+which several replicas hold it, it saves the same everywhere, and session load decides.
+Cold sessions arriving one at a time (nothing in flight, all costs tied) spread by
+session load instead of at random. A follow-up whose history is on its replica is not
+placing: its cached history decides and it stays, whatever the cap says. Requests without
+a session id have no future to count: the cost model alone decides for them.
+
+Costs within `tie_tolerance_s` of the best are a tie, broken by the seeded RNG.
 
 Reasons (x-gateway-route): `prefix` when the chosen replica holds the longest prefix and it
 is longer than on some other candidate, else `session` when the session's replica won,
@@ -27,6 +42,7 @@ loaded). Their reason is the policy name.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +51,10 @@ from typing import NamedTuple
 import xxhash
 
 from gateway.routing.config import PolicyName, RoutingConfig
+
+# Added to a replica already at the session cap: it ranks after every replica under it
+# (still ranked, as a retry target), whatever its cache holds.
+OVER_CAP_S = 1e6
 
 
 class Candidate(NamedTuple):  # a tuple: built per replica per request, cheaply
@@ -45,6 +65,7 @@ class Candidate(NamedTuple):  # a tuple: built per replica per request, cheaply
     in_flight: int
     engine_waiting: float = 0.0
     engine_running: float = 0.0
+    sessions: float = 0.0  # session load bound here, not counting the routed session
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,16 +74,44 @@ class Choice:
     reason: str
 
 
+def placing(candidates: Sequence[Candidate], session: str | None,
+            session_replica: str | None) -> bool:
+    """True when this request decides where a session lives: a new session, or one whose
+    replica holds nothing of it that another candidate lacks (its history was evicted, the
+    feedback collapsed, or it never got past the shared prompt)."""
+    if session is None:
+        return False
+    if session_replica is None:
+        return True
+    own = -1
+    others = 0
+    for c in candidates:
+        if c.name == session_replica:
+            own = c.predicted_tokens
+        elif c.predicted_tokens > others:
+            others = c.predicted_tokens
+    return own <= others
+
+
+def session_cap(candidates: Sequence[Candidate], factor: float) -> float:
+    """Bounded-load cap: no replica may carry more than ceil(factor x mean) sessions once
+    the new one is placed (consistent hashing with bounded loads, Mirrokni et al.)."""
+    total = sum(c.sessions for c in candidates) + 1.0
+    return float(math.ceil(factor * total / len(candidates) - 1e-9))
+
+
 def costs(
     candidates: Sequence[Candidate],
     prompt_tokens: float,
     session_replica: str | None,
     config: RoutingConfig,
+    place: bool = False,
 ) -> list[float]:
     """Estimated seconds to first token on each candidate (see the module docstring)."""
     per_token = config.prefill_s_per_token
     mean = sum(c.in_flight for c in candidates) / len(candidates)
     hot_limit = config.hot_spot_ratio * mean + config.hot_spot_slack
+    cap = session_cap(candidates, config.session_cap_factor) if place else 0.0
     out: list[float] = []
     for c in candidates:
         uncached = max(0.0, prompt_tokens - c.predicted_tokens)
@@ -72,6 +121,10 @@ def costs(
             cost += config.hot_spot_s * (c.in_flight - hot_limit)
         if c.name == session_replica:
             cost -= per_token * config.session_prior_tokens
+        if place:
+            cost += config.session_s * c.sessions
+            if c.sessions + 1.0 > cap + 1e-9:
+                cost += OVER_CAP_S
         out.append(cost)
     return out
 
@@ -89,11 +142,13 @@ def rank(values: Sequence[float], tolerance: float, rng: random.Random) -> tuple
 def prefix_choice(
     candidates: Sequence[Candidate],
     prompt_tokens: float,
+    session: str | None,
     session_replica: str | None,
     config: RoutingConfig,
     rng: random.Random,
 ) -> Choice:
-    ranked = rank(costs(candidates, prompt_tokens, session_replica, config),
+    place = placing(candidates, session, session_replica)
+    ranked = rank(costs(candidates, prompt_tokens, session_replica, config, place),
                   config.tie_tolerance_s, rng)
     chosen = candidates[ranked[0]]
     predicted = [c.predicted_tokens for c in candidates]
@@ -138,7 +193,7 @@ def choose(
         raise ValueError("no candidate replica")
     n = len(candidates)
     if policy == "prefix":
-        return prefix_choice(candidates, prompt_tokens, session_replica, config, rng)
+        return prefix_choice(candidates, prompt_tokens, session, session_replica, config, rng)
     if policy == "round_robin":
         start = turn % n
         return Choice(tuple((start + i) % n for i in range(n)), "round_robin")

@@ -23,7 +23,6 @@ any policy); only `prefix` uses them to choose.
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -36,6 +35,7 @@ from gateway.routing.feedback import Limits, adjust, verdict
 from gateway.routing.index import BlockIndex
 from gateway.routing.normalize import END, canonical_bytes, chain_seed
 from gateway.routing.policy import Candidate, choose
+from gateway.routing.sessions import SessionLoad
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -75,7 +75,7 @@ class Router:
         self._engine_block: dict[str, int] = {}
         self._pending: dict[str, dict[RoutePlan, tuple[float, float]]] = {}
         self._queued: dict[str, float] = {}
-        self._sessions: OrderedDict[str, str] = OrderedDict()
+        self._sessions = SessionLoad(config.session_active_s, config.session_capacity)
         self._last_sweep = float("-inf")
 
     # the decision ---------------------------------------------------------------------
@@ -104,6 +104,9 @@ class Router:
         # Replicas usually share a few match lengths: estimate each (length, block) once.
         by_blocks: dict[tuple[int, int], int] = {}
         default_block = self.config.engine_block_size
+        sessions = self._sessions
+        bound = sessions.replica(session) if session is not None else None
+        own = sessions.weight(session, now) if session is not None else 0.0
         views: list[Candidate] = []
         for state in candidates:
             name = state.name
@@ -122,8 +125,8 @@ class Router:
                 name=name, predicted_tokens=p, queued_tokens=self._queued.get(name, 0.0),
                 queued_requests=len(pend) if pend else 0, in_flight=state.in_flight,
                 engine_waiting=state.engine_waiting, engine_running=state.engine_running,
+                sessions=sessions.load(name, now) - (own if name == bound else 0.0),
             ))
-        bound = self._sessions.get(session) if session is not None else None
         choice = choose(self.config.policy, views, prompt_tokens, session, bound,
                         self.config, self._rng, self._turn)
         self._turn += 1
@@ -148,11 +151,7 @@ class Router:
         self._queued[replica] = self._queued.get(replica, 0.0) + uncached
         self._index.record(replica, plan.hashes, len(plan.hashes), plan.matched.get(replica, 0))
         if plan.session is not None:
-            sessions = self._sessions
-            sessions[plan.session] = replica
-            sessions.move_to_end(plan.session)
-            if len(sessions) > self.config.session_capacity:
-                sessions.popitem(last=False)
+            self._sessions.touch(plan.session, replica, now)
 
     def first_token(self, plan: RoutePlan, replica: str, now: float) -> None:
         self._unqueue(plan, replica)
@@ -215,6 +214,7 @@ class Router:
 
     def remove_replica(self, replica: str) -> None:
         self._index.remove_replica(replica)
+        self._sessions.forget_replica(replica)
         for table in (self._limits, self._capacity_tokens, self._engine_block, self._pending,
                       self._queued):
             table.pop(replica, None)
@@ -234,6 +234,12 @@ class Router:
 
     def bytes_per_token(self, model: str) -> float:
         return self._estimator.ratio(model)
+
+    def session_load(self, replica: str, now: float) -> float:
+        return self._sessions.load(replica, now)
+
+    def session_replica(self, session: str) -> str | None:
+        return self._sessions.replica(session)
 
     # internals ----------------------------------------------------------------------------
     def _blocks_for(self, tokens: int) -> int:

@@ -1,0 +1,88 @@
+"""Session bindings and the future load they put on each replica (pure: time is a parameter).
+
+A session's later turns follow it to the replica it is bound to, so how many sessions a
+replica carries is load it has not received yet. Each binding remembers its replica and
+when the session last sent a request; a replica's *session load* is the decayed count
+
+    load(r, t) = sum over sessions bound to r of exp(-(t - last request) / active_s)
+
+so a session counts 1 while it is busy and fades out over `active_s` seconds once it goes
+quiet (finished, or an agent thinking for minutes). Each replica keeps the sum and the time
+it was last brought up to date, so `touch` and `load` are O(1): the whole sum decays by one
+factor, and a session's old contribution (known from its own last time) is taken out of
+its old replica's sum when it sends again or moves.
+
+Bindings are an LRU of at most `capacity` sessions; the oldest is forgotten first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+
+class SessionLoad:
+    def __init__(self, active_s: float, capacity: int) -> None:
+        if active_s <= 0:
+            raise ValueError("active_s must be positive")
+        self._tau = active_s
+        self._capacity = max(1, capacity)
+        # session -> (replica, time of its last request), least recently active first
+        self._bound: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._sum: dict[str, tuple[float, float]] = {}  # replica -> (decayed sum, as of)
+        self._count: dict[str, int] = {}  # replica -> sessions bound (exact)
+
+    def replica(self, session: str) -> str | None:
+        item = self._bound.get(session)
+        return item[0] if item is not None else None
+
+    def weight(self, session: str, now: float) -> float:
+        """This session's own share of its replica's load now (0 when unbound)."""
+        item = self._bound.get(session)
+        return self._decay(now - item[1]) if item is not None else 0.0
+
+    def load(self, replica: str, now: float) -> float:
+        """Decayed count of the sessions bound to `replica`."""
+        if not self._count.get(replica):
+            return 0.0
+        value, at = self._sum[replica]
+        return value * self._decay(now - at)
+
+    def sessions(self, replica: str) -> int:
+        return self._count.get(replica, 0)
+
+    def touch(self, session: str, replica: str, now: float) -> None:
+        """`session` sent a request to `replica` at `now` (binds or moves it there)."""
+        old = self._bound.pop(session, None)
+        if old is not None:
+            self._take(old[0], self._decay(now - old[1]), now)
+        self._bound[session] = (replica, now)
+        self._add(replica, 1.0, now)
+        if len(self._bound) > self._capacity:
+            _, (where, last) = self._bound.popitem(last=False)
+            self._take(where, self._decay(now - last), now)
+
+    def forget_replica(self, replica: str) -> None:
+        """The replica left: its sessions are unbound (they will be placed again)."""
+        for session in [s for s, (r, _) in self._bound.items() if r == replica]:
+            del self._bound[session]
+        self._sum.pop(replica, None)
+        self._count.pop(replica, None)
+
+    # internals ----------------------------------------------------------------------------
+    def _decay(self, elapsed: float) -> float:
+        return math.exp(-max(0.0, elapsed) / self._tau)
+
+    def _add(self, replica: str, amount: float, now: float) -> None:
+        self._sum[replica] = (self.load(replica, now) + amount, now)
+        self._count[replica] = self._count.get(replica, 0) + 1
+
+    def _take(self, replica: str, amount: float, now: float) -> None:
+        count = self._count.get(replica, 0) - 1
+        if count <= 0:
+            # No float residue once a replica has no session left.
+            self._sum.pop(replica, None)
+            self._count.pop(replica, None)
+            return
+        self._sum[replica] = (max(0.0, self.load(replica, now) - amount), now)
+        self._count[replica] = count
