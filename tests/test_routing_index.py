@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from gateway.routing.config import RoutingConfig
+from gateway.routing.decision import ReplicaState
 from gateway.routing.index import BlockIndex
+from gateway.routing.router import Router
 
 
 def chain(tag: int, n: int) -> list[int]:
@@ -82,3 +87,32 @@ def test_drop_from_forgets_the_suffix() -> None:
     idx.record("a", chain(1, 10), 10, 0)
     assert idx.drop_from("a", chain(1, 10), 3) == 7
     assert idx.matched("a", chain(1, 10)) == 3
+
+
+def test_stale_held_already_is_tolerated() -> None:
+    """A request's blocks evicted between `sent` and `completed`: recording its reply with
+    the old held_already re-adds them instead of failing."""
+    idx = BlockIndex(10)
+    idx.record("a", chain(1, 8), 8, 0)
+    idx.record("a", chain(2, 8), 8, 0)  # evicts most of chain 1
+    assert idx.matched("a", chain(1, 8)) < 8
+    idx.record("a", chain(1, 10), 10, 8)
+    assert idx.matched("a", chain(1, 10)) == 10 and idx.size("a") == 10
+
+
+def test_router_indexes_a_reply_after_its_prompt_was_evicted() -> None:
+    """The proxy's repro: small capacity, 20 distinct prompts routed and sent, then the
+    first completes with its reply text."""
+    router = Router(RoutingConfig(default_capacity_tokens=4096))
+    states = [ReplicaState(name="a", in_flight=0)]
+    rng = random.Random(0)
+    plans = []
+    for i in range(20):
+        text = "".join(rng.choice("abcdefgh ") for _ in range(3000))
+        plan = router.route({"messages": [{"role": "user", "content": text}]}, "chat", "m",
+                            None, states, float(i))
+        router.sent(plan, "a", float(i))
+        plans.append(plan)
+    router.completed(plans[0], "a", 750, 0, True, 21.0, reply_text="an answer " * 20,
+                     completion_tokens=40)
+    assert router.indexed_blocks("a") <= router.index_limit("a")

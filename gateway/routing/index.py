@@ -71,7 +71,8 @@ class BlockIndex:
         return lo
 
     def record(self, replica: str, hashes: Sequence[int], upto: int, held_already: int) -> None:
-        """The replica now holds hashes[:upto]; hashes[:held_already] were held before.
+        """The replica now holds hashes[:upto]; hashes[:held_already] were held before
+        (a stale claim, some of them evicted meanwhile, is tolerated).
 
         New blocks are appended deepest first, then the held ones are refreshed deepest
         first, leaving block 0 the most recently used (see the module docstring).
@@ -90,7 +91,13 @@ class BlockIndex:
                 # Some "new" blocks were already there (the index is not perfectly
                 # prefix-closed): update() left them in place, so refresh them all.
                 refresh = upto
-        deque(map(held.move_to_end, reversed(hashes[:refresh])), maxlen=0)
+        try:
+            deque(map(held.move_to_end, reversed(hashes[:refresh])), maxlen=0)
+        except KeyError:
+            # The caller's held_already was stale (blocks evicted since it looked): add
+            # the whole run, then refresh it, so the order is the same as if it had known.
+            held.update(zip(reversed(hashes[:upto]), repeat(None)))
+            deque(map(held.move_to_end, reversed(hashes[:upto])), maxlen=0)
         self._evict(replica)
 
     def drop_from(self, replica: str, hashes: Sequence[int], keep: int) -> int:
