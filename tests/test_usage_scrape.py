@@ -1,6 +1,7 @@
 """parse_engine_metrics: real-looking /metrics texts from both vLLM metric eras, data
 parallel engines, llama.cpp, and garbage."""
 
+# ruff: noqa: E501  (real exposition lines are long)
 from __future__ import annotations
 
 import pytest
@@ -137,41 +138,41 @@ def snap(**kw: object) -> EngineSnapshot:
                  prompt_tokens_total=121000.0, generation_tokens_total=5400.0,
                  num_gpu_blocks=27264, block_size=16),
             id="vllm-current",
-        ),  # fmt: skip
+        ),
         pytest.param(
             VLLM_DEPRECATED,
             snap(kv_cache_usage=0.91, num_requests_running=7.0, num_requests_waiting=0.0,
                  prefix_cache_queries_total=5000.0, prefix_cache_hits_total=2500.0,
                  num_gpu_blocks=1000, block_size=32),
             id="vllm-deprecated-gpu-names",
-        ),  # fmt: skip
+        ),
         pytest.param(
             VLLM_BOTH,
             snap(kv_cache_usage=0.5, num_requests_running=7.0, num_requests_waiting=0.0,
                  prefix_cache_queries_total=6000.0, prefix_cache_hits_total=3000.0,
                  num_gpu_blocks=1000, block_size=32),
             id="vllm-both-names-current-wins",
-        ),  # fmt: skip
+        ),
         pytest.param(
             VLLM_DP2,
             snap(kv_cache_usage=0.97, num_requests_running=7.0, num_requests_waiting=4.0,
                  prefix_cache_queries_total=400.0, prefix_cache_hits_total=40.0,
                  num_gpu_blocks=1000, block_size=16),
             id="vllm-data-parallel-2-engines",
-        ),  # fmt: skip
+        ),
         pytest.param(
             LLAMACPP,
             snap(num_requests_running=2.0, num_requests_waiting=1.0,
                  prefix_cache_queries_total=20886.0, prefix_cache_hits_total=14000.0,
                  prompt_tokens_total=20886.0, generation_tokens_total=3469.0),
             id="llamacpp",
-        ),  # fmt: skip
+        ),
         pytest.param(
             LLAMACPP_OLD,
             snap(kv_cache_usage=0.25, num_requests_running=0.0, num_requests_waiting=0.0,
                  prompt_tokens_total=500.0, generation_tokens_total=40.0),
             id="llamacpp-old-without-cached-counter",
-        ),  # fmt: skip
+        ),
         pytest.param(
             GARBAGE,
             snap(kv_cache_usage=0.5, num_requests_waiting=2.0, generation_tokens_total=12.0),
