@@ -10,7 +10,8 @@ prompt + completion length, TTFT, TPOT). Only the buckets of the last `horizon_s
 number of requests (only with label cardinality and the sketches' bounded bucket count).
 
 Window `W` at `now` covers every bucket whose end lies after `now - W`: at least `W`
-seconds, at most `W + bucket_s`. Records stamped after `now` are included.
+seconds, at most `W + bucket_s`; each summary says which span it really covers
+(`covered_s`). Records stamped after `now` are included.
 
 Figures (all token-weighted sums over the window, never averages of per-request ratios):
 - cached_ratio = sum(cached) / sum(prompt), over records whose engine reported both.
