@@ -11,6 +11,8 @@ and exit status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -50,10 +52,16 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"gateway report: cannot read {args.usage_log}: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
-    else:
-        write_table(report, args.usage_log, sys.stdout)
+    try:
+        if args.json:
+            sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+        else:
+            write_table(report, args.usage_log, sys.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `gateway report log | head`: the reader left; that is not an error of ours.
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the exit flush
     return 0
 
 
