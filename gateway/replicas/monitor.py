@@ -2,13 +2,14 @@
 metrics scrapes, each on its own timer, all through the app's `Upstream`.
 
 - health, every `server.health_interval_s` (timeout `server.health_timeout_s`): `GET /health`
-  on every replica; 200 is up. A replica going up is added to the router and has its models
-  and metrics read at once; one going down is removed from the router.
+  on every replica; 200 is up. A replica going up is added to the router with its configured
+  `capacity_tokens` (if any) and has its models and metrics read at once; one going down is
+  removed from the router.
 - models, every `server.models_refresh_s`: `GET /v1/models` on the healthy replicas.
 - scrape, every `usage.scrape_interval_s`: `GET /metrics`, parsed by
   `parse_engine_metrics`; feeds `Router.set_capacity` (reported capacity, else the
-  configured `capacity_tokens`), `Router.replica_restarted` when counters went backwards,
-  and `GatewayMetrics.replica_state`.
+  configured `capacity_tokens`, also when the scrape fails or `/metrics` is off),
+  `Router.replica_restarted` when counters went backwards, and `GatewayMetrics.replica_state`.
 
 `start()` runs one probe round before returning, so `/ready` is right as soon as the app
 serves. Failures of one replica never stop the loops; each probe is bounded by its timeout.
@@ -108,6 +109,9 @@ class FleetMonitor:
                 extra={"replica": replica.name, "url": replica.url})
         if transition == "up":
             self.router.add_replica(replica.name)
+            # The configured capacity holds from the start: a replica without /metrics
+            # (llama.cpp's default) never gets a scrape that would set it.
+            self.apply_capacity(replica)
             await asyncio.gather(self.refresh_model(replica), self.scrape(replica))
         else:
             self.router.remove_replica(replica.name)
@@ -149,12 +153,20 @@ class FleetMonitor:
         try:
             status, body = await self._get(replica, "/metrics")
         except UpstreamError:
-            return
+            status, body = 0, b""
         if status != 200:
+            self.apply_capacity(replica)  # no engine figure this time: keep the last/configured
             return
         snapshot = parse_engine_metrics(body.decode("utf-8", "replace"), self.clock())
         if self.fleet.set_snapshot(replica.name, snapshot):
             log.warning("replica restarted", extra={"replica": replica.name})
             self.router.replica_restarted(replica.name)
-        self.router.set_capacity(replica.name, replica.capacity_tokens(), snapshot.block_size)
+        self.apply_capacity(replica, snapshot.block_size)
         self.publish(replica)
+
+    def apply_capacity(self, replica: Replica, block_size: int | None = None) -> None:
+        """Tell the router the replica's capacity: the engine's last reported figure, else
+        the configured `capacity_tokens`, else (None) the router's default. Only for a
+        healthy replica: `set_capacity` would add a replica that went down meanwhile."""
+        if replica.healthy:
+            self.router.set_capacity(replica.name, replica.capacity_tokens(), block_size)

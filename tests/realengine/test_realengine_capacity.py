@@ -46,21 +46,7 @@ def _records(options: EngineOptions, log: Path, capacity: int | None) -> list[di
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
-@pytest.mark.parametrize(
-    "metrics",
-    [
-        True,
-        pytest.param(
-            False,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="gateway bug: configured capacity_tokens reaches the router only "
-                "after a successful /metrics scrape (ReplicaMonitor.scrape)",
-            ),
-        ),
-    ],
-    ids=["metrics-on", "metrics-off"],
-)
+@pytest.mark.parametrize("metrics", [True, False], ids=["metrics-on", "metrics-off"])
 def test_configured_capacity_bounds_the_prediction(
     llama_options: EngineOptions, tmp_path: Path, metrics: bool
 ) -> None:
