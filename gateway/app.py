@@ -180,8 +180,12 @@ class GatewayApp:
                 s.metrics.replica_state(r.name, r.healthy, r.in_flight, r.snapshot)
             return 200, s.metrics.render(), PROMETHEUS
         if path == "/stats":
-            snaps = {r.name: r.snapshot for r in s.fleet.replicas.values()}
-            return 200, orjson.dumps(s.recorder.stats(s.clock(), snaps)), json
+            reps = s.fleet.replicas.values()
+            stats = s.recorder.stats(
+                s.clock(), {r.name: r.snapshot for r in reps},
+                configured_capacity={r.name: r.settings.capacity_tokens for r in reps},
+                default_capacity_tokens=s.settings.routing.default_capacity_tokens)
+            return 200, orjson.dumps(stats), json
         if path == "/v1/models":
             return 200, orjson.dumps({"object": "list", "data": s.fleet.model_list()}), json
         return None

@@ -202,3 +202,18 @@ def test_stats_windows_and_latency_warnings() -> None:
     assert any(x.startswith("TTFT p99 over the last 5 min") for x in stats["warnings"])
     assert any(x.startswith("TPOT p99") for x in stats["warnings"]) is False  # 90 ms
     assert stats["first_record_ts"] == 721.0 and stats["last_record_ts"] == 1000.0
+
+
+@pytest.mark.parametrize(
+    ("scraped", "configured", "expected"),
+    [(True, 300, (1600, "engine")), (True, None, (1600, "engine")),
+     (False, 300, (300, "config")), (False, None, (5000, "default"))],
+)  # fmt: skip
+def test_stats_capacity_and_its_source(
+    scraped: bool, configured: int | None, expected: tuple[int, str]
+) -> None:
+    r = UsageRecorder(UsageConfig(), GatewayMetrics())
+    stats = r.stats(5.0, {"a": snap(0.1) if scraped else None},
+                    configured_capacity={"a": configured}, default_capacity_tokens=5000)
+    rep = stats["replicas"]["a"]
+    assert (rep["capacity_tokens"], rep["capacity_source"]) == expected

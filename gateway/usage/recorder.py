@@ -10,9 +10,12 @@ Missing cached_tokens: a replica whose records carry `prompt_tokens` but no
 replica at first detection; `missing_cached_tokens_replicas()` lists such replicas (rule
 in `gateway.usage.details`), and `/stats` turns them into warnings.
 
-`stats(now, replicas)` builds the `/stats` JSON: the windows of `gateway.usage.stats`,
-each replica's last scrape with KV-usage levels (`kv_warn`/`kv_critical` of the config),
-sink counters and a `warnings` list of plain sentences.
+`stats(now, replicas, configured_capacity=..., default_capacity_tokens=...)` builds the
+`/stats` JSON: the windows of `gateway.usage.stats`, each replica's last scrape with
+KV-usage levels (`kv_warn`/`kv_critical` of the config) and the capacity the router uses
+with its source (`effective_capacity`: the engine's `cache_config_info`, else the replica's
+configured `capacity_tokens`, else the routing default), sink counters and a `warnings`
+list of plain sentences.
 """
 
 from __future__ import annotations
@@ -46,6 +49,18 @@ def sinks_from_config(config: UsageConfig) -> list[Sink]:
     if config.redis_url:
         sinks.append(RedisStreamSink(config.redis_url, config.redis_stream, config.redis_maxlen))
     return sinks
+
+
+def effective_capacity(
+    snap: EngineSnapshot | None, configured: int | None, default: int | None,
+) -> tuple[int | None, str]:
+    """(capacity in tokens, source) as the router sizes its index for the replica."""
+    reported = None if snap is None else snap.capacity_tokens
+    if reported is not None:
+        return reported, "engine"
+    if configured is not None:
+        return configured, "config"
+    return default, "default"
 
 
 def kv_level(usage: float | None, warn: float, critical: float) -> str:
@@ -127,8 +142,15 @@ class UsageRecorder:
         """Replicas that send usage without cached_tokens (see gateway.usage.details)."""
         return self._details.missing()
 
-    def stats(self, now: float, replicas: Mapping[str, EngineSnapshot | None]) -> dict[str, Any]:
+    def stats(
+        self, now: float, replicas: Mapping[str, EngineSnapshot | None], *,
+        configured_capacity: Mapping[str, int | None] | None = None,
+        default_capacity_tokens: int | None = None,
+    ) -> dict[str, Any]:
+        """`configured_capacity`: replica -> its `[[replicas]] capacity_tokens`;
+        `default_capacity_tokens`: the routing default used when neither is known."""
         cfg = self._config
+        configured = configured_capacity or {}
         warnings = [missing_cached_tokens_warning(r) for r in self.missing_cached_tokens_replicas()]
         reps: dict[str, Any] = {}
         for name in sorted(replicas):
@@ -141,7 +163,8 @@ class UsageRecorder:
                     f"replica {name} KV cache usage {usage:.0%} is {level} "
                     f"(warn {cfg.kv_warn:.0%}, critical {cfg.kv_critical:.0%})"
                 )
-            reps[name] = _replica_json(snap, level, self._details.reports(name))
+            capacity = effective_capacity(snap, configured.get(name), default_capacity_tokens)
+            reps[name] = _replica_json(snap, level, self._details.reports(name), capacity)
         windows = self._windows.windows(now)
         recent = windows["5m"]
         for key, label in (("ttft", "TTFT"), ("tpot", "TPOT")):
@@ -176,9 +199,11 @@ def _replica_json(
     snap: EngineSnapshot | None,
     level: str,
     reports: bool | None,
+    capacity: tuple[int | None, str],
 ) -> dict[str, Any]:
     if snap is None:
-        return {"scraped": False, "kv_level": level, "reports_cached_tokens": reports}
+        return {"scraped": False, "kv_level": level, "capacity_tokens": capacity[0],
+                "capacity_source": capacity[1], "reports_cached_tokens": reports}
     hit_rate = None
     if snap.prefix_cache_queries_total and snap.prefix_cache_hits_total is not None:
         hit_rate = snap.prefix_cache_hits_total / snap.prefix_cache_queries_total
@@ -189,7 +214,8 @@ def _replica_json(
         "kv_level": level,
         "requests_running": snap.num_requests_running,
         "requests_waiting": snap.num_requests_waiting,
-        "capacity_tokens": snap.capacity_tokens,
+        "capacity_tokens": capacity[0],
+        "capacity_source": capacity[1],
         "engine_prefix_cache_hit_rate_since_start": hit_rate,
         "reports_cached_tokens": reports,
     }
