@@ -3,7 +3,8 @@
     auth -> read body (bounded) -> parse + check once -> session -> candidates (404/503)
     -> hygiene scan/log/rewrite -> route -> forward (original bytes unless changed)
     -> relay (retry once on the next ranked replica if nothing reached the client yet)
-    -> finally: one UsageRecord, Router.completed, in-flight released
+    -> finally: one UsageRecord, Router.completed (with the reply text of a non-streamed
+       answer, so the router indexes the answer the next turn repeats), in-flight released
 
 Cancellation: once the body is read, a watcher task waits for `http.disconnect`; when the
 client goes, it cancels the request task, which closes the upstream connection at once
@@ -304,10 +305,9 @@ class Proxy:
                 if u is None:
                     s.router.completed(plan, name, None, None, ok, s.clock())
                 else:
-                    # No reply_text yet: Router._index_reply raises KeyError when the
-                    # prompt's blocks were evicted meanwhile (see bench/results/proxy.md).
+                    # reply_text: non-streamed answers only (see RelayOutcome).
                     s.router.completed(plan, name, u.prompt_tokens, u.cached_tokens, ok,
-                                       s.clock(), None, u.completion_tokens)
+                                       s.clock(), outcome.reply_text, u.completion_tokens)
 
 
 async def _respond_error(send: Send, err: GatewayError, headers: Headers) -> None:

@@ -8,7 +8,8 @@ gateway's id). Upstream response headers come back minus hop-by-hop ones, `conte
 
 Body: an SSE answer (`text/event-stream`) is forwarded chunk by chunk through an
 `SseUsageTap`; a failure after the first byte ends the stream with an OpenAI error event and
-`data: [DONE]`. Any other answer is read whole (it is complete JSON) and sent with its length.
+`data: [DONE]`. Any other answer is read whole (it is complete JSON) and sent with its length;
+a 200 one is parsed once for its usage and its generated text (`answer_from_body`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from gateway.asgi import Headers, Send
 from gateway.errors import GatewayError, UpstreamError, from_upstream
 from gateway.upstream import RawHeaders, UpstreamResponse
-from gateway.usage.extract import Usage, usage_from_body
+from gateway.usage.extract import Usage, answer_from_body
 from gateway.usage.sse import SseUsageTap
 
 HOP_BY_HOP = frozenset({
@@ -60,13 +61,16 @@ def client_response_headers(upstream: RawHeaders, extra: Headers) -> tuple[Heade
 class RelayOutcome:
     """What the relay observed; the request path turns it into the usage record."""
 
-    __slots__ = ("error", "first_byte", "started", "status", "usage")
+    __slots__ = ("error", "first_byte", "reply_text", "started", "status", "usage")
 
     def __init__(self) -> None:
         self.started = False  # the response head went to the client
         self.first_byte: float | None = None  # perf_counter when the first body byte went
         self.status = 0
         self.usage: Usage | None = None
+        # The generated text of a non-streamed answer; None for streams: collecting it would
+        # mean parsing every token event, and the tap only parses the usage event.
+        self.reply_text: str | None = None
         self.error: GatewayError | None = None
 
 
@@ -81,7 +85,7 @@ async def relay(
     if not content_type.startswith(b"text/event-stream"):
         data = await resp.read()
         if resp.status == 200:
-            outcome.usage = usage_from_body(data)
+            outcome.usage, outcome.reply_text = answer_from_body(data)
         headers.append((b"content-length", str(len(data)).encode()))
         outcome.first_byte = timer()
         on_first_byte()

@@ -137,6 +137,31 @@ async def test_non_streaming_relay_headers_and_record(records: list[UsageRecord]
     assert rec.ttft_ms is not None and rec.latency_ms >= rec.ttft_ms
 
 
+@pytest.mark.parametrize(("behave", "stream", "reply"), [
+    (ok_json, False, "hi"),  # the assistant message of the parsed body
+    (ok_stream, True, None),  # streams: token events are not parsed (tap stays cheap)
+])
+async def test_router_gets_the_reply_text(records: list[UsageRecord], behave: Behavior,
+                                          stream: bool, reply: str | None) -> None:
+    fake = Fake(behave)
+    app = create_app(settings(), upstream=fake.upstream)
+    seen: list[tuple[Any, ...]] = []
+    async for client in started(app, records):
+        assert app.services is not None
+        router = app.services.router
+
+        def spy(*args: Any, _original: Callable[..., None] = router.completed) -> None:
+            seen.append(args)
+            _original(*args)
+
+        router.completed = spy  # type: ignore[method-assign]
+        r = await client.post("/v1/chat/completions", json=chat(stream=stream))
+        assert r.status_code == 200
+    ((_plan, _replica, prompt, cached, ok, _now, text, completion),) = seen
+    assert (prompt, cached, ok, text, completion) == (40, 32 if not stream else 16, True,
+                                                      reply, 2)
+
+
 @pytest.mark.parametrize("client_usage", [False, True])
 async def test_streaming_usage_injection(records: list[UsageRecord], client_usage: bool) -> None:
     fake = Fake(ok_stream)

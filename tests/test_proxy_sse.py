@@ -7,7 +7,7 @@ import random
 import orjson
 import pytest
 
-from gateway.usage.extract import Usage, usage_from_body, usage_from_mapping
+from gateway.usage.extract import Usage, answer_from_body, usage_from_body, usage_from_mapping
 from gateway.usage.sse import SseUsageTap
 
 ROLE = b'data: {"id":"c1","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
@@ -145,3 +145,27 @@ def test_usage_from_mapping(usage: object, expected: Usage | None) -> None:
 )
 def test_usage_from_body(body: bytes, expected: Usage | None) -> None:
     assert usage_from_body(body) == expected
+
+
+BODY_USAGE = {"prompt_tokens": 3, "completion_tokens": 4}
+
+
+@pytest.mark.parametrize(
+    ("doc", "text"),
+    [
+        ({"choices": [{"message": {"role": "assistant", "content": "Hi there"}}]}, "Hi there"),
+        ({"choices": [{"text": " and so on", "index": 0}]}, " and so on"),  # completions
+        ({"choices": [{"message": {"role": "assistant", "content": None,
+                                   "tool_calls": [{"id": "t"}]}}]}, None),
+        ({"choices": [{"text": "a"}, {"text": "b"}]}, None),  # n = 2: which one comes back?
+        ({"choices": []}, None),
+        ({"choices": "x"}, None),
+        ({}, None),
+    ],
+)
+def test_answer_from_body_reads_usage_and_text_in_one_parse(doc: dict[str, object],
+                                                            text: str | None) -> None:
+    usage, reply = answer_from_body(orjson.dumps({**doc, "usage": BODY_USAGE}))
+    assert usage == Usage(3, 4, None)
+    assert reply == text
+    assert answer_from_body(orjson.dumps(doc)) == (None, None)  # no usage: not parsed at all
