@@ -1,8 +1,9 @@
 """Errors the gateway itself produces, in OpenAI's shape, and the one place where upstream
 failures are translated into them.
 
-Exception tree (upstream failures are raised by `gateway.upstream` and never leak aiohttp
-types past it):
+Exception tree (every upstream transport failure is raised as one of these by the
+`gateway.upstream.Upstream` in use, `gateway.h1client.H1Upstream` in production; no
+transport library's own exception types leak past it):
 
     GatewayError                 an error answered to the client (status + OpenAI body)
     UpstreamError                talking to a replica failed

@@ -173,7 +173,10 @@ class Proxy:
             for f in findings:
                 s.metrics.hygiene_finding(f.kind, f.severity)
             for f in s.analyzer.to_log(findings, ex.ts):
-                log.warning("hygiene finding", extra={
+                # `info` findings (a break in front of a short tail) cost almost nothing:
+                # debug level, so they do not drown the warnings.
+                level = logging.WARNING if f.severity == "warning" else logging.DEBUG
+                log.log(level, "hygiene finding", extra={
                     "request_id": ex.request_id, "model": ex.model, **f.to_dict()})
             value = s.analyzer.header_value(findings)
             if value is not None:

@@ -4,6 +4,8 @@ standing in for the replicas (routes, headers, body handling, errors, retries, r
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -383,3 +385,24 @@ async def test_models_union_and_other_routes(records: list[UsageRecord]) -> None
         assert r.headers["x-gateway-replica"] == "b"
         assert (await client.get("/nope")).status_code == 404
     assert [r.endpoint for r in records] == ["chat", "chat", "/v1/embeddings"]
+
+
+@pytest.mark.parametrize(("tail_words", "severity", "level"), [
+    (400, "warning", logging.WARNING),  # a long prompt behind the break: it costs
+    (0, "info", logging.DEBUG),  # a short one: info, logged at debug
+])
+async def test_hygiene_findings_log_at_their_severity(
+    records: list[UsageRecord], caplog: pytest.LogCaptureFixture, tail_words: int,
+    severity: str, level: int,
+) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    system = f"You are helpful. Current time: {stamp}. " + "word " * tail_words
+    body = {"model": MODEL, "messages": [{"role": "system", "content": system},
+                                         {"role": "user", "content": "hi"}]}
+    app = create_app(settings(), upstream=Fake().upstream)
+    with caplog.at_level(logging.DEBUG, logger="gateway.proxy"):
+        async for client in started(app, records):
+            assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+    logged = [r for r in caplog.records if r.getMessage() == "hygiene finding"]
+    assert logged and {r.__dict__["severity"] for r in logged} == {severity}
+    assert {r.levelno for r in logged} == {level}

@@ -18,7 +18,7 @@ EVENTS = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n',
 
 class Stream:
     """An upstream SSE answer read in len(reads) steps; `eof_known` says whether it can
-    tell the body ended without another read (as the aiohttp response can)."""
+    tell the body ended without another read (as H1Response.at_eof can)."""
 
     def __init__(self, reads: list[bytes], eof_known: bool, fail_after: int | None = None,
                  ) -> None:
