@@ -1,13 +1,19 @@
 """Volatile-looking content in prompt text: timestamps, ids, nonces, counters.
 
-Algorithm: everything we look for contains a digit, so one regex whose every match
-starts at a digit (`_NUM`; CPython's regex engine then skips non-digits with a fast
-charset scan) finds the numeric constructs: ISO dates/times, slashed dates, day-first and
+Algorithm: everything we look for contains a digit. A prefilter regex (`_CAND`) whose
+every match starts at an ASCII digit (so CPython's regex engine skips other characters with
+a fast charset scan) keeps only the digit runs that can be a finding: the head of an ISO,
+slashed or written date, a clock time, a run of 8+ digits, a token of 6+ characters (the
+letters in front counted by fixed-width look-behinds), or a number whose preceding word
+ends like a counter word ("turn 5", "request #12", "No. 3"). Plain numbers ("version 3",
+"19.99", "table 4") fail inside the engine and cost no Python at all. Each candidate is
+then matched by the full regex (`_NUM`: ISO dates/times, slashed dates, day-first and
 month-first written dates (RFC 2822 included), clock times, epoch seconds/milliseconds,
-and otherwise the rest of the token. Python then looks at the few characters in front of
-the match only where the kind needs them: the letters of the token's head (`req_`, the
-first hex group of a UUID), a month name, or a label ("request id:", "nonce=", "turn").
-Prose pays a digit scan; each numeric token costs a few string operations.
+and otherwise the rest of the token) and judged in Python, which looks at the few
+characters in front of the match only where the kind needs them: the letters of the
+token's head (`req_`, the first hex group of a UUID), a month name, or a label
+("request id:", "nonce=", "turn"). The prefilter accepts a superset of what the judge can
+report, so it changes the cost, not the result.
 
 Each hit has a `strength`:
 - STRONG: volatile by itself (a clock time to the second, a timestamp within
@@ -57,8 +63,35 @@ _NUM = re.compile(
     r"|(?P<tok>[0-9A-Za-z_\-]*)"
     r")"
 )
+# The prefilter: a digit that starts a digit run, followed or preceded by what some
+# alternative of `_NUM` or a branch of `_judge`/`_token`/`_counter` needs to report it. Every
+# look-behind is fixed-width and sits after the first digit, so the charset scan for the
+# digit stays the regex's prefix. Token length >= 6 (`_token`): h head letters in front of
+# the digit and t token characters from it, h + t >= 6. Counter words ("turn", "step", ...
+# and the "No." / "number" hop) are recognised by their last three letters.
+_TC = r"[0-9A-Za-z_\-=]"
+_HC = r"[A-Za-z_\-]"
+_CAND = re.compile(
+    r"[0-9](?<![0-9][0-9])(?:"
+    r"(?=[0-9]{3}-[01][0-9]-)"  # iso
+    r"|(?=[0-9]?/[0-9])"  # slashed date
+    r"|(?=[0-9]?:[0-5][0-9])"  # clock time
+    rf"|(?=[0-9]?(?:st|nd|rd|th)?\s+(?:of\s+)?{_MON})"  # day-first written date
+    r"|(?=[0-9]?(?:st|nd|rd|th)?,?\s+[0-9]{4}(?![0-9.]))"  # month-first written date
+    rf"|(?={_TC}{{5}})"  # a long token (or 6+ digits) from here
+    rf"|(?<={_HC}[0-9])(?:(?<={_HC}{{5}}[0-9])|(?<={_HC}{{4}}[0-9])(?={_TC})"
+    rf"|(?<={_HC}{{3}}[0-9])(?={_TC}{{2}})|(?<={_HC}{{2}}[0-9])(?={_TC}{{3}})|(?={_TC}{{4}}))"
+    r"|(?<=[#\t][0-9])|(?<=[ \t#] [0-9])"  # "#3", "turn  3", "request # 3"
+    r"|(?i:(?<=urn [0-9]|und [0-9]|ion [0-9]|mpt [0-9]|try [0-9]|est [0-9]|age [0-9]|nge [0-9]"
+    r"|oop [0-9]|cle [0-9]|all [0-9]|tep [0-9]|ery [0-9]|run [0-9]|ber [0-9]|[ \n]no [0-9]"
+    r"|no\. [0-9]|er\. [0-9]|.\.\. [0-9]))"  # counter word, one space
+    r"|(?i:(?<=no\.[0-9]|er\.[0-9]|.\.\.[0-9]))"  # "No.3"
+    r")"
+)
 _HEAD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_-")
 _TOKEN_EDGE = frozenset("=")
+_DIGITS = frozenset("0123456789")
+_TOKEN_CHARS = _HEAD_CHARS | _DIGITS
 _PATH_CHARS = frozenset("+/")
 _MON_BEFORE = re.compile(rf"(?:{_WDAY},?\s+)?{_MON}\.?\s+\Z")
 _WDAY_BEFORE = re.compile(rf"{_WDAY},?\s+\Z")
@@ -123,11 +156,36 @@ class Hit:
 def scan_text(text: str, lo: int = 0, hi: int | None = None, permissive: bool = False) -> list[Hit]:
     """Volatile-looking spans of text[lo:hi], in order (see module docstring)."""
     hits: list[Hit] = []
-    for m in _NUM.finditer(text, lo, len(text) if hi is None else hi):
+    end = len(text) if hi is None else hi
+    search, match = _CAND.search, _NUM.match
+    pos = lo
+    c = search(text, lo, end)
+    while c is not None:
+        s = c.start()
+        if s > pos and text[s - 1] in _HEAD_CHARS:
+            s = _run_start(text, s, pos)
+        m = match(text, s, end)
+        if m is None:  # unreachable: `_NUM` matches at every digit
+            break
         hit = _judge(m, text, permissive)
         if hit is not None:
             hits.append(hit)
+        pos = max(m.end(), c.start() + 1)
+        c = search(text, pos, end)
     return hits
+
+
+def _run_start(text: str, s: int, pos: int) -> int:
+    """Where a full left-to-right pass would have started the match that covers the digit
+    at `s`: the first digit of its token when an earlier digit of the same token exists
+    (that match runs over `s`), else `s`."""
+    ts = s
+    while ts > pos and text[ts - 1] in _TOKEN_CHARS:
+        ts -= 1
+    for i in range(ts, s):
+        if text[i] in _DIGITS:
+            return i
+    return s
 
 
 def classify_span(text: str, start: int) -> Hit | None:
