@@ -8,12 +8,20 @@ payload object and a writer task per request; here a request is one bytes join a
 
 Algorithm:
 - Pool: idle keep-alive connections per (scheme, host, port), reused last-in first-out;
-  one idle longer than `keepalive_s`, or closed by the server meanwhile, is dropped when met.
-  A connection goes back to the pool only after its response was read to the end and both
-  sides allow keep-alive; anything else (abort, error, HEAD, body delimited by close) closes it.
+  one idle longer than `keepalive_s`, or closed by the server meanwhile (its EOF seen, its
+  transport closing), is dropped when met. A connection goes back to the pool only after its
+  response was read to the end and both sides allow keep-alive (`Connection: close` from
+  the server is honoured); anything else (abort, error, HEAD, body delimited by close)
+  closes it.
+- Stale connections: servers close idle keep-alive connections on their own (llama.cpp
+  after every stream while advertising keep-alive, uvicorn/vLLM after 5 s idle), and the
+  close can cross the next request on the wire. A request that fails on a *reused*
+  connection before any response byte is sent once more on a fresh connection to the same
+  server (`stale_retries` counts them): the server never saw it, and the replica is fine,
+  so the caller's cross-replica retry (which would lose the prefix cache) is not involved.
 - Head: `send()` writes the request and waits for the response head. A failure before any
-  response byte arrived (refused, reset, a pooled connection the server had closed) is
-  `UpstreamConnectError`: the engine never answered, another replica may take the request.
+  response byte arrived on a fresh connection (refused, reset) is `UpstreamConnectError`:
+  the engine never answered, another replica may take the request.
   Garbage is `UpstreamProtocolError`; no head within `connect_s` + `read_s` (or `total_s`) is
   `UpstreamTimeout`.
 - Body: `read()` waits for the whole body; `chunks()` yields everything buffered at each
@@ -52,6 +60,7 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
+        self.peer_closed = False
         self.idle_since = 0.0
         self.waiter: asyncio.Future[None] | None = None
         self.start("GET")
@@ -87,6 +96,13 @@ class _Conn(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(UpstreamProtocolError(f"malformed response: {exc}"))
             self.close()
+
+    def eof_received(self) -> bool | None:
+        # The server half-closed (an idle keep-alive it is done with, or a body delimited
+        # by the close): never reuse. Returning None lets the transport close itself.
+        self.reusable = False
+        self.peer_closed = True
+        return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -262,6 +278,7 @@ class H1Upstream:
         self._open: set[_Conn] = set()
         self._targets: dict[str, tuple[PoolKey, str]] = {}
         self._ssl: ssl.SSLContext | None = None
+        self.stale_retries = 0  # requests re-sent after a reused connection proved closed
 
     def _target(self, url: str) -> tuple[PoolKey, str, str]:
         """(pool key, Host header, path) of an absolute http(s) URL."""
@@ -302,7 +319,10 @@ class H1Upstream:
         now = self._loop.time()
         while idle:
             conn = idle.pop()
-            if not conn.closed and now - conn.idle_since < self.keepalive_s:
+            transport = conn.transport
+            if (not conn.closed and not conn.peer_closed and transport is not None
+                    and not transport.is_closing()
+                    and now - conn.idle_since < self.keepalive_s):
                 return conn
             conn.close()
             self._open.discard(conn)
@@ -322,22 +342,36 @@ class H1Upstream:
     ) -> H1Response:
         key, host, path = self._target(url)
         deadline = None if timeouts.total_s is None else self._loop.time() + timeouts.total_s
-        conn = self._pooled(key)
-        if conn is None:
-            budget = timeouts.connect_s if deadline is None else min(
-                timeouts.connect_s, deadline - self._loop.time())
-            conn = await self._connect(key, budget)
-        conn.start(method)
         lines = [f"{method} {path} HTTP/1.1\r\nHost: {host}\r\n"]
         lines.extend(f"{k}: {v}\r\n" for k, v in headers)
         if body is not None or method in _BODY_METHODS:
             lines.append(f"Content-Length: {len(body) if body else 0}\r\n")
         lines.append("\r\n")
         head = "".join(lines).encode("latin-1")
+        request = head + body if body else head
+        conn = self._pooled(key)
+        if conn is not None:
+            try:
+                await self._exchange(conn, method, request, timeouts, deadline)
+            except UpstreamConnectError:
+                # Closed by the server while idle: it never saw this request.
+                self.stale_retries += 1
+                conn = None
+        if conn is None:
+            budget = timeouts.connect_s if deadline is None else min(
+                timeouts.connect_s, deadline - self._loop.time())
+            conn = await self._connect(key, budget)
+            await self._exchange(conn, method, request, timeouts, deadline)
+        return H1Response(self, key, conn, timeouts.read_s, deadline)
+
+    async def _exchange(self, conn: _Conn, method: str, request: bytes, timeouts: Timeouts,
+                        deadline: float | None) -> None:
+        """Write the request and wait for the response head; on failure close conn."""
+        conn.start(method)
         transport = conn.transport
         assert transport is not None
         try:
-            transport.write(head + body if body else head)
+            transport.write(request)
             while not conn.head_done:
                 if conn.error is not None:
                     raise conn.error
@@ -348,7 +382,6 @@ class H1Upstream:
             conn.close()
             self._open.discard(conn)
             raise
-        return H1Response(self, key, conn, timeouts.read_s, deadline)
 
     async def aclose(self) -> None:
         for conn in self._open:

@@ -4,6 +4,7 @@ and close; keep-alive reuse; every failure mapped to its UpstreamError."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -193,3 +194,114 @@ async def test_head_has_no_body(server: tuple[str, Script]) -> None:
         resp.release()
     finally:
         await client.aclose()
+
+
+# Servers that close keep-alive connections on their own -----------------------------------
+
+KEEP_ALIVE_OK = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n"
+                 b"keep-alive: timeout=5\r\n\r\n" + b'{"ok":true}')
+CLOSE_OK = (b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\nconnection: close\r\n\r\n"
+            + b'{"ok":true}')
+
+
+@dataclass
+class Closer:
+    """Answers `answered` requests per connection (only on the first `answering`
+    connections), then closes: after `close_after_s` when idle, or at once when the next
+    request arrives (the close crossing that request on the wire)."""
+
+    answered: int = 1
+    close_after_s: float | None = None
+    answering: int = 1_000
+    reply: bytes = KEEP_ALIVE_OK
+    connections: int = 0
+    requests: int = 0
+
+
+@contextlib.asynccontextmanager
+async def closing_server(spec: Closer) -> AsyncIterator[str]:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        spec.connections += 1
+        answers = spec.answered if spec.connections <= spec.answering else 0
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                spec.requests += 1
+                if answers == 0:
+                    break  # the request arrived after the server decided to close
+                answers -= 1
+                writer.write(spec.reply)
+                if answers == 0 and spec.close_after_s is not None:
+                    await asyncio.sleep(spec.close_after_s)
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()  # no Connection: close was announced
+
+    port = free_port()
+    srv = await asyncio.start_server(handle, "127.0.0.1", port)
+    async with srv:
+        yield f"http://127.0.0.1:{port}"
+
+
+async def get_ok(client: H1Upstream, url: str) -> None:
+    resp = await client.send("POST", url + "/v1/completions", [], b"{}", FAST)
+    assert resp.status == 200 and await resp.read() == b'{"ok":true}'
+    resp.release()
+
+
+async def test_idle_close_is_seen_before_reuse() -> None:
+    """llama.cpp: answers, then closes while advertising keep-alive. The pool must notice
+    the close (EOF) and never hand that connection out."""
+    spec = Closer(close_after_s=0.02)
+    async with closing_server(spec) as url:
+        client = H1Upstream()
+        try:
+            for _ in range(3):
+                await get_ok(client, url)
+                await asyncio.sleep(0.15)  # the server's close arrives meanwhile
+            assert (spec.connections, spec.requests) == (3, 3)
+            assert client.stale_retries == 0  # detected in the pool, not on use
+        finally:
+            await client.aclose()
+
+
+async def test_close_crossing_a_request_is_retried_on_a_fresh_connection() -> None:
+    spec = Closer()  # answers once, closes when the second request arrives
+    async with closing_server(spec) as url:
+        client = H1Upstream()
+        try:
+            await get_ok(client, url)
+            await get_ok(client, url)  # the reused connection fails: re-sent, succeeds
+            assert client.stale_retries == 1
+            assert (spec.connections, spec.requests) == (2, 3)
+        finally:
+            await client.aclose()
+
+
+async def test_retry_is_once_and_only_for_a_reused_connection() -> None:
+    spec = Closer(answering=1)  # only the very first request is ever answered
+    async with closing_server(spec) as url:
+        client = H1Upstream()
+        try:
+            await get_ok(client, url)
+            with pytest.raises(UpstreamConnectError):
+                await get_ok(client, url)  # reused fails, the fresh one fails too: give up
+            assert (client.stale_retries, spec.connections, spec.requests) == (1, 2, 3)
+            with pytest.raises(UpstreamConnectError):
+                await get_ok(client, url)  # nothing pooled: a fresh failure is not retried
+            assert (client.stale_retries, spec.connections, spec.requests) == (1, 3, 4)
+        finally:
+            await client.aclose()
+
+
+async def test_connection_close_from_the_server_is_honoured() -> None:
+    spec = Closer(answered=2, reply=CLOSE_OK)  # would answer again, but said close
+    async with closing_server(spec) as url:
+        client = H1Upstream()
+        try:
+            await get_ok(client, url)
+            await get_ok(client, url)
+            assert (spec.connections, spec.requests, client.stale_retries) == (2, 2, 0)
+        finally:
+            await client.aclose()
