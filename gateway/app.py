@@ -80,7 +80,8 @@ class GatewayApp:
         router = Router(settings.routing)
         metrics = GatewayMetrics()
         recorder = UsageRecorder(settings.usage, metrics)
-        monitor = FleetMonitor(fleet, upstream, router, metrics, settings, self.clock)
+        monitor = FleetMonitor(fleet, upstream, router, metrics, settings, self.clock,
+                               recorder=recorder)
         services = Services(
             settings=settings, clock=self.clock, upstream=upstream, fleet=fleet, router=router,
             analyzer=HygieneAnalyzer(settings.hygiene), metrics=metrics, recorder=recorder,

@@ -17,6 +17,7 @@ from gateway.app import GatewayApp, create_app
 from gateway.errors import UpstreamConnectError, UpstreamTimeout
 from gateway.mock_upstream import MockReply, MockRequest, MockUpstream
 from gateway.settings import ReplicaSettings, ServerSettings, Settings
+from gateway.usage.config import UsageConfig
 from gateway.usage.record import UsageRecord
 
 MODEL = "m1"
@@ -84,7 +85,9 @@ class Fake:
 
 def settings(**server: Any) -> Settings:
     replicas = tuple(ReplicaSettings(name=n, url=f"http://{n}.test") for n in ("a", "b"))
-    return Settings(replicas=replicas, server=ServerSettings(**server))
+    # no start-up details probe: its completions would count as inference requests here
+    return Settings(replicas=replicas, server=ServerSettings(**server),
+                    usage=UsageConfig(startup_probe=False))
 
 
 @pytest.fixture
@@ -285,7 +288,7 @@ async def test_auth(records: list[UsageRecord], keys: dict[str, str], authorizat
 async def test_replica_key_goes_upstream() -> None:
     fake = Fake()
     replicas = (ReplicaSettings(name="a", url="http://a.test", api_key="up-secret"),)
-    app = create_app(Settings(replicas=replicas), upstream=fake.upstream)
+    app = create_app(dataclasses.replace(settings(), replicas=replicas), upstream=fake.upstream)
     async for client in started(app, []):
         r = await client.post("/v1/chat/completions", json=chat(),
                               headers={"authorization": "Bearer client"})

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from collections.abc import Callable
 
 import orjson
@@ -14,6 +16,7 @@ from gateway.errors import UpstreamConnectError
 from gateway.mock_upstream import MockReply, MockRequest, MockUpstream
 from gateway.routing.config import RoutingConfig
 from gateway.settings import ReplicaSettings, Settings
+from gateway.usage.config import UsageConfig
 
 JSON_H = [("content-type", "application/json")]
 TEXT_H = [("content-type", "text/plain")]
@@ -61,6 +64,7 @@ def settings(capacity: int | None) -> Settings:
     return Settings(
         replicas=(ReplicaSettings(name="a", url="http://a.test", capacity_tokens=capacity),),
         routing=RoutingConfig(default_capacity_tokens=DEFAULT),
+        usage=UsageConfig(startup_probe=False),
     )
 
 
@@ -91,3 +95,50 @@ async def test_capacity_reaches_the_router_and_stats(
         assert status == 200
         rep = orjson.loads(body)["replicas"]["a"]
         assert (rep["capacity_tokens"], rep["capacity_source"]) == (tokens, source)
+
+
+# start-up probe for cached_tokens reporting ------------------------------------------------
+
+def completion(details: bool) -> MockReply:
+    usage: dict[str, object] = {"prompt_tokens": 40, "completion_tokens": 1, "total_tokens": 41}
+    if details:
+        usage["prompt_tokens_details"] = {"cached_tokens": 32}
+    body = {"object": "text_completion", "choices": [{"index": 0, "text": "x"}], "usage": usage}
+    return MockReply(200, JSON_H, [orjson.dumps(body)])
+
+
+@pytest.mark.parametrize(("answers", "probes", "reports"), [
+    ([False, False], 2, False),  # vLLM without --enable-prompt-tokens-details
+    ([False, True], 2, True),  # vLLM <= 0.23 with it: details only on the cache hit
+    ([True], 1, True),  # vLLM >= 0.24 with it: details (cached 0) from the first answer
+    ([None, None], 2, None),  # the completions failed: no verdict
+], ids=["missing", "second-only", "first", "failed"])
+async def test_startup_probe_marks_replicas_without_cached_tokens(
+    answers: list[bool | None], probes: int, reports: bool | None,
+) -> None:
+    sent: list[MockRequest] = []
+    base = upstream(metrics_404)
+
+    async def handle(req: MockRequest) -> MockReply:
+        if not req.url.endswith("/v1/completions"):
+            return await base.handler(req)
+        sent.append(req)
+        answer = answers[len(sent) - 1]
+        return MockReply(500, JSON_H, [b"{}"]) if answer is None else completion(answer)
+
+    app = create_app(dataclasses.replace(settings(None), usage=UsageConfig()),
+                     upstream=MockUpstream(handle))
+    async with app.running():
+        assert app.services is not None
+        s = app.services
+        for _ in range(200):  # the probe runs in the background
+            if not s.monitor._details_probes:
+                break
+            await asyncio.sleep(0.005)
+        stats = s.recorder.stats(0.0, {"a": None})
+    assert len(sent) == probes
+    assert orjson.loads(sent[0].body or b"")["max_tokens"] == 1
+    assert stats["replicas"]["a"]["reports_cached_tokens"] is reports
+    warned = any("--enable-prompt-tokens-details" in w for w in stats["warnings"])
+    assert warned is (reports is False)
+    assert stats["windows"]["all"]["requests"] == 0  # probes are not client requests

@@ -217,3 +217,20 @@ def test_stats_capacity_and_its_source(
                     configured_capacity={"a": configured}, default_capacity_tokens=5000)
     rep = stats["replicas"]["a"]
     assert (rep["capacity_tokens"], rep["capacity_source"]) == expected
+
+
+def test_startup_probe_verdict_overrides_both_ways(caplog: pytest.LogCaptureFixture) -> None:
+    r = UsageRecorder(UsageConfig(), GatewayMetrics())
+    with caplog.at_level(logging.WARNING, logger="gateway.usage"):
+        r.probe_cached_tokens("a", False)  # before any request
+        r.record(rec(replica="a", cached_tokens=None))  # already known: not logged again
+        assert r.missing_cached_tokens_replicas() == ["a"]
+        r.probe_cached_tokens("a", True)  # restarted with the flag
+        assert r.missing_cached_tokens_replicas() == []
+        assert r.stats(5.0, {"a": None})["replicas"]["a"]["reports_cached_tokens"] is True
+        r.probe_cached_tokens("a", False)  # restarted without it again
+        assert r.missing_cached_tokens_replicas() == ["a"]
+    logged = [x for x in caplog.records if "does not report cached_tokens" in x.getMessage()]
+    assert len(logged) == 2 and all("--enable-prompt-tokens-details" in x.getMessage()
+                                    for x in logged)
+    assert r.stats(5.0, {})["windows"]["all"]["requests"] == 1  # only the real record

@@ -10,10 +10,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.usage.metrics import DOCUMENTED_METRICS
-from tests.servers import free_port, running, script
+from tests.servers import free_port, running, script, sim
 
 
 def _get(url: str) -> bytes:
@@ -73,3 +74,29 @@ def test_usage_end_to_end(tmp_path: Path) -> None:
                           capture_output=True, timeout=60, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["windows"]["all"]["cached_tokens"] == reported
+
+
+@pytest.mark.parametrize("details", [False, True], ids=["no-details", "details"])
+def test_startup_probe_finds_replicas_without_cached_tokens(
+    tmp_path: Path, details: bool
+) -> None:
+    extra = [] if details else ["--no-prompt-tokens-details"]
+    logfile = tmp_path / "gateway.log"
+    with sim(1, extra) as urls:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        argv = [*script("gateway"), "serve", "--port", str(port), "--backend", urls[0]]
+        with running(argv, [url + "/ready"], log_path=logfile):
+            deadline = time.monotonic() + 10
+            while True:  # the probe runs in the background once the replica is up
+                stats = json.loads(_get(url + "/stats"))
+                (rep,) = stats["replicas"].values()
+                if rep["reports_cached_tokens"] is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+    assert rep["reports_cached_tokens"] is details
+    warned = [w for w in stats["warnings"] if "--enable-prompt-tokens-details" in w]
+    assert len(warned) == (0 if details else 1)
+    assert stats["windows"]["all"]["requests"] == 0  # probe traffic is not recorded
+    logged = "--enable-prompt-tokens-details" in logfile.read_text()
+    assert logged is not details

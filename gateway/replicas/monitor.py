@@ -11,8 +11,17 @@ metrics scrapes, each on its own timer, all through the app's `Upstream`.
   configured `capacity_tokens`, also when the scrape fails or `/metrics` is off),
   `Router.replica_restarted` when counters went backwards, and `GatewayMetrics.replica_state`.
 
+- details probe (`usage.startup_probe`, default on): once a replica is up and its models
+  known, a background task sends it `POST /v1/completions` with a fixed ~40-token prompt
+  and `max_tokens: 1`, twice (the second hits the prefix cache: vLLM <= 0.23 leaves
+  `prompt_tokens_details` out when nothing was cached). If neither answer carries
+  `cached_tokens` the replica runs without `--enable-prompt-tokens-details`:
+  `UsageRecorder.probe_cached_tokens` logs it and `/stats` warns; if one does, that is
+  cleared. The probe goes straight to the replica: no router, no usage record.
+
 `start()` runs one probe round before returning, so `/ready` is right as soon as the app
-serves. Failures of one replica never stop the loops; each probe is bounded by its timeout.
+serves (the details probe runs after, in the background). Failures of one replica never
+stop the loops; each probe is bounded by its timeout.
 """
 
 from __future__ import annotations
@@ -29,17 +38,28 @@ from gateway.replicas.scrape import parse_engine_metrics
 from gateway.routing.router import Router
 from gateway.settings import Settings
 from gateway.upstream import Timeouts, Upstream
+from gateway.usage.extract import usage_from_body
 from gateway.usage.metrics import GatewayMetrics
+from gateway.usage.recorder import UsageRecorder
 
 log = logging.getLogger("gateway.replicas")
+
+# ~40 tokens with common tokenizers (over two 16-token KV blocks, so the repeat is a hit)
+DETAILS_PROBE_PROMPT = (
+    "This is a start-up check from the gateway in front of this server. It sends the "
+    "same short prompt twice and reads the usage of both answers to see if cached "
+    "prompt tokens are reported."
+)
+DETAILS_PROBE_TIMEOUT_S = 30.0
 
 
 class FleetMonitor:
     def __init__(
         self, fleet: Fleet, upstream: Upstream, router: Router, metrics: GatewayMetrics,
-        settings: Settings, clock: Callable[[], float],
+        settings: Settings, clock: Callable[[], float], recorder: UsageRecorder | None = None,
     ) -> None:
         self.fleet = fleet
+        self.recorder = recorder if settings.usage.startup_probe else None
         self.upstream = upstream
         self.router = router
         self.metrics = metrics
@@ -52,7 +72,12 @@ class FleetMonitor:
             connect_s=server.health_timeout_s, read_s=server.health_timeout_s,
             total_s=server.health_timeout_s,
         )
+        self.probe_timeouts = Timeouts(
+            connect_s=server.connect_timeout_s, read_s=server.read_timeout_s,
+            total_s=DETAILS_PROBE_TIMEOUT_S,
+        )
         self._tasks: list[asyncio.Task[None]] = []
+        self._details_probes: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         await self.probe_all()
@@ -63,10 +88,12 @@ class FleetMonitor:
         ]
 
     async def aclose(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._details_probes]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
+        self._details_probes.clear()
 
     async def _every(self, interval: float, action: Callable[[], object]) -> None:
         while True:
@@ -113,6 +140,10 @@ class FleetMonitor:
             # (llama.cpp's default) never gets a scrape that would set it.
             self.apply_capacity(replica)
             await asyncio.gather(self.refresh_model(replica), self.scrape(replica))
+            if self.recorder is not None:
+                task = asyncio.create_task(self.probe_details(replica, self.recorder))
+                self._details_probes.add(task)
+                task.add_done_callback(self._details_probes.discard)
         else:
             self.router.remove_replica(replica.name)
 
@@ -170,3 +201,38 @@ class FleetMonitor:
         healthy replica: `set_capacity` would add a replica that went down meanwhile."""
         if replica.healthy:
             self.router.set_capacity(replica.name, replica.capacity_tokens(), block_size)
+
+    # cached_tokens reporting -------------------------------------------------------------
+
+    async def probe_details(self, replica: Replica, recorder: UsageRecorder) -> None:
+        """The details probe (module docstring); no verdict when no answer carried usage."""
+        if not replica.models:
+            log.debug("details probe skipped: models unknown", extra={"replica": replica.name})
+            return
+        body = orjson.dumps({"model": min(replica.models), "prompt": DETAILS_PROBE_PROMPT,
+                             "max_tokens": 1, "temperature": 0})
+        headers = [("content-type", "application/json"), *replica.upstream_headers]
+        answered = False
+        for _ in range(2):
+            try:
+                resp = await self.upstream.send("POST", replica.url + "/v1/completions",
+                                                headers, body, self.probe_timeouts)
+                try:
+                    data = await resp.read()
+                except BaseException:
+                    resp.abort()
+                    raise
+                resp.release()
+            except UpstreamError as exc:
+                log.debug("details probe failed", extra={"replica": replica.name,
+                                                         "error": str(exc)})
+                return
+            usage = usage_from_body(data) if resp.status == 200 else None
+            if usage is None or usage.prompt_tokens is None:
+                continue
+            answered = True
+            if usage.cached_tokens is not None:
+                recorder.probe_cached_tokens(replica.name, True)
+                return
+        if answered:
+            recorder.probe_cached_tokens(replica.name, False)

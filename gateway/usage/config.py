@@ -1,9 +1,10 @@
 """Settings of the usage accounting (TOML section `[usage]`, env `GATEWAY_USAGE_*`).
 
 Where records go (a JSON-lines file, stdout, a Redis stream), how much the sinks may
-buffer before they drop, how often replicas are scraped, and the thresholds the `/stats`
-warnings use. Every field has a default, so `UsageConfig()` is a working configuration
-(no sinks: records only feed the metrics and the stats windows).
+buffer before they drop, how often replicas are scraped, the thresholds the `/stats`
+warnings use, and whether a replica is probed for `cached_tokens` reporting when it comes
+up (`gateway.replicas.monitor`). Every field has a default, so `UsageConfig()` is a working
+configuration (no sinks: records only feed the metrics and the stats windows).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ class UsageConfig:
     kv_critical: float = 0.95  # ... and a critical flag
     ttft_target_ms: float = 1000.0  # P99 TTFT target reported in /stats
     tpot_target_ms: float = 100.0  # P99 time-per-output-token target
+    # When a replica comes up (models known), send it two tiny completions (max_tokens 1)
+    # to learn whether it reports cached_tokens before any client request does.
+    startup_probe: bool = True
 
     def __post_init__(self) -> None:
         if self.redis_maxlen <= 0:

@@ -5,6 +5,11 @@ listed as missing it when it sent usage (`prompt_tokens` known) without `cached_
 and has never reported `cached_tokens`. A single report takes it off the list for good:
 vLLM <= 0.23 leaves the details out whenever nothing was cached, so a replica with the
 flag on can look "missing" during a cold start, but never after its first cache hit.
+
+`probe(replica, reports)` takes the verdict of the monitor's start-up probe (two identical
+small completions, the second a cache hit, so a replica with the flag reports details in at
+least one): it overrides what was known, in both directions, because a replica that came
+(back) up may have been restarted with different flags. It counts as one record.
 """
 
 from __future__ import annotations
@@ -48,3 +53,14 @@ class CachedTokensReporting:
         if replica in self._reporting:
             return True
         return False if replica in self._missing else None
+
+    def probe(self, replica: str, reports: bool) -> bool:
+        """Record a start-up probe's verdict; True when it newly marks the replica missing."""
+        if reports:
+            self._reporting.add(replica)
+            self._missing.pop(replica, None)
+            return False
+        self._reporting.discard(replica)
+        newly = replica not in self._missing
+        self._missing[replica] = self._missing.get(replica, 0) + 1
+        return newly

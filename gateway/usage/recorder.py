@@ -8,7 +8,9 @@ bounded buffer. It never awaits and never raises to the caller (see `record`).
 Missing cached_tokens: a replica whose records carry `prompt_tokens` but no
 `cached_tokens` runs without `--enable-prompt-tokens-details`. `record` logs that once per
 replica at first detection; `missing_cached_tokens_replicas()` lists such replicas (rule
-in `gateway.usage.details`), and `/stats` turns them into warnings.
+in `gateway.usage.details`), and `/stats` turns them into warnings. The replica monitor's
+start-up probe reports through `probe_cached_tokens` (no usage record: probe traffic is
+not a client request).
 
 `stats(now, replicas, configured_capacity=..., default_capacity_tokens=...)` builds the
 `/stats` JSON: the windows of `gateway.usage.stats`, each replica's last scrape with
@@ -137,6 +139,12 @@ class UsageRecorder:
             if now - self._last_error_log >= _ERROR_LOG_EVERY_S:
                 self._last_error_log = now
                 log.exception("usage record failed (%d so far)", self._record_errors)
+
+    def probe_cached_tokens(self, replica: str, reports: bool) -> None:
+        """The start-up probe's verdict on replica (see gateway.usage.details)."""
+        if self._details.probe(replica, reports):
+            log.warning("%s", missing_cached_tokens_warning(replica),
+                        extra={"replica": replica, "source": "startup probe"})
 
     def missing_cached_tokens_replicas(self) -> list[str]:
         """Replicas that send usage without cached_tokens (see gateway.usage.details)."""
