@@ -183,7 +183,7 @@ class HygieneAnalyzer:
             kind=d.kind,
             severity="warning" if warn else "info",
             evidence="drift",
-            message_index=part.index,
+            message_index=part.message_index,
             role=part.role,
             char_offset=d.offset,
             span=self._span(d.kind, part.text[d.offset : d.end]),
@@ -212,7 +212,7 @@ class HygieneAnalyzer:
                 if strength < WEAK:
                     continue
                 value = part.text[hit.start : hit.end]
-                if value in seen or _covered(drift, part.index, part.role, hit):
+                if value in seen or _covered(drift, part.message_index, part.role, hit):
                     continue
                 tokens = p.tokens_after(k, hit.start)
                 warn = strength == STRONG and tokens >= self.config.warn_min_tokens
@@ -221,7 +221,7 @@ class HygieneAnalyzer:
                         kind=hit.kind,
                         severity="warning" if warn else "info",
                         evidence="pattern",
-                        message_index=part.index,
+                        message_index=part.message_index,
                         role=part.role,
                         char_offset=hit.start,
                         span=self._span(hit.kind, value),

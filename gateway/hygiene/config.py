@@ -13,7 +13,10 @@ Knobs:
 - `max_sessions` / `max_templates`: LRU caps of the drift state (one entry per session, one
   per template for requests without a session).
 - `drift_text_chars`: per entry, message/tool text kept verbatim to locate a divergence to
-  the character; past it only hashes are kept (the divergence is then located to the message).
+  the character (earliest parts first; the part where it runs out keeps a prefix); past it
+  only hashes are kept (the divergence is then located to the message). Worst case about
+  (max_sessions + max_templates) x drift_text_chars characters: 42 MB of ASCII at the
+  defaults. 8 KiB covers the head of the prompt, where volatile values live.
 - `scan_cache_entries`: LRU of pattern-scan results keyed by content hash, so an unchanged
   system prompt or tool list is scanned once, not on every request.
 - `log_interval_s` / `log_max_per_s`: `to_log` emits the same kind at the same place for the
@@ -36,7 +39,7 @@ class HygieneConfig:
     recent_window_s: float = 2 * 86400.0
     max_sessions: int = 4096
     max_templates: int = 1024
-    drift_text_chars: int = 16384
+    drift_text_chars: int = 8192
     scan_cache_entries: int = 1024
     log_interval_s: float = 60.0
     log_max_per_s: int = 20

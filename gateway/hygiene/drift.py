@@ -2,8 +2,12 @@
 
 A `Snapshot` keeps, per part of the previous request, its role, hash and (while the
 entry's `text_budget` of characters lasts, earliest parts first) its text, plus the tool
-names and key-order-free tool hashes. `diverge(old, new, head_only)` walks both in
-rendered order and stops at the first part that differs:
+names and key-order-free tool hashes. The part where the budget runs out keeps a prefix of
+its text (`whole=False`): volatile values sit near the top of a long system prompt far
+more often than deep inside it, so a break there is still located to the character and
+named; a break past the kept prefix is located to the part only.
+`diverge(old, new, head_only)` walks both in rendered order and stops at the first part
+that differs:
 
 - tools: same tools in another order -> `tool_order`; same tools in the same order whose
   JSON differs only in key order -> `json_key_order`; else the changed span is classified.
@@ -24,6 +28,7 @@ themselves are expected to differ.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.hygiene.patterns import classify_span
 from gateway.hygiene.prompt import Prompt
@@ -31,12 +36,11 @@ from gateway.hygiene.prompt import Prompt
 HEAD_ROLES = frozenset({"system", "developer"})
 
 
-@dataclass(frozen=True, slots=True)
-class PartSig:
+class PartSig(NamedTuple):
     role: str
     digest: int
-    text: str | None  # None past the entry's text budget
-    extra: str | None
+    text: str | None  # None past the entry's text budget; a prefix when not `whole`
+    whole: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,17 +56,15 @@ class Snapshot:
         sigs: list[PartSig] = []
         left = text_budget
         for part in p.parts:
-            keep = part.size <= left
-            if keep:
+            text = part.text
+            if left <= 0:
+                sigs.append(PartSig(part.role, part.digest, None, False))
+            elif len(text) <= left:
                 left -= part.size
-            sigs.append(
-                PartSig(
-                    part.role,
-                    part.digest,
-                    part.text if keep else None,
-                    part.extra if keep else None,
-                )
-            )
+                sigs.append(PartSig(part.role, part.digest, text, True))
+            else:
+                sigs.append(PartSig(part.role, part.digest, text[:left], False))
+                left = 0
         return Snapshot(
             parts=tuple(sigs),
             tool_names=tuple(t.name for t in p.tools),
@@ -131,22 +133,24 @@ def _tools(old: Snapshot, new: Prompt) -> Divergence | None:
         return _at(new, 0, at, at + len(tools[first].text), "json_key_order", True)
     if names == old.tool_names and canon == old.tool_canon:
         return _at(new, 0, at, at + len(tools[first].text), "json_key_order", True)
-    old_text = old.parts[0].text if old.parts and old.parts[0].role == "tools" else None
-    if old_text is not None:
-        return _text_diff(old_text, new, 0, head=True)
+    if old.parts and old.parts[0].role == "tools" and old.parts[0].text is not None:
+        return _in_part(old.parts[0], new, 0)
     return _at(new, 0, at, at, "volatile_span", False)
 
 
 def _in_part(o: PartSig, new: Prompt, k: int) -> Divergence:
     n = new.parts[k]
     head = n.role in HEAD_ROLES or n.role == "prompt"
+    fallback = "volatile_span" if head else "history_rewrite"
     if o.role != n.role or o.text is None:
-        return _at(new, k, 0, 0, "volatile_span" if head else "history_rewrite", False)
+        return _at(new, k, 0, 0, fallback, False)
+    if not o.whole:
+        if n.text.startswith(o.text):
+            return _at(new, k, 0, 0, fallback, False)  # the break is past the kept prefix
+        return _prefix_diff(o.text, new, k, head)
     if o.text == n.text:
         # content equal: tool calls, names or non-text parts changed
-        return _at(
-            new, k, len(n.text), len(n.text), "volatile_span" if head else "history_rewrite", False
-        )
+        return _at(new, k, len(n.text), len(n.text), fallback, False)
     return _text_diff(o.text, new, k, head)
 
 
@@ -160,6 +164,24 @@ def _text_diff(old: str, new: Prompt, k: int, head: bool) -> Divergence:
     # non-blank characters are the same on both sides
     if "".join(old[start:end_old].split()) == "".join(text[start:end_new].split()):
         return _at(new, k, start, max(end_new, start), "whitespace", True)
+    return _classify(old, text, new, k, head, start, end_old, end_new)
+
+
+def _prefix_diff(old: str, new: Prompt, k: int, head: bool) -> Divergence:
+    """As `_text_diff` with only a prefix of the old text: the break lies inside it; its end
+    is unknown, so whitespace-only means the new text's non-blank characters continue the
+    kept ones, and the classifier names the span from its start."""
+    text = new.parts[k].text
+    start = common_prefix(old, text)
+    kept = "".join(old[start:].split())
+    if kept and "".join(text[start : start + 2 * (len(old) - start) + 64].split()).startswith(kept):
+        return _at(new, k, start, start + 1, "whitespace", True)
+    return _classify(old, text, new, k, head, start, start, start)
+
+
+def _classify(
+    old: str, text: str, new: Prompt, k: int, head: bool, start: int, end_old: int, end_new: int
+) -> Divergence:
     # widen to whole tokens so "…:22" vs "…:23" is judged as the timestamp it belongs to
     hit = classify_span(text, start)
     if hit is not None:

@@ -64,28 +64,34 @@ _NUM = re.compile(
     r")"
 )
 # The prefilter: a digit that starts a digit run, followed or preceded by what some
-# alternative of `_NUM` or a branch of `_judge`/`_token`/`_counter` needs to report it. Every
-# look-behind is fixed-width and sits after the first digit, so the charset scan for the
-# digit stays the regex's prefix. Token length >= 6 (`_token`): h head letters in front of
-# the digit and t token characters from it, h + t >= 6. Counter words ("turn", "step", ...
-# and the "No." / "number" hop) are recognised by their last three letters.
+# alternative of `_NUM` or a branch of `_judge`/`_token`/`_counter` needs to report it (a
+# superset: the judge decides). Every look-behind is fixed-width and sits after the first
+# digit, so the charset scan for the digit stays the regex's prefix; possessive quantifiers
+# keep a plain "17 " from backtracking. Branches, cheapest rejection first:
+# - "2024-", "1/", "14:": ISO and slashed dates, clock times;
+# - "1 June", "1st of", "1, 2024": written dates (the month-first kind needs the year);
+# - a token of 6+ characters: t token characters from the digit (6+ digits included) and
+#   h head letters in front of it (`_token` walks back over them), h + t >= 6;
+# - "#3", "\t3", "turn  3": a counter's separators other than one space;
+# - "turn 3", "No. 3", "number 3": the last three letters of a counter word (or of the
+#   "no"/"number" hop), any case; "No.3".
 _TC = r"[0-9A-Za-z_\-=]"
 _HC = r"[A-Za-z_\-]"
+_COUNTER_ENDS = (
+    r"[uU][rR][nN]|[uU][nN][dD]|[iI][oO][nN]|[mM][pP][tT]|[tT][rR][yY]|[eE][sS][tT]|[aA][gG][eE]"
+    r"|[nN][gG][eE]|[oO][oO][pP]|[cC][lL][eE]|[aA][lL][lL]|[tT][eE][pP]|[eE][rR][yY]|[rR][uU][nN]"
+    r"|[bB][eE][rR]|[ \n][nN][oO]|[nN][oO]\.|[eE][rR]\.|.\.\."
+)
 _CAND = re.compile(
     r"[0-9](?<![0-9][0-9])(?:"
-    r"(?=[0-9]{3}-[01][0-9]-)"  # iso
-    r"|(?=[0-9]?/[0-9])"  # slashed date
-    r"|(?=[0-9]?:[0-5][0-9])"  # clock time
-    rf"|(?=[0-9]?(?:st|nd|rd|th)?\s+(?:of\s+)?{_MON})"  # day-first written date
-    r"|(?=[0-9]?(?:st|nd|rd|th)?,?\s+[0-9]{4}(?![0-9.]))"  # month-first written date
-    rf"|(?={_TC}{{5}})"  # a long token (or 6+ digits) from here
+    r"(?=[0-9]?+(?:[-/:]|[0-9]{2}-[01][0-9]-))"
+    r"|(?=[0-9]?+(?:st|nd|rd|th)?+,?+\s++(?:[0-9]{4}|of\s+[JFMASOND]|[JFMASOND][a-z]))"
+    rf"|(?={_TC}{{5}})"
     rf"|(?<={_HC}[0-9])(?:(?<={_HC}{{5}}[0-9])|(?<={_HC}{{4}}[0-9])(?={_TC})"
     rf"|(?<={_HC}{{3}}[0-9])(?={_TC}{{2}})|(?<={_HC}{{2}}[0-9])(?={_TC}{{3}})|(?={_TC}{{4}}))"
-    r"|(?<=[#\t][0-9])|(?<=[ \t#] [0-9])"  # "#3", "turn  3", "request # 3"
-    r"|(?i:(?<=urn [0-9]|und [0-9]|ion [0-9]|mpt [0-9]|try [0-9]|est [0-9]|age [0-9]|nge [0-9]"
-    r"|oop [0-9]|cle [0-9]|all [0-9]|tep [0-9]|ery [0-9]|run [0-9]|ber [0-9]|[ \n]no [0-9]"
-    r"|no\. [0-9]|er\. [0-9]|.\.\. [0-9]))"  # counter word, one space
-    r"|(?i:(?<=no\.[0-9]|er\.[0-9]|.\.\.[0-9]))"  # "No.3"
+    r"|(?<=[#\t][0-9])"
+    rf"|(?<=[nNdDtTyYeEpPlLrRoO. \t#] [0-9])(?:(?<=[ \t#] [0-9])|(?<=(?:{_COUNTER_ENDS}) [0-9]))"
+    r"|(?<=\.[0-9])(?<=[nN][oO]\.[0-9]|[eE][rR]\.[0-9]|.\.\.[0-9])"
     r")"
 )
 _HEAD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_-")

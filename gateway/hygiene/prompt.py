@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import xxhash
+from xxhash import xxh3_64_intdigest as xxh3
 
 # Role markers and separators a chat template adds around each message (ChatML: about
 # "<|im_start|>user\n" + "<|im_end|>\n"); only the size matters here.
@@ -34,17 +35,16 @@ class Tool:
     canon: int  # hash of the tool with keys sorted: equal canon, different text = key order
 
 
-@dataclass(frozen=True, slots=True)
-class Part:
-    index: int | None  # message index; None for tools and the completions prompt
+class Part(NamedTuple):
+    """A named tuple rather than a frozen dataclass: one is built per message per request,
+    and a tuple is several times cheaper to construct."""
+
+    message_index: int | None  # None for tools and the completions prompt
     role: str  # message role, "tools" or "prompt"
     text: str
     extra: str
     digest: int  # xxh3 of text and extra
-
-    @property
-    def size(self) -> int:
-        return len(self.text) + len(self.extra) + TEMPLATE_OVERHEAD
+    size: int  # rendered chars: text + extra + TEMPLATE_OVERHEAD
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +93,8 @@ def parse(body: Mapping[str, Any], endpoint: str) -> Prompt:
             parts.append(_part(None, "tools", tools_text, ""))
         msgs = body.get("messages")
         for i, m in enumerate(msgs if isinstance(msgs, list) else ()):
-            if not isinstance(m, Mapping):
+            # `type is dict` first: the ABC check of Mapping costs more than the rest
+            if type(m) is not dict and not isinstance(m, Mapping):
                 continue
             role = str(m.get("role", ""))
             text, extra = _content(m)
@@ -108,8 +109,10 @@ def parse(body: Mapping[str, Any], endpoint: str) -> Prompt:
             prompt = first if isinstance(first, str) else orjson.dumps(prompt).decode()
         parts.append(_part(None, "prompt", str(prompt), ""))
     suffix = [0] * (len(parts) + 1)
+    acc = 0
     for k in range(len(parts) - 1, -1, -1):
-        suffix[k] = suffix[k + 1] + parts[k].size
+        acc += parts[k].size
+        suffix[k] = acc
     return Prompt(
         endpoint=endpoint,
         parts=tuple(parts),
@@ -120,10 +123,10 @@ def parse(body: Mapping[str, Any], endpoint: str) -> Prompt:
 
 
 def _part(index: int | None, role: str, text: str, extra: str) -> Part:
-    h = xxhash.xxh3_64()
-    h.update(text.encode("utf-8", "surrogatepass"))
-    h.update(b"\x00" + extra.encode("utf-8", "surrogatepass"))
-    return Part(index, role, text, extra, h.intdigest())
+    digest = xxh3(text.encode("utf-8", "surrogatepass"))
+    if extra:
+        digest = xxh3(extra.encode("utf-8", "surrogatepass"), seed=digest)
+    return Part(index, role, text, extra, digest, len(text) + len(extra) + TEMPLATE_OVERHEAD)
 
 
 def _tools(raw: Sequence[Any]) -> tuple[tuple[Tool, ...], str]:
