@@ -92,6 +92,7 @@ class GatewayApp:
         self.services = services
         self._proxy = Proxy(services)
         log.info("gateway started", extra={
+            "listen": f"http://{settings.server.host}:{settings.server.port}",
             "replicas": [r.name for r in settings.replicas],
             "healthy": [r.name for r in fleet.healthy()],
             "policy": settings.routing.policy,
