@@ -1,6 +1,10 @@
 """Hygiene hot path and `gateway lint` throughput.
 
-    .venv/bin/python bench/bench_hygiene.py [--rounds N] [--lint-requests N]
+    .venv/bin/python bench/bench_hygiene.py [--rounds N] [--lint-requests N] [--baseline REF]
+
+With `--baseline REF` (a git revision), the `gateway/hygiene` package as of REF is loaded
+next to the working tree's (as `hygiene_base`) and every scan case and the memory check run
+on both, interleaved, so before/after figures come from one run on the same machine state.
 
 1. `HygieneAnalyzer.scan` (parse + pattern scan + drift against the session's previous
    request + snapshot) for a 2 KiB and a 128 KiB chat prompt, every part of which lies
@@ -15,7 +19,10 @@
      request (what the gateway exists to catch: the system part is rescanned, drift finds
      the break and names it).
    - `cold`: a fresh analyzer: every part is scanned (the first request of a template).
-2. Lint throughput: N logged requests (sessions of growing conversations of 2-12 KiB, one
+2. Drift-state memory: 256 sessions of 24 KiB conversations held by one analyzer
+   (tracemalloc, after the bodies are dropped), extrapolated to the default caps
+   (max_sessions + max_templates entries).
+3. Lint throughput: N logged requests (sessions of growing conversations of 2-12 KiB, one
    in five with a ticking timestamp), linted in process and by the `gateway lint` CLI.
 """
 
@@ -29,6 +36,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +94,10 @@ def request(history: list[dict[str, Any]], k: int, clock: bool) -> dict[str, Any
     return {"model": "m", "messages": msgs}
 
 
-def bench_scan(rounds: int) -> dict[str, list[float]]:
+Factory = Callable[[], Any]  # () -> a fresh analyzer with default config
+
+
+def bench_scan(rounds: int, impls: dict[str, Factory]) -> dict[str, list[float]]:
     rng = random.Random(1)
     histories = {
         "2k": conversation(rng, 2048),
@@ -95,7 +107,8 @@ def bench_scan(rounds: int) -> dict[str, list[float]]:
     }
     times: dict[str, list[float]] = {}
     analyzers = {
-        (size, case): HygieneAnalyzer(HygieneConfig())
+        (impl, size, case): make()
+        for impl, make in impls.items()
         for size in histories
         for case in ("steady", "volatile")
     }
@@ -105,20 +118,71 @@ def bench_scan(rounds: int) -> dict[str, list[float]]:
         for case in ("steady", "volatile", "cold")
         for k in range(rounds + 1)
     }
-    for (size, case), a in analyzers.items():  # the session's first request
+    for (_, size, case), a in analyzers.items():  # the session's first request
         a.scan(bodies[(size, case, 0)], "chat", "s", NOW)
     for k in range(1, rounds + 1):
         for size in histories:
             for case in ("steady", "volatile", "cold"):
-                a = analyzers.get((size, case)) or HygieneAnalyzer(HygieneConfig())
-                body = bodies[(size, case, k)]
-                t0 = time.perf_counter()
-                findings = a.scan(body, "chat", "s", NOW + k)
-                dt = time.perf_counter() - t0
-                times.setdefault(f"{case} {size}", []).append(dt)
-                if case == "volatile":
-                    assert findings and findings[0].kind == "timestamp", findings
+                for impl, make in impls.items():
+                    a = analyzers.get((impl, size, case)) or make()
+                    body = bodies[(size, case, k)]
+                    t0 = time.perf_counter()
+                    findings = a.scan(body, "chat", "s", NOW + k)
+                    dt = time.perf_counter() - t0
+                    times.setdefault(f"{impl}|{case} {size}", []).append(dt)
+                    if case == "volatile":
+                        assert findings and findings[0].kind == "timestamp", findings
     return times
+
+
+def bench_memory(make: Factory, sessions: int = 256) -> float:
+    """Bytes one analyzer holds per session entry (24 KiB conversations, text unique to
+    each session so nothing is shared between entries)."""
+    rng = random.Random(3)
+    tracemalloc.start()
+    a = make()
+    base = tracemalloc.get_traced_memory()[0]
+    for s in range(sessions):
+        hist = conversation(rng, 24 * 1024)
+        a.scan(request(hist, s, False), "chat", f"s{s}", NOW)
+        del hist
+    held = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    return held / sessions
+
+
+def load_baseline(ref: str) -> Factory:
+    """The hygiene package at git revision `ref`, importable as `hygiene_base`."""
+    root = Path(__file__).resolve().parent.parent
+    names = subprocess.run(
+        ["git", "ls-tree", "--name-only", ref, "gateway/hygiene/"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    tmp = Path(tempfile.mkdtemp(prefix="hygiene_base_"))
+    pkg = tmp / "hygiene_base"
+    pkg.mkdir()
+    for name in names:
+        if name.endswith(".py"):
+            src = subprocess.run(
+                ["git", "show", f"{ref}:{name}"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            (pkg / Path(name).name).write_text(src.replace("gateway.hygiene", "hygiene_base"))
+    sys.path.insert(0, str(tmp))
+    analyzer = __import__("hygiene_base.analyzer", fromlist=["HygieneAnalyzer"])
+    config = __import__("hygiene_base.config", fromlist=["HygieneConfig"])
+    return lambda: analyzer.HygieneAnalyzer(config.HygieneConfig())
+
+
+def _us(ts: list[float]) -> tuple[float, float]:
+    ts = sorted(ts)
+    return statistics.median(ts) * 1e6, ts[int(0.9 * len(ts))] * 1e6
 
 
 def lint_log(n: int) -> list[str]:
@@ -148,13 +212,26 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--lint-requests", type=int, default=10_000)
+    ap.add_argument("--baseline", help="git revision to compare against, side by side")
     args = ap.parse_args()
-    print("| case | median | p90 |")
-    print("|---|---|---|")
-    for name, ts in bench_scan(args.rounds).items():
-        ts.sort()
-        p50, p90 = statistics.median(ts) * 1e6, ts[int(0.9 * len(ts))] * 1e6
-        print(f"| scan {name} | {p50:.0f} us | {p90:.0f} us |")
+    impls: dict[str, Factory] = {}
+    if args.baseline:
+        impls["before"] = load_baseline(args.baseline)
+    impls["after" if args.baseline else "now"] = lambda: HygieneAnalyzer(HygieneConfig())
+    times = bench_scan(args.rounds, impls)
+    cases = list(dict.fromkeys(name.split("|", 1)[1] for name in times))
+    print("| case | " + " | ".join(f"{i} median | {i} p90" for i in impls) + " |")
+    print("|---|" + "---|---|" * len(impls))
+    for case in cases:
+        cells = [f"{m:.0f} us | {p:.0f} us" for m, p in (_us(times[f"{i}|{case}"]) for i in impls)]
+        print(f"| scan {case} | " + " | ".join(cells) + " |")
+    caps = HygieneConfig().max_sessions + HygieneConfig().max_templates
+    for impl, make in impls.items():
+        per = bench_memory(make)
+        print(
+            f"\nmemory {impl}: {per / 1024:.1f} KiB per 24 KiB session entry, "
+            f"{per * caps / 1e6:.0f} MB at {caps} entries"
+        )
     lines = lint_log(args.lint_requests)
     size = sum(len(x) for x in lines)
     t0 = time.perf_counter()

@@ -73,15 +73,34 @@ _NUM = re.compile(
 # - a token of 6+ characters: t token characters from the digit (6+ digits included) and
 #   h head letters in front of it (`_token` walks back over them), h + t >= 6;
 # - "#3", "\t3", "turn  3": a counter's separators other than one space;
-# - "turn 3", "No. 3", "number 3": the last three letters of a counter word (or of the
-#   "no"/"number" hop), any case; "No.3".
+# - "turn 3", "No. 3", "number 3": a counter word (or the "no"/"number" hop of
+#   `_counter`) at a word boundary, any case, one look-behind per word length; "No.3".
 _TC = r"[0-9A-Za-z_\-=]"
 _HC = r"[A-Za-z_\-]"
-_COUNTER_ENDS = (
-    r"[uU][rR][nN]|[uU][nN][dD]|[iI][oO][nN]|[mM][pP][tT]|[tT][rR][yY]|[eE][sS][tT]|[aA][gG][eE]"
-    r"|[nN][gG][eE]|[oO][oO][pP]|[cC][lL][eE]|[aA][lL][lL]|[tT][eE][pP]|[eE][rR][yY]|[rR][uU][nN]"
-    r"|[bB][eE][rR]|[ \n][nN][oO]|[nN][oO]\.|[eE][rR]\.|.\.\."
-)
+
+
+def _any_case(word: str) -> str:
+    """`turn` -> `[tT][uU][rR][nN]`: case-insensitive without IGNORECASE, which would cost
+    the regex engine its quick first-character rejection inside alternations."""
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
+
+
+def _words_before(words: list[str]) -> str:
+    """One fixed-width look-behind per word length: `\bturn 3`, `\bstep 3`, ..."""
+    by_len: dict[int, list[str]] = {}
+    for w in words:
+        by_len.setdefault(len(w), []).append(_any_case(w))
+    return "|".join(rf"(?<=\b(?:{'|'.join(alts)}) [0-9])" for _, alts in sorted(by_len.items()))
+
+
+# the counter words and the "No." / "number" hop of `_counter`
+_COUNTER_BEFORE = _words_before(
+    [
+        "turn", "round", "iteration", "attempt", "retry", "request", "message", "interaction",
+        "exchange", "loop", "cycle", "try", "call", "step", "query", "run", "no", "number",
+        "no.", "number.",
+    ]
+)  # fmt: skip
 _CAND = re.compile(
     r"[0-9](?<![0-9][0-9])(?:"
     r"(?=[0-9]?+(?:[-/:]|[0-9]{2}-[01][0-9]-))"
@@ -90,7 +109,9 @@ _CAND = re.compile(
     rf"|(?<={_HC}[0-9])(?:(?<={_HC}{{5}}[0-9])|(?<={_HC}{{4}}[0-9])(?={_TC})"
     rf"|(?<={_HC}{{3}}[0-9])(?={_TC}{{2}})|(?<={_HC}{{2}}[0-9])(?={_TC}{{3}})|(?={_TC}{{4}}))"
     r"|(?<=[#\t][0-9])"
-    rf"|(?<=[nNdDtTyYeEpPlLrRoO. \t#] [0-9])(?:(?<=[ \t#] [0-9])|(?<=(?:{_COUNTER_ENDS}) [0-9]))"
+    # the last letter of a counter word or a separator, then the words themselves
+    r"|(?<=[nNdDtTyYeEpPlLrRoO. \t#] [0-9])"
+    rf"(?:(?<=[ \t#] [0-9])|(?<=\.\. [0-9])|{_COUNTER_BEFORE})"
     r"|(?<=\.[0-9])(?<=[nN][oO]\.[0-9]|[eE][rR]\.[0-9]|.\.\.[0-9])"
     r")"
 )
