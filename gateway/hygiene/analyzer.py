@@ -96,7 +96,7 @@ class HygieneAnalyzer:
         if old is not None:
             same = _same_prefix(old, p)
             seen = old.values
-            d = diverge(old, p, head_only=session is None)
+            d = diverge(old, p, head_only=session is None, known=hits)
             if d is not None:
                 findings.append(self._drift_finding(p, d, session, head_only=session is None))
         findings.extend(self._pattern_findings(p, hits, same, seen, findings, session, now))

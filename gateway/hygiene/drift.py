@@ -27,10 +27,11 @@ themselves are expected to differ.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gateway.hygiene.patterns import classify_span
+from gateway.hygiene.patterns import Hit, classify_span
 from gateway.hygiene.prompt import Prompt
 
 HEAD_ROLES = frozenset({"system", "developer"})
@@ -83,7 +84,12 @@ class Divergence:
     classified: bool  # a named cause (False: `volatile_span` / `history_rewrite` fallback)
 
 
-def diverge(old: Snapshot, new: Prompt, head_only: bool) -> Divergence | None:
+def diverge(
+    old: Snapshot, new: Prompt, head_only: bool, known: Mapping[int, Sequence[Hit]] | None = None
+) -> Divergence | None:
+    """The first break of `new` against `old`, or None. `known`: pattern hits already found
+    in some parts of `new` (by position); a hit covering the break names it without
+    rescanning the text around it."""
     k_new = 0
     old_parts = old.parts
     k_old = 0
@@ -91,7 +97,7 @@ def diverge(old: Snapshot, new: Prompt, head_only: bool) -> Divergence | None:
         k_old = 1
     if new.parts and new.parts[0].role == "tools":
         k_new = 1
-        d = _tools(old, new)
+        d = _tools(old, new, known)
         if d is not None:
             return d
     elif old.tool_names:
@@ -105,7 +111,7 @@ def diverge(old: Snapshot, new: Prompt, head_only: bool) -> Divergence | None:
         if o.digest != n.digest or o.role != n.role:
             if k_new >= last:
                 return None  # the break is in the last part: nothing cached behind it
-            return _in_part(o, new, k_new)
+            return _in_part(o, new, k_new, known)
         k_old += 1
         k_new += 1
     return None
@@ -115,7 +121,9 @@ def _at(new: Prompt, k: int, offset: int, end: int, kind: str, classified: bool)
     return Divergence(kind, k, offset, end, classified)
 
 
-def _tools(old: Snapshot, new: Prompt) -> Divergence | None:
+def _tools(
+    old: Snapshot, new: Prompt, known: Mapping[int, Sequence[Hit]] | None
+) -> Divergence | None:
     tools = new.tools
     digests = tuple(hash(t.text) for t in tools)
     if digests == old.tool_digest:
@@ -134,11 +142,14 @@ def _tools(old: Snapshot, new: Prompt) -> Divergence | None:
     if names == old.tool_names and canon == old.tool_canon:
         return _at(new, 0, at, at + len(tools[first].text), "json_key_order", True)
     if old.parts and old.parts[0].role == "tools" and old.parts[0].text is not None:
-        return _in_part(old.parts[0], new, 0)
+        return _in_part(old.parts[0], new, 0, known)
     return _at(new, 0, at, at, "volatile_span", False)
 
 
-def _in_part(o: PartSig, new: Prompt, k: int) -> Divergence:
+def _in_part(
+    o: PartSig, new: Prompt, k: int, known: Mapping[int, Sequence[Hit]] | None
+) -> Divergence:
+    hits = known.get(k) if known else None
     n = new.parts[k]
     head = n.role in HEAD_ROLES or n.role == "prompt"
     fallback = "volatile_span" if head else "history_rewrite"
@@ -147,14 +158,14 @@ def _in_part(o: PartSig, new: Prompt, k: int) -> Divergence:
     if not o.whole:
         if n.text.startswith(o.text):
             return _at(new, k, 0, 0, fallback, False)  # the break is past the kept prefix
-        return _prefix_diff(o.text, new, k, head)
+        return _prefix_diff(o.text, new, k, head, hits)
     if o.text == n.text:
         # content equal: tool calls, names or non-text parts changed
         return _at(new, k, len(n.text), len(n.text), fallback, False)
-    return _text_diff(o.text, new, k, head)
+    return _text_diff(o.text, new, k, head, hits)
 
 
-def _text_diff(old: str, new: Prompt, k: int, head: bool) -> Divergence:
+def _text_diff(old: str, new: Prompt, k: int, head: bool, hits: Sequence[Hit] | None) -> Divergence:
     text = new.parts[k].text
     start = common_prefix(old, text)
     tail = common_suffix(old[start:], text[start:])
@@ -164,10 +175,12 @@ def _text_diff(old: str, new: Prompt, k: int, head: bool) -> Divergence:
     # non-blank characters are the same on both sides
     if "".join(old[start:end_old].split()) == "".join(text[start:end_new].split()):
         return _at(new, k, start, max(end_new, start), "whitespace", True)
-    return _classify(old, text, new, k, head, start, end_old, end_new)
+    return _classify(old, text, new, k, head, start, end_old, end_new, hits)
 
 
-def _prefix_diff(old: str, new: Prompt, k: int, head: bool) -> Divergence:
+def _prefix_diff(
+    old: str, new: Prompt, k: int, head: bool, hits: Sequence[Hit] | None
+) -> Divergence:
     """As `_text_diff` with only a prefix of the old text: the break lies inside it; its end
     is unknown, so whitespace-only means the new text's non-blank characters continue the
     kept ones, and the classifier names the span from its start."""
@@ -176,14 +189,24 @@ def _prefix_diff(old: str, new: Prompt, k: int, head: bool) -> Divergence:
     kept = "".join(old[start:].split())
     if kept and "".join(text[start : start + 2 * (len(old) - start) + 64].split()).startswith(kept):
         return _at(new, k, start, start + 1, "whitespace", True)
-    return _classify(old, text, new, k, head, start, start, start)
+    return _classify(old, text, new, k, head, start, start, start, hits)
 
 
 def _classify(
-    old: str, text: str, new: Prompt, k: int, head: bool, start: int, end_old: int, end_new: int
+    old: str,
+    text: str,
+    new: Prompt,
+    k: int,
+    head: bool,
+    start: int,
+    end_old: int,
+    end_new: int,
+    hits: Sequence[Hit] | None,
 ) -> Divergence:
     # widen to whole tokens so "…:22" vs "…:23" is judged as the timestamp it belongs to
-    hit = classify_span(text, start)
+    hit = next((h for h in hits if h.start <= start < h.end), None) if hits else None
+    if hit is None:
+        hit = classify_span(text, start)
     if hit is not None:
         return _at(new, k, hit.start, hit.end, hit.kind, True)
     if _counter_step(old, text, start, end_old, end_new):
@@ -208,23 +231,43 @@ def _counter_step(old: str, new: str, start: int, end_old: int, end_new: int) ->
 
 
 def common_prefix(a: str, b: str) -> int:
-    """Length of the common prefix, by binary search over slice comparisons."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
+    """Length of the common prefix: equal windows of growing size (16, 64, 256, ... chars:
+    a break near the start, the common case, costs a few short slices), then a binary
+    search inside the first window that differs; every comparison is a C slice compare."""
+    n = min(len(a), len(b))
+    lo, w = 0, 16
+    while lo < n:
+        hi = min(n, lo + w)
+        if a[lo:hi] != b[lo:hi]:
+            break
+        lo, w = hi, w * 4
+    else:
+        return n
+    while lo < hi:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]: the first difference is in between
+        mid = (lo + hi) // 2
+        if a[lo : mid + 1] == b[lo : mid + 1]:
+            lo = mid + 1
         else:
-            hi = mid - 1
+            hi = mid
     return lo
 
 
 def common_suffix(a: str, b: str) -> int:
-    lo, hi = 0, min(len(a), len(b))
+    """Length of the common suffix, as `common_prefix` from the end."""
+    n = min(len(a), len(b))
+    la, lb = len(a), len(b)
+    lo, w = 0, 16
+    while lo < n:
+        hi = min(n, lo + w)
+        if a[la - hi : la - lo] != b[lb - hi : lb - lo]:
+            break
+        lo, w = hi, w * 4
+    else:
+        return n
     while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[len(a) - mid : len(a) - lo] == b[len(b) - mid : len(b) - lo]:
-            lo = mid
+        mid = (lo + hi) // 2
+        if a[la - mid - 1 : la - lo] == b[lb - mid - 1 : lb - lo]:
+            lo = mid + 1
         else:
-            hi = mid - 1
+            hi = mid
     return lo
