@@ -71,7 +71,7 @@ def validate(body: Any, endpoint: str) -> None:
         if not isinstance(msgs, list):
             raise ValueError("'messages' is not a list")
         for i, m in enumerate(msgs):
-            if not isinstance(m, Mapping):
+            if type(m) is not dict and not isinstance(m, Mapping):
                 raise ValueError(f"messages[{i}] is not an object")
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
