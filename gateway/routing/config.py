@@ -39,9 +39,9 @@ class RoutingConfig:
     # Placing a session (a new one, or one whose replica holds nothing of it that others
     # lack): its later turns will follow it, so each session bound to a replica (decayed
     # count, session_active_s time constant, sessions.py) costs session_s, and no replica
-    # may take it above ceil(session_cap_factor x mean sessions) (bounded-load cap).
+    # may take it above session_cap_factor x mean sessions, not rounded (bounded-load cap).
     session_s: float = 0.02
-    session_cap_factor: float = 1.25
+    session_cap_factor: float = 1.1
     session_active_s: float = 60.0
     # Hot-spot guard: each request in flight above hot_spot_ratio x mean + hot_spot_slack
     # costs hot_spot_s more.

@@ -17,16 +17,20 @@ evicted, the feedback collapsed that replica's index, or it never got past the s
 agent prompt) also pays for the session's future: its later turns follow it, so
 
          + session_s x sessions bound to the replica (decayed count, sessions.py, not
-                       counting this session itself)
+                       counting this session itself; a session that moved away still
+                       counts, fading, where it was)
 
-and a replica that would exceed ceil(session_cap_factor x mean) sessions with it ranks
-after every other (bounded-load consistent hashing). A popular agent prompt therefore
-fills its first replica only to the cap; the next sessions re-prefill it elsewhere, after
-which several replicas hold it, it saves the same everywhere, and session load decides.
-Cold sessions arriving one at a time (nothing in flight, all costs tied) spread by
-session load instead of at random. A follow-up whose history is on its replica is not
-placing: its cached history decides and it stays, whatever the cap says. Requests without
-a session id have no future to count: the cost model alone decides for them.
+and a replica that would exceed session_cap_factor x mean sessions with it (not rounded
+up: at 12 sessions per replica ceil(1.25 x 12) = 15 let one replica carry 25% more
+requests) ranks after every other (bounded-load consistent hashing).
+
+A popular agent prompt therefore fills its first replica only to the cap; the next
+sessions re-prefill it elsewhere, after which several replicas hold it, it saves the same
+everywhere, and session load decides. Cold sessions arriving one at a time (nothing in
+flight, all costs tied) spread by session load instead of at random. A follow-up whose
+history is on its replica is not placing: its cached history decides and it stays,
+whatever the cap says. Requests without a session id have no future to count: the cost
+model alone decides for them.
 
 Costs within `tie_tolerance_s` of the best are a tie, broken by the seeded RNG.
 
@@ -42,7 +46,6 @@ loaded). Their reason is the policy name.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -94,10 +97,12 @@ def placing(candidates: Sequence[Candidate], session: str | None,
 
 
 def session_cap(candidates: Sequence[Candidate], factor: float) -> float:
-    """Bounded-load cap: no replica may carry more than ceil(factor x mean) sessions once
-    the new one is placed (consistent hashing with bounded loads, Mirrokni et al.)."""
+    """Bounded-load cap: no replica may carry more than factor x mean session load once
+    the new one is placed (consistent hashing with bounded loads, Mirrokni et al.), and
+    never less than one session, so an empty replica always fits. Not rounded up: at 12
+    sessions per replica, ceil(1.25 x 12) = 15 let one replica take 25% more requests."""
     total = sum(c.sessions for c in candidates) + 1.0
-    return float(math.ceil(factor * total / len(candidates) - 1e-9))
+    return max(1.0, factor * total / len(candidates))
 
 
 def costs(
