@@ -42,7 +42,7 @@ def test_compare_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     out = capsys.readouterr().out
     assert rc == 0, out
     for label in ("cached ratio (engine)", "bound ratio", "share of bound", "TTFT p99 ms",
-                  "requests max/mean", "routing precision", "pred-vs-delivered MAE"):
+                  "requests max/mean", "routing precision", "pred-vs-delivered median abs err"):
         assert label in out
     result = json.loads((tmp_path / "compare.json").read_text())
     assert (tmp_path / "compare.png").stat().st_size > 1000

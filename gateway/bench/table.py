@@ -70,7 +70,7 @@ SUMMARY_ROWS: tuple[tuple[str, str, str], ...] = (
     ("requests max/mean", "replica_requests.max_over_mean", "x"),
     ("prompt tokens max/mean", "replica_prompt_tokens.max_over_mean", "x"),
     ("routing precision", "routing_precision", "pct"),
-    ("pred-vs-delivered MAE", "predicted.median_abs_error", ""),
+    ("pred-vs-delivered median abs err", "predicted.median_abs_error", ""),
     ("pred-vs-delivered p90", "predicted.p90_abs_error", ""),
 )
 
