@@ -156,7 +156,10 @@ def quality_checks(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]
         None if p99 is None or ll is None else p99 <= ll,
     )
     mae = (prefix.get("predicted") or {}).get("median_abs_error")
-    check("predicted vs delivered median abs error", mae, "<= 16 tokens", None if mae is None else mae <= 16)
+    check(
+        "predicted vs delivered median abs error", mae, "<= 16 tokens",
+        None if mae is None else mae <= 16,
+    )
     return checks
 
 
