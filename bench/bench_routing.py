@@ -26,29 +26,7 @@ from gateway.routing.decision import ReplicaState
 from gateway.routing.index import BlockIndex
 from gateway.routing.normalize import canonical_bytes, chain_seed
 from gateway.routing.router import Router
-
-WORDS = [
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "was",
-    "for",
-    "on",
-    "are",
-    "with",
-    "as",
-    "by",
-    "at",
-    "from",
-    "this",
-    "that",
-    "be",
-    "have",
-    "it",
-]
+from gateway.sim.generator import WORDS
 
 
 def words(rng: random.Random, nbytes: int) -> str:

@@ -25,41 +25,8 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gateway.sim.generator import WORDS  # noqa: E402
 from tests.servers import free_ports, running, script  # noqa: E402
-
-WORDS = [
-    "cache",
-    "block",
-    "prefix",
-    "token",
-    "engine",
-    "batch",
-    "model",
-    "server",
-    "router",
-    "replica",
-    "memory",
-    "compute",
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "that",
-    "it",
-    "was",
-    "for",
-    "on",
-    "are",
-    "as",
-    "with",
-    "they",
-    "at",
-    "be",
-    "this",
-    "from",
-]
 
 
 def prompt(i: int, size: int = 2048) -> str:

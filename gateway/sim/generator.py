@@ -23,7 +23,8 @@ import xxhash
 
 from gateway.sim.tokenizer import Tokenizer
 
-_WORDS = [
+# the reply vocabulary; the benches reuse it for filler prompts
+WORDS = [
     "the",
     "of",
     "and",
@@ -184,9 +185,9 @@ class OutputGenerator:
         self._seed = seed
         self.output_len = max(1, output_len)
         enc = tokenizer.encode
-        self._lower = [enc(" " + w)[0] for w in _WORDS]
-        self._capital_first = [enc(w.capitalize())[0] for w in _WORDS]
-        self._capital = [enc(" " + w.capitalize())[0] for w in _WORDS]
+        self._lower = [enc(" " + w)[0] for w in WORDS]
+        self._capital_first = [enc(w.capitalize())[0] for w in WORDS]
+        self._capital = [enc(" " + w.capitalize())[0] for w in WORDS]
         self._comma = enc(",")[0]
         self._stop = enc(".")[0]
 
