@@ -11,18 +11,7 @@ from gateway.replicas.snapshot import EngineSnapshot
 from gateway.usage import metrics as metrics_module
 from gateway.usage.metrics import DOCUMENTED_METRICS, GatewayMetrics
 from gateway.usage.record import UsageRecord
-
-
-def rec(**kw: Any) -> UsageRecord:
-    base: dict[str, Any] = dict(
-        ts=1.0, request_id="r", tenant=None, model="m", replica="a", route="prefix",
-        stream=True, status=200, prompt_tokens=1000, cached_tokens=0,
-        predicted_cached_tokens=600, best_available_tokens=800, completion_tokens=10,
-        ttft_ms=100.0, latency_ms=600.0, session="s",
-    )  # fmt: skip
-    base.update(kw)
-    return UsageRecord(**base)
-
+from tests.records import usage_record as rec
 
 SNAP = EngineSnapshot(
     ts=1.0, kv_cache_usage=0.5, num_requests_running=2.0, num_requests_waiting=1.0,

@@ -16,20 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.replicas.snapshot import EngineSnapshot
 from gateway.usage.config import UsageConfig
 from gateway.usage.metrics import GatewayMetrics
-from gateway.usage.record import UsageRecord
 from gateway.usage.recorder import UsageRecorder
 from gateway.usage.sinks import FileSink, SinkPump, StdoutSink
-
-
-def rec(**kw: Any) -> UsageRecord:
-    base: dict[str, Any] = dict(
-        ts=1000.0, request_id="r", tenant=None, model="m", replica="a", route="prefix",
-        stream=True, status=200, prompt_tokens=1000, cached_tokens=0,
-        predicted_cached_tokens=600, best_available_tokens=800, completion_tokens=10,
-        ttft_ms=100.0, latency_ms=600.0, session="s",
-    )  # fmt: skip
-    base.update(kw)
-    return UsageRecord(**base)
+from tests.records import usage_record as rec
 
 
 def metric(m: GatewayMetrics, name: str, **labels: str) -> float | None:

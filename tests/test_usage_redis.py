@@ -19,25 +19,14 @@ from redis.exceptions import RedisError
 
 from gateway.usage.config import UsageConfig
 from gateway.usage.metrics import GatewayMetrics
-from gateway.usage.record import UsageRecord
 from gateway.usage.recorder import UsageRecorder
+from tests.records import usage_record as rec
 from tests.servers import free_port, stop
 
 REDIS = shutil.which("redis-server")
 needs_redis = pytest.mark.skipif(
     REDIS is None, reason="redis-server binary not installed (apt-get install redis-server)"
 )
-
-
-def rec(**kw: Any) -> UsageRecord:
-    base: dict[str, Any] = dict(
-        ts=1000.0, request_id="r", tenant=None, model="m", replica="a", route="prefix",
-        stream=True, status=200, prompt_tokens=1000, cached_tokens=0,
-        predicted_cached_tokens=600, best_available_tokens=800, completion_tokens=10,
-        ttft_ms=100.0, latency_ms=600.0, session="s",
-    )  # fmt: skip
-    base.update(kw)
-    return UsageRecord(**base)
 
 
 def _ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:

@@ -11,17 +11,12 @@ import pytest
 from gateway.usage.record import UsageRecord
 from gateway.usage.sketch import QuantileSketch
 from gateway.usage.stats import UsageWindows, max_model_len_suggestion
+from tests.records import usage_record
 
 
 def rec(ts: float, **kw: Any) -> UsageRecord:
-    base: dict[str, Any] = dict(
-        ts=ts, request_id="r", tenant="t1", model="m", replica="a", route="prefix",
-        stream=True, status=200, prompt_tokens=1000, cached_tokens=500,
-        predicted_cached_tokens=600, best_available_tokens=800, completion_tokens=11,
-        ttft_ms=100.0, latency_ms=600.0, session="s",
-    )  # fmt: skip
-    base.update(kw)
-    return UsageRecord(**base)
+    base: dict[str, Any] = dict(ts=ts, tenant="t1", cached_tokens=500, completion_tokens=11)
+    return usage_record(**{**base, **kw})
 
 
 NOW = 10_000.0
