@@ -15,36 +15,9 @@ from gateway.routing.decision import ReplicaState
 from gateway.routing.router import Router
 from gateway.sim.template import render_chat
 from gateway.sim.tokenizer import IM_END_ID, Tokenizer
+from tests.filler import words
 
 BLOCK = 16
-WORDS = [
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "river",
-    "stone",
-    "cloud",
-    "orange",
-    "table",
-    "window",
-    "seven",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "lazy",
-    "dog,",
-    "result:",
-    "value",
-    "=",
-    "42.",
-    "function",
-    "call",
-    "returns",
-    "data",
-]
 
 
 class Engine:
@@ -80,10 +53,6 @@ class Engine:
         return hit * BLOCK
 
 
-def text(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
-
-
 def run_sessions(
     router: Router,
     engines: dict[str, Engine],
@@ -96,9 +65,9 @@ def run_sessions(
     """Interleaved multi-turn sessions; returns (predicted, delivered) per request."""
     rng = random.Random(seed)
     tok = Tokenizer()
-    system = text(rng, system_words)  # one agent's shared system prompt
+    system = words(rng, system_words)  # one agent's shared system prompt
     convs: list[list[dict[str, Any]]] = [
-        [{"role": "system", "content": system}, {"role": "user", "content": text(rng, 80)}]
+        [{"role": "system", "content": system}, {"role": "user", "content": words(rng, 80)}]
         for _ in range(sessions)
     ]
     out: list[tuple[int, int]] = []
@@ -112,7 +81,7 @@ def run_sessions(
             name = plan.decision.replica
             router.sent(plan, name, now)
             prompt = tok.encode(render_chat(msgs))
-            reply = text(rng, rng.randint(20, 120)).capitalize()
+            reply = words(rng, rng.randint(20, 120)).capitalize()
             generated = [*tok.encode(reply), IM_END_ID]
             delivered = engines[name].run(prompt, generated)
             router.first_token(plan, name, now)
@@ -130,7 +99,7 @@ def run_sessions(
             out.append((plan.decision.predicted_cached_tokens, delivered))
             msgs += [
                 {"role": "assistant", "content": reply},
-                {"role": "user", "content": text(rng, rng.randint(10, 400))},
+                {"role": "user", "content": words(rng, rng.randint(10, 400))},
             ]
     return out
 
@@ -185,7 +154,7 @@ def test_feedback_converges_on_a_smaller_engine() -> None:
 def test_restart_clears_and_failure_forgets() -> None:
     router = Router(RoutingConfig())
     states = [ReplicaState(name="a", in_flight=0), ReplicaState(name="b", in_flight=0)]
-    body = {"messages": [{"role": "user", "content": text(random.Random(1), 400)}]}
+    body = {"messages": [{"role": "user", "content": words(random.Random(1), 400)}]}
     plan = router.route(body, "chat", "m", None, states, 0.0)
     router.sent(plan, "a", 0.0)
     assert router.indexed_blocks("a") > 0 and router.queued_tokens("a") > 0

@@ -19,27 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.filler import words
 from tests.servers import gateway, sim
-
-WORDS = [
-    "river",
-    "stone",
-    "cloud",
-    "table",
-    "window",
-    "seven",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "lazy",
-    "dog",
-]
-
-
-def words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
 def chat(
