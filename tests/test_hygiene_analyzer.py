@@ -10,19 +10,14 @@ import pytest
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.hygiene.config import HygieneConfig
 from gateway.hygiene.finding import Finding
+from tests.hygiene_corpus.common import chat as corpus_chat
 
 NOW = 1717250602.0  # 2024-06-01T14:03:22Z
 LONG = "You are a careful assistant. Follow the rules below. " * 30
 
 
 def chat(system: str, *turns: str, tools: list[Any] | None = None) -> dict[str, Any]:
-    msgs: list[dict[str, Any]] = [{"role": "system", "content": system}]
-    for i, t in enumerate(turns):
-        msgs.append({"role": "user" if i % 2 == 0 else "assistant", "content": t})
-    body: dict[str, Any] = {"model": "m", "messages": msgs}
-    if tools is not None:
-        body["tools"] = tools
-    return body
+    return corpus_chat(system, list(turns), tools)
 
 
 def tool(name: str, props: dict[str, Any]) -> dict[str, Any]:
