@@ -11,7 +11,7 @@ Every transport failure surfaces as one of `gateway.errors.Upstream*`: failures 
 response head are `UpstreamConnectError` (nothing reached the client, the caller may retry
 on another replica) or `UpstreamTimeout`; failures while reading the body are
 `UpstreamProtocolError` or `UpstreamTimeout`. Tests inject any object with the same shape
-(`gateway.mock_upstream.MockUpstream`).
+(`tests.upstream_double.MockUpstream`).
 """
 
 from __future__ import annotations

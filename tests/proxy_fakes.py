@@ -12,10 +12,10 @@ import orjson
 
 from gateway.app import GatewayApp
 from gateway.errors import UpstreamConnectError
-from gateway.mock_upstream import MockReply, MockRequest, MockUpstream
 from gateway.settings import ReplicaSettings, ServerSettings, Settings
 from gateway.usage.config import UsageConfig
 from gateway.usage.record import UsageRecord
+from tests.upstream_double import MockReply, MockRequest, MockUpstream
 
 MODEL = "m1"
 JSON_H = [("content-type", "application/json")]

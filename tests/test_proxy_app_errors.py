@@ -13,7 +13,6 @@ import pytest
 
 from gateway.app import create_app
 from gateway.errors import UpstreamConnectError, UpstreamTimeout
-from gateway.mock_upstream import MockReply, MockRequest
 from gateway.settings import ReplicaSettings
 from gateway.usage.record import UsageRecord
 from tests.proxy_fakes import (
@@ -29,6 +28,7 @@ from tests.proxy_fakes import (
     settings,
     started,
 )
+from tests.upstream_double import MockReply, MockRequest
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ import pytest
 
 from gateway.app import create_app
 from gateway.errors import UpstreamConnectError
-from gateway.mock_upstream import MockReply, MockRequest, MockUpstream
 from gateway.routing.config import RoutingConfig
 from gateway.settings import ReplicaSettings, Settings
 from gateway.usage.config import UsageConfig
+from tests.upstream_double import MockReply, MockRequest, MockUpstream
 
 JSON_H = [("content-type", "application/json")]
 TEXT_H = [("content-type", "text/plain")]

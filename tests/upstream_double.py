@@ -1,4 +1,4 @@
-"""An in-memory `Upstream` for tests (in the spirit of httpx's MockTransport): every request
+"""An in-memory `Upstream` test double (in the spirit of httpx's MockTransport): every request
 goes to a handler function that returns a `MockReply` or raises an `UpstreamError`.
 
 The mock records the requests it saw and whether each response was released or aborted,
