@@ -167,7 +167,8 @@ class Proxy:
         ex.session = resolve_session(session_h, body)
         candidates = s.fleet.candidates(inbound.model)
 
-        findings = s.analyzer.scan(body, endpoint, ex.session, ex.ts)
+        # parse_inbound has checked the body more strictly than the analyzer would
+        findings = s.analyzer.scan(body, endpoint, ex.session, ex.ts, validated=True)
         if findings:
             ex.findings = len(findings)
             for f in findings:

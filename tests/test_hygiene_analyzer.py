@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal
 
+import orjson
 import pytest
 
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.hygiene.config import HygieneConfig
 from gateway.hygiene.finding import Finding
+from gateway.hygiene.prompt import validate
+from gateway.inbound import parse_inbound
 from tests.hygiene_corpus.common import chat as corpus_chat
 
 NOW = 1717250602.0  # 2024-06-01T14:03:22Z
@@ -166,6 +169,34 @@ def test_disabled_and_malformed_bodies_give_nothing() -> None:
     a = HygieneAnalyzer(HygieneConfig())
     assert a.scan({"messages": "nope"}, "chat", None, NOW) == []
     assert a.scan({"prompt": 3}, "completions", None, NOW) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "endpoint", "found"),
+    [
+        ({"model": "m", "messages": [{"role": "system", "content": "14:03:22 " + LONG},
+                                     {"role": "user", "content": "q"}]}, "chat", True),
+        ({"model": "m", "messages": [{"role": "user", "content": "q"}], "tools": None}, "chat",
+         False),
+        ({"model": "m", "messages": [], "tools": [tool("f", {"a": {}})]}, "chat", False),
+        ({"model": "m", "prompt": "Request ID: req_77af31bc90. " + LONG}, "completions", True),
+        ({"model": "m", "prompt": ["a", "b"]}, "completions", False),
+        ({"model": "m", "prompt": [1, 2, 3]}, "completions", False),
+    ],
+)  # fmt: skip
+def test_validated_skips_only_a_check_the_proxy_already_made(
+    body: dict[str, Any], endpoint: Literal["chat", "completions"], found: bool
+) -> None:
+    # The proxy passes validated=True for what parse_inbound accepted: that must be a body
+    # validate() accepts too, and skipping the check must not change the findings.
+    inbound = parse_inbound(orjson.dumps(body), endpoint)
+    validate(inbound.body, endpoint)
+    checked = HygieneAnalyzer(HygieneConfig()).scan(body, endpoint, "s", NOW)
+    trusted = HygieneAnalyzer(HygieneConfig()).scan(
+        inbound.body, endpoint, "s", NOW, validated=True
+    )
+    assert trusted == checked
+    assert bool(checked) == found
 
 
 def test_completions_prompt() -> None:

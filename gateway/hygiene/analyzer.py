@@ -63,13 +63,20 @@ class HygieneAnalyzer:
         endpoint: Literal["chat", "completions"],
         session: str | None,
         now: float,
+        *,
+        validated: bool = False,
     ) -> list[Finding]:
+        """Findings for one request. `validated=True` says the caller has already checked
+        the body at least as strictly as `prompt.validate` (the proxy's `parse_inbound`,
+        `gateway lint`'s reader), so the check is not repeated; otherwise a body `validate`
+        rejects has no findings."""
         if not self.config.enabled:
             return []
-        try:
-            validate(body, endpoint)
-        except ValueError:
-            return []  # the proxy answers malformed bodies; nothing to judge here
+        if not validated:
+            try:
+                validate(body, endpoint)
+            except ValueError:
+                return []  # the proxy answers malformed bodies; nothing to judge here
         p = parse(body, endpoint)
         if not p.parts:
             return []

@@ -86,7 +86,7 @@ def lint_lines(
         if not raw.strip():
             continue
         body, endpoint, session, ts = _read(n, raw, now)
-        for f in analyzer.scan(body, endpoint, session, ts):
+        for f in analyzer.scan(body, endpoint, session, ts, validated=True):  # _read validated
             if _SEVERITY_RANK[f.severity] >= floor:
                 yield dataclasses.replace(f, line=n)
 
