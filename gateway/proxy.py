@@ -82,7 +82,7 @@ class Exchange:
         self.status = error.status
         self.error = error.message
 
-    def record(self, now: float) -> UsageRecord:
+    def record(self) -> UsageRecord:
         o = self.outcome
         u = o.usage
         return UsageRecord(
@@ -148,7 +148,7 @@ class Proxy:
             ex.done = True
             if watcher is not None:
                 watcher.cancel()
-            s.recorder.record(ex.record(s.clock()))
+            s.recorder.record(ex.record())
 
     async def _watch(self, receive: Receive, ex: Exchange, task: asyncio.Task[None]) -> None:
         message = await receive()

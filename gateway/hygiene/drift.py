@@ -102,7 +102,7 @@ def diverge(
             return d
     elif old.tool_names:
         # tools were dropped: the first message now sits where the tools were
-        return _at(new, 0, 0, len(new.parts[0].text) if new.parts else 0, "volatile_span", False)
+        return _at(0, 0, len(new.parts[0].text) if new.parts else 0, "volatile_span", False)
     last = len(new.parts) - 1
     while k_old < len(old_parts) and k_new < len(new.parts):
         o, n = old_parts[k_old], new.parts[k_new]
@@ -117,7 +117,7 @@ def diverge(
     return None
 
 
-def _at(new: Prompt, k: int, offset: int, end: int, kind: str, classified: bool) -> Divergence:
+def _at(k: int, offset: int, end: int, kind: str, classified: bool) -> Divergence:
     return Divergence(kind, k, offset, end, classified)
 
 
@@ -137,13 +137,13 @@ def _tools(
     at = tools[first].offset if first < len(tools) else len(new.parts[0].text) - 1
     if len(tools) == len(old.tool_canon) and sorted(canon) == sorted(old.tool_canon):
         if canon != old.tool_canon:
-            return _at(new, 0, at, at + len(tools[first].text), "tool_order", True)
-        return _at(new, 0, at, at + len(tools[first].text), "json_key_order", True)
+            return _at(0, at, at + len(tools[first].text), "tool_order", True)
+        return _at(0, at, at + len(tools[first].text), "json_key_order", True)
     if names == old.tool_names and canon == old.tool_canon:
-        return _at(new, 0, at, at + len(tools[first].text), "json_key_order", True)
+        return _at(0, at, at + len(tools[first].text), "json_key_order", True)
     if old.parts and old.parts[0].role == "tools" and old.parts[0].text is not None:
         return _in_part(old.parts[0], new, 0, known)
-    return _at(new, 0, at, at, "volatile_span", False)
+    return _at(0, at, at, "volatile_span", False)
 
 
 def _in_part(
@@ -154,14 +154,14 @@ def _in_part(
     head = n.role in HEAD_ROLES or n.role == "prompt"
     fallback = "volatile_span" if head else "history_rewrite"
     if o.role != n.role or o.text is None:
-        return _at(new, k, 0, 0, fallback, False)
+        return _at(k, 0, 0, fallback, False)
     if not o.whole:
         if n.text.startswith(o.text):
-            return _at(new, k, 0, 0, fallback, False)  # the break is past the kept prefix
+            return _at(k, 0, 0, fallback, False)  # the break is past the kept prefix
         return _prefix_diff(o.text, new, k, head, hits)
     if o.text == n.text:
         # content equal: tool calls, names or non-text parts changed
-        return _at(new, k, len(n.text), len(n.text), fallback, False)
+        return _at(k, len(n.text), len(n.text), fallback, False)
     return _text_diff(o.text, new, k, head, hits)
 
 
@@ -174,7 +174,7 @@ def _text_diff(old: str, new: Prompt, k: int, head: bool, hits: Sequence[Hit] | 
     # only the run between the common prefix and suffix differs: whitespace-only when its
     # non-blank characters are the same on both sides
     if "".join(old[start:end_old].split()) == "".join(text[start:end_new].split()):
-        return _at(new, k, start, max(end_new, start), "whitespace", True)
+        return _at(k, start, max(end_new, start), "whitespace", True)
     return _classify(old, text, new, k, head, start, end_old, end_new, hits)
 
 
@@ -188,7 +188,7 @@ def _prefix_diff(
     start = common_prefix(old, text)
     kept = "".join(old[start:].split())
     if kept and "".join(text[start : start + 2 * (len(old) - start) + 64].split()).startswith(kept):
-        return _at(new, k, start, start + 1, "whitespace", True)
+        return _at(k, start, start + 1, "whitespace", True)
     return _classify(old, text, new, k, head, start, start, start, hits)
 
 
@@ -208,11 +208,11 @@ def _classify(
     if hit is None:
         hit = classify_span(text, start)
     if hit is not None:
-        return _at(new, k, hit.start, hit.end, hit.kind, True)
+        return _at(k, hit.start, hit.end, hit.kind, True)
     if _counter_step(old, text, start, end_old, end_new):
-        return _at(new, k, start, end_new, "counter", True)
+        return _at(k, start, end_new, "counter", True)
     return _at(
-        new, k, start, max(end_new, start), "volatile_span" if head else "history_rewrite", False
+        k, start, max(end_new, start), "volatile_span" if head else "history_rewrite", False
     )
 
 

@@ -232,9 +232,6 @@ class Router:
     def queued_tokens(self, replica: str) -> float:
         return self._queued.get(replica, 0.0)
 
-    def bytes_per_token(self, model: str) -> float:
-        return self._estimator.ratio(model)
-
     def session_load(self, replica: str, now: float) -> float:
         return self._sessions.load(replica, now)
 

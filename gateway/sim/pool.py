@@ -49,11 +49,6 @@ class BlockPool:
     def num_free(self) -> int:
         return len(self._free)
 
-    @property
-    def num_cached(self) -> int:
-        """Blocks currently carrying a hash (distinct physical blocks)."""
-        return sum(len(copies) for copies in self._cached.values())
-
     def usage(self) -> float:
         return 1.0 - len(self._free) / (self.num_blocks - 1)
 

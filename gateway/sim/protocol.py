@@ -36,7 +36,6 @@ class GenerationParams:
     stream: bool
     include_usage: bool
     continuous_usage: bool
-    has_stream_options: bool
     max_tokens: int | None
     cache_salt: str | None
 
@@ -98,7 +97,6 @@ def parse_generation(body: Mapping[str, Any], name: str) -> GenerationParams:
         stream=stream,
         include_usage=include,
         continuous_usage=continuous,
-        has_stream_options=options is not None,
         max_tokens=max_tokens,
         cache_salt=_cache_salt(body),
     )

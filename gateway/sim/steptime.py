@@ -10,7 +10,7 @@ chunk wait for it (the max). The result is multiplied by a jitter factor in
 [1 - jitter, 1 + jitter] drawn by the caller from the seeded RNG.
 
 Defaults: an 8B BF16 model on one H100 (batch-1 ITL ~6.3 ms, TTFT of 1k uncached tokens
-~35-40 ms). ``h200()`` gives the H200 figures.
+~35-40 ms).
 """
 
 from __future__ import annotations
@@ -35,7 +35,3 @@ class StepTimeModel:
         prefill = self.t_prefill_token_s * prefill_tokens + self.t_attention_s * attention_pairs
         base = self.t_base_s + max(decode, prefill)
         return base * (1.0 + self.jitter * (2.0 * noise - 1.0))
-
-
-def h200() -> StepTimeModel:
-    return StepTimeModel(t_weights_s=3.3e-3, t_kv_token_s=0.027e-6)
