@@ -132,7 +132,9 @@ async def test_models_union_and_other_routes(records: list[UsageRecord]) -> None
         assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
         assert b"gateway_requests_total" in metrics.content
         stats = (await client.get("/stats")).json()
-        assert isinstance(stats, dict)
+        # the two chat requests above, and both replicas with their scrape state
+        assert stats["windows"]["1m"]["requests"] == 2
+        assert set(stats["replicas"]) == {"a", "b"}
         ready = (await client.get("/ready")).json()
         assert ready["healthy"] == ["a", "b"]
         r = await client.post("/v1/embeddings", json={"model": "m3", "input": "x"})
