@@ -193,7 +193,7 @@ class _InstantUpstream:
 
 
 async def _in_process(n: int, stream: bool) -> float:
-    from gateway.app import create_app
+    from gateway.proxy.app import create_app
     from gateway.settings import parse_settings
 
     settings = parse_settings(None, {}, backends=["http://127.0.0.1:1", "http://127.0.0.1:2"])

@@ -22,9 +22,9 @@ from typing import Any
 import uvicorn
 import uvloop
 
-from gateway.app import create_app
 from gateway.coerce import SettingsError
 from gateway.logs import configure_logging
+from gateway.proxy.app import create_app
 from gateway.settings import Settings, parse_settings, replica_from_url, with_replicas
 
 log = logging.getLogger("gateway.serve")

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway.app import GatewayApp
-from gateway.errors import UpstreamConnectError
+from gateway.proxy.app import GatewayApp
+from gateway.proxy.errors import UpstreamConnectError
 from gateway.settings import ReplicaSettings, ServerSettings, Settings
 from gateway.usage.config import UsageConfig
 from gateway.usage.record import UsageRecord

@@ -12,7 +12,7 @@ from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.hygiene.config import HygieneConfig
 from gateway.hygiene.finding import Finding
 from gateway.hygiene.prompt import validate
-from gateway.inbound import parse_inbound
+from gateway.proxy.inbound import parse_inbound
 from tests.hygiene_corpus.common import chat as corpus_chat
 
 NOW = 1717250602.0  # 2024-06-01T14:03:22Z

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.app import create_app
+from gateway.proxy.app import create_app
 from gateway.usage.record import UsageRecord
 from tests.proxy_fakes import (
     COMPLETION,
@@ -110,7 +110,7 @@ async def test_streaming_usage_injection(records: list[UsageRecord], client_usag
 
 
 def test_session_header_wins() -> None:
-    from gateway.session import resolve_session
+    from gateway.proxy.session import resolve_session
 
     assert resolve_session(b"s-h", {"prompt_cache_key": "k", "user": "u"}) == "s-h"
     assert resolve_session(None, {"prompt_cache_key": "k", "user": "u"}) == "k"
@@ -156,7 +156,7 @@ async def test_hygiene_findings_log_at_their_severity(
     body = {"model": MODEL, "messages": [{"role": "system", "content": system},
                                          {"role": "user", "content": "hi"}]}
     app = create_app(settings(), upstream=Fake().upstream)
-    with caplog.at_level(logging.DEBUG, logger="gateway.proxy"):
+    with caplog.at_level(logging.DEBUG, logger="gateway.proxy.handler"):
         async for client in started(app, records):
             assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
     logged = [r for r in caplog.records if r.getMessage() == "hygiene finding"]

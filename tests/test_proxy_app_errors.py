@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.app import create_app
-from gateway.errors import UpstreamConnectError, UpstreamTimeout
+from gateway.proxy.app import create_app
+from gateway.proxy.errors import UpstreamConnectError, UpstreamTimeout
 from gateway.settings import ReplicaSettings
 from gateway.usage.record import UsageRecord
 from tests.proxy_fakes import (

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gateway.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
-from gateway.h1client import H1Upstream
-from gateway.upstream import Timeouts
+from gateway.proxy.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
+from gateway.proxy.h1client import H1Upstream
+from gateway.proxy.upstream import Timeouts
 from tests.servers import free_port
 
 FAST = Timeouts(connect_s=2.0, read_s=2.0)

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import orjson
 import pytest
 
-from gateway.app import create_app
-from gateway.errors import UpstreamConnectError
+from gateway.proxy.app import create_app
+from gateway.proxy.errors import UpstreamConnectError
 from gateway.routing.config import RoutingConfig
 from gateway.settings import ReplicaSettings, Settings
 from gateway.usage.config import UsageConfig

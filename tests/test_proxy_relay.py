@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import UpstreamProtocolError
-from gateway.relay import RelayOutcome, relay
+from gateway.proxy.errors import UpstreamProtocolError
+from gateway.proxy.relay import RelayOutcome, relay
 
 EVENTS = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n',
           b'data: {"choices":[{"delta":{"content":"b"}}]}\n\n',

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from gateway.upstream import RawHeaders, Timeouts
+from gateway.proxy.upstream import RawHeaders, Timeouts
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gateway.errors import GatewayError
+from gateway.proxy.errors import GatewayError
 from gateway.replicas.snapshot import EngineSnapshot
 from gateway.routing.decision import ReplicaState
 from gateway.settings import ReplicaSettings

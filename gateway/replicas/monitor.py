@@ -32,12 +32,12 @@ from collections.abc import Callable
 
 import orjson
 
-from gateway.errors import UpstreamError
+from gateway.proxy.errors import UpstreamError
+from gateway.proxy.upstream import Timeouts, Upstream
 from gateway.replicas.fleet import Fleet, Replica
 from gateway.replicas.scrape import parse_engine_metrics
 from gateway.routing.router import Router
 from gateway.settings import Settings
-from gateway.upstream import Timeouts, Upstream
 from gateway.usage.extract import usage_from_body
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.recorder import UsageRecorder

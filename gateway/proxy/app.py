@@ -8,7 +8,7 @@ Tests that drive the app without a server (httpx.ASGITransport skips the lifespa
 `async with app.running(): ...`.
 
 Routes:
-    POST /v1/chat/completions, POST /v1/completions   routed + recorded (gateway.proxy)
+    POST /v1/chat/completions, POST /v1/completions   routed + recorded (gateway.proxy.handler)
     GET  /v1/models                                   union of the healthy replicas' models
     *    /v1/...                                      forwarded to a replica serving `model`
     GET  /health                                      200 while the gateway runs
@@ -27,21 +27,21 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.asgi import Receive, Scope, Send, respond, respond_error
-from gateway.auth import Authenticator
-from gateway.errors import GatewayError
-from gateway.h1client import H1Upstream
 from gateway.hygiene.analyzer import HygieneAnalyzer
-from gateway.proxy import Proxy
+from gateway.proxy.asgi import Receive, Scope, Send, respond, respond_error
+from gateway.proxy.auth import Authenticator
+from gateway.proxy.errors import GatewayError
+from gateway.proxy.h1client import H1Upstream
+from gateway.proxy.handler import Proxy
+from gateway.proxy.upstream import Upstream
 from gateway.replicas.fleet import Fleet
 from gateway.replicas.monitor import FleetMonitor
 from gateway.routing.router import Router
 from gateway.settings import Settings
-from gateway.upstream import Upstream
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.recorder import UsageRecorder
 
-log = logging.getLogger("gateway.app")
+log = logging.getLogger("gateway.proxy.app")
 
 PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import orjson
 
-from gateway.errors import GatewayError, invalid_field, missing_field
+from gateway.proxy.errors import GatewayError, invalid_field, missing_field
 
 Endpoint = Literal["chat", "completions"]
 

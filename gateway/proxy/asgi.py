@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
-from gateway.errors import GatewayError
+from gateway.proxy.errors import GatewayError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

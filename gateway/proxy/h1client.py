@@ -1,4 +1,4 @@
-"""A lean HTTP/1.1 client for talking to replicas: an `Upstream` (gateway.upstream) built on
+"""A lean HTTP/1.1 client for talking to replicas: an `Upstream` (gateway.proxy.upstream) built on
 an asyncio protocol and httptools' C response parser (llhttp, as uvicorn uses for requests).
 
 Why not aiohttp: on the relay path the client is most of the gateway's per-request CPU after
@@ -42,8 +42,8 @@ from typing import cast
 
 import httptools
 
-from gateway.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
-from gateway.upstream import RawHeaders, Timeouts
+from gateway.proxy.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
+from gateway.proxy.upstream import RawHeaders, Timeouts
 
 PoolKey = tuple[str, str, int]
 HIGH_WATER = 256 * 1024  # unread body bytes before the socket stops being read

@@ -1,13 +1,13 @@
 """The seam between the gateway and its replicas: one `send()` that returns a response whose
 body can be read whole or relayed chunk by chunk, and closed early.
 
-The production transport is `gateway.h1client.H1Upstream` (pooled keep-alive HTTP/1.1 on
+The production transport is `gateway.proxy.h1client.H1Upstream` (pooled keep-alive HTTP/1.1 on
 an asyncio protocol with httptools' parser; chosen by measurement, see
 bench/results/proxy.md: it costs about a third less gateway CPU per relayed request than
 aiohttp's client, which cost about a tenth of httpx's). Bytes are relayed exactly as the
 engine wrote them (no Accept-Encoding, no decompression).
 
-Every transport failure surfaces as one of `gateway.errors.Upstream*`: failures before the
+Every transport failure surfaces as one of `gateway.proxy.errors.Upstream*`: failures before the
 response head are `UpstreamConnectError` (nothing reached the client, the caller may retry
 on another replica) or `UpstreamTimeout`; failures while reading the body are
 `UpstreamProtocolError` or `UpstreamTimeout`. Tests inject any object with the same shape
@@ -39,7 +39,7 @@ class UpstreamResponse(Protocol):
     def chunks(self) -> AsyncIterator[bytes]: ...
 
     # Optional: `at_eof() -> bool`, True when the body has ended and was read whole, so the
-    # relay can send the last bytes together with the end of the body (gateway.relay).
+    # relay can send the last bytes together with the end of the body (gateway.proxy.relay).
 
     def release(self) -> None:
         """Body fully consumed: give the connection back to the pool."""

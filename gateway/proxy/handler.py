@@ -31,20 +31,20 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from gateway.asgi import ClientGone, Headers, Receive, Scope, Send, read_body, request_headers
-from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, from_upstream
-from gateway.inbound import Endpoint, inject_usage, parse_inbound, parse_json
-from gateway.relay import RelayOutcome, relay, upstream_request_headers
+from gateway.proxy.asgi import ClientGone, Headers, Receive, Scope, Send, read_body, request_headers
+from gateway.proxy.errors import GatewayError, UpstreamConnectError, UpstreamError, from_upstream
+from gateway.proxy.inbound import Endpoint, inject_usage, parse_inbound, parse_json
+from gateway.proxy.relay import RelayOutcome, relay, upstream_request_headers
+from gateway.proxy.session import resolve_session
+from gateway.proxy.upstream import Timeouts, UpstreamResponse
 from gateway.replicas.fleet import Replica, no_healthy
-from gateway.session import resolve_session
-from gateway.upstream import Timeouts, UpstreamResponse
 from gateway.usage.record import UsageRecord
 
 if TYPE_CHECKING:
-    from gateway.app import Services
+    from gateway.proxy.app import Services
     from gateway.routing.router import RoutePlan
 
-log = logging.getLogger("gateway.proxy")
+log = logging.getLogger("gateway.proxy.handler")
 
 _WANTED = (b"x-request-id", b"authorization", b"x-session-id", b"content-length")
 

@@ -2,7 +2,7 @@
 failures are translated into them.
 
 Exception tree (every upstream transport failure is raised as one of these by the
-`gateway.upstream.Upstream` in use, `gateway.h1client.H1Upstream` in production; no
+`gateway.proxy.upstream.Upstream` in use, `gateway.proxy.h1client.H1Upstream` in production; no
 transport library's own exception types leak past it):
 
     GatewayError                 an error answered to the client (status + OpenAI body)

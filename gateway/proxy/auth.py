@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping
 
-from gateway.errors import GatewayError
+from gateway.proxy.errors import GatewayError
 
 
 class Authenticator:

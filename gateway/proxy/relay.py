@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.asgi import Headers, Send
-from gateway.errors import GatewayError, UpstreamError, from_upstream
-from gateway.upstream import RawHeaders, UpstreamResponse
+from gateway.proxy.asgi import Headers, Send
+from gateway.proxy.errors import GatewayError, UpstreamError, from_upstream
+from gateway.proxy.upstream import RawHeaders, UpstreamResponse
 from gateway.usage.extract import Usage, answer_from_body
 from gateway.usage.sse import SseUsageTap
 
