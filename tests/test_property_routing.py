@@ -4,6 +4,7 @@ prefixes (the basis of prefix routing)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from hypothesis import given, settings
@@ -28,10 +29,8 @@ def _render(body: Any, endpoint: Any) -> bytes | None:
 def test_chat_bodies_render_or_raise_normalize_error(body: dict[str, Any]) -> None:
     first = _render(body, "chat")
     assert first == _render(body, "chat")  # deterministic
-    try:
+    with contextlib.suppress(NormalizeError):
         chain_seed(body, "chat", "m")
-    except NormalizeError:
-        pass
 
 
 @settings(max_examples=200, deadline=None)

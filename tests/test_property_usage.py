@@ -4,9 +4,8 @@ mode, removes exactly the injected usage chunk in strip mode, and never raises."
 
 from __future__ import annotations
 
-from typing import Any
-
 import json
+from typing import Any
 
 import orjson
 from hypothesis import given, settings
