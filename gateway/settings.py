@@ -46,6 +46,9 @@ class ServerSettings:
     health_timeout_s: float = 2.0
     unhealthy_after: int = 1  # consecutive failed probes that mark a replica down
     models_refresh_s: float = 30.0  # re-read /v1/models this often
+    upstream_connections: int = 256  # keep-alive connections per replica, at most
+    upstream_idle_s: float = 4.0  # idle upstream connections closed after (< vLLM's 5 s)
+    max_response_bytes: int = 64 * 1024 * 1024  # a non-streamed answer larger -> 502
     log_level: LogLevel = "info"
 
     def __post_init__(self) -> None:
@@ -54,7 +57,8 @@ class ServerSettings:
         if self.max_body_bytes <= 0:
             raise ValueError("server.max_body_bytes must be positive")
         for name in ("connect_timeout_s", "read_timeout_s", "health_interval_s",
-                     "health_timeout_s", "models_refresh_s"):
+                     "health_timeout_s", "models_refresh_s", "upstream_connections",
+                     "upstream_idle_s", "max_response_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"server.{name} must be positive")
         if self.retries < 0 or self.unhealthy_after < 1:

@@ -30,8 +30,8 @@ import orjson
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.proxy.asgi import Receive, Scope, Send, respond, respond_error
 from gateway.proxy.auth import Authenticator
+from gateway.proxy.client import AiohttpUpstream, ClientLimits
 from gateway.proxy.errors import GatewayError
-from gateway.proxy.h1client import H1Upstream
 from gateway.proxy.handler import Proxy
 from gateway.proxy.upstream import Upstream
 from gateway.replicas.fleet import Fleet
@@ -75,7 +75,10 @@ class GatewayApp:
 
     async def startup(self) -> None:
         settings = self.settings
-        upstream = self._given_upstream or H1Upstream()
+        server = settings.server
+        upstream = self._given_upstream or AiohttpUpstream(ClientLimits(
+            connections_per_replica=server.upstream_connections, idle_s=server.upstream_idle_s,
+            max_body_bytes=server.max_response_bytes))
         fleet = Fleet(settings.replicas, unhealthy_after=settings.server.unhealthy_after)
         router = Router(settings.routing)
         metrics = GatewayMetrics()

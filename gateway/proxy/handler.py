@@ -28,6 +28,7 @@ import logging
 import os
 import time
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 import orjson
 
@@ -36,6 +37,7 @@ from gateway.proxy.errors import GatewayError, UpstreamConnectError, UpstreamErr
 from gateway.proxy.inbound import Endpoint, inject_usage, parse_inbound, parse_json
 from gateway.proxy.relay import RelayOutcome, relay, upstream_request_headers
 from gateway.proxy.session import resolve_session
+from gateway.proxy.target import forwarded_headers, upstream_target
 from gateway.proxy.upstream import Timeouts, UpstreamResponse
 from gateway.replicas.fleet import Replica, no_healthy
 from gateway.usage.record import UsageRecord
@@ -55,7 +57,7 @@ class Exchange:
     __slots__ = (
         "best", "disconnected", "done", "endpoint", "error", "findings", "model", "outcome",
         "predicted", "replica", "request_id", "route", "session", "status", "stream", "t0",
-        "tenant", "ts",
+        "target", "tenant", "ts", "up_headers",
     )
 
     def __init__(self, request_id: str, ts: float, t0: float, endpoint: str) -> None:
@@ -77,6 +79,8 @@ class Exchange:
         self.outcome = RelayOutcome()
         self.disconnected = False
         self.done = False  # the last byte was handed to the server: disconnects are moot
+        self.target = ""  # the checked request target for the replica (gateway.proxy.target)
+        self.up_headers: list[tuple[str, str]] = []  # the client headers that may go upstream
 
     def fail(self, error: GatewayError) -> None:
         self.status = error.status
@@ -119,13 +123,18 @@ class Proxy:
         s = self.s
         rid_h, auth_h, session_h, length_h = request_headers(scope, _WANTED)
         rid = rid_h.decode("latin-1") if rid_h else f"{self._rid_prefix}{next(self._rid_seq):016x}"
-        ex = Exchange(rid, s.clock(), time.perf_counter(), endpoint or scope["path"])
+        ex = Exchange(rid, s.clock(), time.perf_counter(), endpoint or scope["path"][:200])
         headers: Headers = [(b"x-request-id", rid.encode("latin-1"))]
         task = asyncio.current_task()
         assert task is not None
         watcher: asyncio.Task[None] | None = None
         try:
             ex.tenant = s.auth.tenant(auth_h)
+            # Checked before anything is read or routed; never the decoded scope["path"].
+            ex.target = upstream_target(
+                scope.get("raw_path") or quote(scope["path"]).encode(),
+                scope.get("query_string", b""))
+            ex.up_headers = forwarded_headers(scope["headers"])
             raw = await read_body(receive, self.max_body, length_h)
             watcher = asyncio.create_task(self._watch(receive, ex, task))
             if endpoint is None:
@@ -228,9 +237,7 @@ class Proxy:
         plan: RoutePlan | None, strip: bool, ex: Exchange, headers: Headers,
     ) -> None:
         s = self.s
-        url_path = scope["path"]
-        if scope.get("query_string"):
-            url_path += "?" + scope["query_string"].decode("latin-1")
+        url_path = ex.target
         failure: GatewayError | None = None
         fleet = s.fleet.replicas
         spare = [n for n in ranked[1:] if n in fleet and fleet[n].healthy]
@@ -264,7 +271,7 @@ class Proxy:
         clean = False
         ex.outcome = outcome = RelayOutcome()
         try:
-            up_headers = upstream_request_headers(scope["headers"], ex.request_id,
+            up_headers = upstream_request_headers(ex.up_headers, ex.request_id,
                                                   replica.upstream_headers)
             try:
                 resp = await s.upstream.send(scope["method"], replica.url + url_path, up_headers,

@@ -1,10 +1,9 @@
 """Relaying one upstream response to the client (I/O) and the header rules around it (pure).
 
-Headers: the client's request headers go upstream minus hop-by-hop ones, its
-`Authorization` (replaced by the replica's own key, if any), `Accept-Encoding` (bytes are
-relayed as the engine wrote them, uncompressed) and `X-Request-Id` (replaced by the
-gateway's id). Upstream response headers come back minus hop-by-hop ones, `content-length`
-(recomputed), `server`, `date` and `x-request-id`.
+Headers: only allow-listed client headers go upstream (gateway.proxy.target), plus the
+gateway's `X-Request-Id` and the replica's own `Authorization`. Upstream response headers
+come back minus hop-by-hop ones, `content-length` (recomputed), `server`, `date`,
+`x-request-id` and any `x-gateway-*` (only the gateway sets those).
 
 Body: an SSE answer (`text/event-stream`) is forwarded chunk by chunk through an
 `SseUsageTap`; a failure after the first byte ends the stream with an OpenAI error event and
@@ -18,24 +17,20 @@ from collections.abc import Callable
 
 from gateway.proxy.asgi import Headers, Send
 from gateway.proxy.errors import GatewayError, UpstreamError, from_upstream
+from gateway.proxy.target import HOP_BY_HOP
 from gateway.proxy.upstream import RawHeaders, UpstreamResponse
 from gateway.usage.extract import Usage, answer_from_body
 from gateway.usage.sse import SseUsageTap
 
-HOP_BY_HOP = frozenset({
-    b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate",
-    b"proxy-authorization", b"te", b"trailer", b"trailers", b"transfer-encoding", b"upgrade",
-})
-DROP_REQUEST = HOP_BY_HOP | {
-    b"host", b"content-length", b"authorization", b"x-request-id", b"accept-encoding", b"expect",
-}
 DROP_RESPONSE = HOP_BY_HOP | {b"content-length", b"server", b"date", b"x-request-id"}
 
 
 def upstream_request_headers(
-    client: Headers, request_id: str, replica_auth: tuple[tuple[str, str], ...]
+    forwarded: list[tuple[str, str]], request_id: str, replica_auth: tuple[tuple[str, str], ...]
 ) -> list[tuple[str, str]]:
-    out = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in client if k not in DROP_REQUEST]
+    """The allow-listed client headers (gateway.proxy.target.forwarded_headers), the
+    gateway's request id and the replica's own key."""
+    out = list(forwarded)
     if not any(k == "content-type" for k, _ in out):
         out.append(("content-type", "application/json"))
     out.append(("X-Request-Id", request_id))
@@ -49,7 +44,7 @@ def client_response_headers(upstream: RawHeaders, extra: Headers) -> tuple[Heade
     content_type = b""
     for key, value in upstream:
         k = key.lower()
-        if k in DROP_RESPONSE:
+        if k in DROP_RESPONSE or k.startswith(b"x-gateway-"):
             continue
         if k == b"content-type":
             content_type = value

@@ -1,5 +1,7 @@
-"""H1Upstream against a scripted raw HTTP/1.1 server on loopback: bodies by length, chunks
-and close; keep-alive reuse; every failure mapped to its UpstreamError."""
+"""AiohttpUpstream against a scripted raw HTTP/1.1 server on loopback: bodies by length, chunks
+and close; keep-alive reuse and stale-connection retry; limits on what comes back (head
+size, body size, upgrades); the per-replica connection bound and idle reaping; every
+failure mapped to its UpstreamError."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from gateway.proxy.client import AiohttpUpstream, ClientLimits
 from gateway.proxy.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
-from gateway.proxy.h1client import H1Upstream
 from gateway.proxy.upstream import Timeouts
 from tests.servers import free_port
 
@@ -77,7 +79,7 @@ def scripted(*steps: bytes | tuple[bytes, float], close: bool = False) -> Script
 @pytest.mark.parametrize("server", [scripted(OK_JSON)], indirect=True)
 async def test_json_body_and_keepalive_reuse(server: tuple[str, Script]) -> None:
     url, script = server
-    client = H1Upstream()
+    client = AiohttpUpstream()
     try:
         for i in range(3):
             resp = await client.send("POST", url + "/v1/x?a=1", [("content-type", "a/b")],
@@ -106,7 +108,7 @@ async def test_json_body_and_keepalive_reuse(server: tuple[str, Script]) -> None
 ], indirect=["server"])
 async def test_bodies(server: tuple[str, Script], expected: bytes) -> None:
     url, script = server
-    client = H1Upstream()
+    client = AiohttpUpstream()
     try:
         resp = await client.send("GET", url + "/s", [], None, FAST)
         got = [c async for c in resp.chunks()]
@@ -129,7 +131,7 @@ async def test_bodies(server: tuple[str, Script], expected: bytes) -> None:
 async def test_failures(server: tuple[str, Script], error: type[Exception], method: str,
                         use: str) -> None:
     url, _ = server
-    client = H1Upstream()
+    client = AiohttpUpstream()
     try:
         with pytest.raises(error):
             resp = await client.send(method, url + "/f", [], b"{}", SHORT)
@@ -143,7 +145,7 @@ async def test_failures(server: tuple[str, Script], error: type[Exception], meth
 
 
 async def test_refused() -> None:
-    client = H1Upstream()
+    client = AiohttpUpstream()
     try:
         with pytest.raises(UpstreamConnectError):
             await client.send("GET", f"http://127.0.0.1:{free_port()}/health", [], None, FAST)
@@ -155,7 +157,7 @@ async def test_refused() -> None:
                                              (chunk(b"c"), 0.15))], indirect=True)
 async def test_total_timeout_bounds_the_whole_exchange(server: tuple[str, Script]) -> None:
     url, _ = server
-    client = H1Upstream()
+    client = AiohttpUpstream()
     try:
         resp = await client.send("GET", url + "/p", [], None,
                                  Timeouts(connect_s=1.0, read_s=1.0, total_s=0.2))
@@ -168,7 +170,7 @@ async def test_total_timeout_bounds_the_whole_exchange(server: tuple[str, Script
 @pytest.mark.parametrize("server", [scripted(CHUNKED, chunk(b"data: a\n\n"))], indirect=True)
 async def test_abort_closes_the_connection(server: tuple[str, Script]) -> None:
     url, script = server
-    client = H1Upstream()
+    client = AiohttpUpstream()
     try:
         resp = await client.send("POST", url + "/s", [], b"{}", FAST)
         async for c in resp.chunks():
@@ -187,7 +189,7 @@ async def test_abort_closes_the_connection(server: tuple[str, Script]) -> None:
     b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n")], indirect=True)
 async def test_head_has_no_body(server: tuple[str, Script]) -> None:
     url, _ = server
-    client = H1Upstream()
+    client = AiohttpUpstream()
     try:
         resp = await client.send("HEAD", url + "/v1/models", [], None, FAST)
         assert resp.status == 200 and await resp.read() == b""
@@ -244,7 +246,7 @@ async def closing_server(spec: Closer) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
-async def get_ok(client: H1Upstream, url: str) -> None:
+async def get_ok(client: AiohttpUpstream, url: str) -> None:
     resp = await client.send("POST", url + "/v1/completions", [], b"{}", FAST)
     assert resp.status == 200 and await resp.read() == b'{"ok":true}'
     resp.release()
@@ -255,7 +257,7 @@ async def test_idle_close_is_seen_before_reuse() -> None:
     the close (EOF) and never hand that connection out."""
     spec = Closer(close_after_s=0.02)
     async with closing_server(spec) as url:
-        client = H1Upstream()
+        client = AiohttpUpstream()
         try:
             for _ in range(3):
                 await get_ok(client, url)
@@ -269,7 +271,7 @@ async def test_idle_close_is_seen_before_reuse() -> None:
 async def test_close_crossing_a_request_is_retried_on_a_fresh_connection() -> None:
     spec = Closer()  # answers once, closes when the second request arrives
     async with closing_server(spec) as url:
-        client = H1Upstream()
+        client = AiohttpUpstream()
         try:
             await get_ok(client, url)
             await get_ok(client, url)  # the reused connection fails: re-sent, succeeds
@@ -282,7 +284,7 @@ async def test_close_crossing_a_request_is_retried_on_a_fresh_connection() -> No
 async def test_retry_is_once_and_only_for_a_reused_connection() -> None:
     spec = Closer(answering=1)  # only the very first request is ever answered
     async with closing_server(spec) as url:
-        client = H1Upstream()
+        client = AiohttpUpstream()
         try:
             await get_ok(client, url)
             with pytest.raises(UpstreamConnectError):
@@ -298,10 +300,108 @@ async def test_retry_is_once_and_only_for_a_reused_connection() -> None:
 async def test_connection_close_from_the_server_is_honoured() -> None:
     spec = Closer(answered=2, reply=CLOSE_OK)  # would answer again, but said close
     async with closing_server(spec) as url:
-        client = H1Upstream()
+        client = AiohttpUpstream()
         try:
             await get_ok(client, url)
             await get_ok(client, url)
             assert (spec.connections, spec.requests, client.stale_retries) == (2, 2, 0)
+        finally:
+            await client.aclose()
+
+
+# Limits on what comes back ------------------------------------------------------------------
+
+ENDLESS_HEAD = b"HTTP/1.1 200 OK\r\n" + b"x-filler: " + b"a" * 60 + b"\r\n"
+
+
+@pytest.mark.parametrize(("server", "method"), [
+    (scripted(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n"
+              b"connection: upgrade\r\n\r\n"), "GET"),
+    (scripted(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n\r\n"), "POST"),
+    (scripted(b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * 20_000 + b"\r\n\r\n"), "GET"),
+    (scripted(*[(ENDLESS_HEAD.replace(b"HTTP/1.1 200 OK\r\n", b"") if i else ENDLESS_HEAD,
+                 0.0) for i in range(2_000)]), "POST"),
+], indirect=["server"])
+async def test_refused_heads_are_protocol_errors_and_do_not_poison_the_pool(
+    server: tuple[str, Script], method: str
+) -> None:
+    url, script = server
+    client = AiohttpUpstream()
+    try:
+        with pytest.raises(UpstreamProtocolError):
+            await client.send(method, url + "/x", [], b"{}" if method == "POST" else None, FAST)
+        script.steps = [(OK_JSON, 0.0)]  # the next request gets its own answer
+        resp = await client.send("GET", url + "/y", [], None, FAST)
+        assert await resp.read() == b'{"ok":true}'
+        resp.release()
+        assert script.connections == 2  # the refused connection was closed, not reused
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("server", [scripted(
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 5000\r\n\r\n",
+    *[(b"x" * 1000, 0.0)] * 5)], indirect=True)
+async def test_a_body_over_the_limit_is_refused(server: tuple[str, Script]) -> None:
+    url, _ = server
+    client = AiohttpUpstream(ClientLimits(max_body_bytes=4096))
+    try:
+        resp = await client.send("POST", url + "/v1/chat/completions", [], b"{}", FAST)
+        with pytest.raises(UpstreamProtocolError, match="larger than 4096"):
+            await resp.read()
+        resp.abort()
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("server", [scripted(
+    b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n")], indirect=True)
+async def test_a_head_answer_does_not_poison_the_next_request(server: tuple[str, Script]) -> None:
+    """A HEAD answer announces a length it never sends; reading it as a body would make the
+    next request on that connection receive the wrong bytes or hang."""
+    url, script = server
+    client = AiohttpUpstream()
+    try:
+        resp = await client.send("HEAD", url + "/v1/models", [], None, FAST)
+        assert resp.status == 200 and await resp.read() == b""
+        resp.release()
+        script.steps = [(OK_JSON, 0.0)]
+        resp = await client.send("GET", url + "/v1/models", [], None, FAST)
+        assert await resp.read() == b'{"ok":true}'
+        resp.release()
+    finally:
+        await client.aclose()
+
+
+async def test_connections_per_replica_are_bounded_and_idle_ones_reaped() -> None:
+    open_now = 0
+    most = 0
+    closed = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal open_now, most
+        open_now += 1
+        most = max(most, open_now)
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                await asyncio.sleep(0.05)
+                writer.write(KEEP_ALIVE_OK)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        open_now -= 1
+        if open_now == 0:
+            closed.set()
+        writer.close()
+
+    port = free_port()
+    srv = await asyncio.start_server(handle, "127.0.0.1", port)
+    async with srv:
+        client = AiohttpUpstream(ClientLimits(connections_per_replica=2, idle_s=0.2))
+        try:
+            url = f"http://127.0.0.1:{port}"
+            await asyncio.gather(*(get_ok(client, url) for _ in range(8)))
+            assert most == 2
+            await asyncio.wait_for(closed.wait(), 3.0)  # idle connections closed by us
         finally:
             await client.aclose()
