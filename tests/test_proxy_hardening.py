@@ -123,7 +123,7 @@ def test_odd_but_valid_targets_reach_the_replica_exactly_as_sent(
     setup: tuple[int, Recorder, int], target: bytes
 ) -> None:
     port, rec, _ = setup
-    got, _, body = exchange(port, get(target))
+    got, _, _ = exchange(port, get(target))
     assert got == 200
     assert rec.inference()[-1] == b"GET " + target + b" HTTP/1.1"
 
@@ -150,7 +150,7 @@ def test_only_allow_listed_headers_go_upstream(setup: tuple[int, Recorder, int])
              b"connection: keep-alive, traceparent\r\n"
              b"traceparent: 00-aa-bb-01\r\nanthropic-version: 2023-06-01\r\n"
              b"authorization: Bearer client-key\r\nx-data-parallel-rank: 3\r\n")
-    got, _, body = exchange(port, post_chat("hello", extra_headers=extra))
+    got, _, _ = exchange(port, post_chat("hello", extra_headers=extra))
     assert got == 200
     head = rec.requests[-1][1].lower()
     for banned in (b"x-gateway-", b"x-forwarded-for", b"client-key", b"x-data-parallel-rank",
