@@ -205,3 +205,30 @@ def test_the_injection_from_the_report_sends_one_request_and_answers_it(
     time.sleep(0.6)
     assert len(rec.inference()) == before
     assert_pool_clean(port, rec)
+
+
+def _series(port: int) -> int:
+    status, _, body = exchange(port, get(b"/metrics"), timeout=10)
+    assert status == 200
+    return sum(1 for line in body.decode().splitlines()
+               if line.startswith("gateway_") and not line.startswith("#"))
+
+
+def test_made_up_model_names_do_not_grow_the_metric_series(
+    setup: tuple[int, Recorder, int]
+) -> None:
+    port, _, _ = setup
+
+    def made_up(i: int) -> bytes:
+        body = orjson.dumps({"model": f"made-up-{i}-{'x' * (i % 50)}",
+                             "messages": [{"role": "user", "content": "hi"}]})
+        return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                b"application/json\r\ncontent-length: " + str(len(body)).encode() +
+                b"\r\n\r\n" + body)
+
+    for i in range(5):  # the "unknown" label's series exist from here on
+        assert exchange(port, made_up(i))[0] == 404
+    before = _series(port)
+    for i in range(5, 505):
+        assert exchange(port, made_up(i))[0] == 404
+    assert _series(port) == before

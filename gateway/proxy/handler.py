@@ -40,6 +40,7 @@ from gateway.proxy.session import resolve_session
 from gateway.proxy.target import forwarded_headers, upstream_target
 from gateway.proxy.upstream import Timeouts, UpstreamResponse
 from gateway.replicas.fleet import Replica, no_healthy
+from gateway.usage.metrics import UNKNOWN_MODEL
 from gateway.usage.record import UsageRecord
 
 if TYPE_CHECKING:
@@ -172,7 +173,9 @@ class Proxy:
         s = self.s
         inbound = parse_inbound(raw, endpoint)
         body = inbound.body
-        ex.model, ex.stream = inbound.model, inbound.stream
+        # A name no replica serves is recorded (so labelled) as "unknown": bounded series.
+        ex.model = inbound.model if s.fleet.known_model(inbound.model) else UNKNOWN_MODEL
+        ex.stream = inbound.stream
         ex.session = resolve_session(session_h, body)
         candidates = s.fleet.candidates(inbound.model)
 
@@ -200,7 +203,7 @@ class Proxy:
         payload = orjson.dumps(body) if changed else raw
 
         try:
-            plan = s.router.route(body, endpoint, ex.model, ex.session,
+            plan = s.router.route(body, endpoint, inbound.model, ex.session,
                                   [r.state() for r in candidates], ex.ts)
         except ValueError as exc:  # NormalizeError: a body shape the engine would refuse too
             raise GatewayError(400, str(exc), code="invalid_request") from None
@@ -219,7 +222,7 @@ class Proxy:
             if isinstance(doc, dict) and isinstance(doc.get("model"), str):
                 model = doc["model"]
         if model is not None:
-            ex.model = model
+            ex.model = model if self.s.fleet.known_model(model) else UNKNOWN_MODEL
             candidates = self.s.fleet.candidates(model)
         else:
             candidates = self.s.fleet.healthy()

@@ -97,6 +97,11 @@ class Fleet:
     def healthy(self) -> list[Replica]:
         return [r for r in self.replicas.values() if r.healthy]
 
+    def known_model(self, model: str) -> bool:
+        """A replica lists model (from [[replicas]] models or its /v1/models): the test for
+        whether a client's model name may become a metric label."""
+        return any(r.models is not None and model in r.models for r in self.replicas.values())
+
     def candidates(self, model: str) -> list[Replica]:
         """Healthy replicas serving model; 404 when no replica knows it, 503 when the ones
         that do are down. Replicas whose models are not known yet count as serving it."""

@@ -40,6 +40,15 @@ A replica gauge whose value the last scrape did not report is removed, not set t
 
 Label values: `None` becomes "none"; status is the HTTP status as a string.
 
+Cardinality: every label value is bounded by configuration or by a fixed set, never by what
+a client sends. `model` is a model some replica serves, or "unknown" (the request path
+replaces a name no replica lists before the record is made: `UNKNOWN_MODEL`), so at most
+(served models + 2); `replica`: the configured replicas; `tenant`: the configured API keys'
+tenants + "none"; `route`: the policies' reasons + "forward" (about 10); `status`: HTTP
+statuses the gateway or an engine answered (at most 500 values, 10-20 in practice);
+`reason`, `kind`, `severity`, `sink`: fixed sets in the code. So the request series are at
+most models x replicas x tenants x routes x statuses, whatever clients send.
+
 Speed: `observe` runs once per request. `.labels()` costs a lock and a dict lookup per
 metric, so the children for one label tuple are resolved once and cached in a dict keyed
 by that tuple (bounded by label cardinality, like the registry itself).
@@ -54,6 +63,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from gateway.replicas.snapshot import EngineSnapshot
 from gateway.usage.record import UsageRecord
+
+UNKNOWN_MODEL: Final = "unknown"  # the label of every model name no replica serves
 
 DOCUMENTED_METRICS: Final[tuple[str, ...]] = (
     "gateway_requests_total",
