@@ -89,3 +89,17 @@ def test_usage_from_any_body_never_raises(body: bytes) -> None:
     if usage is not None:
         for n in (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens):
             assert n is None or (isinstance(n, int) and n >= 0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.booleans(), st.lists(st.integers(1, 5000), min_size=1, max_size=40))
+def test_an_endless_event_is_never_held_beyond_the_bound(strip: bool, sizes: list[int]) -> None:
+    tap = SseUsageTap(strip=strip, max_event_bytes=4096)
+    sent = b""
+    out = b""
+    for n in sizes:  # one event that never ends: no blank line anywhere
+        piece = b"data: " + b"x" * n
+        sent += piece
+        out += tap.feed(piece)
+        assert len(tap._tail) <= 4096
+    assert out + tap.finish() == sent  # nothing lost, nothing reordered

@@ -84,14 +84,28 @@ def _data(event: bytes) -> bytes | None:
     return b"\n".join(parts) if parts else None
 
 
+MAX_EVENT_BYTES = 1024 * 1024  # a partial event held longer than this is let go (see feed)
+
+
 class SseUsageTap:
-    def __init__(self, *, strip: bool) -> None:
+    def __init__(self, *, strip: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.strip = strip
+        self.max_event_bytes = max_event_bytes
         self.usage: Usage | None = None
         self.stripped = 0  # usage-only events removed (for tests and logs)
         self._tail = b""
 
     def feed(self, chunk: bytes) -> bytes:
+        out = self._feed(chunk)
+        if len(self._tail) > self.max_event_bytes:
+            # An event this long is no usage chunk (a replica writing one endless event):
+            # stop holding it, so the tap's memory stays bounded whatever comes.
+            held, self._tail = self._tail, b""
+            if self.strip:
+                return out + held
+        return out
+
+    def _feed(self, chunk: bytes) -> bytes:
         buf = self._tail + chunk if self._tail else chunk
         cut = _last_boundary(buf)
         self._tail = buf[cut:] if cut < len(buf) else b""
