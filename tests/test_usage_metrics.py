@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.replicas.snapshot import EngineSnapshot
 from gateway.usage import metrics as metrics_module
 from gateway.usage.metrics import DOCUMENTED_METRICS, GatewayMetrics
 from gateway.usage.record import UsageRecord
+from gateway.usage.snapshot import EngineSnapshot
 from tests.records import usage_record as rec
 
 SNAP = EngineSnapshot(

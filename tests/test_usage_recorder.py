@@ -13,11 +13,11 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.replicas.snapshot import EngineSnapshot
 from gateway.usage.config import UsageConfig
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.recorder import UsageRecorder
 from gateway.usage.sinks import FileSink, SinkPump, StdoutSink
+from gateway.usage.snapshot import EngineSnapshot
 from tests.records import usage_record as rec
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.replicas.scrape import parse_engine_metrics
-from gateway.replicas.snapshot import EngineSnapshot
+from gateway.usage.snapshot import EngineSnapshot
 
 VLLM_CURRENT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

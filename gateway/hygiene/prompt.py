@@ -106,7 +106,7 @@ def parse(body: Mapping[str, Any], endpoint: str) -> Prompt:
         if isinstance(prompt, list):
             # a batch of strings or token ids: the first prompt stands for the template
             first = prompt[0] if prompt else ""
-            prompt = first if isinstance(first, str) else orjson.dumps(prompt).decode()
+            prompt = first if isinstance(first, str) else _dumps(prompt)
         parts.append(_part(None, "prompt", str(prompt), ""))
     suffix = [0] * (len(parts) + 1)
     acc = 0
@@ -174,3 +174,12 @@ def _content(m: Mapping[str, Any]) -> tuple[str, str]:
         if key in m:
             rest[key] = m[key]
     return text, orjson.dumps(rest).decode() if rest else ""
+
+
+def _dumps(value: Any) -> str:
+    """JSON text of a token-id batch; a value orjson refuses (an integer beyond 64 bits,
+    which a JSON parser other than orjson may hand over) falls back to its repr."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return repr(value)

@@ -64,10 +64,12 @@ class GatewayApp:
     def __init__(
         self, settings: Settings, *, upstream: Upstream | None = None,
         clock: Callable[[], float] = time.time,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.settings = settings
         self._given_upstream = upstream
-        self.clock = clock
+        self.clock = clock  # wall time: record timestamps, routing and stats windows
+        self.timer = timer  # monotonic: latencies
         self.services: Services | None = None
         self._proxy: Proxy | None = None
 
@@ -93,7 +95,10 @@ class GatewayApp:
         await recorder.start()
         await monitor.start()
         self.services = services
-        self._proxy = Proxy(services)
+        self._proxy = Proxy(
+            server=server, fleet=fleet, router=router, analyzer=services.analyzer,
+            metrics=metrics, recorder=recorder, auth=services.auth, monitor=monitor,
+            upstream=upstream, clock=self.clock, timer=self.timer)
         log.info("gateway started", extra={
             "listen": f"http://{settings.server.host}:{settings.server.port}",
             "replicas": [r.name for r in settings.replicas],
@@ -198,6 +203,6 @@ class GatewayApp:
 
 def create_app(
     settings: Settings, *, upstream: Upstream | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Callable[[], float] = time.time, timer: Callable[[], float] = time.perf_counter,
 ) -> GatewayApp:
-    return GatewayApp(settings, upstream=upstream, clock=clock)
+    return GatewayApp(settings, upstream=upstream, clock=clock, timer=timer)

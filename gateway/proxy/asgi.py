@@ -1,25 +1,14 @@
-"""The ASGI shapes the gateway speaks (like starlette/types.py) and the few primitives every
-route uses: read a bounded request body, answer a complete response, answer an error.
-
-The gateway is a plain ASGI callable rather than a framework app: the relay path is hot
-(one request costs well under a millisecond of CPU) and a framework's Request/Response
-objects and middleware stack would be most of that budget.
-"""
+"""The gateway's request primitives on top of the shared ASGI shapes (gateway.asgi): read
+a bounded request body, pick request headers, answer an error in OpenAI's shape."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
+from gateway.asgi import JSON, Headers, Message, Receive, Scope, Send, respond
 from gateway.proxy.errors import GatewayError
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-Headers = list[tuple[bytes, bytes]]
-
-JSON = b"application/json"
+__all__ = ["JSON", "Headers", "Message", "Receive", "Scope", "Send", "respond"]
 
 
 def request_headers(scope: Scope, names: Sequence[bytes]) -> list[bytes | None]:
@@ -59,21 +48,6 @@ class ClientGone(Exception):
 
 def too_large(limit: int) -> GatewayError:
     return GatewayError(413, f"Request body larger than {limit} bytes.", code="request_too_large")
-
-
-async def respond(
-    send: Send, status: int, body: bytes, headers: Headers, content_type: bytes = JSON
-) -> None:
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [
-            (b"content-type", content_type),
-            (b"content-length", str(len(body)).encode()),
-            *headers,
-        ],
-    })
-    await send({"type": "http.response.body", "body": body})
 
 
 async def respond_error(send: Send, error: GatewayError, headers: Headers) -> None:

@@ -26,25 +26,30 @@ import asyncio
 import itertools
 import logging
 import os
-import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import orjson
 
+from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.proxy.asgi import ClientGone, Headers, Receive, Scope, Send, read_body, request_headers
+from gateway.proxy.auth import Authenticator
 from gateway.proxy.errors import GatewayError, UpstreamConnectError, UpstreamError, from_upstream
 from gateway.proxy.inbound import Endpoint, inject_usage, parse_inbound, parse_json
 from gateway.proxy.relay import RelayOutcome, relay, upstream_request_headers
 from gateway.proxy.session import resolve_session
 from gateway.proxy.target import forwarded_headers, upstream_target
-from gateway.proxy.upstream import Timeouts, UpstreamResponse
-from gateway.replicas.fleet import Replica, no_healthy
-from gateway.usage.metrics import UNKNOWN_MODEL
+from gateway.proxy.upstream import Timeouts, Upstream, UpstreamResponse
+from gateway.replicas.fleet import Fleet, Replica, no_healthy
+from gateway.replicas.monitor import FleetMonitor
+from gateway.routing.router import Router
+from gateway.settings import ServerSettings
+from gateway.usage.metrics import UNKNOWN_MODEL, GatewayMetrics
 from gateway.usage.record import UsageRecord
+from gateway.usage.recorder import UsageRecorder
 
 if TYPE_CHECKING:
-    from gateway.proxy.app import Services
     from gateway.routing.router import RoutePlan
 
 log = logging.getLogger("gateway.proxy.handler")
@@ -87,7 +92,8 @@ class Exchange:
         self.status = error.status
         self.error = error.message
 
-    def record(self) -> UsageRecord:
+    def record(self, end: float) -> UsageRecord:
+        """The usage record, `end` read from the same timer as `t0`."""
         o = self.outcome
         u = o.usage
         return UsageRecord(
@@ -98,15 +104,32 @@ class Exchange:
             predicted_cached_tokens=self.predicted, best_available_tokens=self.best,
             completion_tokens=u.completion_tokens if u else None,
             ttft_ms=(o.first_byte - self.t0) * 1000.0 if o.first_byte is not None else None,
-            latency_ms=(time.perf_counter() - self.t0) * 1000.0, session=self.session,
+            latency_ms=(end - self.t0) * 1000.0, session=self.session,
             hygiene=self.findings, endpoint=self.endpoint, error=self.error,
         )
 
 
 class Proxy:
-    def __init__(self, services: Services) -> None:
-        self.s = services
-        server = services.settings.server
+    """The request path. Every collaborator is given explicitly; `clock` stamps records
+    (wall time) and `timer` measures latencies (a monotonic clock), so tests can drive
+    both."""
+
+    def __init__(
+        self, *, server: ServerSettings, fleet: Fleet, router: Router,
+        analyzer: HygieneAnalyzer, metrics: GatewayMetrics, recorder: UsageRecorder,
+        auth: Authenticator, monitor: FleetMonitor, upstream: Upstream,
+        clock: Callable[[], float], timer: Callable[[], float],
+    ) -> None:
+        self.fleet = fleet
+        self.router = router
+        self.analyzer = analyzer
+        self.metrics = metrics
+        self.recorder = recorder
+        self.auth = auth
+        self.monitor = monitor
+        self.upstream = upstream
+        self.clock = clock
+        self.timer = timer
         self.max_body = server.max_body_bytes
         self.retries = server.retries
         self.timeouts = Timeouts(connect_s=server.connect_timeout_s, read_s=server.read_timeout_s)
@@ -121,16 +144,15 @@ class Proxy:
                      ) -> None:
         """One proxied call: `endpoint` for the routed inference routes, None for any other
         `/v1/*` call (forwarded to the least busy replica serving its model)."""
-        s = self.s
         rid_h, auth_h, session_h, length_h = request_headers(scope, _WANTED)
         rid = rid_h.decode("latin-1") if rid_h else f"{self._rid_prefix}{next(self._rid_seq):016x}"
-        ex = Exchange(rid, s.clock(), time.perf_counter(), endpoint or scope["path"][:200])
+        ex = Exchange(rid, self.clock(), self.timer(), endpoint or scope["path"][:200])
         headers: Headers = [(b"x-request-id", rid.encode("latin-1"))]
         task = asyncio.current_task()
         assert task is not None
         watcher: asyncio.Task[None] | None = None
         try:
-            ex.tenant = s.auth.tenant(auth_h)
+            ex.tenant = self.auth.tenant(auth_h)
             # Checked before anything is read or routed; never the decoded scope["path"].
             ex.target = upstream_target(
                 scope.get("raw_path") or quote(scope["path"]).encode(),
@@ -158,7 +180,7 @@ class Proxy:
             ex.done = True
             if watcher is not None:
                 watcher.cancel()
-            s.recorder.record(ex.record())
+            self.recorder.record(ex.record(self.timer()))
 
     async def _watch(self, receive: Receive, ex: Exchange, task: asyncio.Task[None]) -> None:
         message = await receive()
@@ -170,45 +192,44 @@ class Proxy:
         self, scope: Scope, send: Send, raw: bytes, endpoint: Endpoint, session_h: bytes | None,
         ex: Exchange, headers: Headers,
     ) -> None:
-        s = self.s
         inbound = parse_inbound(raw, endpoint)
         body = inbound.body
         # A name no replica serves is recorded (so labelled) as "unknown": bounded series.
-        ex.model = inbound.model if s.fleet.known_model(inbound.model) else UNKNOWN_MODEL
+        ex.model = inbound.model if self.fleet.known_model(inbound.model) else UNKNOWN_MODEL
         ex.stream = inbound.stream
         ex.session = resolve_session(session_h, body)
-        candidates = s.fleet.candidates(inbound.model)
+        candidates = self.fleet.candidates(inbound.model)
 
         # parse_inbound has checked the body more strictly than the analyzer would
-        findings = s.analyzer.scan(body, endpoint, ex.session, ex.ts, validated=True)
+        findings = self.analyzer.scan(body, endpoint, ex.session, ex.ts, validated=True)
         if findings:
             ex.findings = len(findings)
             for f in findings:
-                s.metrics.hygiene_finding(f.kind, f.severity)
-            for f in s.analyzer.to_log(findings, ex.ts):
+                self.metrics.hygiene_finding(f.kind, f.severity)
+            for f in self.analyzer.to_log(findings, ex.ts):
                 # `info` findings (a break in front of a short tail) cost almost nothing:
                 # debug level, so they do not drown the warnings.
                 level = logging.WARNING if f.severity == "warning" else logging.DEBUG
                 log.log(level, "hygiene finding", extra={
                     "request_id": ex.request_id, "model": ex.model, **f.to_dict()})
-            value = s.analyzer.header_value(findings)
+            value = self.analyzer.header_value(findings)
             if value is not None:
                 headers.append((b"x-gateway-hygiene", value.encode()))
         inject = inbound.stream and not inbound.client_wants_usage
         changed = inject
         if inject:
             inject_usage(body)
-        if s.analyzer.rewrite(body):
+        if self.analyzer.rewrite(body):
             changed = True
         payload = orjson.dumps(body) if changed else raw
 
         try:
-            plan = s.router.route(body, endpoint, inbound.model, ex.session,
+            plan = self.router.route(body, endpoint, inbound.model, ex.session,
                                   [r.state() for r in candidates], ex.ts)
         except ValueError as exc:  # NormalizeError: a body shape the engine would refuse too
             raise GatewayError(400, str(exc), code="invalid_request") from None
         decision = plan.decision
-        s.metrics.route_decision(decision.reason)
+        self.metrics.route_decision(decision.reason)
         ex.route, ex.predicted, ex.best = (
             decision.reason, decision.predicted_cached_tokens, decision.best_available_tokens)
         headers.append((b"x-gateway-route", decision.reason.encode()))
@@ -222,10 +243,10 @@ class Proxy:
             if isinstance(doc, dict) and isinstance(doc.get("model"), str):
                 model = doc["model"]
         if model is not None:
-            ex.model = model if self.s.fleet.known_model(model) else UNKNOWN_MODEL
-            candidates = self.s.fleet.candidates(model)
+            ex.model = model if self.fleet.known_model(model) else UNKNOWN_MODEL
+            candidates = self.fleet.candidates(model)
         else:
-            candidates = self.s.fleet.healthy()
+            candidates = self.fleet.healthy()
             if not candidates:
                 raise no_healthy(None)
         ranked = tuple(r.name for r in sorted(candidates, key=lambda r: r.in_flight))
@@ -239,10 +260,9 @@ class Proxy:
         self, scope: Scope, send: Send, payload: bytes | None, ranked: tuple[str, ...],
         plan: RoutePlan | None, strip: bool, ex: Exchange, headers: Headers,
     ) -> None:
-        s = self.s
         url_path = ex.target
         failure: GatewayError | None = None
-        fleet = s.fleet.replicas
+        fleet = self.fleet.replicas
         spare = [n for n in ranked[1:] if n in fleet and fleet[n].healthy]
         targets = [ranked[0], *spare[: self.retries]]
         for i, name in enumerate(targets):
@@ -264,11 +284,10 @@ class Proxy:
         plan: RoutePlan | None, strip: bool, ex: Exchange, headers: Headers, last: bool,
     ) -> GatewayError | None:
         """One try on one replica; returns the error to fall back on if another may try."""
-        s = self.s
         name = replica.name
         replica.in_flight += 1
         if plan is not None:
-            s.router.sent(plan, name, s.clock())
+            self.router.sent(plan, name, self.clock())
         resp: UpstreamResponse | None = None
         ok = False
         clean = False
@@ -277,10 +296,10 @@ class Proxy:
             up_headers = upstream_request_headers(ex.up_headers, ex.request_id,
                                                   replica.upstream_headers)
             try:
-                resp = await s.upstream.send(scope["method"], replica.url + url_path, up_headers,
+                resp = await self.upstream.send(scope["method"], replica.url + url_path, up_headers,
                                              payload, self.timeouts)
             except UpstreamConnectError as exc:
-                s.monitor.report_connect_failure(replica)
+                self.monitor.report_connect_failure(replica)
                 return from_upstream(exc, name)
             except UpstreamError as exc:  # timeout: the engine may be busy with it, no retry
                 raise from_upstream(exc, name) from None
@@ -293,11 +312,11 @@ class Proxy:
 
             def first_byte() -> None:
                 if plan is not None:
-                    s.router.first_token(plan, name, s.clock())
+                    self.router.first_token(plan, name, self.clock())
 
             try:
                 await relay(resp, send, extra, strip_usage=strip, replica=name, outcome=outcome,
-                            on_first_byte=first_byte, timer=time.perf_counter)
+                            on_first_byte=first_byte, timer=self.timer)
             except UpstreamError as exc:
                 raise from_upstream(exc, name) from None
             ex.status = outcome.status
@@ -317,11 +336,11 @@ class Proxy:
             if plan is not None:
                 u = outcome.usage
                 if u is None:
-                    s.router.completed(plan, name, None, None, ok, s.clock())
+                    self.router.completed(plan, name, None, None, ok, self.clock())
                 else:
                     # reply_text: non-streamed answers only (see RelayOutcome).
-                    s.router.completed(plan, name, u.prompt_tokens, u.cached_tokens, ok,
-                                       s.clock(), outcome.reply_text, u.completion_tokens)
+                    self.router.completed(plan, name, u.prompt_tokens, u.cached_tokens, ok,
+                                       self.clock(), outcome.reply_text, u.completion_tokens)
 
 
 async def _respond_error(send: Send, err: GatewayError, headers: Headers) -> None:

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gateway.proxy.errors import GatewayError
-from gateway.replicas.snapshot import EngineSnapshot
 from gateway.routing.decision import ReplicaState
 from gateway.settings import ReplicaSettings
+from gateway.usage.snapshot import EngineSnapshot
 
 Transition = Literal["up", "down"] | None
 

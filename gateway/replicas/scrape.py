@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import re
 
-from gateway.replicas.snapshot import EngineSnapshot
+from gateway.usage.snapshot import EngineSnapshot
 
 # Names whose samples are summed over series (engines, models).
 _SUMMED = frozenset(

@@ -29,7 +29,6 @@ import orjson
 
 from gateway.sim import protocol
 from gateway.sim.asgi import (
-    JSON_HEADERS,
     Receive,
     Scope,
     Send,
@@ -179,8 +178,7 @@ class SimApp:
         body = render(
             rid, int(time.time()), self.config.model, text, req.finish_reason or "stop", usage
         )
-        headers = list(JSON_HEADERS)
-        headers.append((b"x-request-id", rid.split("-", 1)[1].encode()))
+        headers = [(b"x-request-id", rid.split("-", 1)[1].encode())]
         if self.config.timing_comments:
             headers.append((b"x-sim-timing", orjson.dumps(_timing(req))))
         await respond(send, 200, body, headers)
@@ -360,7 +358,7 @@ class SimApp:
         await respond(send, 200, orjson.dumps({"prompt": text}))
 
     async def _empty(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await respond(send, 200, b"", [])
+        await respond(send, 200, b"", content_type=None)
 
     async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
         await respond(send, 200, orjson.dumps({"version": f"{self.config.contract}.0"}))
@@ -377,13 +375,13 @@ class SimApp:
             send,
             200,
             text.encode(),
-            [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
+            content_type=b"text/plain; version=0.0.4; charset=utf-8",
         )
 
     async def _reset(self, scope: Scope, receive: Receive, send: Send) -> None:
         # vLLM answers 200 either way and only logs when blocks are still in use.
         self.replica.engine.reset_prefix_cache()
-        await respond(send, 200, b"", [])
+        await respond(send, 200, b"", content_type=None)
 
 
 def _timing(req: SimRequest) -> dict[str, Any]:

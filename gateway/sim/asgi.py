@@ -4,19 +4,14 @@ disconnect watching, plain responses and a no-op lifespan."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
+from gateway.asgi import Message, Receive, Scope, Send, respond
 from gateway.sim.errors import bad_request
 from gateway.sim.replica import Pending, Replica
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+__all__ = ["Message", "Receive", "Scope", "Send", "respond"]
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
-JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
 def request_id(scope: Scope) -> str:
@@ -48,19 +43,6 @@ async def watch_disconnect(receive: Receive, replica: Replica, pending: Pending)
         if msg["type"] == "http.disconnect":
             replica.abort(pending)
             return
-
-
-async def respond(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": JSON_HEADERS if headers is None else headers,
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 async def lifespan(receive: Receive, send: Send) -> None:

@@ -61,8 +61,8 @@ from typing import Final, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from gateway.replicas.snapshot import EngineSnapshot
 from gateway.usage.record import UsageRecord
+from gateway.usage.snapshot import EngineSnapshot
 
 UNKNOWN_MODEL: Final = "unknown"  # the label of every model name no replica serves
 

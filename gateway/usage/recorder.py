@@ -29,12 +29,12 @@ from typing import Any
 
 import orjson
 
-from gateway.replicas.snapshot import EngineSnapshot
 from gateway.usage.config import UsageConfig
 from gateway.usage.details import CachedTokensReporting, missing_cached_tokens_warning
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.record import UsageRecord
 from gateway.usage.sinks import FileSink, RedisStreamSink, Sink, SinkPump, StdoutSink
+from gateway.usage.snapshot import EngineSnapshot
 from gateway.usage.stats import UsageWindows
 
 log = logging.getLogger("gateway.usage")
