@@ -11,6 +11,10 @@ the gateway process's CPU time per request (utime+stime from /proc/<pid>/stat, 1
 use >= 500 requests per case) and the client-side latency percentiles, gateway vs direct,
 side by side in one run.
 
+Yardstick: a bare aiohttp relay (aiohttp's server and client, nothing else: read, forward
+round robin, relay) runs beside the gateway on the same backends and load, measured in the
+same rounds; the summary prints the gateway's CPU per request as a multiple of the relay's.
+
 Before/after: `--baseline SRC` runs a second gateway from another source tree next to this
 one (same backends, same load, measured alternately `--rounds` times; medians), e.g.
 
@@ -114,6 +118,48 @@ async def serve_backend(port: int) -> None:
     server = await loop.create_server(Backend, "127.0.0.1", port)
     async with server:
         await server.serve_forever()
+
+
+# -- the bare relay: what any aiohttp proxy costs, the yardstick for the gateway --------------
+
+async def serve_relay(port: int, backends: list[str]) -> None:
+    """aiohttp's server and client and nothing else: read the body, send it to the next
+    backend (round robin), relay the answer (streamed chunk by chunk, or whole)."""
+    from aiohttp import web
+
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=256), auto_decompress=False,
+        skip_auto_headers=("Accept-Encoding", "User-Agent"))
+    turn = 0
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        nonlocal turn
+        body = await request.read()
+        turn += 1
+        backend = backends[turn % len(backends)]
+        async with session.post(backend + request.path, data=body,
+                                headers={"content-type": "application/json"}) as up:
+            ctype = up.headers.get("content-type", "")
+            if not ctype.startswith("text/event-stream"):
+                return web.Response(body=await up.read(), status=up.status,
+                                    content_type="application/json")
+            out = web.StreamResponse(status=up.status, headers={"content-type": ctype})
+            await out.prepare(request)
+            async for chunk in up.content.iter_any():
+                await out.write(chunk)
+            await out.write_eof()
+            return out
+
+    async def ready(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", relay)
+    app.router.add_get("/ready", ready)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await asyncio.Event().wait()
 
 
 # -- load -------------------------------------------------------------------------------------
@@ -303,10 +349,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment for the gateway, e.g. GATEWAY_HYGIENE__ENABLED=0")
+    ap.add_argument("--no-relay", action="store_true",
+                    help="skip the bare aiohttp relay measured beside the gateway")
     ap.add_argument("--backend-server", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--relay-server", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.backend_server:
         asyncio.run(serve_backend(args.backend_server))
+        return 0
+    if args.relay_server:
+        import uvloop
+
+        uvloop.run(serve_relay(int(args.relay_server[0]), args.relay_server[1:]))
         return 0
     if args.in_process:
         return run_in_process(args.requests, args.rounds)
@@ -330,6 +384,12 @@ def main(argv: list[str] | None = None) -> int:
             proc, url = start_gateway(backends, base_env)
             procs.append(proc)
             gateways.append(("baseline", proc, url))
+        if not args.no_relay:
+            port = free_port()
+            proc = subprocess.Popen([sys.executable, __file__, "--relay-server", str(port),
+                                     *backends])
+            procs.append(proc)
+            gateways.append(("bare aiohttp relay", proc, f"http://127.0.0.1:{port}"))
         for _, _, url in gateways:
             wait(url + "/ready")
         rows = []
@@ -369,6 +429,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{r[7]:.3f} | {r[8]:.3f} | {r[9]:.0f} | {r[10]} |" for r in rows
         ]
         table = "\n".join(lines)
+        ratios = [
+            f"{r[0]} c={r[2]}: gateway CPU / bare relay CPU = {r[4] / b[4]:.2f}x, "
+            f"added p50 {r[7]:.3f} ms (relay {b[7]:.3f} ms)"
+            for r in rows if r[1] == "this"
+            for b in rows if b[1] == "bare aiohttp relay" and b[:1] + b[2:4] == r[:1] + r[2:4]
+        ]
+        table += "\n\n" + "\n".join(f"- {line}" for line in ratios)
         print(table)
         if args.out:
             args.out.write_text(args.out.read_text() + "\n" + table + "\n"
