@@ -88,6 +88,9 @@ class ReplicaSettings:
 class AuthSettings:
     # client API key -> tenant name; empty = no authentication
     keys: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # With keys set, /metrics and /stats need a key too (they name tenants and models);
+    # true leaves them open, for a scraper inside a trusted network.
+    public_metrics: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -123,6 +123,38 @@ async def test_auth(records: list[UsageRecord], keys: dict[str, str], authorizat
         assert "authorization" not in sent.headers  # client keys never go upstream
 
 
+@pytest.mark.parametrize(
+    ("keys", "public_metrics", "authorization", "expected"),
+    [
+        ({}, False, None, {"/v1/models": 200, "/metrics": 200, "/stats": 200}),
+        ({"k1": "team-a"}, False, None, {"/v1/models": 401, "/metrics": 401, "/stats": 401}),
+        ({"k1": "team-a"}, False, "Bearer k1", {"/v1/models": 200, "/metrics": 200,
+                                                "/stats": 200}),
+        ({"k1": "team-a"}, True, None, {"/v1/models": 401, "/metrics": 200, "/stats": 200}),
+        ({"k1": "team-a"}, False, "Bearer nope", {"/v1/models": 401, "/metrics": 401,
+                                                  "/stats": 401}),
+    ],
+)
+async def test_keys_guard_the_gateways_own_routes(
+    keys: dict[str, str], public_metrics: bool, authorization: str | None,
+    expected: dict[str, int],
+) -> None:
+    from gateway.settings import AuthSettings
+
+    s = dataclasses.replace(settings(), auth=AuthSettings(keys=keys,
+                                                          public_metrics=public_metrics))
+    app = create_app(s, upstream=Fake().upstream)
+    headers = {"authorization": authorization} if authorization else {}
+    async for client in started(app, []):
+        got = {path: (await client.get(path, headers=headers)).status_code for path in expected}
+        for path in ("/health", "/ready"):  # probes never need a key
+            assert (await client.get(path)).status_code == 200
+        r = await client.get("/stats", headers=headers)
+    assert got == expected
+    if r.status_code == 401:
+        assert "team-a" not in r.text and r.json()["error"]["code"] == "invalid_api_key"
+
+
 async def test_replica_key_goes_upstream() -> None:
     fake = Fake()
     replicas = (ReplicaSettings(name="a", url="http://a.test", api_key="up-secret"),)

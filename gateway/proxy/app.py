@@ -71,6 +71,12 @@ class GatewayApp:
         self.clock = clock  # wall time: record timestamps, routing and stats windows
         self.timer = timer  # monotonic: latencies
         self.services: Services | None = None
+        # The gateway's own GET routes that need a key when keys are configured (/health
+        # and /ready stay open for probes).
+        self._guarded = frozenset(
+            () if not settings.auth.keys else
+            ("/v1/models",) if settings.auth.public_metrics else
+            ("/v1/models", "/metrics", "/stats"))
         self._proxy: Proxy | None = None
 
     # lifecycle --------------------------------------------------------------------------
@@ -161,6 +167,12 @@ class GatewayApp:
                 await proxy.handle(scope, receive, send, "completions")
                 return
         elif method in ("GET", "HEAD"):
+            if path in self._guarded:
+                try:
+                    services.auth.tenant(_authorization(scope))
+                except GatewayError as err:
+                    await respond_error(send, err, [])
+                    return
             simple = self._simple_get(services, path)
             if simple is not None:
                 status, body, content_type = simple
@@ -199,6 +211,13 @@ class GatewayApp:
         if path == "/v1/models":
             return 200, orjson.dumps({"object": "list", "data": s.fleet.model_list()}), json
         return None
+
+
+def _authorization(scope: Scope) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == b"authorization":
+            return bytes(value)
+    return None
 
 
 def create_app(
