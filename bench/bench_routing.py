@@ -25,7 +25,7 @@ from gateway.routing.config import RoutingConfig
 from gateway.routing.decision import ReplicaState
 from gateway.routing.index import BlockIndex
 from gateway.routing.normalize import canonical_bytes, chain_seed
-from gateway.routing.router import Router
+from gateway.routing.router import RoutePlan, Router
 from gateway.sim.generator import WORDS
 
 
@@ -49,6 +49,14 @@ def body_of(rng: random.Random, nbytes: int) -> dict[str, Any]:
     return {"model": "m", "messages": msgs, "temperature": 0.7, "max_tokens": 256}
 
 
+def _finish(router: Router, plan: RoutePlan, replica: str, prompt_tokens: int,
+            now: float) -> None:
+    o = plan.outcome
+    o.replica, o.first_token_at, o.ok, o.prompt_tokens, o.cached_tokens = (
+        replica, now, True, prompt_tokens, 0)
+    router.report(plan, now)
+
+
 def warm_router(bodies: list[dict[str, Any]], replicas: list[str]) -> Router:
     router = Router(RoutingConfig())
     rng = random.Random(2)
@@ -57,22 +65,20 @@ def warm_router(bodies: list[dict[str, Any]], replicas: list[str]) -> Router:
     # Other traffic on every replica so the indexes are not trivially small.
     for i in range(400):
         other = body_of(rng, 8192)
-        plan = router.route(other, "chat", "m", f"o{i}", states, now)
-        router.sent(plan, plan.decision.replica, now)
-        router.completed(plan, plan.decision.replica, len(plan.data) // 4, 0, True, now)
+        plan = router.decide(other, "chat", "m", f"o{i}", states, now)
+        _finish(router, plan, plan.decision.replica, len(plan.data) // 4, now)
     # The benchmarked conversations' history (all but the last message) on two replicas.
     for body in bodies:
         history = {**body, "messages": body["messages"][:-2]}
         for r in replicas[:2]:
-            plan = router.route(history, "chat", "m", "s", states, now)
-            router.sent(plan, r, now)
-            router.completed(plan, r, len(plan.data) // 4, 0, True, now)
+            plan = router.decide(history, "chat", "m", "s", states, now)
+            _finish(router, plan, r, len(plan.data) // 4, now)
     return router
 
 
 def time_route(router: Router, body: dict[str, Any], states: list[ReplicaState]) -> float:
     t0 = time.perf_counter()
-    router.route(body, "chat", "m", "s", states, 1.0)
+    router.decide(body, "chat", "m", "s", states, 1.0)
     return time.perf_counter() - t0
 
 

@@ -75,14 +75,18 @@ async def test_router_gets_the_reply_text(records: list[UsageRecord], behave: Be
         assert app.services is not None
         router = app.services.router
 
-        def spy(*args: Any, _original: Callable[..., None] = router.completed) -> None:
-            seen.append(args)
-            _original(*args)
+        def spy(plan: Any, now: float,
+                _original: Callable[..., None] = router.report) -> None:
+            o = plan.outcome
+            seen.append((o.replica, o.prompt_tokens, o.cached_tokens, o.ok, o.reply_text,
+                         o.completion_tokens, o.first_token_at is not None))
+            _original(plan, now)
 
-        router.completed = spy  # type: ignore[method-assign]
+        router.report = spy  # type: ignore[method-assign]
         r = await client.post("/v1/chat/completions", json=chat(stream=stream))
         assert r.status_code == 200
-    ((_plan, _replica, prompt, cached, ok, _now, text, completion),) = seen
+    ((replica, prompt, cached, ok, text, completion, first_token),) = seen  # reported once
+    assert replica == r.headers["x-gateway-replica"] and first_token
     assert (prompt, cached, ok, text, completion) == (40, 32 if not stream else 16, True,
                                                       reply, 2)
 

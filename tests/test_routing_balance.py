@@ -15,6 +15,7 @@ from gateway.routing.decision import ReplicaState
 from gateway.routing.policy import Candidate, choose, placing, session_cap
 from gateway.routing.router import Router
 from gateway.routing.sessions import SessionLoad
+from tests.routing_driver import finish
 
 CFG = RoutingConfig()
 
@@ -64,7 +65,7 @@ def test_moved_sessions_keep_counting_where_they_were_served() -> None:
     load.touch("y", "c", 1.0)
     assert router.session_load("a", 1.0) == pytest.approx(3 * math.exp(-1 / 60))
     states = [ReplicaState(name=r, in_flight=0) for r in ("a", "b", "c")]
-    plan = router.route({"messages": [{"role": "user", "content": "hello"}]}, "chat", "m",
+    plan = router.decide({"messages": [{"role": "user", "content": "hello"}]}, "chat", "m",
                         "new", states, 1.0)
     assert plan.decision.replica == "c"
 
@@ -161,13 +162,11 @@ def play(router: Router, replicas: list[str], agents: list[str], turns: int, see
         for _ in range(turns):
             now += 1.0
             states = [ReplicaState(name=r, in_flight=0) for r in replicas]
-            plan = router.route({"messages": msgs}, "chat", "m", f"s{s}", states, now)
+            plan = router.decide({"messages": msgs}, "chat", "m", f"s{s}", states, now)
             name = plan.decision.replica
-            router.sent(plan, name, now)
-            router.first_token(plan, name, now)
             tokens = round(plan.estimated_tokens)
             factor = (delivered or {}).get(name, 1.0)
-            router.completed(plan, name, tokens,
+            finish(router, plan, name, tokens,
                              int(plan.decision.predicted_cached_tokens * factor), True, now)
             out.setdefault(f"s{s}", []).append(name)
             msgs += [{"role": "assistant", "content": words(rng, 60)},
@@ -224,10 +223,9 @@ def test_collapsed_feedback_releases_sessions(balance: bool, settles: bool) -> N
         for s, msgs in enumerate(convs):
             now += 1.0
             up = ["a"] if turn == 0 and s < 5 else ["a", "b"]
-            plan = router.route({"messages": msgs}, "chat", "m", f"s{s}",
+            plan = router.decide({"messages": msgs}, "chat", "m", f"s{s}",
                                 [ReplicaState(name=r, in_flight=0) for r in up], now)
             name = plan.decision.replica
-            router.sent(plan, name, now)
             held = slots[name]
             hit = f"s{s}" in held
             held[f"s{s}"] = None
@@ -235,7 +233,7 @@ def test_collapsed_feedback_releases_sessions(balance: bool, settles: bool) -> N
             if len(held) > 3:
                 held.popitem(last=False)
             cached = plan.decision.predicted_cached_tokens if hit else 0
-            router.completed(plan, name, round(plan.estimated_tokens), cached, True, now)
+            finish(router, plan, name, round(plan.estimated_tokens), cached, True, now)
             where[s].append(name)
             delivered[s].append(hit)
             msgs += [{"role": "assistant", "content": words(rng, 30)},

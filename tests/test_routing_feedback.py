@@ -16,6 +16,7 @@ from gateway.routing.router import Router
 from gateway.sim.template import render_chat
 from gateway.sim.tokenizer import IM_END_ID, Tokenizer
 from tests.filler import words
+from tests.routing_driver import finish
 
 BLOCK = 16
 
@@ -77,16 +78,14 @@ def run_sessions(
             now += 0.01
             body = {"model": "m", "messages": msgs}
             states = [ReplicaState(name=n, in_flight=0) for n in engines]
-            plan = router.route(body, "chat", "m", f"s{s}", states, now)
+            plan = router.decide(body, "chat", "m", f"s{s}", states, now)
             name = plan.decision.replica
-            router.sent(plan, name, now)
             prompt = tok.encode(render_chat(msgs))
             reply = words(rng, rng.randint(20, 120)).capitalize()
             generated = [*tok.encode(reply), IM_END_ID]
             delivered = engines[name].run(prompt, generated)
-            router.first_token(plan, name, now)
             # What the proxy can report: the answer's text, its token count, or neither.
-            router.completed(
+            finish(router,
                 plan,
                 name,
                 len(prompt),
@@ -155,16 +154,14 @@ def test_restart_clears_and_failure_forgets() -> None:
     router = Router(RoutingConfig())
     states = [ReplicaState(name="a", in_flight=0), ReplicaState(name="b", in_flight=0)]
     body = {"messages": [{"role": "user", "content": words(random.Random(1), 400)}]}
-    plan = router.route(body, "chat", "m", None, states, 0.0)
-    router.sent(plan, "a", 0.0)
+    plan = router.decide(body, "chat", "m", None, states, 0.0)
     assert router.indexed_blocks("a") > 0 and router.queued_tokens("a") > 0
-    router.completed(plan, "a", None, None, False, 0.1)  # never scheduled
+    finish(router, plan, "a", None, None, False, 0.1)  # never scheduled
     assert router.indexed_blocks("a") == 0 and router.queued_tokens("a") == 0
-    plan = router.route(body, "chat", "m", None, states, 1.0)
-    router.sent(plan, "a", 1.0)
-    again = router.route(body, "chat", "m", None, states, 2.0)
+    plan = router.decide(body, "chat", "m", None, states, 1.0)
+    again = router.decide(body, "chat", "m", None, states, 2.0)
     assert again.decision.replica == "a" and again.decision.reason == "prefix"
     router.replica_restarted("a")
-    assert router.route(body, "chat", "m", None, states, 3.0).decision.reason == "cold"
+    assert router.decide(body, "chat", "m", None, states, 3.0).decision.reason == "cold"
     router.remove_replica("a")
     assert router.indexed_blocks("a") == 0

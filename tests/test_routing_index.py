@@ -10,6 +10,7 @@ from gateway.routing.config import RoutingConfig
 from gateway.routing.decision import ReplicaState
 from gateway.routing.index import BlockIndex
 from gateway.routing.router import Router
+from tests.routing_driver import finish
 
 
 def chain(tag: int, n: int) -> list[int]:
@@ -109,10 +110,9 @@ def test_router_indexes_a_reply_after_its_prompt_was_evicted() -> None:
     plans = []
     for i in range(20):
         text = "".join(rng.choice("abcdefgh ") for _ in range(3000))
-        plan = router.route({"messages": [{"role": "user", "content": text}]}, "chat", "m",
+        plan = router.decide({"messages": [{"role": "user", "content": text}]}, "chat", "m",
                             None, states, float(i))
-        router.sent(plan, "a", float(i))
         plans.append(plan)
-    router.completed(plans[0], "a", 750, 0, True, 21.0, reply_text="an answer " * 20,
+    finish(router, plans[0], "a", 750, 0, True, 21.0, reply_text="an answer " * 20,
                      completion_tokens=40)
     assert router.indexed_blocks("a") <= router.index_limit("a")

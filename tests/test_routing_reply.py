@@ -9,6 +9,7 @@ import pytest
 from gateway.routing.config import RoutingConfig
 from gateway.routing.decision import ReplicaState
 from gateway.routing.router import Router
+from tests.routing_driver import finish
 
 STATES = [ReplicaState(name="a", in_flight=0), ReplicaState(name="b", in_flight=0)]
 SYSTEM = "You are a careful assistant who answers in full sentences. " * 8
@@ -27,15 +28,13 @@ def turn(*contents: str) -> dict[str, object]:
 ])
 def test_a_follow_up_matches_through_the_indexed_reply(reply: str, index_reply: bool) -> None:
     router = Router(RoutingConfig(seed=1))
-    first = router.route(turn("What is a prefix cache?"), "chat", "m", None, STATES, 0.0)
+    first = router.decide(turn("What is a prefix cache?"), "chat", "m", None, STATES, 0.0)
     served = first.decision.replica
-    router.sent(first, served, 0.0)
-    router.first_token(first, served, 0.1)
-    router.completed(first, served, prompt_tokens=len(first.data) // 4, cached_tokens=0,
+    finish(router, first, served, prompt_tokens=len(first.data) // 4, cached_tokens=0,
                      ok=True, now=0.5, reply_text=reply if index_reply else None,
                      completion_tokens=len(reply) // 4)
 
-    follow = router.route(turn("What is a prefix cache?", reply, "And why does it miss?"),
+    follow = router.decide(turn("What is a prefix cache?", reply, "And why does it miss?"),
                           "chat", "m", None, STATES, 1.0)
     block = router.config.block_bytes
     prompt_blocks = len(first.hashes)

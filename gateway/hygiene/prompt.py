@@ -134,8 +134,8 @@ def _tools(raw: Sequence[Any]) -> tuple[tuple[Tool, ...], str]:
     pieces: list[str] = []
     offset = 1  # after "["
     for t in raw:
-        text = orjson.dumps(t).decode()
-        canon = xxhash.xxh3_64_intdigest(orjson.dumps(t, option=orjson.OPT_SORT_KEYS))
+        text = _dumps(t)
+        canon = xxhash.xxh3_64_intdigest(_dumps(t, orjson.OPT_SORT_KEYS).encode())
         out.append(Tool(tool_name(t), text, offset, canon))
         pieces.append(text)
         offset += len(text) + 1
@@ -169,17 +169,18 @@ def _content(m: Mapping[str, Any]) -> tuple[str, str]:
         if others:
             rest["content"] = others
     else:
-        text = "" if content is None else orjson.dumps(content).decode()
+        text = "" if content is None else _dumps(content)
     for key in ("name", "tool_calls", "tool_call_id", "function_call"):
         if key in m:
             rest[key] = m[key]
-    return text, orjson.dumps(rest).decode() if rest else ""
+    return text, _dumps(rest) if rest else ""
 
 
-def _dumps(value: Any) -> str:
-    """JSON text of a token-id batch; a value orjson refuses (an integer beyond 64 bits,
-    which a JSON parser other than orjson may hand over) falls back to its repr."""
+def _dumps(value: Any, option: int = 0) -> str:
+    """JSON text of a body part; a value orjson refuses (an integer beyond 64 bits, which a
+    JSON parser other than orjson may hand over) falls back to its repr: the scanner never
+    fails on what a client sent."""
     try:
-        return orjson.dumps(value).decode()
+        return orjson.dumps(value, option=option).decode()
     except TypeError:
         return repr(value)

@@ -3,8 +3,9 @@
     auth -> read body (bounded) -> parse + check once -> session -> candidates (404/503)
     -> hygiene scan/log/rewrite -> route -> forward (original bytes unless changed)
     -> relay (retry once on the next ranked replica if nothing reached the client yet)
-    -> finally: one UsageRecord, Router.completed (with the reply text of a non-streamed
-       answer, so the router indexes the answer the next turn repeats), in-flight released
+    -> finally: one UsageRecord, one Router.report of the plan's outcome (with the reply
+       text of a non-streamed answer, so the router indexes the answer the next turn
+       repeats), in-flight released
 
 Cancellation: once the body is read, a watcher task waits for `http.disconnect`; when the
 client goes, it cancels the request task, which closes the upstream connection at once
@@ -224,8 +225,8 @@ class Proxy:
         payload = orjson.dumps(body) if changed else raw
 
         try:
-            plan = self.router.route(body, endpoint, inbound.model, ex.session,
-                                  [r.state() for r in candidates], ex.ts)
+            plan = self.router.decide(body, endpoint, inbound.model, ex.session,
+                                      [r.state() for r in candidates], ex.ts)
         except ValueError as exc:  # NormalizeError: a body shape the engine would refuse too
             raise GatewayError(400, str(exc), code="invalid_request") from None
         decision = plan.decision
@@ -233,7 +234,11 @@ class Proxy:
         ex.route, ex.predicted, ex.best = (
             decision.reason, decision.predicted_cached_tokens, decision.best_available_tokens)
         headers.append((b"x-gateway-route", decision.reason.encode()))
-        await self._attempts(scope, send, payload, decision.ranked, plan, inject, ex, headers)
+        try:
+            await self._attempts(scope, send, payload, decision.ranked, plan, inject, ex,
+                                 headers)
+        finally:
+            self.router.report(plan, self.clock())  # once, whatever happened
 
     async def _forward_other(self, scope: Scope, send: Send, raw: bytes, ex: Exchange,
                              headers: Headers) -> None:
@@ -287,7 +292,7 @@ class Proxy:
         name = replica.name
         replica.in_flight += 1
         if plan is not None:
-            self.router.sent(plan, name, self.clock())
+            plan.outcome.replica = name  # a retry moves the request (Router._settle)
         resp: UpstreamResponse | None = None
         ok = False
         clean = False
@@ -312,7 +317,7 @@ class Proxy:
 
             def first_byte() -> None:
                 if plan is not None:
-                    self.router.first_token(plan, name, self.clock())
+                    plan.outcome.first_token_at = self.clock()
 
             try:
                 await relay(resp, send, extra, strip_usage=strip, replica=name, outcome=outcome,
@@ -334,13 +339,12 @@ class Proxy:
                 else:
                     resp.abort()  # cancelled or broken: drop the connection, engine aborts
             if plan is not None:
-                u = outcome.usage
-                if u is None:
-                    self.router.completed(plan, name, None, None, ok, self.clock())
-                else:
-                    # reply_text: non-streamed answers only (see RelayOutcome).
-                    self.router.completed(plan, name, u.prompt_tokens, u.cached_tokens, ok,
-                                       self.clock(), outcome.reply_text, u.completion_tokens)
+                o, u = plan.outcome, outcome.usage
+                o.ok = ok
+                o.prompt_tokens = u.prompt_tokens if u else None
+                o.cached_tokens = u.cached_tokens if u else None
+                o.completion_tokens = u.completion_tokens if u else None
+                o.reply_text = outcome.reply_text  # non-streamed answers only (RelayOutcome)
 
 
 async def _respond_error(send: Send, err: GatewayError, headers: Headers) -> None:

@@ -26,3 +26,23 @@ class Decision:
     best_available_tokens: int  # the most any candidate could have delivered
     estimated_prompt_tokens: int
     ranked: tuple[str, ...]  # every candidate, best first; ranked[0] == replica (retry order)
+
+
+class Outcome:
+    """What happened to one routed request. The request path fills it in as it goes:
+    `replica` on each attempt (a retry moves it), `first_token_at` when the first byte came
+    back, usage and the reply at the end; then it reports the plan once (`Router.report`).
+    Meanwhile the router reads it at each decision, so concurrent requests see where this one
+    went and whether its prefill is still queued there."""
+
+    __slots__ = ("cached_tokens", "completion_tokens", "first_token_at", "ok", "prompt_tokens",
+                 "replica", "reply_text")
+
+    def __init__(self, replica: str = "") -> None:
+        self.replica = replica
+        self.first_token_at: float | None = None
+        self.ok = False
+        self.prompt_tokens: int | None = None
+        self.cached_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.reply_text: str | None = None  # a non-streamed answer's text, else None

@@ -1,20 +1,27 @@
 """The router: one object the app owns, pure (time is a parameter, no I/O).
 
-`route` renders the body (normalize), chain-hashes it (blocks), asks the index how many
+The protocol with the request path is two calls: `decide` once, `report` once.
+
+`decide` renders the body (normalize), chain-hashes it (blocks), asks the index how many
 leading blocks each candidate holds, turns that into predicted cached tokens (estimate:
 learned bytes/token + anchors, then vLLM's cap `min(floor(m/B)*B, floor((N-1)/B)*B)` with B
-the engine's block size), and ranks the candidates (policy). The request path then reports
-back what happened:
+the engine's block size), ranks the candidates (policy) and counts the request as sent to
+the first: the request path forwards it there at once. Sent means the index records the
+whole prompt on that replica now, because vLLM registers a request's blocks when it
+schedules it, not when it finishes, and the request's uncached tokens count as queued
+prefill there.
 
-- `sent`: forwarded there. The index records the whole prompt on that replica now, because
-  vLLM registers a request's blocks when it schedules it, not when it finishes; the
-  request's uncached tokens count as queued prefill there until `first_token`.
-- `first_token`: the prefill is done; no longer queued work.
-- `completed`: usage arrived. prompt_tokens teaches the bytes/token ratio and sets an
-  anchor; cached_tokens vs the prediction drives the feedback (feedback.py). With
-  `reply_text` (the generated answer, when the proxy has it) the reply's blocks are indexed
-  too, as vLLM caches generated tokens and the next turn of the conversation repeats them.
-- `set_capacity`, `add_replica`, `remove_replica`, `replica_restarted`: fleet changes.
+The plan carries an `Outcome` the request path fills in as it goes. Each decision first
+settles the outcomes of requests still in flight: a first token ends its queued prefill; a
+retry that moved it to another replica moves its bookkeeping (its blocks leave the replica
+that never scheduled it).
+
+`report`: usage arrived (or the request failed). prompt_tokens teaches the bytes/token ratio
+and sets an anchor; cached_tokens vs the prediction drives the feedback (feedback.py). With
+`reply_text` (the generated answer, when the proxy has it) the reply's blocks are indexed
+too, as vLLM caches generated tokens and the next turn of the conversation repeats them.
+
+`set_capacity`, `add_replica`, `remove_replica`, `replica_restarted`: fleet changes.
 
 Every policy computes predictions (so usage records compare prediction and delivery under
 any policy); only `prefix` uses them to choose.
@@ -24,12 +31,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.routing.blocks import chain_hashes
 from gateway.routing.config import RoutingConfig
-from gateway.routing.decision import Decision, ReplicaState
+from gateway.routing.decision import Decision, Outcome, ReplicaState
 from gateway.routing.estimate import TokenEstimator
 from gateway.routing.feedback import Limits, adjust, verdict
 from gateway.routing.index import BlockIndex
@@ -51,6 +58,7 @@ class RoutePlan:
     matched: Mapping[str, int]  # leading blocks held, per candidate
     predicted: Mapping[str, int]  # predicted cached tokens, per candidate
     estimated_tokens: float  # prompt tokens (unrounded)
+    outcome: Outcome = field(default_factory=Outcome)  # filled in by the request path
 
 
 def engine_cap(matched_tokens: float, prompt_tokens: float, block: int) -> int:
@@ -77,9 +85,38 @@ class Router:
         self._queued: dict[str, float] = {}
         self._sessions = SessionLoad(config.session_active_s, config.session_capacity)
         self._last_sweep = float("-inf")
+        self._last_settle = 0.0
+
+    # the protocol -----------------------------------------------------------------------
+    def decide(
+        self,
+        body: Mapping[str, Any],
+        endpoint: Literal["chat", "completions"],
+        model: str,
+        session: str | None,
+        candidates: Sequence[ReplicaState],
+        now: float,
+    ) -> RoutePlan:
+        """Rank `candidates` and count the request as sent to the first. Raises
+        NormalizeError (a ValueError) for a body that cannot be rendered and ValueError for
+        an empty candidate list."""
+        self._settle(now)
+        plan = self._route(body, endpoint, model, session, candidates, now)
+        chosen = plan.decision.replica
+        plan.outcome.replica = chosen
+        self._sent(plan, chosen, now)
+        return plan
+
+    def report(self, plan: RoutePlan, now: float) -> None:
+        """The request is over: its outcome (replica, usage, reply) is final."""
+        self._settle_one(plan, now)
+        o = plan.outcome
+        self._unqueue(plan, o.replica)
+        self._completed(plan, o.replica, o.prompt_tokens, o.cached_tokens, o.ok, now,
+                        o.reply_text, o.completion_tokens)
 
     # the decision ---------------------------------------------------------------------
-    def route(
+    def _route(
         self,
         body: Mapping[str, Any],
         endpoint: Literal["chat", "completions"],
@@ -142,7 +179,34 @@ class Router:
                          estimated_tokens=prompt_tokens)
 
     # what happened to it ----------------------------------------------------------------
-    def sent(self, plan: RoutePlan, replica: str, now: float) -> None:
+    def _settle(self, now: float) -> None:
+        """Apply what in-flight outcomes say since the last decision (O(requests in
+        flight)): first tokens end queued prefill, retries move a request."""
+        self._last_settle = now
+        moved: list[RoutePlan] = []
+        for replica, pend in self._pending.items():
+            for plan in list(pend):
+                if plan.outcome.replica != replica:
+                    moved.append(plan)
+                elif plan.outcome.first_token_at is not None:
+                    self._unqueue(plan, replica)
+        for plan in moved:
+            self._settle_one(plan, now)
+
+    def _settle_one(self, plan: RoutePlan, now: float) -> None:
+        o = plan.outcome
+        old = next((r for r, pend in self._pending.items() if r != o.replica and plan in pend),
+                   None)
+        if old is not None:
+            # Tried there first and failed before any byte: never scheduled there.
+            self._unqueue(plan, old)
+            self._index.drop_from(old, plan.hashes, plan.matched.get(old, 0))
+            if o.replica:
+                self._sent(plan, o.replica, now)
+        if o.first_token_at is not None and o.replica:
+            self._unqueue(plan, o.replica)
+
+    def _sent(self, plan: RoutePlan, replica: str, now: float) -> None:
         if replica not in self._limits:
             self.add_replica(replica)
         uncached = max(0.0, plan.estimated_tokens - plan.predicted.get(replica, 0))
@@ -153,10 +217,7 @@ class Router:
         if plan.session is not None:
             self._sessions.touch(plan.session, replica, now)
 
-    def first_token(self, plan: RoutePlan, replica: str, now: float) -> None:
-        self._unqueue(plan, replica)
-
-    def completed(
+    def _completed(
         self,
         plan: RoutePlan,
         replica: str,
@@ -230,6 +291,7 @@ class Router:
         return self._index.capacity(replica)
 
     def queued_tokens(self, replica: str) -> float:
+        self._settle(self._last_settle)
         return self._queued.get(replica, 0.0)
 
     def session_load(self, replica: str, now: float) -> float:
