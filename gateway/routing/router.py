@@ -285,6 +285,7 @@ class Router:
 
     # introspection (stats, tests) ---------------------------------------------------------
     def indexed_blocks(self, replica: str) -> int:
+        self._settle(self._last_settle)
         return self._index.size(replica)
 
     def index_limit(self, replica: str) -> int:
