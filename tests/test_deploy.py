@@ -240,7 +240,11 @@ def test_launch_vllm_without_vllm(tmp_path: Path) -> None:
 
 # ---- metric names in the rules and the dashboard ----
 
-_NAME = re.compile(r"(?<![\w:{\"'])(gateway[_:][A-Za-z0-9_:]*|vllm:[A-Za-z0-9_:]+|up)(?=\s*[{\[)]|\s|$)")
+# a series name: not inside a label matcher or a string, followed by a selector, range,
+# closing parenthesis, space or the end
+_NAME = re.compile(
+    r"(?<![\w:{\"'])(gateway[_:][A-Za-z0-9_:]*|vllm:[A-Za-z0-9_:]+|up)(?=\s*[{\[)]|\s|$)"
+)
 
 
 def _exprs() -> list[tuple[str, str]]:
