@@ -31,7 +31,7 @@ dry_run=0
 extra=()
 
 die() { echo "launch_vllm: $*" >&2; exit 2; }
-need_value() { [ "$#" -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
+need_value() { if [ "$#" -lt 2 ] || [ -z "$2" ]; then die "$1 needs a value"; fi; }
 
 while [ "$#" -gt 0 ]; do
   case "$1" in
@@ -50,13 +50,13 @@ while [ "$#" -gt 0 ]; do
 done
 
 # ---- values ----
-is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
-is_uint "$port" && [ "$port" -ge 1 ] && [ "$port" -le 65535 ] || die "--port must be 1..65535, got $port"
-is_uint "$max_len" && [ "$max_len" -ge 16 ] || die "--max-model-len must be an integer >= 16, got $max_len"
+# in_range VALUE MIN MAX: an integer within [MIN, MAX]
+in_range() { [[ "$1" =~ ^[0-9]{1,9}$ ]] && [ "$1" -ge "$2" ] && [ "$1" -le "$3" ]; }
+in_range "$port" 1 65535 || die "--port must be 1..65535, got $port"
+in_range "$max_len" 16 999999999 || die "--max-model-len must be an integer >= 16, got $max_len"
 [[ "$gpu_mem" =~ ^0?\.[0-9]+$|^1(\.0+)?$ ]] || die "--gpu-memory-utilization must be in (0, 1], got $gpu_mem"
 if [ -n "$kv_port" ]; then
-  is_uint "$kv_port" && [ "$kv_port" -ge 1 ] && [ "$kv_port" -lt 65535 ] \
-    || die "--kv-events-port must be 1..65534, got $kv_port"
+  in_range "$kv_port" 1 65534 || die "--kv-events-port must be 1..65534, got $kv_port"
 fi
 if [ -n "$gpu" ]; then
   [[ "$gpu" =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--gpu must be a device index (or a comma list), got $gpu"
@@ -75,7 +75,7 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   gpus="$(nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader 2>/dev/null || true)"
   [ -n "$gpus" ] || die "nvidia-smi sees no GPU (driver not loaded, or no device passed to this container)"
   echo "launch_vllm: GPUs visible to nvidia-smi:" >&2
-  echo "$gpus" | sed 's/^/  /' >&2
+  while IFS= read -r line; do echo "  $line" >&2; done <<<"$gpus"
   echo "launch_vllm: CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-<all>}" >&2
 else
   echo "launch_vllm: warning: nvidia-smi not found; vLLM will fail unless this is a CPU build" >&2

@@ -375,3 +375,11 @@ def test_promtool_checks_and_unit_tests() -> None:
         proc = subprocess.run(["promtool", *argv], capture_output=True, text=True, timeout=60,
                               check=False)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None,
+                    reason="shellcheck not installed (Debian package shellcheck; .ci/run has it)")
+def test_launch_vllm_shellcheck() -> None:
+    proc = subprocess.run(["shellcheck", str(LAUNCH)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout
