@@ -329,6 +329,9 @@ def test_every_queried_metric_exists(live_names: dict[str, set[str]]) -> None:
     unknown = []
     used = set()
     for where, expr in _exprs():
+        # no series name escapes the extraction
+        mentioned = re.findall(r"(?<![\w:])(?:gateway[_:]|vllm:)[A-Za-z0-9_:]+", expr)
+        assert set(mentioned) <= _metric_names(expr), (where, expr)
         for name in _metric_names(expr):
             used.add(name)
             ok = (name in live_names["gateway"] or name in UPCOMING_GATEWAY_METRICS
