@@ -380,6 +380,21 @@ def test_promtool_checks_and_unit_tests() -> None:
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.skipif(shutil.which("promtool") is None,
+                    reason="promtool not installed (Debian package prometheus; .ci/run has it)")
+def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
+    """promtool parses each dashboard query as the expression of a recording rule."""
+    rules = [{"record": f"dashboard:query_{i}",
+              "expr": expr.replace("$__rate_interval", "5m")}
+             for i, (where, expr) in enumerate(_exprs()) if where.startswith("panel")]
+    assert len(rules) >= 15
+    path = tmp_path / "dashboard_rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    proc = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 @pytest.mark.skipif(shutil.which("shellcheck") is None,
                     reason="shellcheck not installed (Debian package shellcheck; .ci/run has it)")
 def test_launch_vllm_shellcheck() -> None:
