@@ -2,10 +2,12 @@
 uvloop loop, one worker, no access log: the usage records are the access log).
 
 Settings come from `--config FILE` (TOML), `GATEWAY_*` environment variables and the flags
-(later wins; see gateway.settings). `--backend URL` (repeatable) replaces the configured
-replicas. With no replica at all, an embedded simulator (`SimCluster`, 4 replicas on free
-loopback ports) is started in the same process and fronted: `gateway serve` alone is a
-working demo. Invalid settings print one line naming the key and exit with status 2.
+(later wins; see gateway.settings); Kubernetes service-link variables and `GATEWAY_*` names
+that are no setting are logged once at start and otherwise ignored. `--backend URL`
+(repeatable) replaces the configured replicas. With no replica at all, an embedded
+simulator (`SimCluster`, 4 replicas on free loopback ports) is started in the same process
+and fronted: `gateway serve` alone is a working demo. Invalid settings, or a configured
+feature whose extra is not installed, print one line and exit with status 2.
 """
 
 from __future__ import annotations
@@ -23,9 +25,17 @@ import uvicorn
 import uvloop
 
 from gateway.coerce import SettingsError
+from gateway.extras import MissingExtra
 from gateway.logs import configure_logging
 from gateway.proxy.app import create_app
-from gateway.settings import Settings, parse_settings, replica_from_url, with_replicas
+from gateway.settings import (
+    Settings,
+    parse_settings,
+    replica_from_url,
+    scan_env,
+    with_replicas,
+)
+from gateway.usage.recorder import require_redis
 
 log = logging.getLogger("gateway.serve")
 
@@ -103,12 +113,23 @@ async def serve(settings: Settings) -> int:
             await cluster.stop()
 
 
+def check_extras(settings: Settings) -> None:
+    """Fail before start-up, with the install command, when a configured feature's
+    optional package is missing (raises `MissingExtra`)."""
+    if settings.usage.redis_url:
+        require_redis()
+
+
 def run(args: argparse.Namespace) -> int:
+    env = dict(os.environ)
     try:
-        settings = load_settings(args, dict(os.environ))
-    except SettingsError as exc:
+        settings = load_settings(args, env)
+        check_extras(settings)
+    except (SettingsError, MissingExtra) as exc:
         print(f"gateway serve: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.server.log_level)
+    for level, message in scan_env(env).notes():
+        log.log(logging.getLevelNamesMapping()[level.upper()], message)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(serve(settings))

@@ -13,7 +13,12 @@ Environment scheme (values are text, parsed by the field's type):
   A single underscore after the section name is accepted too (`GATEWAY_USAGE_LOG_PATH`).
 - `GATEWAY_<KEY>` sets a `[server]` key: `GATEWAY_PORT=9000`, `GATEWAY_LOG_LEVEL=debug`.
 - `GATEWAY_BACKENDS=http://h1:8000,http://h2:8000` replaces `[[replicas]]` (like `--backend`).
-Any other `GATEWAY_*` variable is an error, so a typo never goes unnoticed.
+Variables Kubernetes injects for Services named `gateway`, `gateway-*`
+(`GATEWAY_PORT=tcp://10.0.0.11:8080`, `GATEWAY_SERVICE_HOST`, `GATEWAY_PORT_8080_TCP_ADDR`,
+...; see `gateway.servicelinks`) are recognized and ignored. Any other `GATEWAY_*` variable
+that names no setting is reported as a warning (`EnvScan.unknown`), not an error: the
+environment of a pod is shared with things the gateway does not own. A bad value for a
+known setting, and an unknown key in the config file, stay errors.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from urllib.parse import urlsplit
 from gateway.coerce import SettingsError, build, coerce, field_types
 from gateway.hygiene.config import HygieneConfig
 from gateway.routing.config import RoutingConfig
+from gateway.servicelinks import is_service_link
 from gateway.usage.config import UsageConfig
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -137,9 +143,34 @@ def _env_target(name: str) -> tuple[str, str]:
     return "server", rest
 
 
-def _env_overrides(env: Mapping[str, str]) -> tuple[dict[str, dict[str, Any]], list[str] | None]:
+@dataclass(frozen=True, slots=True)
+class EnvScan:
+    """What the `GATEWAY_*` environment says: typed overrides per section, the backends
+    list, and the variables left aside (service links, names that are no setting)."""
+
+    sections: Mapping[str, Mapping[str, Any]]
+    backends: list[str] | None
+    service_links: tuple[str, ...]  # Kubernetes Service variables, ignored
+    unknown: tuple[str, ...]  # "NAME: why" for each variable that names no setting
+
+    def notes(self) -> list[tuple[str, str]]:
+        """(level, message) lines to log at start-up: one for all the service links, one
+        warning per unknown variable."""
+        out: list[tuple[str, str]] = []
+        if self.service_links:
+            out.append(("info", f"ignoring {len(self.service_links)} Kubernetes service-link "
+                                f"variables ({', '.join(self.service_links)}); set "
+                                "enableServiceLinks: false on the pod to drop them"))
+        out.extend(("warning", f"ignoring environment variable {u}") for u in self.unknown)
+        return out
+
+
+def scan_env(env: Mapping[str, str]) -> EnvScan:
+    """Sort the `GATEWAY_*` variables of `env` (pure). Bad values of known keys raise."""
     sections: dict[str, dict[str, Any]] = {}
     backends: list[str] | None = None
+    links: list[str] = []
+    unknown: list[str] = []
     for name in sorted(env):
         if not name.startswith(ENV_PREFIX):
             continue
@@ -147,18 +178,23 @@ def _env_overrides(env: Mapping[str, str]) -> tuple[dict[str, dict[str, Any]], l
         if name == ENV_PREFIX + "BACKENDS":
             backends = [u.strip() for u in text.split(",") if u.strip()]
             continue
+        if is_service_link(name, text):
+            links.append(name)
+            continue
         section, key = _env_target(name)
         if section not in SECTIONS:
-            raise SettingsError(f"{name}: unknown section {section!r} "
-                                f"(known: {', '.join(SECTIONS)}, BACKENDS)")
+            unknown.append(f"{name}: unknown section {section!r} "
+                           f"(known: {', '.join(SECTIONS)}, BACKENDS)")
+            continue
         types_ = field_types(SECTIONS[section])
         if key not in types_:
-            raise SettingsError(f"{name}: unknown key {section}.{key} "
-                                f"(known keys: {', '.join(sorted(types_))})")
+            unknown.append(f"{name}: unknown key {section}.{key} "
+                           f"(known keys: {', '.join(sorted(types_))})")
+            continue
         sections.setdefault(section, {})[key] = coerce(
             text, types_[key], f"{name} ({section}.{key})", from_text=True
         )
-    return sections, backends
+    return EnvScan(sections, backends, tuple(links), tuple(unknown))
 
 
 def parse_settings(
@@ -181,7 +217,8 @@ def parse_settings(
     if unknown:
         raise SettingsError(f"{source}: unknown section [{unknown[0]}] "
                             f"(known: {', '.join([*SECTIONS, 'replicas'])})")
-    env_sections, env_backends = _env_overrides(env)
+    scanned = scan_env(env)
+    env_sections, env_backends = scanned.sections, scanned.backends
     built: dict[str, Any] = {}
     for name, cls in SECTIONS.items():
         raw = doc.get(name, {})

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from gateway.coerce import SettingsError
-from gateway.settings import Settings, parse_settings
+from gateway.servicelinks import is_service_link
+from gateway.settings import Settings, parse_settings, scan_env
 from tests.servers import ROOT, script
 
 EXAMPLE = ROOT / "config" / "gateway.example.toml"
@@ -46,6 +47,14 @@ GOOD: list[tuple[str, dict[str, str], str, Any]] = [
      {"k1": "team-a", "k2": "team-b"}),
     ('[auth]\nkeys = { "k" = "t" }', {}, "auth.keys", {"k": "t"}),
     ("", {"OTHER_PORT": "1"}, "server.port", 8080),
+    # Kubernetes service links never count as settings, whatever they look like
+    ("", {"GATEWAY_PORT": "tcp://10.0.0.11:8080"}, "server.port", 8080),
+    ("[server]\nport = 9000", {"GATEWAY_PORT": "tcp://10.0.0.11:8080"}, "server.port", 9000),
+    ("", {"GATEWAY_PORT_8080_TCP_PORT": "8080"}, "server.port", 8080),
+    ("", {"GATEWAY_SERVICE_HOST": "10.0.0.11"}, "server.host", "127.0.0.1"),
+    # an unknown variable is left aside (a warning), the rest still applies
+    ("", {"GATEWAY_PORTT": "1", "GATEWAY_PORT": "9003"}, "server.port", 9003),
+    ("", {"GATEWAY_NOPE__X": "1"}, "server.port", 8080),
 ]
 
 
@@ -69,8 +78,6 @@ BAD: list[tuple[str, dict[str, str], str]] = [
     ("[usage]\nredis_maxlen = 0", {}, "usage.redis_maxlen"),
     ("[server\nport = 1", {}, "invalid TOML"),
     ("", {"GATEWAY_PORT": "eighty"}, "GATEWAY_PORT"),
-    ("", {"GATEWAY_PORTT": "1"}, "server.portt"),
-    ("", {"GATEWAY_NOPE__X": "1"}, "'nope'"),
     ("", {"GATEWAY_ROUTING__POLICY": "fastest"}, "routing.policy"),
     ("", {"GATEWAY_AUTH__KEYS": "novalue"}, "key=value"),
     ("[[replicas]]\nname = 'a'", {}, "replicas[0]"),
@@ -88,6 +95,66 @@ def test_errors_name_the_key(toml: str, env: dict[str, str], needle: str) -> Non
     with pytest.raises(SettingsError) as info:
         parse_settings(toml, env)
     assert needle in str(info.value)
+
+
+# (variable, value, service link?) as the kubelet writes them for Services `gateway`,
+# `gateway-redis` and `gateway-vllm-0` (ports 8080/6379/8000, named port "http"), and
+# look-alikes that are settings or typos.
+SERVICE_LINKS: list[tuple[str, str, bool]] = [
+    ("GATEWAY_SERVICE_HOST", "10.96.0.11", True),
+    ("GATEWAY_SERVICE_PORT", "8080", True),
+    ("GATEWAY_SERVICE_PORT_HTTP", "8080", True),
+    ("GATEWAY_PORT", "tcp://10.96.0.11:8080", True),
+    ("GATEWAY_PORT_8080_TCP", "tcp://10.96.0.11:8080", True),
+    ("GATEWAY_PORT_8080_TCP_PROTO", "tcp", True),
+    ("GATEWAY_PORT_8080_TCP_PORT", "8080", True),
+    ("GATEWAY_PORT_8080_TCP_ADDR", "10.96.0.11", True),
+    ("GATEWAY_PORT_5353_UDP_ADDR", "10.96.0.11", True),
+    ("GATEWAY_REDIS_SERVICE_HOST", "10.96.0.12", True),
+    ("GATEWAY_REDIS_PORT", "tcp://10.96.0.12:6379", True),
+    ("GATEWAY_REDIS_PORT_6379_TCP_ADDR", "10.96.0.12", True),
+    ("GATEWAY_VLLM_0_SERVICE_PORT", "8000", True),
+    ("GATEWAY_PORT", "9000", False),
+    ("GATEWAY_PORT", "http://10.96.0.11:8080", False),
+    ("GATEWAY_HOST", "0.0.0.0", False),
+    ("GATEWAY_USAGE__REDIS_URL", "redis://10.96.0.12:6379/0", False),
+    ("GATEWAY_PORTT", "1", False),
+    ("GATEWAY_PORT_8080", "1", False),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "link"), SERVICE_LINKS)
+def test_service_link_names(name: str, value: str, link: bool) -> None:
+    assert is_service_link(name, value) is link
+
+
+def test_kubernetes_service_links_are_ignored_with_one_note() -> None:
+    env = {name: value for name, value, link in SERVICE_LINKS if link}
+    env |= {"GATEWAY_ROUTING__POLICY": "session", "HOME": "/root"}
+    scan = scan_env(env)
+    assert scan.sections == {"routing": {"policy": "session"}}
+    assert set(scan.service_links) == set(env) - {"GATEWAY_ROUTING__POLICY", "HOME"}
+    assert scan.unknown == ()
+    (note,) = scan.notes()
+    assert note[0] == "info"
+    assert "13 Kubernetes service-link variables" in note[1]
+    assert "enableServiceLinks: false" in note[1]
+    assert parse_settings(None, env).routing.policy == "session"
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ("GATEWAY_PORTT", "unknown key server.portt"),
+        ("GATEWAY_NOPE__X", "unknown section 'nope'"),
+        ("GATEWAY_ROUTING__POLCY", "unknown key routing.polcy"),
+    ],
+)
+def test_unknown_variables_are_warnings(name: str, needle: str) -> None:
+    scan = scan_env({name: "1"})
+    assert scan.sections == {}
+    assert [(level, needle in text, name in text) for level, text in scan.notes()] == [
+        ("warning", True, True)]
 
 
 def test_replicas_from_file_env_and_flags() -> None:

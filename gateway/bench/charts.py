@@ -5,7 +5,9 @@
 - `compare_chart`: the same per-turn panels with one line per policy, plus requests per
   replica (grouped bars) and cached ratio vs the bound per policy.
 
-Figures are small (low dpi) because they are committed with the results.
+Figures are small (low dpi) because they are committed with the results. matplotlib is
+the `bench` extra: importing this module without it raises `MissingExtra`, which
+`gateway-bench` turns into an install hint.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from gateway.extras import require
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+_FEATURE = "gateway-bench (its charts)"
+require("matplotlib", extra="bench", feature=_FEATURE).use("Agg")
+plt = require("matplotlib.pyplot", extra="bench", feature=_FEATURE)
 
 DPI = 72
 

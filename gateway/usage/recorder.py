@@ -29,17 +29,23 @@ from typing import Any
 
 import orjson
 
+from gateway.extras import require
 from gateway.usage.config import UsageConfig
 from gateway.usage.details import CachedTokensReporting, missing_cached_tokens_warning
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.record import UsageRecord
-from gateway.usage.sinks import FileSink, RedisStreamSink, Sink, SinkPump, StdoutSink
+from gateway.usage.sinks import FileSink, Sink, SinkPump, StdoutSink
 from gateway.usage.snapshot import EngineSnapshot
 from gateway.usage.stats import UsageWindows
 
 log = logging.getLogger("gateway.usage")
 
 _ERROR_LOG_EVERY_S = 60.0
+
+
+def require_redis() -> None:
+    """Raise `MissingExtra` (with the install command) when the Redis sink cannot load."""
+    require("redis", extra="redis", feature="the Redis usage sink ([usage] redis_url)")
 
 
 def sinks_from_config(config: UsageConfig) -> list[Sink]:
@@ -49,6 +55,9 @@ def sinks_from_config(config: UsageConfig) -> list[Sink]:
     if config.log_stdout:
         sinks.append(StdoutSink())
     if config.redis_url:
+        require_redis()
+        from gateway.usage.redis_sink import RedisStreamSink  # the `redis` extra
+
         sinks.append(RedisStreamSink(config.redis_url, config.redis_stream, config.redis_maxlen))
     return sinks
 

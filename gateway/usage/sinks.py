@@ -14,6 +14,8 @@ batch (counted), logs at most once per `LOG_EVERY_S` per sink, and pauses `retry
 before the next attempt so a dead Redis is not hammered. Redis reconnects by itself on
 the next command (the client's pool opens a new connection). Nothing reaches the caller.
 
+The Redis sink lives in `gateway.usage.redis_sink` (the `redis` package is an extra).
+
 `aclose` stops taking records, writes what is buffered (bounded by a timeout) and closes.
 """
 
@@ -27,11 +29,6 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from typing import IO, Final, Protocol
-
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
 
 from gateway.usage.metrics import GatewayMetrics
 
@@ -107,42 +104,6 @@ class StdoutSink:
 
     async def aclose(self) -> None:
         return None
-
-
-class RedisStreamSink:
-    """`XADD stream MAXLEN ~ maxlen * record <json>` per record, pipelined per batch."""
-
-    name = "redis"
-
-    def __init__(self, url: str, stream: str, maxlen: int, *, timeout_s: float = 2.0) -> None:
-        self._stream = stream
-        self._maxlen = maxlen
-        # One quick retry at most: a failed batch is dropped and counted; the pump's pause
-        # is the backoff. Short timeouts keep a dead Redis from holding records for long.
-        self._client: Redis = Redis.from_url(
-            url,
-            socket_connect_timeout=timeout_s,
-            socket_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 1),
-        )
-
-    async def write(self, lines: Sequence[bytes]) -> None:
-        try:
-            async with self._client.pipeline(transaction=False) as pipe:
-                for line in lines:
-                    pipe.xadd(
-                        self._stream,
-                        {"record": line.rstrip(b"\n")},
-                        maxlen=self._maxlen,
-                        approximate=True,
-                    )
-                await pipe.execute()
-        except (TimeoutError, RedisError, OSError) as e:
-            raise SinkError(f"redis: {e}") from e
-
-    async def aclose(self) -> None:
-        with contextlib.suppress(RedisError, OSError):
-            await self._client.aclose()
 
 
 class SinkPump:
