@@ -46,6 +46,8 @@ def sim_argv(preset: Preset, port: int, model: str, seed: int) -> list[str]:
         "--kv-blocks", str(preset.kv_blocks), "--block-size", str(BLOCK_SIZE),
         "--max-model-len", str(preset.max_model_len), "--speed", str(preset.speed),
         "--seed", str(seed), "--timing-comments",
+        # The workload sends tools; vLLM (and the simulator, like it) refuses them otherwise.
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     )
 
 

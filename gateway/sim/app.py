@@ -44,7 +44,9 @@ from gateway.sim.hashing import salt_key
 from gateway.sim.replica import Pending, Replica
 from gateway.sim.request import SimRequest
 from gateway.sim.responses import (
+    CURRENT,
     ChunkWriter,
+    Contract,
     UsagePolicy,
     chat_body,
     completion_body,
@@ -61,8 +63,12 @@ _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control
 class ServeConfig:
     model: str
     max_model_len: int
-    contract: Literal["0.23", "0.24"] = "0.24"
+    contract: Contract = CURRENT
     prompt_tokens_details: bool = True
+    # vLLM's --enable-auto-tool-choice --tool-call-parser NAME: the parser's name, else None
+    # (then tool_choice "auto", and tools without a tool_choice, are a 400 as in vLLM).
+    tool_call_parser: str | None = None
+    dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: POST /reset_prefix_cache exists
     force_include_usage: bool = False
     timing_comments: bool = False
     deprecated_metrics: bool = False
@@ -73,7 +79,11 @@ class SimApp:
         self.replica = replica
         self.tokenizer = tokenizer
         self.config = config
-        self.policy = UsagePolicy(details=config.prompt_tokens_details, contract=config.contract)
+        self.policy = UsagePolicy(
+            details=config.prompt_tokens_details,
+            contract=config.contract,
+            block_size=replica.engine.config.block_size,
+        )
         self.created = int(time.time())
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
@@ -87,8 +97,9 @@ class SimApp:
             ("GET", "/version"): self._version,
             ("GET", "/load"): self._load,
             ("GET", "/metrics"): self._metrics,
-            ("POST", "/reset_prefix_cache"): self._reset,
         }
+        if config.dev_mode:
+            self._routes[("POST", "/reset_prefix_cache")] = self._reset
         self._paths = {path for _, path in self._routes}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -113,6 +124,7 @@ class SimApp:
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         params = protocol.parse_chat(protocol.parse_json(await read_body(receive)))
         self._check_model(params.gen.model)
+        self._check_tools(params.tool_choice)
         text = render_chat(
             params.messages,
             params.tools,
@@ -177,7 +189,8 @@ class SimApp:
         )
         render = chat_body if endpoint == "chat" else completion_body
         body = render(
-            rid, int(time.time()), self.config.model, text, req.finish_reason or "stop", usage
+            rid, int(time.time()), self.config.model, text, req.finish_reason or "stop", usage,
+            contract=self.config.contract,
         )
         headers = list(JSON_HEADERS)
         headers.append((b"x-request-id", rid.split("-", 1)[1].encode()))
@@ -197,7 +210,9 @@ class SimApp:
         include_usage = gen.include_usage or force
         continuous = (gen.continuous_usage and gen.include_usage) or force
         req = pending.request
-        writer = ChunkWriter(endpoint, rid, int(time.time()), self.config.model)
+        writer = ChunkWriter(
+            endpoint, rid, int(time.time()), self.config.model, self.config.contract
+        )
         prompt = req.num_prompt_tokens
         await send(
             {
@@ -249,6 +264,23 @@ class SimApp:
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.config.model:
             raise ApiError(404, f"The model `{model}` does not exist.", "model")
+
+    def _check_tools(self, choice: str | dict[str, Any] | None) -> None:
+        if self.config.tool_call_parser is not None or choice in (None, "none"):
+            return
+        if choice == "auto":
+            raise bad_request(
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                "to be set"
+            )
+        if self.config.contract != "0.32":
+            return  # older versions guided "required" and named choices without a parser
+        if isinstance(choice, dict):
+            fn = choice.get("function")
+            desc = f'function "{fn.get("name") if isinstance(fn, dict) else None}"'
+        else:
+            desc = f'"{choice}"'
+        raise bad_request(f"tool_choice={desc} requires --tool-call-parser to be set")
 
     def _check_length(self, n: int, max_tokens: int | None) -> int | None:
         limit = self.config.max_model_len
@@ -381,9 +413,12 @@ class SimApp:
         )
 
     async def _reset(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # vLLM answers 200 either way and only logs when blocks are still in use.
-        self.replica.engine.reset_prefix_cache()
-        await respond(send, 200, b"", [])
+        # vLLM 0.32 answers {"success": ...}: false while blocks are still in use.
+        ok = self.replica.engine.reset_prefix_cache()
+        if self.config.contract != "0.32":
+            await respond(send, 200, b"", [])
+        else:
+            await respond(send, 200, orjson.dumps({"success": ok}))
 
 
 def _timing(req: SimRequest) -> dict[str, Any]:
