@@ -13,7 +13,9 @@ Environment scheme (values are text, parsed by the field's type):
   A single underscore after the section name is accepted too (`GATEWAY_USAGE_LOG_PATH`).
 - `GATEWAY_<KEY>` sets a `[server]` key: `GATEWAY_PORT=9000`, `GATEWAY_LOG_LEVEL=debug`.
 - `GATEWAY_BACKENDS=http://h1:8000,http://h2:8000` replaces `[[replicas]]` (like `--backend`).
-Any other `GATEWAY_*` variable is an error, so a typo never goes unnoticed.
+Any other `GATEWAY_*` variable is an error, so a typo never goes unnoticed; only
+`GATEWAY_VLLM_*` is left alone (it locates the real-vLLM install for tests and benchmarks,
+which start gateways that inherit it).
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ def _env_overrides(env: Mapping[str, str]) -> tuple[dict[str, dict[str, Any]], l
     sections: dict[str, dict[str, Any]] = {}
     backends: list[str] | None = None
     for name in sorted(env):
-        if not name.startswith(ENV_PREFIX):
+        if not name.startswith(ENV_PREFIX) or name.startswith(ENV_PREFIX + "VLLM_"):
             continue
         text = env[name]
         if name == ENV_PREFIX + "BACKENDS":

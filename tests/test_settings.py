@@ -46,6 +46,8 @@ GOOD: list[tuple[str, dict[str, str], str, Any]] = [
      {"k1": "team-a", "k2": "team-b"}),
     ('[auth]\nkeys = { "k" = "t" }', {}, "auth.keys", {"k": "t"}),
     ("", {"OTHER_PORT": "1"}, "server.port", 8080),
+    # The real-vLLM tier's variable, inherited by the gateways it starts: not a setting.
+    ("", {"GATEWAY_VLLM_PYTHON": "/opt/vllm/bin/python"}, "server.port", 8080),
 ]
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.servers import ROOT, free_port, running
+from tests.servers import ROOT, free_port, running, wait_http
 
 _HERE = Path(__file__).resolve().parent
 MODEL_NAME = "tiny-qwen2"
@@ -106,35 +106,19 @@ class VllmOptions:
 
 
 @contextlib.contextmanager
-def vllm_replica(options: VllmOptions, port: int, log_path: Path) -> Iterator[str]:
-    """One replica on `port`; yields its base URL; stopped (by pid) on exit."""
-    url = f"http://127.0.0.1:{port}"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with running(options.argv(port), [url + "/health"], options.start_timeout_s,
-                 env=options.env(), log_path=log_path):  # fmt: skip
-        yield url
-
-
-@contextlib.contextmanager
 def vllm_replicas(options: VllmOptions, count: int) -> Iterator[list[str]]:
-    """`count` replicas started side by side (their start-ups overlap); base URLs."""
+    """`count` replicas, started side by side (their minute-long start-ups overlap), then
+    waited for; yields their base URLs; every one stopped by pid on exit."""
     logs = ROOT / "build" / "realvllm" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         ports = [free_port() for _ in range(count)]
-        # Enter all before waiting on any would need threads; starting in sequence costs
-        # about a minute per replica, so start the processes first and wait afterwards.
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         procs = [
-            stack.enter_context(_started(options, p, logs / f"vllm-{p}.log")) for p in ports
-        ]
+            stack.enter_context(running(options.argv(p), [], env=options.env(),
+                                        log_path=logs / f"vllm-{p}.log"))
+            for p in ports
+        ]  # fmt: skip
         for url, proc in zip(urls, procs, strict=True):
-            from tests.servers import wait_http
-
             wait_http(url + "/health", timeout=options.start_timeout_s, proc=proc)
         yield urls
-
-
-@contextlib.contextmanager
-def _started(options: VllmOptions, port: int, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with running(options.argv(port), [], env=options.env(), log_path=log_path) as proc:
-        yield proc
