@@ -17,26 +17,11 @@ import httpx
 import openai
 import pytest
 
+from tests.realvllm.gateways import fronted, records
 from tests.realvllm.vllm import MODEL_NAME, VllmOptions
-from tests.servers import free_port, running, script
+from tests.servers import free_port, running
 
 pytestmark = pytest.mark.realvllm
-
-
-@contextlib.contextmanager
-def fronted(urls: list[str], usage_log: Path, *extra: str) -> Iterator[str]:
-    """`gateway serve --backend ...` with a usage log; yields its base URL (no /v1)."""
-    port = free_port()
-    argv = [*script("gateway"), "serve", "--host", "127.0.0.1", "--port", str(port), *extra]
-    for u in urls:
-        argv += ["--backend", u]
-    url = f"http://127.0.0.1:{port}"
-    with running(argv, [url + "/ready"], 60, env={"GATEWAY_USAGE__LOG_PATH": str(usage_log)}):
-        yield url
-
-
-def records(log: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="module")
