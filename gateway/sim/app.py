@@ -185,7 +185,8 @@ class SimApp:
             out = out[:-1]  # the stop token is counted but not shown
         text = self.tokenizer.decode(out)
         usage = self.policy.usage(
-            req.num_prompt_tokens, req.num_output_tokens, req.num_cached_tokens
+            req.num_prompt_tokens, req.num_output_tokens, req.num_cached_tokens,
+            created=endpoint == "chat",
         )
         render = chat_body if endpoint == "chat" else completion_body
         body = render(
@@ -238,7 +239,10 @@ class SimApp:
             finished = req.status == "finished" and produced == req.num_output_tokens
             text = "" if token == req.stop_token and req.finish_reason == "stop" else piece(token)
             usage = running_usage(prompt, produced) if continuous else None
-            more["body"] = writer.content(text, req.finish_reason if finished else None, usage)
+            more["body"] = writer.content(
+                text, req.finish_reason if finished else None, usage,
+                last=finished and not include_usage,
+            )
             await send(more)
         if req.status != "finished":
             # Same as above; vLLM reports a mid-stream failure as an error event.
@@ -253,7 +257,10 @@ class SimApp:
         tail = b""
         if include_usage:
             tail += writer.usage(
-                self.policy.usage(prompt, req.num_output_tokens, req.num_cached_tokens)
+                self.policy.usage(
+                    prompt, req.num_output_tokens, req.num_cached_tokens,
+                    created=endpoint == "chat",
+                )
             )
         if self.config.timing_comments:
             tail += ChunkWriter.comment("sim-timing", _timing(req))
@@ -298,7 +305,7 @@ class SimApp:
                     "without any output tokens. Please reduce the length of the input "
                     "prompt."
                 )
-            raise bad_request(msg)
+            raise bad_request(msg, "input_tokens" if self.config.contract == "0.32" else None)
         pool = self.replica.engine.config
         if -(-n // pool.block_size) > pool.num_gpu_blocks - 1:
             raise bad_request(

@@ -61,7 +61,8 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
-        raise bad_request(f"Invalid JSON body: {e}") from None
+        # FastAPI's json_invalid error: loc ("body", position), which vLLM joins into param.
+        raise bad_request(f"Invalid JSON body: {e}", f"body.{e.pos}") from None
     if not isinstance(body, dict):
         raise bad_request("Request body must be a JSON object")
     return body

@@ -33,7 +33,10 @@ class UsagePolicy:
     contract: Contract = CURRENT
     block_size: int = 16
 
-    def usage(self, prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    def usage(
+        self, prompt: int, completion: int, cached: int, created: bool = True
+    ) -> dict[str, Any]:
+        """`created`: report created_cache_tokens (0.32 does on chat, never on completions)."""
         out: dict[str, Any] = {
             "prompt_tokens": prompt,
             "total_tokens": prompt + completion,
@@ -46,7 +49,9 @@ class UsagePolicy:
                 # Only full blocks enter the cache; the cached ones were there already.
                 full = prompt // self.block_size * self.block_size
                 # vLLM reports null when the prompt fills no block at all.
-                details["created_cache_tokens"] = max(0, full - cached) if full else None
+                details["created_cache_tokens"] = (
+                    max(0, full - cached) if full and created else None
+                )
                 details["multimodal_tokens"] = None
             out["prompt_tokens_details"] = details
         if self.contract == "0.32":
@@ -169,7 +174,10 @@ class ChunkWriter:
             b'"logprobs":null,"finish_reason":null}]' + tail
         )
 
-    def content(self, text: str, finish: str | None, usage: dict[str, Any] | None) -> bytes:
+    def content(
+        self, text: str, finish: str | None, usage: dict[str, Any] | None, last: bool = False
+    ) -> bytes:
+        """`last`: no usage chunk follows, so 0.32 puts system_fingerprint on this one."""
         t = orjson.dumps(text)
         if self.endpoint == "chat":
             choice = b'[{"index":0,"delta":{"content":' + t + b'},"logprobs":null,'
@@ -191,7 +199,10 @@ class ChunkWriter:
                 + (b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
                    if self.current else b',"stop_reason":null}]')
             )
-        return self._head + choice + _usage_tail(usage) + b"}\n\n"
+        tail = _usage_tail(usage)
+        if last and self.current:
+            tail += b',"system_fingerprint":"' + _FINGERPRINT.encode() + b'"'
+        return self._head + choice + tail + b"}\n\n"
 
     def usage(self, usage: dict[str, Any]) -> bytes:
         # exclude_none: the final usage chunk carries no nulls (0.32: nested ones neither).

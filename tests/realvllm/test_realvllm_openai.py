@@ -108,15 +108,23 @@ def test_tool_calls_reach_vllm_with_the_tool_parser(client: openai.OpenAI) -> No
 
 
 def test_vllm_errors_pass_through_unchanged(gw: str, vllm_pair: list[str]) -> None:
+    # Errors only the engine can find (the gateway answers malformed bodies itself).
     too_long = {"model": MODEL_NAME, "max_tokens": 2,
                 "messages": [{"role": "user", "content": "long " * 5000}]}  # fmt: skip
-    bad_type = {"model": MODEL_NAME, "messages": "not a list"}
-    for body in (too_long, bad_type):
+    max_tokens = {"model": MODEL_NAME, "max_tokens": 100_000,
+                  "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    required = {"model": MODEL_NAME, "max_tokens": 2, "tool_choice": "required",
+                "messages": [{"role": "user", "content": "hi"}]}  # tool_choice without tools
+    for body in (too_long, max_tokens, required):
         direct = httpx.post(vllm_pair[0] + "/v1/chat/completions", json=body, timeout=60)
         via = httpx.post(gw + "/v1/chat/completions", json=body, timeout=60)
         assert direct.status_code == via.status_code == 400
         assert via.json() == direct.json()
         assert set(via.json()["error"]) == {"message", "type", "param", "code"}
+    own = httpx.post(gw + "/v1/chat/completions", timeout=60,
+                     json={"model": MODEL_NAME, "messages": "not a list"})  # fmt: skip
+    assert own.status_code == 400
+    assert set(own.json()["error"]) == {"message", "type", "param", "code"}
 
 
 def test_gateway_reads_block_size_and_capacity_from_vllm_metrics(
@@ -136,6 +144,9 @@ def test_gateway_reads_block_size_and_capacity_from_vllm_metrics(
 def test_predicted_equals_delivered_on_follow_ups(
     vllm_pair: list[str], tmp_path: Path
 ) -> None:
+    """Follow-ups extend the conversation with the model's own replies. The random model's
+    replies are gibberish whose re-tokenized text can differ from the tokens it generated,
+    which moves vLLM's hit by a block; records are printed on failure to show where."""
     log = tmp_path / "usage.jsonl"
     with fronted(vllm_pair, log) as url, openai.OpenAI(
         base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60
@@ -150,8 +161,10 @@ def test_predicted_equals_delivered_on_follow_ups(
     assert len(recs) == 9
     follow_ups = [r for r in recs if r["cached_tokens"]]
     assert len(follow_ups) >= 6
+    table = [(r["replica"], r["prompt_tokens"], r["cached_tokens"], r["predicted_cached_tokens"])
+             for r in recs]  # fmt: skip
     for r in follow_ups:
-        assert r["predicted_cached_tokens"] == r["cached_tokens"], r
+        assert r["predicted_cached_tokens"] == r["cached_tokens"], table
 
 
 def test_a_replica_that_restarts_is_used_again(
