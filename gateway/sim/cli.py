@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["0.23", "0.24", "0.32"],
         default=d.contract,
         help="vLLM behaviour version (default %(default)s, the vLLM tested here; "
-        "docs/sim-parity.md lists what each older one changes)",
+        "bench/results/sim-parity.md lists the differences)",
     )
     a(
         "--enable-auto-tool-choice",
