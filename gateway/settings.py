@@ -19,6 +19,8 @@ Variables Kubernetes injects for Services named `gateway`, `gateway-*`
 that names no setting is reported as a warning (`EnvScan.unknown`), not an error: the
 environment of a pod is shared with things the gateway does not own. A bad value for a
 known setting, and an unknown key in the config file, stay errors.
+`GATEWAY_VLLM_*` is left alone without a warning (it locates the real-vLLM install for
+tests and benchmarks, which start gateways that inherit it).
 """
 
 from __future__ import annotations
@@ -180,6 +182,8 @@ def scan_env(env: Mapping[str, str]) -> EnvScan:
             continue
         if is_service_link(name, text):
             links.append(name)
+            continue
+        if name.startswith(ENV_PREFIX + "VLLM_"):  # the real-vLLM tier's, not a setting
             continue
         section, key = _env_target(name)
         if section not in SECTIONS:

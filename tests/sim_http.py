@@ -8,7 +8,10 @@ from typing import Any
 import httpx
 
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
-FAST = ["--speed", "1000", "--kv-blocks", "512", "--max-model-len", "4096", "--timing-comments"]
+FAST = [
+    "--speed", "1000", "--kv-blocks", "512", "--max-model-len", "4096", "--timing-comments",
+    "--dev-mode",
+]  # fmt: skip
 # contract 0.23, force-include-usage, legacy metric names, real-time speed
 OLD = [
     "--contract",

@@ -17,7 +17,9 @@ pytest.importorskip("gateway.sim.cli", reason="gateway sim is not built yet")
 def test_run_against_a_single_sim_replica(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with sim(1, ["--speed", "200", "--timing-comments", "--kv-blocks", "2000"]) as urls:
+    flags = ["--speed", "200", "--timing-comments", "--kv-blocks", "2000",
+             "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # fmt: skip
+    with sim(1, flags) as urls:
         rc = main(["run", "--base-url", urls[0], "--preset", "tiny", "--time-scale", "0.005",
                    "--out", str(tmp_path), "--no-progress", "--max-wall-s", "60"])
     out = capsys.readouterr().out

@@ -55,6 +55,8 @@ GOOD: list[tuple[str, dict[str, str], str, Any]] = [
     # an unknown variable is left aside (a warning), the rest still applies
     ("", {"GATEWAY_PORTT": "1", "GATEWAY_PORT": "9003"}, "server.port", 9003),
     ("", {"GATEWAY_NOPE__X": "1"}, "server.port", 8080),
+    # The real-vLLM tier's variable, inherited by the gateways it starts: not a setting.
+    ("", {"GATEWAY_VLLM_PYTHON": "/opt/vllm/bin/python"}, "server.port", 8080),
 ]
 
 

@@ -40,8 +40,12 @@ def test_chat_body_has_vllm_fields_and_usage_order(fast: str) -> None:
         "usage",
         "prompt_logprobs",
         "prompt_token_ids",
+        "prompt_text",
         "kv_transfer_params",
+        "ec_transfer_params",
+        "metrics",
     ]
+    assert b["system_fingerprint"].startswith("vllm-0.32.0")
     assert b["id"] == "chatcmpl-abc-1" and b["object"] == "chat.completion"
     choice = b["choices"][0]
     assert list(choice) == [
@@ -51,17 +55,23 @@ def test_chat_body_has_vllm_fields_and_usage_order(fast: str) -> None:
         "finish_reason",
         "stop_reason",
         "token_ids",
+        "routed_experts",
     ]
     assert choice["finish_reason"] == "length"
-    assert choice["message"]["tool_calls"] == [] and choice["message"]["refusal"] is None
+    # 0.32 leaves an empty tool_calls list out of the message.
+    assert "tool_calls" not in choice["message"] and choice["message"]["refusal"] is None
     assert list(b["usage"]) == [
         "prompt_tokens",
         "total_tokens",
         "completion_tokens",
         "prompt_tokens_details",
+        "completion_tokens_details",
     ]
     assert b["usage"]["completion_tokens"] == 7
-    assert b["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    details = b["usage"]["prompt_tokens_details"]
+    # created_cache_tokens: the prompt's full 16-token blocks, all new on a cold request.
+    full = b["usage"]["prompt_tokens"] // 16 * 16
+    assert details == {"cached_tokens": 0, "created_cache_tokens": full, "multimodal_tokens": None}
     timing = json.loads(r.headers["x-sim-timing"])
     assert set(timing) == {
         "arrival_s",
@@ -150,8 +160,12 @@ def test_sse_sequence_chat(fast: str) -> None:
         "prompt_tokens": usage["usage"]["prompt_tokens"],
         "total_tokens": usage["usage"]["prompt_tokens"] + 4,
         "completion_tokens": 4,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {
+            "cached_tokens": 0,
+            "created_cache_tokens": usage["usage"]["prompt_tokens"] // 16 * 16,
+        },
     }
+    assert usage["system_fingerprint"].startswith("vllm-0.32.0")
 
 
 def test_sse_continuous_usage_and_stop_finish(fast: str) -> None:
@@ -209,9 +223,10 @@ def test_completions_body(fast: str) -> None:
         "logprobs",
         "finish_reason",
         "stop_reason",
+        "token_ids",
         "prompt_logprobs",
         "prompt_token_ids",
-        "token_ids",
+        "routed_experts",
     ]
     assert b["usage"]["completion_tokens"] == 5
 
@@ -222,7 +237,7 @@ def test_small_endpoints(fast: str) -> None:
     assert h.status_code == 200 and h.content == b""
     assert httpx.get(fast + "/ping").status_code == 200
     assert httpx.post(fast + "/ping").status_code == 200
-    assert httpx.get(fast + "/version").json() == {"version": "0.24.0"}
+    assert httpx.get(fast + "/version").json() == {"version": "0.32.0"}
     assert httpx.get(fast + "/load").json() == {"server_load": 0}
     models = httpx.get(fast + "/v1/models").json()
     card = models["data"][0]
@@ -239,7 +254,7 @@ def test_reset_prefix_cache_and_replicas_are_independent(fast: str) -> None:
         chat(fast, content, max_tokens=1).json()["usage"]["prompt_tokens_details"]["cached_tokens"]
         > 0
     )
-    assert httpx.post(fast + "/reset_prefix_cache").status_code == 200
+    assert httpx.post(fast + "/reset_prefix_cache").json() == {"success": True}
     assert (
         chat(fast, content, max_tokens=1).json()["usage"]["prompt_tokens_details"]["cached_tokens"]
         == 0

@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 
 from gateway.bench.bound import compute_bound
+from gateway.bench.failures import error_reasons
 from gateway.bench.prefill import TokenizeError, engine_tokens
 from gateway.bench.report import per_turn, predicted_error, summarize
 from gateway.bench.runner import RunResult
@@ -60,12 +61,15 @@ def analyse(
     replicas: int = 0,
     tokenize_url: str | None = None,
     usage: Sequence[Mapping[str, Any]] | None = None,
+    block_size: int = 16,
 ) -> dict[str, Any]:
     summary = summarize(result.records, result.wall_s, replicas)
     summary["unfinished_sessions"] = result.unfinished_sessions
+    summary["error_reasons"] = error_reasons(result.records)
     if tokenize_url is not None:
         try:
-            summary["bound"] = asyncio.run(bound_of(result, tokenize_url))
+            summary["bound"] = asyncio.run(bound_of(result, tokenize_url, block_size))
+            summary["bound"]["block_size"] = block_size
         except ANALYSIS_ERRORS as e:
             summary["bound_error"] = f"{type(e).__name__}: {e}"
     bound = summary.get("bound")

@@ -3,7 +3,14 @@
 - `run`: replay agent sessions (a preset, flags override its workload) against any
   OpenAI-compatible base URL; summary table, JSON, charts.
 - `replay TRACE`: a Mooncake trace slice against a base URL, next to the trace's bound.
-- `compare`: start the simulator and one gateway per policy, same workload, one table.
+- `compare`: start the simulator and one gateway per policy, same workload, one table;
+  with `--backend URL` (repeatable) the policies run against those replicas (real vLLM),
+  their prefix caches reset between policies.
+
+Before a workload runs, the server is probed (`gateway.bench.server`): prompts stay within
+the model's `max_model_len`, tools are sent with `tool_choice: "none"` when the server
+refuses "auto" (the notice names the vLLM flags to add), and failed requests are summed up
+by reason at the end.
 
 Exit status: 0 when the run produced results, 1 when every request failed or a process
 could not start, 2 for bad arguments.
@@ -24,10 +31,13 @@ import orjson
 
 from gateway.bench.analysis import analyse
 from gateway.bench.charts import turn_chart
-from gateway.bench.compare import CompareOptions, compare
-from gateway.bench.presets import PRESETS, Preset, with_overrides
+from gateway.bench.compare import CompareOptions, DirtyCacheError, compare
+from gateway.bench.failures import format_reasons
+from gateway.bench.presets import BLOCK_SIZE, PRESETS, Preset, with_overrides
 from gateway.bench.replay import ReplayOptions, replay
 from gateway.bench.runner import RunOptions, RunResult, run_workload
+from gateway.bench.server import probe
+from gateway.bench.session import ServerLimits
 from gateway.bench.table import summary_table, turn_table
 from gateway.bench.trace import TraceError, parse_trace, select, trace_bound
 from gateway.bench.workload import build_workload
@@ -103,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--kv-blocks", type=int, help="per replica (default: the preset's)")
     cmp_.add_argument("--speed", type=float, help="simulator speed (default: the preset's)")
     cmp_.add_argument("--markdown", action="store_true", help="also print a Markdown table")
+    cmp_.add_argument("--backend", action="append", default=[], metavar="URL",
+                      help="a replica to use instead of the simulator (repeatable)")
+    cmp_.add_argument("--time-scale", type=float,
+                      help="wall seconds per workload second (default 1/speed; 1 with --backend)")
+    cmp_.add_argument("--allow-dirty-cache", action="store_true",
+                      help="with --backend: run even when caches cannot be reset between policies")
     _workload_flags(cmp_)
     return parser
 
@@ -135,7 +151,14 @@ def _failed(result: RunResult) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     preset = _preset(args)
-    model = _model(args)
+    try:
+        facts = asyncio.run(probe(args.base_url, args.model, [args.tokenize_url or args.base_url]))
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
+        print(f"gateway-bench run: cannot reach {args.base_url}: {e}", file=sys.stderr)
+        return 1
+    for note in facts.notes:
+        print(f"note: {note}")
+    model = facts.model
     workload = build_workload(preset.workload)
     result = asyncio.run(
         run_workload(
@@ -144,15 +167,22 @@ def cmd_run(args: argparse.Namespace) -> int:
                 base_url=args.base_url, model=model, concurrency=preset.concurrency,
                 time_scale=args.time_scale, max_wall_s=args.max_wall_s,
                 progress=not args.no_progress,
+                limits=ServerLimits(max_model_len=facts.max_model_len,
+                                    tool_choice=facts.tool_choice),
             ),
         )
     )
-    summary = analyse(result, tokenize_url=args.tokenize_url or args.base_url)
+    summary = analyse(result, tokenize_url=args.tokenize_url or args.base_url,
+                      block_size=facts.block_size or BLOCK_SIZE)
     print(summary_table({"run": summary}))
     if summary["timing"] != "sim":
         print("(latencies are wall-clock: the endpoint sent no simulator timing)")
     if "bound_error" in summary:
         print(f"(no bound: {summary['bound_error']})")
+    if summary["error_reasons"]:
+        print("failed requests:")
+        for line in format_reasons(summary["error_reasons"]):
+            print(line)
     if not summary["gateway"]:
         print()
         print(turn_table(summary["turns"]))
@@ -206,10 +236,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     opts = CompareOptions(preset=preset, policies=policies, out_dir=args.out,
-                          max_wall_s=args.max_wall_s, progress=not args.no_progress)
+                          max_wall_s=args.max_wall_s, progress=not args.no_progress,
+                          backends=tuple(args.backend), time_scale=args.time_scale,
+                          allow_dirty_cache=args.allow_dirty_cache)
     try:
         result = compare(opts)
-    except (RuntimeError, TimeoutError) as e:
+    except DirtyCacheError as e:
+        print(f"gateway-bench compare: {e}", file=sys.stderr)
+        return 2
+    except (RuntimeError, TimeoutError, aiohttp.ClientError) as e:
         print(f"gateway-bench compare: {e}", file=sys.stderr)
         return 1
     if args.markdown:

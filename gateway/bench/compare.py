@@ -6,12 +6,19 @@ usage log, replay the workload, stop the gateway (flushing its log), tokenize th
 requests on a replica for the exact bound, stop the simulator. Fresh processes per policy
 keep caches cold and equal. Then one side-by-side table, a JSON result and a PNG chart.
 
+With `backends` (`compare --backend URL ...`) the policies run against those replicas
+instead (real vLLM): no simulator is started, the server is probed first (model,
+`max_model_len`, tool flags, block size: `gateway.bench.server`) and every replica's prefix
+cache is reset before each policy (`gateway.bench.backends`); where it cannot be, compare
+stops and says why, unless `allow_dirty_cache`.
+
 Everything started is stopped in `finally` (context managers); every wait is bounded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,10 +27,14 @@ from typing import Any, TextIO
 import orjson
 
 from gateway.bench.analysis import analyse, read_usage_log
+from gateway.bench.backends import contamination_notice, reset_caches
 from gateway.bench.charts import compare_chart
+from gateway.bench.failures import format_reasons
 from gateway.bench.presets import BLOCK_SIZE, Preset
 from gateway.bench.procs import Managed, free_ports, gateway_command
 from gateway.bench.runner import RequestRecord, RunOptions, run_workload
+from gateway.bench.server import ServerFacts, probe
+from gateway.bench.session import ServerLimits
 from gateway.bench.table import replica_table, summary_table
 from gateway.bench.workload import build_workload
 
@@ -38,6 +49,13 @@ class CompareOptions:
     max_wall_s: float = 600.0  # per policy run
     progress: bool = True
     extra_gateway_args: tuple[str, ...] = ()
+    backends: tuple[str, ...] = ()  # replicas to use instead of starting the simulator
+    time_scale: float | None = None  # default: 1 / the preset's speed (1 with backends)
+    allow_dirty_cache: bool = False
+
+
+class DirtyCacheError(RuntimeError):
+    """Caches could not be reset between policies on user-run replicas."""
 
 
 def sim_argv(preset: Preset, port: int, model: str, seed: int) -> list[str]:
@@ -46,23 +64,39 @@ def sim_argv(preset: Preset, port: int, model: str, seed: int) -> list[str]:
         "--kv-blocks", str(preset.kv_blocks), "--block-size", str(BLOCK_SIZE),
         "--max-model-len", str(preset.max_model_len), "--speed", str(preset.speed),
         "--seed", str(seed), "--timing-comments",
+        # The workload sends tools; vLLM (and the simulator, like it) refuses them otherwise.
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     )
 
 
-def run_policy(opts: CompareOptions, policy: str) -> dict[str, Any]:
+def run_policy(
+    opts: CompareOptions, policy: str, facts: ServerFacts | None = None
+) -> dict[str, Any]:
     preset = opts.preset
     workload = build_workload(preset.workload)
     logs = opts.out_dir / "logs"
-    port = free_ports(preset.replicas)
-    replicas = [f"http://127.0.0.1:{port + i}" for i in range(preset.replicas)]
     usage_log = logs / f"usage-{policy}.jsonl"
     usage_log.parent.mkdir(parents=True, exist_ok=True)
     usage_log.unlink(missing_ok=True)
-    with Managed(
-        sim_argv(preset, port, opts.model, opts.seed),
-        [u + "/health" for u in replicas],
-        logs / f"sim-{policy}.log",
-    ):
+    replicas: list[str]
+    engines: contextlib.AbstractContextManager[Any]
+    if opts.backends:
+        replicas = list(opts.backends)
+        engines = contextlib.nullcontext()
+    else:
+        port = free_ports(preset.replicas)
+        replicas = [f"http://127.0.0.1:{port + i}" for i in range(preset.replicas)]
+        engines = Managed(
+            sim_argv(preset, port, opts.model, opts.seed),
+            [u + "/health" for u in replicas],
+            logs / f"sim-{policy}.log",
+        )
+    model = facts.model if facts else opts.model
+    limits = ServerLimits(
+        max_model_len=facts.max_model_len, tool_choice=facts.tool_choice
+    ) if facts else ServerLimits()
+    scale = opts.time_scale or (1.0 if opts.backends else 1.0 / preset.speed)
+    with engines:
         gw_port = free_ports(1)
         gw_url = f"http://127.0.0.1:{gw_port}"
         backends = [a for u in replicas for a in ("--backend", u)]
@@ -79,16 +113,17 @@ def run_policy(opts: CompareOptions, policy: str) -> dict[str, Any]:
                 run_workload(
                     workload,
                     RunOptions(
-                        base_url=gw_url, model=opts.model, concurrency=preset.concurrency,
-                        time_scale=1.0 / preset.speed, max_wall_s=opts.max_wall_s,
-                        progress=opts.progress, label=f"{policy:>12}",
+                        base_url=gw_url, model=model, concurrency=preset.concurrency,
+                        time_scale=scale, max_wall_s=opts.max_wall_s,
+                        progress=opts.progress, label=f"{policy:>12}", limits=limits,
                     ),
                 )
             )
         # The gateway is stopped here, so its usage log is complete.
         _relabel(result.records, replicas)
         summary = analyse(
-            result, preset.replicas, tokenize_url=replicas[0], usage=read_usage_log(usage_log)
+            result, len(replicas), tokenize_url=replicas[0], usage=read_usage_log(usage_log),
+            block_size=(facts.block_size if facts else None) or BLOCK_SIZE,
         )
     summary["policy"] = policy
     return summary
@@ -107,8 +142,22 @@ def _relabel(records: list[RequestRecord], urls: list[str]) -> None:
 def compare(opts: CompareOptions, out: TextIO | None = None) -> dict[str, Any]:
     out = out if out is not None else sys.stdout
     summaries: dict[str, dict[str, Any]] = {}
+    facts = None
+    if opts.backends:
+        facts = asyncio.run(probe(opts.backends[0], None, opts.backends))
+        for note in facts.notes:
+            print(f"note: {note}", file=out)
     for policy in opts.policies:
-        summaries[policy] = run_policy(opts, policy)
+        failed: dict[str, str] = {}
+        if opts.backends:
+            failed = asyncio.run(reset_caches(opts.backends))
+            if failed and len(opts.policies) > 1:
+                if not opts.allow_dirty_cache:
+                    raise DirtyCacheError(contamination_notice(failed))
+                print(f"warning: {contamination_notice(failed)}", file=out)
+        summaries[policy] = run_policy(opts, policy, facts)
+        # Fresh simulator processes per policy start cold; user-run replicas only if reset.
+        summaries[policy]["cache_reset"] = not failed
     preset = opts.preset
     result: dict[str, Any] = {
         "preset": {**asdict(preset), "workload": asdict(preset.workload)},
@@ -131,6 +180,11 @@ def compare(opts: CompareOptions, out: TextIO | None = None) -> dict[str, Any]:
     print(file=out)
     for line in format_checks(result["checks"]):
         print(line, file=out)
+    for policy, summary in summaries.items():
+        if summary.get("error_reasons"):
+            print(f"\nfailed requests under {policy}:", file=out)
+            for line in format_reasons(summary["error_reasons"]):
+                print(line, file=out)
     print(f"\nresults: {opts.out_dir / 'compare.json'}  chart: {chart}", file=out)
     return result
 

@@ -23,7 +23,7 @@ import aiohttp
 
 from gateway.bench.client import Exchange, post
 from gateway.bench.progress import Progress
-from gateway.bench.session import AgentSession, TurnRequest
+from gateway.bench.session import AgentSession, ServerLimits, TurnRequest
 from gateway.bench.workload import SessionPlan, Workload
 
 
@@ -37,6 +37,7 @@ class RunOptions:
     max_wall_s: float = 600.0
     progress: bool = True
     label: str = "run"
+    limits: ServerLimits = field(default_factory=ServerLimits)  # what the server accepts
 
 
 @dataclass(kw_only=True)
@@ -150,7 +151,8 @@ class Runner:
             await asyncio.sleep(wait)
         async with slots:
             session = AgentSession(
-                plan, wl.prompts[plan.agent], self.options.model, wl.config.hygiene_break
+                plan, wl.prompts[plan.agent], self.options.model, wl.config.hygiene_break,
+                self.options.limits,
             )
             while not session.done:
                 if session.next_delay_s > 0:
@@ -160,7 +162,7 @@ class Runner:
                 if exchanges[0].error is not None:
                     self.progress.advance(self._remaining(plan, reqs[0].turn))
                     return False
-                session.reply(exchanges[0].text)
+                session.reply(exchanges[0].text, exchanges[0].prompt_tokens)
         return True
 
     @staticmethod

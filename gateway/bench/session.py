@@ -7,6 +7,13 @@ reply back with `reply()`, and the next turn's prompt is the previous prompt + t
 turn share the main request's messages and add one final message each; their replies are
 not fed back (they are side calls, as an agent's parallel sub-queries are).
 
+Against a real server (see `gateway.bench.server`) two limits apply: `tool_choice` is
+added to every body when the server needs it, and `max_model_len` bounds the prompt: when
+the next turn's prompt plus its `max_tokens` would not fit, the session compacts its history
+first (task, a summary, the newest exchange), as an agent does at its context limit, and
+cuts the newest tool result if even that is too long. Prompt size is estimated from the
+characters per token that the endpoint's own usage reported on the previous turn.
+
 With `hygiene_break` the system prompt starts with a timestamp that changes every turn, the
 classic prefix-cache killer: nothing after it can be reused across turns.
 """
@@ -32,17 +39,33 @@ class TurnRequest:
     body: dict[str, Any]
 
 
+# Before any usage is seen: fewer characters per token than English text averages, so the
+# first estimate errs towards compacting early rather than a 400.
+INITIAL_CHARS_PER_TOKEN = 2.5
+CONTEXT_MARGIN = 0.95  # estimates are estimates: keep 5% of the context free
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerLimits:
+    max_model_len: int | None = None
+    tool_choice: str | None = None
+
+
 class AgentSession:
     def __init__(
-        self, plan: SessionPlan, prompt: AgentPrompt, model: str, hygiene_break: bool = False
+        self, plan: SessionPlan, prompt: AgentPrompt, model: str, hygiene_break: bool = False,
+        limits: ServerLimits | None = None,
     ) -> None:
         self.plan = plan
         self.prompt = prompt
         self.model = model
         self.hygiene_break = hygiene_break
+        self.limits = limits or ServerLimits()
         self.history: list[dict[str, Any]] = [{"role": "user", "content": plan.task}]
         self._next = 0
         self._clock_s = plan.start_s
+        self._chars_per_token = INITIAL_CHARS_PER_TOKEN
+        self._last_chars = 0
 
     def _system(self, turn: int) -> str:
         if not self.hygiene_break:
@@ -65,6 +88,9 @@ class AgentSession:
                 *self.history[-2:],
             ]
         base = [{"role": "system", "content": self._system(turn.index)}, *self.history]
+        if self._too_long(base, turn.max_tokens):
+            base = self._fit(base, turn.summary, turn.max_tokens)
+        self._last_chars = self._prompt_chars(base)
         out = [self._request(turn.index, 0, base, turn.max_tokens)]
         for k, text in enumerate(turn.siblings, start=1):
             out.append(
@@ -86,6 +112,8 @@ class AgentSession:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if self.limits.tool_choice is not None:
+            body["tool_choice"] = self.limits.tool_choice
         return TurnRequest(
             session_id=self.plan.session_id,
             agent=self.plan.agent,
@@ -94,10 +122,37 @@ class AgentSession:
             body=body,
         )
 
-    def reply(self, text: str) -> None:
-        """Feed back the main request's answer; advances to the next turn."""
+    def reply(self, text: str, prompt_tokens: int | None = None) -> None:
+        """Feed back the main request's answer (and the prompt tokens its usage reported);
+        advances to the next turn."""
+        if prompt_tokens and self._last_chars:
+            self._chars_per_token = self._last_chars / prompt_tokens
         self.history.append({"role": "assistant", "content": text})
         self._next += 1
+
+    def _prompt_chars(self, messages: list[dict[str, Any]]) -> int:
+        return _chars(messages) + len(str(self.prompt.tools))  # tools are rendered too
+
+    def _tokens(self, messages: list[dict[str, Any]]) -> int:
+        return int(self._prompt_chars(messages) / self._chars_per_token)
+
+    def _too_long(self, messages: list[dict[str, Any]], max_tokens: int) -> bool:
+        limit = self.limits.max_model_len
+        return limit is not None and self._tokens(messages) + max_tokens > limit * CONTEXT_MARGIN
+
+    def _fit(
+        self, base: list[dict[str, Any]], summary: str, max_tokens: int
+    ) -> list[dict[str, Any]]:
+        system, task, *rest = base
+        self.history = [task, {"role": "user", "content": summary}, *rest[-2:]]
+        fitted = [system, *self.history]
+        while self._too_long(fitted, max_tokens) and len(str(fitted[-1]["content"])) > 64:
+            last = fitted[-1]
+            # Halve the newest message (a tool result as a rule) until the prompt fits.
+            content = str(last["content"])
+            fitted[-1] = {**last, "content": content[: len(content) // 2]}
+            self.history[-1] = fitted[-1]
+        return fitted
 
     @property
     def done(self) -> bool:
@@ -106,3 +161,7 @@ class AgentSession:
     @property
     def next_delay_s(self) -> float:
         return self.plan.turns[self._next].delay_s if not self.done else 0.0
+
+
+def _chars(messages: list[dict[str, Any]]) -> int:
+    return sum(len(str(m.get("content") or "")) for m in messages)

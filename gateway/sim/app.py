@@ -43,7 +43,9 @@ from gateway.sim.hashing import salt_key
 from gateway.sim.replica import Pending, Replica
 from gateway.sim.request import SimRequest
 from gateway.sim.responses import (
+    CURRENT,
     ChunkWriter,
+    Contract,
     UsagePolicy,
     chat_body,
     completion_body,
@@ -60,8 +62,12 @@ _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control
 class ServeConfig:
     model: str
     max_model_len: int
-    contract: Literal["0.23", "0.24"] = "0.24"
+    contract: Contract = CURRENT
     prompt_tokens_details: bool = True
+    # vLLM's --enable-auto-tool-choice --tool-call-parser NAME: the parser's name, else None
+    # (then tool_choice "auto", and tools without a tool_choice, are a 400 as in vLLM).
+    tool_call_parser: str | None = None
+    dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: POST /reset_prefix_cache exists
     force_include_usage: bool = False
     timing_comments: bool = False
     deprecated_metrics: bool = False
@@ -72,7 +78,11 @@ class SimApp:
         self.replica = replica
         self.tokenizer = tokenizer
         self.config = config
-        self.policy = UsagePolicy(details=config.prompt_tokens_details, contract=config.contract)
+        self.policy = UsagePolicy(
+            details=config.prompt_tokens_details,
+            contract=config.contract,
+            block_size=replica.engine.config.block_size,
+        )
         self.created = int(time.time())
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
@@ -86,8 +96,9 @@ class SimApp:
             ("GET", "/version"): self._version,
             ("GET", "/load"): self._load,
             ("GET", "/metrics"): self._metrics,
-            ("POST", "/reset_prefix_cache"): self._reset,
         }
+        if config.dev_mode:
+            self._routes[("POST", "/reset_prefix_cache")] = self._reset
         self._paths = {path for _, path in self._routes}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -112,6 +123,7 @@ class SimApp:
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         params = protocol.parse_chat(protocol.parse_json(await read_body(receive)))
         self._check_model(params.gen.model)
+        self._check_tools(params.tool_choice)
         text = render_chat(
             params.messages,
             params.tools,
@@ -172,11 +184,13 @@ class SimApp:
             out = out[:-1]  # the stop token is counted but not shown
         text = self.tokenizer.decode(out)
         usage = self.policy.usage(
-            req.num_prompt_tokens, req.num_output_tokens, req.num_cached_tokens
+            req.num_prompt_tokens, req.num_output_tokens, req.num_cached_tokens,
+            created=endpoint == "chat",
         )
         render = chat_body if endpoint == "chat" else completion_body
         body = render(
-            rid, int(time.time()), self.config.model, text, req.finish_reason or "stop", usage
+            rid, int(time.time()), self.config.model, text, req.finish_reason or "stop", usage,
+            contract=self.config.contract,
         )
         headers = [(b"x-request-id", rid.split("-", 1)[1].encode())]
         if self.config.timing_comments:
@@ -195,7 +209,9 @@ class SimApp:
         include_usage = gen.include_usage or force
         continuous = (gen.continuous_usage and gen.include_usage) or force
         req = pending.request
-        writer = ChunkWriter(endpoint, rid, int(time.time()), self.config.model)
+        writer = ChunkWriter(
+            endpoint, rid, int(time.time()), self.config.model, self.config.contract
+        )
         prompt = req.num_prompt_tokens
         await send(
             {
@@ -221,7 +237,10 @@ class SimApp:
             finished = req.status == "finished" and produced == req.num_output_tokens
             text = "" if token == req.stop_token and req.finish_reason == "stop" else piece(token)
             usage = running_usage(prompt, produced) if continuous else None
-            more["body"] = writer.content(text, req.finish_reason if finished else None, usage)
+            more["body"] = writer.content(
+                text, req.finish_reason if finished else None, usage,
+                last=finished and not include_usage,
+            )
             await send(more)
         if req.status != "finished":
             # Same as above; vLLM reports a mid-stream failure as an error event.
@@ -236,7 +255,10 @@ class SimApp:
         tail = b""
         if include_usage:
             tail += writer.usage(
-                self.policy.usage(prompt, req.num_output_tokens, req.num_cached_tokens)
+                self.policy.usage(
+                    prompt, req.num_output_tokens, req.num_cached_tokens,
+                    created=endpoint == "chat",
+                )
             )
         if self.config.timing_comments:
             tail += ChunkWriter.comment("sim-timing", _timing(req))
@@ -247,6 +269,23 @@ class SimApp:
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.config.model:
             raise ApiError(404, f"The model `{model}` does not exist.", "model")
+
+    def _check_tools(self, choice: str | dict[str, Any] | None) -> None:
+        if self.config.tool_call_parser is not None or choice in (None, "none"):
+            return
+        if choice == "auto":
+            raise bad_request(
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                "to be set"
+            )
+        if self.config.contract != "0.32":
+            return  # older versions guided "required" and named choices without a parser
+        if isinstance(choice, dict):
+            fn = choice.get("function")
+            desc = f'function "{fn.get("name") if isinstance(fn, dict) else None}"'
+        else:
+            desc = f'"{choice}"'
+        raise bad_request(f"tool_choice={desc} requires --tool-call-parser to be set")
 
     def _check_length(self, n: int, max_tokens: int | None) -> int | None:
         limit = self.config.max_model_len
@@ -264,7 +303,7 @@ class SimApp:
                     "without any output tokens. Please reduce the length of the input "
                     "prompt."
                 )
-            raise bad_request(msg)
+            raise bad_request(msg, "input_tokens" if self.config.contract == "0.32" else None)
         pool = self.replica.engine.config
         if -(-n // pool.block_size) > pool.num_gpu_blocks - 1:
             raise bad_request(
@@ -379,9 +418,12 @@ class SimApp:
         )
 
     async def _reset(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # vLLM answers 200 either way and only logs when blocks are still in use.
-        self.replica.engine.reset_prefix_cache()
-        await respond(send, 200, b"", content_type=None)
+        # vLLM 0.32 answers {"success": ...}: false while blocks are still in use.
+        ok = self.replica.engine.reset_prefix_cache()
+        if self.config.contract != "0.32":
+            await respond(send, 200, b"", content_type=None)
+        else:
+            await respond(send, 200, orjson.dumps({"success": ok}))
 
 
 def _timing(req: SimRequest) -> dict[str, Any]:

@@ -11,8 +11,10 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
+from collections.abc import Mapping
 
 from gateway.sim.cluster import SimCluster, SimOptions, configure_logging
 
@@ -38,9 +40,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--seed", type=int, default=d.seed)
     a(
         "--contract",
-        choices=["0.23", "0.24"],
+        choices=["0.23", "0.24", "0.32"],
         default=d.contract,
-        help="vLLM behaviour version: 0.24 reports cached_tokens 0 for cold requests",
+        help="vLLM behaviour version (default %(default)s, the vLLM tested here; "
+        "bench/results/sim-parity.md lists the differences)",
+    )
+    a(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="as vLLM: accept tool_choice 'auto' (needs --tool-call-parser)",
+    )
+    a("--tool-call-parser", help="as vLLM (the name is recorded, no parsing is simulated)")
+    a(
+        "--dev-mode",
+        action="store_true",
+        help="as vLLM with VLLM_SERVER_DEV_MODE=1 (also honoured): serve POST /reset_prefix_cache",
     )
     a(
         "--no-prompt-tokens-details",
@@ -73,7 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def options_from(args: argparse.Namespace) -> SimOptions:
+def options_from(args: argparse.Namespace, env: Mapping[str, str]) -> SimOptions:
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        # vLLM's own start-up check.
+        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
     return SimOptions(
         replicas=args.replicas,
         host=args.host,
@@ -87,6 +104,8 @@ def options_from(args: argparse.Namespace) -> SimOptions:
         speed=args.speed,
         seed=args.seed,
         contract=args.contract,
+        tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
+        dev_mode=args.dev_mode or env.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0"),
         prompt_tokens_details=not args.no_prompt_tokens_details,
         force_include_usage=args.enable_force_include_usage,
         timing_comments=args.timing_comments,
@@ -120,7 +139,7 @@ async def serve(options: SimOptions) -> None:
 def run(args: argparse.Namespace) -> int:
     configure_logging()
     try:
-        options = options_from(args)
+        options = options_from(args, os.environ)
     except ValueError as e:
         print(f"gateway sim: {e}", file=sys.stderr)
         return 2

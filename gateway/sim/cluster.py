@@ -23,6 +23,7 @@ import uvicorn
 from gateway.sim.app import ServeConfig, SimApp
 from gateway.sim.engine import Engine, EngineConfig
 from gateway.sim.replica import Replica
+from gateway.sim.responses import CURRENT, Contract
 from gateway.sim.steptime import StepTimeModel
 from gateway.sim.tokenizer import Tokenizer
 
@@ -40,8 +41,10 @@ class SimOptions:
     max_num_seqs: int = 256
     speed: float = 1.0
     seed: int = 0
-    contract: Literal["0.23", "0.24"] = "0.24"
+    contract: Contract = CURRENT
     prompt_tokens_details: bool = True
+    tool_call_parser: str | None = None  # set = --enable-auto-tool-choice --tool-call-parser
+    dev_mode: bool = False
     force_include_usage: bool = False
     timing_comments: bool = False
     log_interval: float = 10.0
@@ -113,6 +116,8 @@ class SimCluster:
                         max_model_len=o.max_model_len,
                         contract=o.contract,
                         prompt_tokens_details=o.prompt_tokens_details,
+                        tool_call_parser=o.tool_call_parser,
+                        dev_mode=o.dev_mode,
                         force_include_usage=o.force_include_usage,
                         timing_comments=o.timing_comments,
                         deprecated_metrics=o.deprecated_metrics,

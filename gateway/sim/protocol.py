@@ -47,6 +47,8 @@ class ChatParams:
     tools: list[dict[str, Any]] | None
     add_generation_prompt: bool
     continue_final_message: bool
+    # As vLLM resolves it: "auto" when tools come without a choice; None without tools.
+    tool_choice: str | dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,7 +61,8 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
-        raise bad_request(f"Invalid JSON body: {e}") from None
+        # FastAPI's json_invalid error: loc ("body", position), which vLLM joins into param.
+        raise bad_request(f"Invalid JSON body: {e}", f"body.{e.pos}") from None
     if not isinstance(body, dict):
         raise bad_request("Request body must be a JSON object")
     return body
@@ -111,7 +114,14 @@ def parse_chat(body: Mapping[str, Any]) -> ChatParams:
         raise bad_request(_type_msg("ChatCompletionRequest", "messages", "a list"), "messages")
     messages = [_message(m, i) for i, m in enumerate(raw_messages)]
     tools = _opt(body, "tools", list, "a list")
+    if tools == []:
+        raise bad_request(
+            "`tools` must not be an empty array. "
+            "Either provide at least one tool or omit the field entirely.",
+            "tools",
+        )
     parsed_tools = None if tools is None else [_tool(t, i) for i, t in enumerate(tools)]
+    tool_choice = _tool_choice(body.get("tool_choice"), parsed_tools is not None)
     add_gen = _opt(body, "add_generation_prompt", bool, "a boolean")
     cont = bool(_opt(body, "continue_final_message", bool, "a boolean"))
     if cont and add_gen:
@@ -124,6 +134,25 @@ def parse_chat(body: Mapping[str, Any]) -> ChatParams:
         tools=parsed_tools,
         add_generation_prompt=True if add_gen is None else add_gen,
         continue_final_message=cont,
+        tool_choice=tool_choice,
+    )
+
+
+def _tool_choice(choice: Any, has_tools: bool) -> str | dict[str, Any] | None:
+    if choice is None:
+        return "auto" if has_tools else None
+    if choice == "none":
+        return "none"
+    if not has_tools:
+        raise bad_request("When using `tool_choice`, `tools` must be set.", "tool_choice")
+    if isinstance(choice, dict):
+        return choice
+    if choice in ("auto", "required"):
+        return str(choice)
+    raise bad_request(
+        f"Invalid value for `tool_choice`: {choice}! "
+        'Only named tools, "none", "auto" or "required" are supported.',
+        "tool_choice",
     )
 
 

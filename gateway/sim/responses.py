@@ -4,7 +4,11 @@ Non-streaming bodies are a full ``model_dump()``: every field present, ``null`` 
 Usage keys come in vLLM's order (prompt_tokens, total_tokens, completion_tokens,
 prompt_tokens_details). ``UsagePolicy`` decides whether ``prompt_tokens_details`` is filled:
 never without ``--enable-prompt-tokens-details``; with it, always for contract >= 0.24 and
-only when cached > 0 for 0.23.
+only when cached > 0 for 0.23. Contract 0.32 (the default, the vLLM that runs here) adds
+``created_cache_tokens`` (the full blocks this request added to the cache),
+``multimodal_tokens`` and ``completion_tokens_details`` to usage, and the 0.32 body fields
+(``routed_experts``, ``prompt_text``, ``ec_transfer_params``, ``metrics``, a
+``system_fingerprint``); a message without tool calls carries no ``tool_calls`` key there.
 
 Stream chunks are built from prefix bytes once per request so a token costs one small
 ``orjson.dumps`` of its text.
@@ -18,14 +22,21 @@ from typing import Any, Literal
 import orjson
 
 Endpoint = Literal["chat", "completions"]
+Contract = Literal["0.23", "0.24", "0.32"]
+CURRENT: Contract = "0.32"
+_FINGERPRINT = "vllm-0.32.0-sim"
 
 
 @dataclass(frozen=True, kw_only=True)
 class UsagePolicy:
     details: bool = True
-    contract: Literal["0.23", "0.24"] = "0.24"
+    contract: Contract = CURRENT
+    block_size: int = 16
 
-    def usage(self, prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    def usage(
+        self, prompt: int, completion: int, cached: int, created: bool = True
+    ) -> dict[str, Any]:
+        """`created`: report created_cache_tokens (0.32 does on chat, never on completions)."""
         out: dict[str, Any] = {
             "prompt_tokens": prompt,
             "total_tokens": prompt + completion,
@@ -33,81 +44,114 @@ class UsagePolicy:
             "prompt_tokens_details": None,
         }
         if self.details and (cached > 0 or self.contract != "0.23"):
-            out["prompt_tokens_details"] = {"cached_tokens": cached}
+            details: dict[str, Any] = {"cached_tokens": cached}
+            if self.contract == "0.32":
+                # Only full blocks enter the cache; the cached ones were there already.
+                full = prompt // self.block_size * self.block_size
+                # vLLM reports null when the prompt fills no block at all.
+                details["created_cache_tokens"] = (
+                    max(0, full - cached) if full and created else None
+                )
+                details["multimodal_tokens"] = None
+            out["prompt_tokens_details"] = details
+        if self.contract == "0.32":
+            out["completion_tokens_details"] = None
         return out
 
 
+
 def chat_body(
-    rid: str, created: int, model: str, text: str, finish: str, usage: dict[str, Any]
+    rid: str, created: int, model: str, text: str, finish: str, usage: dict[str, Any],
+    *, contract: Contract = CURRENT,
 ) -> bytes:
-    return orjson.dumps(
-        {
-            "id": rid,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": text,
-                        "refusal": None,
-                        "annotations": None,
-                        "audio": None,
-                        "function_call": None,
-                        "tool_calls": [],
-                        "reasoning": None,
-                    },
-                    "logprobs": None,
-                    "finish_reason": finish,
-                    "stop_reason": None,
-                    "token_ids": None,
-                }
-            ],
-            "service_tier": None,
-            "system_fingerprint": None,
-            "usage": usage,
-            "prompt_logprobs": None,
-            "prompt_token_ids": None,
-            "kv_transfer_params": None,
-        }
-    )
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": text,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "tool_calls": [],
+        "reasoning": None,
+    }
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+        "token_ids": None,
+    }
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage,
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "kv_transfer_params": None,
+    }
+    if contract == "0.32":
+        del message["tool_calls"]  # 0.32 leaves an empty tool_calls list out
+        choice["routed_experts"] = None
+        body["system_fingerprint"] = _FINGERPRINT
+        kv = body.pop("kv_transfer_params")
+        body.update(prompt_text=None, kv_transfer_params=kv, ec_transfer_params=None, metrics=None)
+    return orjson.dumps(body)
 
 
 def completion_body(
-    rid: str, created: int, model: str, text: str, finish: str, usage: dict[str, Any]
+    rid: str, created: int, model: str, text: str, finish: str, usage: dict[str, Any],
+    *, contract: Contract = CURRENT,
 ) -> bytes:
-    return orjson.dumps(
-        {
-            "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "text": text,
-                    "logprobs": None,
-                    "finish_reason": finish,
-                    "stop_reason": None,
-                    "prompt_logprobs": None,
-                    "prompt_token_ids": None,
-                    "token_ids": None,
-                }
-            ],
-            "service_tier": None,
-            "system_fingerprint": None,
-            "usage": usage,
-            "kv_transfer_params": None,
-        }
-    )
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "token_ids": None,
+    }
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage,
+        "kv_transfer_params": None,
+    }
+    if contract == "0.32":
+        choice = {k: choice[k] for k in _COMPLETION_CHOICE_032}
+        choice["routed_experts"] = None
+        body["choices"] = [choice]
+        body["system_fingerprint"] = _FINGERPRINT
+        body.update(ec_transfer_params=None, metrics=None)
+    return orjson.dumps(body)
+
+
+_COMPLETION_CHOICE_032 = (
+    "index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids", "prompt_logprobs",
+    "prompt_token_ids",
+)  # fmt: skip
 
 
 class ChunkWriter:
     """The SSE events of one streamed response."""
 
-    def __init__(self, endpoint: Endpoint, rid: str, created: int, model: str) -> None:
+    def __init__(
+        self, endpoint: Endpoint, rid: str, created: int, model: str,
+        contract: Contract = CURRENT,
+    ) -> None:
+        self.current = contract == "0.32"
         obj = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
         self.endpoint = endpoint
         self._head = (
@@ -123,13 +167,17 @@ class ChunkWriter:
         )
 
     def role(self, usage: dict[str, Any] | None) -> bytes:
-        tail = b',"prompt_token_ids":null' + _usage_tail(usage) + b"}\n\n"
+        tail = b',"prompt_token_ids":null' + (b',"prompt_text":null' if self.current else b"")
+        tail += _usage_tail(usage) + b"}\n\n"
         return (
             self._head + b'[{"index":0,"delta":{"role":"assistant","content":""},'
             b'"logprobs":null,"finish_reason":null}]' + tail
         )
 
-    def content(self, text: str, finish: str | None, usage: dict[str, Any] | None) -> bytes:
+    def content(
+        self, text: str, finish: str | None, usage: dict[str, Any] | None, last: bool = False
+    ) -> bytes:
+        """`last`: no usage chunk follows, so 0.32 puts system_fingerprint on this one."""
         t = orjson.dumps(text)
         if self.endpoint == "chat":
             choice = b'[{"index":0,"delta":{"content":' + t + b'},"logprobs":null,'
@@ -148,14 +196,26 @@ class ChunkWriter:
                 + t
                 + b',"logprobs":null,"finish_reason":'
                 + fin
-                + b',"stop_reason":null}]'
+                + (b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
+                   if self.current else b',"stop_reason":null}]')
             )
-        return self._head + choice + _usage_tail(usage) + b"}\n\n"
+        tail = _usage_tail(usage)
+        if last and self.current:
+            tail += b',"system_fingerprint":"' + _FINGERPRINT.encode() + b'"'
+        return self._head + choice + tail + b"}\n\n"
 
     def usage(self, usage: dict[str, Any]) -> bytes:
-        # exclude_none: the final usage chunk carries no nulls.
+        # exclude_none: the final usage chunk carries no nulls (0.32: nested ones neither).
         clean = {k: v for k, v in usage.items() if v is not None}
-        return self._head + b'[],"usage":' + orjson.dumps(clean) + b"}\n\n"
+        tail = b""
+        if self.current:
+            details = clean.get("prompt_tokens_details")
+            if isinstance(details, dict):
+                clean["prompt_tokens_details"] = {
+                    k: v for k, v in details.items() if v is not None
+                }
+            tail = b',"system_fingerprint":"' + _FINGERPRINT.encode() + b'"'
+        return self._head + b'[],"usage":' + orjson.dumps(clean) + tail + b"}\n\n"
 
     @staticmethod
     def error(body: bytes) -> bytes:

@@ -1,0 +1,87 @@
+"""What the endpoint under test accepts, learned before the workload runs.
+
+- The model and its `max_model_len` from `/v1/models` (vLLM reports it per model): the
+  sessions keep every prompt plus its `max_tokens` within it, as an agent would.
+- Whether it accepts tools without a `tool_choice` (which means "auto"): vLLM answers 400
+  unless started with `--enable-auto-tool-choice --tool-call-parser NAME`. Then the
+  workload sends `tool_choice: "none"`, which vLLM accepts and which still renders the
+  tools into the prompt, so what is cached does not change; the notice names the flags.
+- Each replica's KV block size from `vllm:cache_config_info` in its `/metrics`, for the
+  bound (hits come in whole blocks of the replica's size).
+
+`probe()` does the I/O; `tool_refusal()` and `block_size_of()` are pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway.replicas.scrape import parse_engine_metrics
+
+TOOL_FLAGS = "--enable-auto-tool-choice --tool-call-parser NAME (hermes for Qwen2.5 models)"
+_PROBE_TOOL = {"type": "function", "function": {"name": "probe", "parameters": {"type": "object"}}}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerFacts:
+    model: str
+    max_model_len: int | None = None
+    tool_choice: str | None = None  # None: send tools as the workload defines them
+    block_size: int | None = None  # the smallest block size among the replicas read
+    notes: tuple[str, ...] = field(default=())
+
+
+def tool_refusal(status: int, body: bytes) -> bool:
+    """True when a 400 says tool_choice "auto" needs the server's tool flags."""
+    return status == 400 and b"--enable-auto-tool-choice" in body
+
+
+def block_size_of(metrics_text: str) -> int | None:
+    return parse_engine_metrics(metrics_text, now=0.0).block_size  # time plays no part here
+
+
+async def probe(
+    base_url: str, model: str | None = None, metrics_urls: Sequence[str] = (),
+    timeout_s: float = 30.0,
+) -> ServerFacts:
+    base = base_url.rstrip("/")
+    notes: list[str] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http:
+        async with http.get(base + "/v1/models") as resp:
+            cards = orjson.loads(await resp.read()).get("data") or []
+        card: dict[str, Any] = next(
+            (c for c in cards if model is None or c.get("id") == model), {}
+        )
+        name = model or str(card.get("id", ""))
+        limit = card.get("max_model_len")
+        max_model_len = limit if isinstance(limit, int) and limit > 0 else None
+        body = {"model": name, "messages": [{"role": "user", "content": "probe"}],
+                "tools": [_PROBE_TOOL], "max_tokens": 1}  # fmt: skip
+        async with http.post(base + "/v1/chat/completions", json=body) as resp:
+            refused = tool_refusal(resp.status, await resp.read())
+        tool_choice = None
+        if refused:
+            tool_choice = "none"
+            notes.append(
+                'the server refuses tools without tool_choice ("auto"): start vLLM with '
+                f'{TOOL_FLAGS}; sending tool_choice "none" instead (the tools still reach '
+                "the prompt, so caching is unchanged)"
+            )
+        sizes = []
+        for url in metrics_urls:
+            async with http.get(url.rstrip("/") + "/metrics") as resp:
+                size = block_size_of((await resp.read()).decode(errors="replace"))
+            if size:
+                sizes.append(size)
+    if len(set(sizes)) > 1:
+        notes.append(f"replicas use different block sizes {sorted(set(sizes))}: the bound uses "
+                     "the smallest (an upper bound for all)")  # fmt: skip
+    return ServerFacts(
+        model=name, max_model_len=max_model_len, tool_choice=tool_choice,
+        block_size=min(sizes) if sizes else None, notes=tuple(notes),
+    )

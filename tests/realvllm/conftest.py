@@ -1,0 +1,75 @@
+"""Fixtures for the real-vLLM tier (`-m realvllm`, excluded from the default run).
+
+- `vllm_model` (session): the tiny random Qwen2 folder, written once under `build/realvllm/`.
+- `vllm_options` (session): how the shared replicas run (32-token blocks, tools on, dev mode).
+- `vllm_pair` (session): base URLs of two real vLLM CPU replicas serving it; started once
+  for the whole tier (about a minute each, started side by side) and stopped by pid.
+- `fresh_vllm(count, **overrides)` (function): replicas only the calling test uses.
+
+Every test in this folder is marked `realvllm` and skipped, with the reason, when vLLM's
+interpreter (`GATEWAY_VLLM_PYTHON`, see tests/realvllm/install.sh) is absent or broken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.realvllm.vllm import VllmOptions, ensure_model, vllm_replicas, vllm_unavailable
+from tests.servers import ROOT
+
+_HERE = Path(__file__).resolve().parent
+
+
+@functools.cache
+def _reason() -> str | None:
+    return vllm_unavailable()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselection sees the items
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    ours = [i for i in items if _HERE in Path(str(i.fspath)).resolve().parents]
+    for item in ours:
+        item.add_marker(pytest.mark.realvllm)
+    selected = config.getoption("markexpr", "") or ""
+    if ours and "realvllm" in selected and "not realvllm" not in selected:
+        reason = _reason()  # probing imports vLLM (seconds): only when the tier is asked for
+        if reason:
+            for item in ours:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def vllm_model() -> Path:
+    reason = _reason()
+    if reason:
+        pytest.skip(reason)
+    return ensure_model(ROOT / "build" / "realvllm")
+
+
+@pytest.fixture(scope="session")
+def vllm_options(vllm_model: Path) -> VllmOptions:
+    return VllmOptions(model_path=vllm_model)
+
+
+@pytest.fixture(scope="session")
+def vllm_pair(vllm_options: VllmOptions) -> Iterator[list[str]]:
+    with vllm_replicas(vllm_options, 2) as urls:
+        yield urls
+
+
+@pytest.fixture
+def fresh_vllm(vllm_options: VllmOptions) -> Iterator[Callable[..., list[str]]]:
+    with contextlib.ExitStack() as stack:
+
+        def start(count: int, **overrides: Any) -> list[str]:
+            options = dataclasses.replace(vllm_options, **overrides)
+            return stack.enter_context(vllm_replicas(options, count))
+
+        yield start

@@ -1,0 +1,28 @@
+"""`gateway serve` in front of real vLLM replicas for the tier, with a usage log to read back
+(complete once the gateway has stopped: the sink flushes on shutdown)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.servers import free_port, running, script
+
+
+@contextlib.contextmanager
+def fronted(urls: list[str], usage_log: Path, *extra: str) -> Iterator[str]:
+    """`gateway serve --backend ...` with a usage log; yields its base URL (no /v1)."""
+    port = free_port()
+    argv = [*script("gateway"), "serve", "--host", "127.0.0.1", "--port", str(port), *extra]
+    for u in urls:
+        argv += ["--backend", u]
+    url = f"http://127.0.0.1:{port}"
+    with running(argv, [url + "/ready"], 60, env={"GATEWAY_USAGE__LOG_PATH": str(usage_log)}):
+        yield url
+
+
+def records(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
