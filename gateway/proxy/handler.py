@@ -16,6 +16,14 @@ the client moves the request to the next replica of `Decision.ranked` (at most
 `server.retries` times). A timeout is not retried: the engine may still be working on it.
 When every attempt failed, the last upstream 5xx is relayed as is, else a 502/504.
 
+Responses (`/v1/responses`) and Messages (`/v1/messages`) bodies are routed and scanned as
+the chat request vLLM renders from them (gateway.routing.responses_api / messages_api).
+A Responses request that names a `previous_response_id` whose creator the gateway knows is
+pinned to that replica (route `response`): no other replica holds the stored response.
+If that replica left the fleet or is unhealthy, the gateway answers 404/503 saying so
+instead of sending it where it can only fail. Each relayed Responses answer's id is
+remembered with the replica that made it (`Services.affinity`).
+
 Other `/v1/*` calls (`forward`) go to the least busy healthy replica serving the body's
 `model` (any healthy replica without one), relayed the same way, and are recorded too.
 """
@@ -23,11 +31,12 @@ Other `/v1/*` calls (`forward`) go to the least busy healthy replica serving the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import orjson
 
@@ -38,6 +47,9 @@ from gateway.proxy.relay import RelayOutcome, relay, upstream_request_headers
 from gateway.proxy.session import resolve_session
 from gateway.proxy.upstream import Timeouts, UpstreamResponse
 from gateway.replicas.fleet import Replica, no_healthy
+from gateway.routing import messages_api, responses_api
+from gateway.routing.affinity import Lost, Pinned, place
+from gateway.routing.normalize import NormalizeError
 from gateway.usage.record import UsageRecord
 
 if TYPE_CHECKING:
@@ -166,9 +178,20 @@ class Proxy:
         ex.model, ex.stream = inbound.model, inbound.stream
         ex.session = resolve_session(session_h, body)
         candidates = s.fleet.candidates(inbound.model)
+        view = body
+        kind: Literal["chat", "completions"] = (
+            "completions" if endpoint == "completions" else "chat")
+        if endpoint == "responses" or endpoint == "messages":
+            convert = responses_api if endpoint == "responses" else messages_api
+            try:
+                view = convert.chat_view(body)
+            except NormalizeError as exc:
+                raise GatewayError(400, str(exc), code="invalid_request") from None
+        pinned = self._pinned(body) if endpoint == "responses" else None
 
-        # parse_inbound has checked the body more strictly than the analyzer would
-        findings = s.analyzer.scan(body, endpoint, ex.session, ex.ts, validated=True)
+        # parse_inbound has checked a chat or completions body more strictly than the
+        # analyzer would; a converted view is checked again
+        findings = s.analyzer.scan(view, kind, ex.session, ex.ts, validated=view is body)
         if findings:
             ex.findings = len(findings)
             for f in findings:
@@ -186,21 +209,50 @@ class Proxy:
         changed = inject
         if inject:
             inject_usage(body)
-        if s.analyzer.rewrite(body):
+        # Rewrites know the chat and completions shapes only.
+        if view is body and s.analyzer.rewrite(body):
             changed = True
         payload = orjson.dumps(body) if changed else raw
 
         try:
-            plan = s.router.route(body, endpoint, ex.model, ex.session,
+            plan = s.router.route(view, kind, ex.model, ex.session,
                                   [r.state() for r in candidates], ex.ts)
         except ValueError as exc:  # NormalizeError: a body shape the engine would refuse too
             raise GatewayError(400, str(exc), code="invalid_request") from None
+        if pinned is not None:
+            plan = dataclasses.replace(plan, decision=dataclasses.replace(
+                plan.decision, replica=pinned, reason="response", ranked=(pinned,),
+                predicted_cached_tokens=plan.predicted.get(pinned, 0)))
         decision = plan.decision
         s.metrics.route_decision(decision.reason)
         ex.route, ex.predicted, ex.best = (
             decision.reason, decision.predicted_cached_tokens, decision.best_available_tokens)
         headers.append((b"x-gateway-route", decision.reason.encode()))
         await self._attempts(scope, send, payload, decision.ranked, plan, inject, ex, headers)
+
+    def _pinned(self, body: dict[str, object]) -> str | None:
+        """The replica a continuation must go to, None when routing may choose."""
+        previous = body.get("previous_response_id")
+        if not isinstance(previous, str):
+            return None
+        fleet = self.s.fleet.replicas
+        where = place(self.s.affinity.lookup(previous),
+                      {name: r.healthy for name, r in fleet.items()})
+        if isinstance(where, Pinned):
+            return where.replica
+        if isinstance(where, Lost):
+            shown = previous[:64]
+            if where.why == "removed":
+                raise GatewayError(
+                    404, f"Response '{shown}' was created on replica {where.replica}, which has "
+                    "left the fleet; its stored state was lost with it. Start a new chain "
+                    "without previous_response_id.", code="previous_response_lost",
+                    param="previous_response_id")
+            raise GatewayError(
+                503, f"Response '{shown}' is stored on replica {where.replica}, which is "
+                "unhealthy; no other replica holds it. Retry later.",
+                code="previous_response_unavailable", param="previous_response_id")
+        return None
 
     async def _forward_other(self, scope: Scope, send: Send, raw: bytes, ex: Exchange,
                              headers: Headers) -> None:
@@ -285,9 +337,13 @@ class Proxy:
                 if plan is not None:
                     s.router.first_token(plan, name, s.clock())
 
+            def created(response_id: str) -> None:
+                s.affinity.remember(response_id, name)
+
             try:
                 await relay(resp, send, extra, strip_usage=strip, replica=name, outcome=outcome,
-                            on_first_byte=first_byte, timer=time.perf_counter)
+                            on_first_byte=first_byte, timer=time.perf_counter,
+                            on_response_id=created if ex.endpoint == "responses" else None)
             except UpstreamError as exc:
                 raise from_upstream(exc, name) from None
             ex.status = outcome.status
