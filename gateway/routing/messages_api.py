@@ -122,9 +122,9 @@ def chat_view(body: Mapping[str, Any]) -> dict[str, Any]:
         _convert(msg, messages)
     view: dict[str, Any] = {"messages": messages}
     tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise NormalizeError("'tools' must be a list")
     if tools:
-        if not isinstance(tools, list):
-            raise NormalizeError("'tools' must be a list")
         view["tools"] = [
             {"type": "function", "function": {
                 "name": t.get("name"), "description": t.get("description"),

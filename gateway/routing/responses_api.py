@@ -105,9 +105,9 @@ def chat_view(body: Mapping[str, Any]) -> dict[str, Any]:
         raise NormalizeError("'input' must not be empty")
     view: dict[str, Any] = {"messages": messages}
     tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise NormalizeError("'tools' must be a list")
     if tools:
-        if not isinstance(tools, list):
-            raise NormalizeError("'tools' must be a list")
         view["tools"] = [_tool(t) for t in tools]
     if isinstance(body.get("cache_salt"), str):
         view["cache_salt"] = body["cache_salt"]
