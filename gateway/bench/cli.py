@@ -23,6 +23,7 @@ import aiohttp
 import orjson
 
 from gateway.bench.analysis import analyse
+from gateway.bench.apis import APIS
 from gateway.bench.charts import turn_chart
 from gateway.bench.compare import CompareOptions, compare
 from gateway.bench.presets import PRESETS, Preset, with_overrides
@@ -49,6 +50,8 @@ def _workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("bench-out"))
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--max-wall-s", type=float, default=600.0, help="bound on each run")
+    p.add_argument("--api", choices=APIS, default="chat",
+                   help="inference API the turns use: chat completions, Responses or Messages")
 
 
 def _preset(args: argparse.Namespace) -> Preset:
@@ -143,7 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             RunOptions(
                 base_url=args.base_url, model=model, concurrency=preset.concurrency,
                 time_scale=args.time_scale, max_wall_s=args.max_wall_s,
-                progress=not args.no_progress,
+                progress=not args.no_progress, api=args.api,
             ),
         )
     )
@@ -206,7 +209,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     opts = CompareOptions(preset=preset, policies=policies, out_dir=args.out,
-                          max_wall_s=args.max_wall_s, progress=not args.no_progress)
+                          max_wall_s=args.max_wall_s, progress=not args.no_progress,
+                          api=args.api)
     try:
         result = compare(opts)
     except (RuntimeError, TimeoutError) as e:

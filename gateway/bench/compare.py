@@ -20,6 +20,7 @@ from typing import Any, TextIO
 import orjson
 
 from gateway.bench.analysis import analyse, read_usage_log
+from gateway.bench.apis import Api
 from gateway.bench.charts import compare_chart
 from gateway.bench.presets import BLOCK_SIZE, Preset
 from gateway.bench.procs import Managed, free_ports, gateway_command
@@ -38,6 +39,7 @@ class CompareOptions:
     max_wall_s: float = 600.0  # per policy run
     progress: bool = True
     extra_gateway_args: tuple[str, ...] = ()
+    api: Api = "chat"
 
 
 def sim_argv(preset: Preset, port: int, model: str, seed: int) -> list[str]:
@@ -81,7 +83,7 @@ def run_policy(opts: CompareOptions, policy: str) -> dict[str, Any]:
                     RunOptions(
                         base_url=gw_url, model=opts.model, concurrency=preset.concurrency,
                         time_scale=1.0 / preset.speed, max_wall_s=opts.max_wall_s,
-                        progress=opts.progress, label=f"{policy:>12}",
+                        progress=opts.progress, label=f"{policy:>12}", api=opts.api,
                     ),
                 )
             )

@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.bench.apis import PATHS, Api, to_api
 from gateway.bench.client import Exchange, post
 from gateway.bench.progress import Progress
 from gateway.bench.session import AgentSession, TurnRequest
@@ -37,6 +38,7 @@ class RunOptions:
     max_wall_s: float = 600.0
     progress: bool = True
     label: str = "run"
+    api: Api = "chat"  # which inference API the turns go to (gateway.bench.apis)
 
 
 @dataclass(kw_only=True)
@@ -128,8 +130,8 @@ class Runner:
         send_s = time.perf_counter() - self._start
         ex = await post(
             http,
-            opts.base_url.rstrip("/") + "/v1/chat/completions",
-            req.body,
+            opts.base_url.rstrip("/") + PATHS[opts.api],
+            to_api(req.body, opts.api),
             headers={"x-session-id": req.session_id},
             timeout_s=opts.request_timeout_s,
         )

@@ -14,7 +14,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -72,6 +72,22 @@ class ApiRoutes:
                 replica.abort(pending)  # no-op once finished
         finally:
             replica.in_flight -= 1
+
+    def _timing(self, pending: Pending) -> dict[str, Any] | None:
+        """`--timing-comments`: the simulated latencies, as the chat routes report them."""
+        if not self.app.config.timing_comments:
+            return None
+        from gateway.sim.app import _timing  # app imports this module at load time
+
+        return _timing(pending.request)
+
+    def _timing_header(self, pending: Pending) -> list[tuple[bytes, bytes]]:
+        timing = self._timing(pending)
+        return [] if timing is None else [(b"x-sim-timing", orjson.dumps(timing))]
+
+    def _timing_comment(self, pending: Pending) -> bytes:
+        timing = self._timing(pending)
+        return b"" if timing is None else b": sim-timing " + orjson.dumps(timing) + b"\n\n"
 
     def _text(self, pending: Pending) -> str:
         req = pending.request
@@ -140,9 +156,11 @@ class ApiRoutes:
                 self.store.put(rid, [*params.history, {"role": "assistant", "content": text}])
             if chat.gen.stream:
                 await send({"type": "http.response.body", "more_body": False,
-                            "body": events.closing(response, item_id, text)})
+                            "body": self._timing_comment(pending)
+                            + events.closing(response, item_id, text)})
             else:
-                await respond(send, 200, orjson.dumps(response), [*JSON_HEADERS, *headers])
+                await respond(send, 200, orjson.dumps(response),
+                              [*JSON_HEADERS, *headers, *self._timing_header(pending)])
 
     # -- Messages -----------------------------------------------------------------------
 
@@ -171,7 +189,8 @@ class ApiRoutes:
                                          req.num_cached_tokens if details else None)
                 body = messages_api.message_body(mid, model, self._text(pending),
                                                  req.finish_reason, use)
-                await respond(send, 200, body, [*JSON_HEADERS, *headers])
+                await respond(send, 200, body,
+                              [*JSON_HEADERS, *headers, *self._timing_header(pending)])
                 return
             await send({"type": "http.response.start", "status": 200,
                         "headers": [*_SSE, *headers]})
@@ -193,7 +212,7 @@ class ApiRoutes:
                 return
             use = messages_api.usage(req.num_prompt_tokens, req.num_output_tokens,
                                      req.num_cached_tokens if details else None)
-            tail = messages_api.closing(req.finish_reason, use)
+            tail = self._timing_comment(pending) + messages_api.closing(req.finish_reason, use)
             if not opened:
                 tail = messages_api.opening(mid, model, use) + tail
             await send({"type": "http.response.body", "more_body": False, "body": tail})
