@@ -30,6 +30,7 @@ import aiohttp
 import orjson
 
 from gateway.bench.analysis import analyse
+from gateway.bench.apis import APIS
 from gateway.bench.charts import turn_chart
 from gateway.bench.compare import CompareOptions, DirtyCacheError, compare
 from gateway.bench.failures import format_reasons
@@ -59,6 +60,8 @@ def _workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("bench-out"))
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--max-wall-s", type=float, default=600.0, help="bound on each run")
+    p.add_argument("--api", choices=APIS, default="chat",
+                   help="inference API the turns use: chat completions, Responses or Messages")
 
 
 def _preset(args: argparse.Namespace) -> Preset:
@@ -166,7 +169,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             RunOptions(
                 base_url=args.base_url, model=model, concurrency=preset.concurrency,
                 time_scale=args.time_scale, max_wall_s=args.max_wall_s,
-                progress=not args.no_progress,
+                progress=not args.no_progress, api=args.api,
                 limits=ServerLimits(max_model_len=facts.max_model_len,
                                     tool_choice=facts.tool_choice),
             ),
@@ -238,7 +241,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     opts = CompareOptions(preset=preset, policies=policies, out_dir=args.out,
                           max_wall_s=args.max_wall_s, progress=not args.no_progress,
                           backends=tuple(args.backend), time_scale=args.time_scale,
-                          allow_dirty_cache=args.allow_dirty_cache)
+                          allow_dirty_cache=args.allow_dirty_cache,
+                          api=args.api)
     try:
         result = compare(opts)
     except DirtyCacheError as e:

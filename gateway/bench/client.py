@@ -7,6 +7,10 @@ the gateway's routing headers, the simulator's timing (`x-sim-timing` header or 
 latency measured here. Reports prefer the simulator's figures and fall back to wall clock.
 
 SSE parsing is line based: `data:` lines carry JSON chunks, `:` lines are comments.
+Responses and Messages answers (`/v1/responses`, `/v1/messages`) are read too: their text
+from the output items / content blocks (`response.output_text.delta`,
+`content_block_delta` in streams) and their usage normalized as the gateway records it
+(`gateway.usage.extract`: prompt = uncached + cached for Messages).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Any
 
 import aiohttp
 import orjson
+
+from gateway.usage.extract import parse_answer, usage_from_mapping
 
 
 @dataclass(kw_only=True)
@@ -31,6 +37,37 @@ class Exchange:
     wall_e2e_ms: float = 0.0
     sim_timing: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    api_usage: dict[str, Any] = field(default_factory=dict)  # Messages: start + delta
+
+
+def _api_usage(ex: Exchange, usage: Any) -> None:
+    if not isinstance(usage, dict):
+        return
+    ex.api_usage.update(usage)
+    u = usage_from_mapping(ex.api_usage)
+    if u is not None:
+        ex.prompt_tokens, ex.completion_tokens, ex.cached_tokens = (
+            u.prompt_tokens, u.completion_tokens, u.cached_tokens)
+
+
+def _api_event(ex: Exchange, chunk: dict[str, Any], parts: list[str]) -> None:
+    kind = chunk.get("type")
+    if kind == "response.output_text.delta":
+        parts.append(str(chunk.get("delta") or ""))
+    elif kind == "content_block_delta":
+        delta = chunk.get("delta")
+        if isinstance(delta, dict):
+            parts.append(str(delta.get("text") or ""))
+    elif kind == "response.completed":
+        response = chunk.get("response")
+        if isinstance(response, dict):
+            _api_usage(ex, response.get("usage"))
+    elif kind == "message_start":
+        message = chunk.get("message")
+        if isinstance(message, dict):
+            _api_usage(ex, message.get("usage"))
+    elif kind == "message_delta":
+        _api_usage(ex, chunk.get("usage"))
 
 
 def _usage(ex: Exchange, usage: Any) -> None:
@@ -64,6 +101,9 @@ def _sse_line(ex: Exchange, line: bytes, chat: bool, parts: list[str]) -> None:
     if not data or data == b"[DONE]":
         return
     chunk = orjson.loads(data)
+    if "type" in chunk and "choices" not in chunk:
+        _api_event(ex, chunk, parts)
+        return
     if chunk.get("usage"):
         _usage(ex, chunk["usage"])
     for choice in chunk.get("choices") or ():
@@ -77,8 +117,10 @@ async def post(
     headers: dict[str, str] | None = None,
     timeout_s: float = 120.0,
 ) -> Exchange:
-    """POST body to url ('.../v1/chat/completions' or '.../v1/completions')."""
+    """POST body to url ('.../v1/chat/completions', '.../v1/completions',
+    '.../v1/responses' or '.../v1/messages')."""
     chat = url.endswith("/chat/completions")
+    api = url.endswith(("/v1/responses", "/v1/messages"))
     stream = bool(body.get("stream"))
     ex = Exchange()
     start = time.perf_counter()
@@ -96,13 +138,22 @@ async def post(
                 return ex
             if not stream:
                 ex.wall_ttft_ms = (time.perf_counter() - start) * 1000
-                payload = orjson.loads(await resp.read())
+                raw = await resp.read()
+                timing = ex.headers.get("x-sim-timing")
+                ex.sim_timing = orjson.loads(timing) if timing else None
+                if api:
+                    answer = parse_answer(raw)
+                    if answer.usage is not None:
+                        ex.prompt_tokens = answer.usage.prompt_tokens
+                        ex.cached_tokens = answer.usage.cached_tokens
+                        ex.completion_tokens = answer.usage.completion_tokens
+                    ex.text = answer.text or ""
+                    return ex
+                payload = orjson.loads(raw)
                 _usage(ex, payload.get("usage"))
                 ex.text = "".join(
                     _choice_text(c, chat, stream=False) for c in payload.get("choices") or ()
                 )
-                timing = ex.headers.get("x-sim-timing")
-                ex.sim_timing = orjson.loads(timing) if timing else None
                 return ex
             parts: list[str] = []
             buffer = b""

@@ -27,6 +27,7 @@ from typing import Any, TextIO
 import orjson
 
 from gateway.bench.analysis import analyse, read_usage_log
+from gateway.bench.apis import Api
 from gateway.bench.backends import contamination_notice, reset_caches
 from gateway.bench.charts import compare_chart
 from gateway.bench.failures import format_reasons
@@ -52,6 +53,7 @@ class CompareOptions:
     backends: tuple[str, ...] = ()  # replicas to use instead of starting the simulator
     time_scale: float | None = None  # default: 1 / the preset's speed (1 with backends)
     allow_dirty_cache: bool = False
+    api: Api = "chat"
 
 
 class DirtyCacheError(RuntimeError):
@@ -115,7 +117,7 @@ def run_policy(
                     RunOptions(
                         base_url=gw_url, model=model, concurrency=preset.concurrency,
                         time_scale=scale, max_wall_s=opts.max_wall_s,
-                        progress=opts.progress, label=f"{policy:>12}", limits=limits,
+                        progress=opts.progress, label=f"{policy:>12}", limits=limits, api=opts.api,
                     ),
                 )
             )

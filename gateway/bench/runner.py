@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.bench.apis import PATHS, Api, to_api
 from gateway.bench.client import Exchange, post
 from gateway.bench.progress import Progress
 from gateway.bench.session import AgentSession, ServerLimits, TurnRequest
@@ -38,6 +39,7 @@ class RunOptions:
     progress: bool = True
     label: str = "run"
     limits: ServerLimits = field(default_factory=ServerLimits)  # what the server accepts
+    api: Api = "chat"  # which inference API the turns go to (gateway.bench.apis)
 
 
 @dataclass(kw_only=True)
@@ -129,8 +131,8 @@ class Runner:
         send_s = time.perf_counter() - self._start
         ex = await post(
             http,
-            opts.base_url.rstrip("/") + "/v1/chat/completions",
-            req.body,
+            opts.base_url.rstrip("/") + PATHS[opts.api],
+            to_api(req.body, opts.api),
             headers={"x-session-id": req.session_id},
             timeout_s=opts.request_timeout_s,
         )

@@ -9,6 +9,7 @@ Tests that drive the app without a server (httpx.ASGITransport skips the lifespa
 
 Routes:
     POST /v1/chat/completions, POST /v1/completions   routed + recorded (gateway.proxy.handler)
+    POST /v1/responses, POST /v1/messages             routed + recorded the same way
     GET  /v1/models                                   union of the healthy replicas' models
     *    /v1/...                                      forwarded to a replica serving `model`
     GET  /health                                      200 while the gateway runs
@@ -23,7 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -36,6 +37,7 @@ from gateway.proxy.handler import Proxy
 from gateway.proxy.upstream import Upstream
 from gateway.replicas.fleet import Fleet
 from gateway.replicas.monitor import FleetMonitor
+from gateway.routing.affinity import AffinityStore, ResponseAffinity
 from gateway.routing.router import Router
 from gateway.settings import Settings
 from gateway.usage.metrics import GatewayMetrics
@@ -58,6 +60,8 @@ class Services:
     recorder: UsageRecorder
     auth: Authenticator
     monitor: FleetMonitor
+    # Responses API: which replica created each stored response (local; Redis later).
+    affinity: AffinityStore = field(default_factory=ResponseAffinity)
 
 
 class GatewayApp:
@@ -104,7 +108,7 @@ class GatewayApp:
         self._proxy = Proxy(
             server=server, fleet=fleet, router=router, analyzer=services.analyzer,
             metrics=metrics, recorder=recorder, auth=services.auth, monitor=monitor,
-            upstream=upstream, clock=self.clock, timer=self.timer)
+            upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer)
         log.info("gateway started", extra={
             "listen": f"http://{settings.server.host}:{settings.server.port}",
             "replicas": [r.name for r in settings.replicas],
@@ -165,6 +169,12 @@ class GatewayApp:
                 return
             if path == "/v1/completions":
                 await proxy.handle(scope, receive, send, "completions")
+                return
+            if path == "/v1/responses":
+                await proxy.handle(scope, receive, send, "responses")
+                return
+            if path == "/v1/messages":
+                await proxy.handle(scope, receive, send, "messages")
                 return
         elif method in ("GET", "HEAD"):
             if path in self._guarded:

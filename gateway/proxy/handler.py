@@ -17,6 +17,14 @@ the client moves the request to the next replica of `Decision.ranked` (at most
 `server.retries` times). A timeout is not retried: the engine may still be working on it.
 When every attempt failed, the last upstream 5xx is relayed as is, else a 502/504.
 
+Responses (`/v1/responses`) and Messages (`/v1/messages`) bodies are routed and scanned as
+the chat request vLLM renders from them (gateway.routing.responses_api / messages_api).
+A Responses request that names a `previous_response_id` whose creator the gateway knows is
+pinned to that replica (route `response`): no other replica holds the stored response.
+If that replica left the fleet or is unhealthy, the gateway answers 404/503 saying so
+instead of sending it where it can only fail. Each relayed Responses answer's id is
+remembered with the replica that made it (`Services.affinity`).
+
 Other `/v1/*` calls (`forward`) go to the least busy healthy replica serving the body's
 `model` (any healthy replica without one), relayed the same way, and are recorded too.
 """
@@ -28,7 +36,7 @@ import itertools
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote
 
 import orjson
@@ -44,6 +52,9 @@ from gateway.proxy.target import forwarded_headers, upstream_target
 from gateway.proxy.upstream import Timeouts, Upstream, UpstreamResponse
 from gateway.replicas.fleet import Fleet, Replica, no_healthy
 from gateway.replicas.monitor import FleetMonitor
+from gateway.routing import messages_api, responses_api
+from gateway.routing.affinity import AffinityStore, Lost, Pinned, place
+from gateway.routing.normalize import NormalizeError
 from gateway.routing.router import Router
 from gateway.settings import ServerSettings
 from gateway.usage.metrics import UNKNOWN_MODEL, GatewayMetrics
@@ -119,8 +130,9 @@ class Proxy:
         self, *, server: ServerSettings, fleet: Fleet, router: Router,
         analyzer: HygieneAnalyzer, metrics: GatewayMetrics, recorder: UsageRecorder,
         auth: Authenticator, monitor: FleetMonitor, upstream: Upstream,
-        clock: Callable[[], float], timer: Callable[[], float],
+        affinity: AffinityStore, clock: Callable[[], float], timer: Callable[[], float],
     ) -> None:
+        self.affinity = affinity  # Responses API: which replica created which response
         self.fleet = fleet
         self.router = router
         self.analyzer = analyzer
@@ -200,9 +212,20 @@ class Proxy:
         ex.stream = inbound.stream
         ex.session = resolve_session(session_h, body)
         candidates = self.fleet.candidates(inbound.model)
+        view = body
+        kind: Literal["chat", "completions"] = (
+            "completions" if endpoint == "completions" else "chat")
+        if endpoint == "responses" or endpoint == "messages":
+            convert = responses_api if endpoint == "responses" else messages_api
+            try:
+                view = convert.chat_view(body)
+            except NormalizeError as exc:
+                raise GatewayError(400, str(exc), code="invalid_request") from None
+        pinned = self._pinned(body) if endpoint == "responses" else None
 
-        # parse_inbound has checked the body more strictly than the analyzer would
-        findings = self.analyzer.scan(body, endpoint, ex.session, ex.ts, validated=True)
+        # parse_inbound has checked a chat or completions body more strictly than the
+        # analyzer would; a converted view is checked again
+        findings = self.analyzer.scan(view, kind, ex.session, ex.ts, validated=view is body)
         if findings:
             ex.findings = len(findings)
             for f in findings:
@@ -220,13 +243,14 @@ class Proxy:
         changed = inject
         if inject:
             inject_usage(body)
-        if self.analyzer.rewrite(body):
+        # Rewrites know the chat and completions shapes only.
+        if view is body and self.analyzer.rewrite(body):
             changed = True
         payload = orjson.dumps(body) if changed else raw
 
         try:
-            plan = self.router.decide(body, endpoint, inbound.model, ex.session,
-                                      [r.state() for r in candidates], ex.ts)
+            plan = self.router.decide(view, kind, inbound.model, ex.session,
+                                      [r.state() for r in candidates], ex.ts, pin=pinned)
         except ValueError as exc:  # NormalizeError: a body shape the engine would refuse too
             raise GatewayError(400, str(exc), code="invalid_request") from None
         decision = plan.decision
@@ -239,6 +263,30 @@ class Proxy:
                                  headers)
         finally:
             self.router.report(plan, self.clock())  # once, whatever happened
+
+    def _pinned(self, body: dict[str, object]) -> str | None:
+        """The replica a continuation must go to, None when routing may choose."""
+        previous = body.get("previous_response_id")
+        if not isinstance(previous, str):
+            return None
+        fleet = self.fleet.replicas
+        where = place(self.affinity.lookup(previous),
+                      {name: r.healthy for name, r in fleet.items()})
+        if isinstance(where, Pinned):
+            return where.replica
+        if isinstance(where, Lost):
+            shown = previous[:64]
+            if where.why == "removed":
+                raise GatewayError(
+                    404, f"Response '{shown}' was created on replica {where.replica}, which has "
+                    "left the fleet; its stored state was lost with it. Start a new chain "
+                    "without previous_response_id.", code="previous_response_lost",
+                    param="previous_response_id")
+            raise GatewayError(
+                503, f"Response '{shown}' is stored on replica {where.replica}, which is "
+                "unhealthy; no other replica holds it. Retry later.",
+                code="previous_response_unavailable", param="previous_response_id")
+        return None
 
     async def _forward_other(self, scope: Scope, send: Send, raw: bytes, ex: Exchange,
                              headers: Headers) -> None:
@@ -319,9 +367,13 @@ class Proxy:
                 if plan is not None:
                     plan.outcome.first_token_at = self.clock()
 
+            def created(response_id: str) -> None:
+                self.affinity.remember(response_id, name)
+
             try:
                 await relay(resp, send, extra, strip_usage=strip, replica=name, outcome=outcome,
-                            on_first_byte=first_byte, timer=self.timer)
+                            on_first_byte=first_byte, timer=self.timer,
+                            on_response_id=created if ex.endpoint == "responses" else None)
             except UpstreamError as exc:
                 raise from_upstream(exc, name) from None
             ex.status = outcome.status

@@ -3,7 +3,9 @@ the fields the gateway reads checked for type (400 naming the field in `param`),
 change the gateway may make to it (asking the engine for usage in a stream).
 
 Checked: the body is a JSON object; `model` is a string; chat `messages` is a list of
-objects; completions `prompt` is a string or a list; `stream` is a boolean; `stream_options`
+objects; completions `prompt` is a string or a list; Responses `input` is a string or a
+list, `instructions` and `previous_response_id` strings; Messages `messages` is a list of
+objects and `system` a string or a list; `stream` is a boolean; `stream_options`
 is an object; `tools` is a list; `user` and `prompt_cache_key` are strings (`null` is
 accepted wherever the field is optional). Everything else is the engine's to judge.
 """
@@ -17,7 +19,7 @@ import orjson
 
 from gateway.proxy.errors import GatewayError, invalid_field, missing_field
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "responses", "messages"]
 
 
 @dataclass(slots=True)
@@ -51,7 +53,7 @@ def parse_inbound(raw: bytes, endpoint: Endpoint) -> Inbound:
         raise missing_field("model")
     if not isinstance(model, str):
         raise invalid_field("model", "a string")
-    if endpoint == "chat":
+    if endpoint in ("chat", "messages"):
         messages = body.get("messages")
         if messages is None:
             raise missing_field("messages")
@@ -60,6 +62,14 @@ def parse_inbound(raw: bytes, endpoint: Endpoint) -> Inbound:
         for i, message in enumerate(messages):
             if not isinstance(message, dict):
                 raise invalid_field(f"messages[{i}]", "an object")
+    elif endpoint == "responses":
+        items = body.get("input")
+        if items is None:
+            raise missing_field("input")
+        if not isinstance(items, str | list):
+            raise invalid_field("input", "a string or an array")
+        _optional(body, "instructions", str, "a string")
+        _optional(body, "previous_response_id", str, "a string")
     else:
         prompt = body.get("prompt")
         if prompt is None:
@@ -71,7 +81,11 @@ def parse_inbound(raw: bytes, endpoint: Endpoint) -> Inbound:
     _optional(body, "tools", list, "an array")
     _optional(body, "user", str, "a string")
     _optional(body, "prompt_cache_key", str, "a string")
-    wants = bool(options) and options.get("include_usage") is True
+    if endpoint == "messages":
+        _optional(body, "system", (str, list), "a string or an array")
+    # Responses and Messages streams always end with their usage: nothing to ask for.
+    wants = endpoint in ("responses", "messages") or (
+        bool(options) and options.get("include_usage") is True)
     return Inbound(body=body, model=model, stream=stream, client_wants_usage=wants)
 
 

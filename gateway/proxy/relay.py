@@ -8,7 +8,11 @@ come back minus hop-by-hop ones, `content-length` (recomputed), `server`, `date`
 Body: an SSE answer (`text/event-stream`) is forwarded chunk by chunk through an
 `SseUsageTap`; a failure after the first byte ends the stream with an OpenAI error event and
 `data: [DONE]`. Any other answer is read whole (it is complete JSON) and sent with its length;
-a 200 one is parsed once for its usage and its generated text (`answer_from_body`).
+a 200 one is parsed once for its usage and its generated text (`parse_answer`).
+
+A Responses API answer names its id (body `id`, or the stream's `response.*` events):
+`on_response_id` hears it before the bytes that carry it go to the client, so a client
+that continues the chain at once already finds its creator remembered.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from gateway.proxy.asgi import Headers, Send
 from gateway.proxy.errors import GatewayError, UpstreamError, from_upstream
 from gateway.proxy.target import HOP_BY_HOP
 from gateway.proxy.upstream import RawHeaders, UpstreamResponse
-from gateway.usage.extract import Usage, answer_from_body
+from gateway.usage.extract import Usage, parse_answer
 from gateway.usage.sse import SseUsageTap
 
 DROP_RESPONSE = HOP_BY_HOP | {b"content-length", b"server", b"date", b"x-request-id"}
@@ -72,6 +76,7 @@ class RelayOutcome:
 async def relay(
     resp: UpstreamResponse, send: Send, extra: Headers, *, strip_usage: bool, replica: str,
     outcome: RelayOutcome, on_first_byte: Callable[[], None], timer: Callable[[], float],
+    on_response_id: Callable[[str], None] | None = None,
 ) -> None:
     """Send resp to the client. Upstream failures before the head propagate (nothing was
     sent); after it they end the stream with an error event recorded in `outcome.error`."""
@@ -80,7 +85,10 @@ async def relay(
     if not content_type.startswith(b"text/event-stream"):
         data = await resp.read()
         if resp.status == 200:
-            outcome.usage, outcome.reply_text = answer_from_body(data)
+            answer = parse_answer(data)
+            outcome.usage, outcome.reply_text = answer.usage, answer.text
+            if answer.response_id is not None and on_response_id is not None:
+                on_response_id(answer.response_id)
         headers.append((b"content-length", str(len(data)).encode()))
         outcome.first_byte = timer()
         on_first_byte()
@@ -99,6 +107,9 @@ async def relay(
     try:
         async for chunk in resp.chunks():
             out = tap.feed(chunk)
+            if on_response_id is not None and tap.response_id is not None:
+                on_response_id(tap.response_id)
+                on_response_id = None
             if not out:
                 continue
             if outcome.first_byte is None:

@@ -29,6 +29,7 @@ any policy); only `prefix` uses them to choose.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -96,12 +97,20 @@ class Router:
         session: str | None,
         candidates: Sequence[ReplicaState],
         now: float,
+        *,
+        pin: str | None = None,
     ) -> RoutePlan:
-        """Rank `candidates` and count the request as sent to the first. Raises
-        NormalizeError (a ValueError) for a body that cannot be rendered and ValueError for
-        an empty candidate list."""
+        """Rank `candidates` and count the request as sent to the first. `pin` names the
+        one replica the request may go to (a Responses API continuation must reach the
+        replica that stored its previous response): the decision says so (reason
+        `response`), predictions are still made. Raises NormalizeError (a ValueError) for a
+        body that cannot be rendered and ValueError for an empty candidate list."""
         self._settle(now)
         plan = self._route(body, endpoint, model, session, candidates, now)
+        if pin is not None:
+            plan = dataclasses.replace(plan, decision=dataclasses.replace(
+                plan.decision, replica=pin, reason="response", ranked=(pin,),
+                predicted_cached_tokens=plan.predicted.get(pin, 0)))
         chosen = plan.decision.replica
         plan.outcome.replica = chosen
         self._sent(plan, chosen, now)

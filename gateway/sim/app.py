@@ -1,6 +1,7 @@
 """The HTTP face of one simulated vLLM replica: a raw ASGI app (no framework on the hot path).
 
 Routes (contract section 6): POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
+POST /v1/responses, POST /v1/messages (gateway.sim.api_routes),
 POST /tokenize, POST /detokenize, GET /health, GET|POST /ping, GET /version, GET /load,
 GET /metrics, POST /reset_prefix_cache. Unknown paths answer FastAPI's ``{"detail": ...}``.
 
@@ -28,6 +29,7 @@ from typing import Any, Literal
 import orjson
 
 from gateway.sim import protocol
+from gateway.sim.api_routes import ApiRoutes
 from gateway.sim.asgi import (
     Receive,
     Scope,
@@ -71,6 +73,7 @@ class ServeConfig:
     force_include_usage: bool = False
     timing_comments: bool = False
     deprecated_metrics: bool = False
+    responses_store: bool = False  # VLLM_ENABLE_RESPONSES_API_STORE
 
 
 class SimApp:
@@ -84,9 +87,12 @@ class SimApp:
             block_size=replica.engine.config.block_size,
         )
         self.created = int(time.time())
+        apis = ApiRoutes(self, store=config.responses_store)
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/responses"): apis.responses,
+            ("POST", "/v1/messages"): apis.messages,
             ("GET", "/v1/models"): self._models,
             ("POST", "/tokenize"): self._tokenize,
             ("POST", "/detokenize"): self._detokenize,

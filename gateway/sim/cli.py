@@ -80,6 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="mean completion length when max_tokens is absent",
     )
     a(
+        "--responses-store",
+        action="store_true",
+        help="keep Responses API responses for previous_response_id, as vLLM with "
+        "VLLM_ENABLE_RESPONSES_API_STORE=1 (also switched on by that variable)",
+    )
+    a(
         "--hash-seed",
         choices=["fixed", "random"],
         default=d.hash_seed,
@@ -113,6 +119,8 @@ def options_from(args: argparse.Namespace, env: Mapping[str, str]) -> SimOptions
         deprecated_metrics=args.deprecated_metrics,
         output_len=args.output_len,
         hash_seed=args.hash_seed,
+        responses_store=args.responses_store
+        or os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") not in ("", "0", "false"),
     )
 
 

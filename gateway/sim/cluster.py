@@ -51,6 +51,7 @@ class SimOptions:
     deprecated_metrics: bool = False
     output_len: int = 64
     hash_seed: Literal["fixed", "random"] = "fixed"
+    responses_store: bool = False
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
 
     def __post_init__(self) -> None:
@@ -121,6 +122,7 @@ class SimCluster:
                         force_include_usage=o.force_include_usage,
                         timing_comments=o.timing_comments,
                         deprecated_metrics=o.deprecated_metrics,
+                        responses_store=o.responses_store,
                     ),
                 )
                 config = uvicorn.Config(

@@ -6,6 +6,12 @@ vLLM puts `prompt_tokens`, `completion_tokens` and, with `--enable-prompt-tokens
 engine did not report it (details absent or `null`, as vLLM <= 0.23 does for a cold request);
 a reported 0 stays 0. Counts that are not non-negative integers are treated as not reported.
 
+The Responses API reports `input_tokens`, `input_tokens_details.cached_tokens` and
+`output_tokens`; the Messages API `input_tokens` (the uncached part only),
+`cache_read_input_tokens`, `cache_creation_input_tokens` and `output_tokens`. Both are
+normalized to the chat fields: for Messages, prompt tokens = input + cache read + cache
+creation, cached = cache read (None when the engine did not report it).
+
 `answer_from_body` parses a complete body once for both the usage and the generated text
 (`choices[0].message.content` for chat, `choices[0].text` for completions), which the router
 indexes so the next turn of the conversation, which repeats it, is predicted as cached.
@@ -38,6 +44,8 @@ def usage_from_mapping(usage: Any) -> Usage | None:
     """The `usage` object of a body or chunk; None when it is absent or not an object."""
     if not isinstance(usage, dict):
         return None
+    if "input_tokens" in usage and "prompt_tokens" not in usage:
+        return _api_usage(usage)
     details = usage.get("prompt_tokens_details")
     cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
     return Usage(
@@ -45,6 +53,28 @@ def usage_from_mapping(usage: Any) -> Usage | None:
         completion_tokens=_count(usage.get("completion_tokens")),
         cached_tokens=cached,
     )
+
+
+def _api_usage(usage: dict[str, Any]) -> Usage:
+    """Responses or Messages usage, normalized."""
+    uncached = _count(usage.get("input_tokens"))
+    completion = _count(usage.get("output_tokens"))
+    details = usage.get("input_tokens_details")
+    if isinstance(details, dict):  # Responses: input_tokens is the whole prompt
+        return Usage(uncached, completion, _count(details.get("cached_tokens")))
+    read = _count(usage.get("cache_read_input_tokens"))
+    created = _count(usage.get("cache_creation_input_tokens"))
+    prompt = None if uncached is None else uncached + (read or 0) + (created or 0)
+    return Usage(prompt, completion, read)
+
+
+def response_id(doc: Any) -> str | None:
+    """The id of a Responses API response object (None for any other document)."""
+    if isinstance(doc, dict) and doc.get("object") == "response":
+        rid = doc.get("id")
+        if isinstance(rid, str):
+            return rid
+    return None
 
 
 def usage_from_body(body: bytes) -> Usage | None:
@@ -55,6 +85,8 @@ def usage_from_body(body: bytes) -> Usage | None:
 def reply_text(doc: dict[str, Any]) -> str | None:
     """The generated text of a parsed non-streaming chat/completions answer."""
     choices = doc.get("choices")
+    if choices is None:
+        return _api_text(doc)
     if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
         return None
     choice = choices[0]
@@ -63,14 +95,49 @@ def reply_text(doc: dict[str, Any]) -> str | None:
     return text if isinstance(text, str) else None
 
 
-def answer_from_body(body: bytes) -> tuple[Usage | None, str | None]:
-    """(usage, generated text) of a complete JSON response body, parsed once."""
+def _api_text(doc: dict[str, Any]) -> str | None:
+    """The text of a Responses answer (`output[]` messages) or a Messages answer
+    (`content[]` text blocks); None when it called tools (nothing plain to index)."""
+    if doc.get("object") == "response":
+        output = doc.get("output")
+        if not isinstance(output, list) or len(output) != 1:
+            return None
+        item = output[0]
+        blocks = item.get("content") if isinstance(item, dict) else None
+        kind = "output_text"
+    elif doc.get("type") == "message":
+        blocks = doc.get("content")
+        kind = "text"
+    else:
+        return None
+    if not isinstance(blocks, list) or len(blocks) != 1 or not isinstance(blocks[0], dict):
+        return None
+    block = blocks[0]
+    text = block.get("text")
+    return text if block.get("type") == kind and isinstance(text, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    usage: Usage | None
+    text: str | None
+    response_id: str | None  # Responses API: the id a continuation will name
+
+
+def parse_answer(body: bytes) -> Answer:
+    """Usage, generated text and Responses id of a complete JSON body, parsed once."""
     if b'"usage"' not in body:  # error bodies and most non-chat answers: skip the parse
-        return None, None
+        return Answer(None, None, None)
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return None, None
+        return Answer(None, None, None)
     if not isinstance(doc, dict):
-        return None, None
-    return usage_from_mapping(doc.get("usage")), reply_text(doc)
+        return Answer(None, None, None)
+    return Answer(usage_from_mapping(doc.get("usage")), reply_text(doc), response_id(doc))
+
+
+def answer_from_body(body: bytes) -> tuple[Usage | None, str | None]:
+    """(usage, generated text) of a complete JSON response body, parsed once."""
+    answer = parse_answer(body)
+    return answer.usage, answer.text

@@ -18,6 +18,10 @@ Per request (from `UsageRecord`s, `observe`):
 - `gateway_request_prompt_tokens{model,replica}` histogram (prompt length per request,
   buckets up to 128k; not `gateway_prompt_tokens`, which is the counter's family name)
 - `gateway_cached_ratio{model,replica}` histogram (cached/prompt per request, 0..1)
+- `gateway_endpoint_requests_total{endpoint,status}`,
+  `gateway_endpoint_prompt_tokens_total{endpoint}`,
+  `gateway_endpoint_cached_tokens_total{endpoint}` counters: the same by inference API
+  (`chat`, `completions`, `responses`, `messages`; any forwarded path is `other`)
 Request path:
 - `gateway_routing_decisions_total{reason}` counter
 - `gateway_hygiene_findings_total{kind,severity}` counter
@@ -78,6 +82,9 @@ DOCUMENTED_METRICS: Final[tuple[str, ...]] = (
     "gateway_request_latency_seconds",
     "gateway_request_prompt_tokens",
     "gateway_cached_ratio",
+    "gateway_endpoint_requests_total",
+    "gateway_endpoint_prompt_tokens_total",
+    "gateway_endpoint_cached_tokens_total",
     "gateway_routing_decisions_total",
     "gateway_hygiene_findings_total",
     "gateway_usage_sink_errors_total",
@@ -174,6 +181,18 @@ class GatewayMetrics:
             "gateway_cached_ratio", "cached_tokens / prompt_tokens per request.",
             _HIST_LABELS, registry=r, buckets=_RATIO_BUCKETS,
         )  # fmt: skip
+        self._endpoint_requests = Counter(
+            "gateway_endpoint_requests", "Proxied requests by inference API and status.",
+            ("endpoint", "status"), registry=r,
+        )  # fmt: skip
+        self._endpoint_prompt = Counter(
+            "gateway_endpoint_prompt_tokens", "Prompt tokens by inference API.",
+            ("endpoint",), registry=r,
+        )  # fmt: skip
+        self._endpoint_cached = Counter(
+            "gateway_endpoint_cached_tokens", "Engine-reported cached tokens by inference API.",
+            ("endpoint",), registry=r,
+        )  # fmt: skip
         self._routes = Counter(
             "gateway_routing_decisions", "Routing decisions by reason.", ("reason",),
             registry=r,
@@ -262,6 +281,13 @@ class GatewayMetrics:
             tok.best.inc(rec.best_available_tokens)
         if rec.completion_tokens:
             tok.completion.inc(rec.completion_tokens)
+
+        endpoint = rec.endpoint_kind
+        self._endpoint_requests.labels(endpoint, str(rec.status)).inc()
+        if prompt:
+            self._endpoint_prompt.labels(endpoint).inc(prompt)
+        if cached:
+            self._endpoint_cached.labels(endpoint).inc(cached)
 
         hist_key = (model, replica)
         hist = self._hist_children.get(hist_key)

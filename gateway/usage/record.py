@@ -10,7 +10,9 @@ nothing; a reported 0 stays 0.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Final
+
+ENDPOINT_KINDS: Final = frozenset({"chat", "completions", "responses", "messages"})
 
 
 @dataclass(slots=True)
@@ -32,8 +34,14 @@ class UsageRecord:
     latency_ms: float
     session: str | None
     hygiene: int = 0  # number of hygiene findings for this request
-    endpoint: str = "chat"  # "chat" | "completions" | other forwarded path
+    endpoint: str = "chat"  # "chat" | "completions" | "responses" | "messages" | forwarded path
     error: str | None = None  # short error text for failed/cancelled requests
+
+    @property
+    def endpoint_kind(self) -> str:
+        """The endpoint as a bounded label: a forwarded path (the client chose it) is
+        "other"."""
+        return self.endpoint if self.endpoint in ENDPOINT_KINDS else "other"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

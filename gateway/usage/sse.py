@@ -6,6 +6,13 @@ Afterwards `usage` holds the engine's usage from the last event that carried one
 `"choices": []` chunk; with `continuous_usage_stats` every chunk carries a running one and the
 last wins).
 
+The Responses API's events carry the response object (`response.created` ...
+`response.completed`): its `usage` and its `id` (`response_id`) are read from it; the
+Messages API's `message_start` carries `message.usage` and `message_delta` a top-level
+`usage`: the two are merged, the later fields winning (vLLM's delta has them all,
+Anthropic's only `output_tokens`). Every such event contains `"usage"` (null until the
+end for Responses), so the same byte search finds them.
+
 Two modes:
 - pass-through (`strip=False`): every chunk is forwarded at once, unchanged. The tap only
   keeps the bytes of the event still in progress, to read usage when it completes.
@@ -93,6 +100,8 @@ class SseUsageTap:
         self.max_event_bytes = max_event_bytes
         self.usage: Usage | None = None
         self.stripped = 0  # usage-only events removed (for tests and logs)
+        self.response_id: str | None = None  # Responses API streams
+        self._merged: dict[str, object] = {}  # Messages API: message_start + message_delta
         self._tail = b""
 
     def feed(self, chunk: bytes) -> bytes:
@@ -152,7 +161,9 @@ class SseUsageTap:
                     doc = orjson.loads(data)
                 except orjson.JSONDecodeError:
                     doc = None
-            if isinstance(doc, dict) and isinstance(doc.get("usage"), dict):
+            if isinstance(doc, dict) and "choices" not in doc:
+                self._api_event(doc)
+            elif isinstance(doc, dict) and isinstance(doc.get("usage"), dict):
                 self.usage = usage_from_mapping(doc["usage"])
                 if self.strip and doc.get("choices") == []:
                     removed = True
@@ -160,3 +171,19 @@ class SseUsageTap:
                     continue
             kept.append(event)
         return b"".join(kept) if removed else region
+
+    def _api_event(self, doc: dict[str, object]) -> None:
+        """An event of the Responses or Messages stream (never stripped)."""
+        inner = doc.get("response")
+        if isinstance(inner, dict):  # Responses: response.created ... response.completed
+            rid = inner.get("id")
+            if isinstance(rid, str) and self.response_id is None:
+                self.response_id = rid
+            if isinstance(inner.get("usage"), dict):
+                self.usage = usage_from_mapping(inner["usage"])
+            return
+        message = doc.get("message")
+        usage = message.get("usage") if isinstance(message, dict) else doc.get("usage")
+        if isinstance(usage, dict):
+            self._merged.update(usage)
+            self.usage = usage_from_mapping(self._merged)

@@ -3,7 +3,8 @@ from the `now` a caller passes in).
 
 Storage (bounded memory): records are folded into time buckets of `bucket_s` seconds
 (default 10) keyed by `floor(ts / bucket_s)` of the record's arrival `ts`. A bucket holds
-one `Totals` per (model, replica, tenant) and four quantile sketches (prompt length,
+one `Totals` per (model, replica, tenant), one per endpoint kind (`by_endpoint`:
+chat, completions, responses, messages, other) and four quantile sketches (prompt length,
 prompt + completion length, TTFT, TPOT). Only the buckets of the last `horizon_s`
 (default 1 h) before the newest record are kept; older buckets are merged into one
 `archive` bucket, so "since start" = archive + live buckets and nothing grows with the
@@ -134,10 +135,11 @@ Key = tuple[str, str, str]  # model, replica, tenant
 
 
 class Bucket:
-    __slots__ = ("prompt", "total_len", "totals", "tpot", "ttft")
+    __slots__ = ("endpoints", "prompt", "total_len", "totals", "tpot", "ttft")
 
     def __init__(self) -> None:
         self.totals: dict[Key, Totals] = {}
+        self.endpoints: dict[str, Totals] = {}
         self.prompt = QuantileSketch()
         self.total_len = QuantileSketch()
         self.ttft = QuantileSketch()
@@ -149,6 +151,11 @@ class Bucket:
         if totals is None:
             totals = self.totals[key] = Totals()
         totals.add(rec)
+        kind = rec.endpoint_kind
+        by_endpoint = self.endpoints.get(kind)
+        if by_endpoint is None:
+            by_endpoint = self.endpoints[kind] = Totals()
+        by_endpoint.add(rec)
         if rec.prompt_tokens is not None:
             self.prompt.add(rec.prompt_tokens)
             self.total_len.add(rec.prompt_tokens + (rec.completion_tokens or 0))
@@ -164,6 +171,11 @@ class Bucket:
             mine = self.totals.get(key)
             if mine is None:
                 mine = self.totals[key] = Totals()
+            mine.merge(t)
+        for kind, t in o.endpoints.items():
+            mine = self.endpoints.get(kind)
+            if mine is None:
+                mine = self.endpoints[kind] = Totals()
             mine.merge(t)
         self.prompt.merge(o.prompt)
         self.total_len.merge(o.total_len)
@@ -265,6 +277,7 @@ class UsageWindows:
         out["by_status"] = {str(k): n for k, n in sorted(overall.status.items())}
         for dim, groups in dims.items():
             out[f"by_{dim}"] = {name: groups[name].figures() for name in sorted(groups)}
+        out["by_endpoint"] = {k: b.endpoints[k].figures() for k in sorted(b.endpoints)}
         p99_total = b.total_len.quantile(0.99)
         out["prompt_tokens_percentiles"] = {
             "p50": _round(b.prompt.quantile(0.50), 1),
