@@ -43,6 +43,11 @@ class RoutingConfig:
     session_s: float = 0.02
     session_cap_factor: float = 1.1
     session_active_s: float = 60.0
+    # Placing, of replicas with equal session load the one whose index is emptier wins:
+    # a full index costs fill_s more than an empty one.
+    fill_s: float = 0.01
+    # Implicit conversations remembered (requests without a session id, conversations.py).
+    conversation_capacity: int = 65_536
     # Hot-spot guard: each request in flight above hot_spot_ratio x mean + hot_spot_slack
     # costs hot_spot_s more.
     hot_spot_ratio: float = 1.5
@@ -79,6 +84,10 @@ class RoutingConfig:
             raise ValueError("routing.session_cap_factor must be at least 1")
         if self.session_active_s <= 0:
             raise ValueError("routing.session_active_s must be positive")
+        if self.fill_s < 0:
+            raise ValueError("routing.fill_s must not be negative")
+        if self.conversation_capacity < 1:
+            raise ValueError("routing.conversation_capacity must be positive")
         if self.session_s < 0:
             raise ValueError("routing.session_s must not be negative")
         if not 0 < self.feedback_shrink <= 1 or self.feedback_recover < 1:

@@ -26,3 +26,6 @@ class Decision:
     best_available_tokens: int  # the most any candidate could have delivered
     estimated_prompt_tokens: int
     ranked: tuple[str, ...]  # every candidate, best first; ranked[0] == replica (retry order)
+    # Set when a known session or conversation leaves the replica it was on: why
+    # (router.MOVE_REASONS, a fixed set: it labels gateway_route_moves_total).
+    move: str | None = None
