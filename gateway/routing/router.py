@@ -38,14 +38,6 @@ from gateway.routing.normalize import END, canonical_bytes, chain_seed
 from gateway.routing.policy import Candidate, choose
 from gateway.routing.sessions import SessionKey, SessionLoad
 
-# Why a session or conversation left its replica (Decision.move):
-# - unavailable: its replica is not among the candidates (unhealthy, removed, other model);
-# - evicted: its replica no longer holds more of its history than another does, so it was
-#   placed again like a new one;
-# - load: its history is there, but the estimated time to first token elsewhere, the
-#   re-prefill of that history included, is lower.
-MOVE_REASONS = ("unavailable", "evicted", "load")
-
 
 @dataclass(frozen=True, eq=False, slots=True)
 class RoutePlan:

@@ -34,6 +34,9 @@ class UsageRecord:
     hygiene: int = 0  # number of hygiene findings for this request
     endpoint: str = "chat"  # "chat" | "completions" | other forwarded path
     error: str | None = None  # short error text for failed/cancelled requests
+    # Why the request's session or implicit conversation left the replica it was on
+    # (unavailable | evicted | load); None when it stayed or had none.
+    moved: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
