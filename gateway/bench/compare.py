@@ -6,6 +6,11 @@ usage log, replay the workload, stop the gateway (flushing its log), tokenize th
 requests on a replica for the exact bound, stop the simulator. Fresh processes per policy
 keep caches cold and equal. Then one side-by-side table, a JSON result and a PNG chart.
 
+Sessions are named as `session_ids` says (header, prompt_cache_key, user or none); a
+column `policy@how` runs that policy with sessions named another way. Unless told
+otherwise, `prefix` also runs with the other case (`prefix@none` when sessions are named,
+`prefix@header` when they are not), so neither can regress unseen.
+
 Everything started is stopped in `finally` (context managers); every wait is bounded.
 """
 
@@ -23,7 +28,13 @@ from gateway.bench.analysis import analyse, read_usage_log
 from gateway.bench.charts import compare_chart
 from gateway.bench.presets import BLOCK_SIZE, Preset
 from gateway.bench.procs import Managed, free_ports, gateway_command
-from gateway.bench.runner import RequestRecord, RunOptions, run_workload
+from gateway.bench.runner import (
+    SESSION_IDS,
+    RequestRecord,
+    RunOptions,
+    SessionIds,
+    run_workload,
+)
 from gateway.bench.table import replica_table, summary_table
 from gateway.bench.workload import build_workload
 
@@ -38,6 +49,27 @@ class CompareOptions:
     max_wall_s: float = 600.0  # per policy run
     progress: bool = True
     extra_gateway_args: tuple[str, ...] = ()
+    session_ids: SessionIds = "header"
+
+
+def split_column(column: str, default: SessionIds) -> tuple[str, SessionIds]:
+    """`prefix@none` -> ("prefix", "none"); `prefix` -> ("prefix", default)."""
+    policy, _, how = column.partition("@")
+    for known in SESSION_IDS:
+        if how == known:
+            return policy, known
+    if how:
+        raise ValueError(f"unknown session naming {how!r} in {column!r}; choose from "
+                         f"{', '.join(SESSION_IDS)}")
+    return policy, default
+
+
+def default_columns(policies: tuple[str, ...], session_ids: SessionIds) -> tuple[str, ...]:
+    """The policies asked for, plus `prefix` with sessions named the other way."""
+    if "prefix" not in policies or any(p.startswith("prefix@") for p in policies):
+        return policies
+    other = "header" if session_ids == "none" else "none"
+    return (*policies, f"prefix@{other}")
 
 
 def sim_argv(preset: Preset, port: int, model: str, seed: int) -> list[str]:
@@ -49,19 +81,20 @@ def sim_argv(preset: Preset, port: int, model: str, seed: int) -> list[str]:
     )
 
 
-def run_policy(opts: CompareOptions, policy: str) -> dict[str, Any]:
+def run_policy(opts: CompareOptions, column: str) -> dict[str, Any]:
+    policy, session_ids = split_column(column, opts.session_ids)
     preset = opts.preset
     workload = build_workload(preset.workload)
     logs = opts.out_dir / "logs"
     port = free_ports(preset.replicas)
     replicas = [f"http://127.0.0.1:{port + i}" for i in range(preset.replicas)]
-    usage_log = logs / f"usage-{policy}.jsonl"
+    usage_log = logs / f"usage-{column}.jsonl"
     usage_log.parent.mkdir(parents=True, exist_ok=True)
     usage_log.unlink(missing_ok=True)
     with Managed(
         sim_argv(preset, port, opts.model, opts.seed),
         [u + "/health" for u in replicas],
-        logs / f"sim-{policy}.log",
+        logs / f"sim-{column}.log",
     ):
         gw_port = free_ports(1)
         gw_url = f"http://127.0.0.1:{gw_port}"
@@ -72,7 +105,7 @@ def run_policy(opts: CompareOptions, policy: str) -> dict[str, Any]:
                 *backends, *opts.extra_gateway_args,
             ),
             [gw_url + "/ready"],
-            logs / f"gateway-{policy}.log",
+            logs / f"gateway-{column}.log",
             env={"GATEWAY_USAGE__LOG_PATH": str(usage_log)},
         ):
             result = asyncio.run(
@@ -81,7 +114,8 @@ def run_policy(opts: CompareOptions, policy: str) -> dict[str, Any]:
                     RunOptions(
                         base_url=gw_url, model=opts.model, concurrency=preset.concurrency,
                         time_scale=1.0 / preset.speed, max_wall_s=opts.max_wall_s,
-                        progress=opts.progress, label=f"{policy:>12}",
+                        progress=opts.progress, label=f"{column:>12}",
+                        session_ids=session_ids,
                     ),
                 )
             )
@@ -91,6 +125,7 @@ def run_policy(opts: CompareOptions, policy: str) -> dict[str, Any]:
             result, preset.replicas, tokenize_url=replicas[0], usage=read_usage_log(usage_log)
         )
     summary["policy"] = policy
+    summary["session_ids"] = session_ids
     return summary
 
 
@@ -160,6 +195,21 @@ def quality_checks(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]
         "predicted vs delivered median abs error", mae, "<= 16 tokens",
         None if mae is None else mae <= 16,
     )
+    # Issue 11's bars, for every prefix column (with and without session ids).
+    for name, col in summaries.items():
+        if col.get("policy") != "prefix":
+            continue
+        moved = col.get("follow_ups_moved")
+        check(f"{name}: follow-up turns moved", moved, "<= 3%",
+              None if moved is None else moved <= 0.03)
+        session = next((c for c in summaries.values() if c.get("policy") == "session"
+                        and c.get("session_ids") != "none"), None)
+        if session is not None:
+            mine = (col.get("ttft_ms") or {}).get("p99")
+            theirs = (session.get("ttft_ms") or {}).get("p99")
+            check(f"{name}: TTFT p99 vs session (named sessions)", [mine, theirs],
+                  "prefix <= session",
+                  None if mine is None or theirs is None else mine <= theirs)
     return checks
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 
@@ -25,6 +25,22 @@ from gateway.bench.client import Exchange, post
 from gateway.bench.progress import Progress
 from gateway.bench.session import AgentSession, TurnRequest
 from gateway.bench.workload import SessionPlan, Workload
+
+# How a request names its session: the `x-session-id` header, the body's
+# `prompt_cache_key` or `user` field (what OpenAI clients send), or not at all (most
+# applications: the gateway then recognises conversations by their content).
+SessionIds = Literal["header", "prompt_cache_key", "user", "none"]
+SESSION_IDS: tuple[SessionIds, ...] = ("header", "prompt_cache_key", "user", "none")
+
+
+def named(body: dict[str, Any], session_id: str,
+          how: SessionIds) -> tuple[dict[str, Any], dict[str, str]]:
+    """(body, headers) of a request naming its session as `how` says."""
+    if how == "header":
+        return body, {"x-session-id": session_id}
+    if how == "none":
+        return body, {}
+    return {**body, how: session_id}, {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +53,7 @@ class RunOptions:
     max_wall_s: float = 600.0
     progress: bool = True
     label: str = "run"
+    session_ids: SessionIds = "header"
 
 
 @dataclass(kw_only=True)
@@ -126,11 +143,12 @@ class Runner:
     async def _send(self, http: aiohttp.ClientSession, req: TurnRequest) -> Exchange:
         opts = self.options
         send_s = time.perf_counter() - self._start
+        body, headers = named(req.body, req.session_id, opts.session_ids)
         ex = await post(
             http,
             opts.base_url.rstrip("/") + "/v1/chat/completions",
-            req.body,
-            headers={"x-session-id": req.session_id},
+            body,
+            headers=headers,
             timeout_s=opts.request_timeout_s,
         )
         self.result.records.append(record_of(req, ex, send_s))
