@@ -9,8 +9,9 @@ not map sessions onto replicas in a fixed pattern by accident. Up to `concurrenc
 requests of one round are in flight together.
 
 Each request is sent through an OpenAI-compatible base URL (the gateway) with the session
-in `x-session-id` (or none, `session_ids=False`); the result keeps the engine-reported `prompt_tokens` / `cached_tokens`,
-the replica and route headers the gateway set, TTFT (streaming) and latency.
+in `x-session-id` (or none, `session_ids=False`); the result keeps the engine-reported
+`prompt_tokens` / `cached_tokens`, the replica and route headers the gateway set, TTFT
+(streaming) and latency.
 """
 
 from __future__ import annotations
