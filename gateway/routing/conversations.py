@@ -18,22 +18,47 @@ fan-out sends siblings with the same history and different last messages; the ne
 turn extends the main request, not necessarily the sibling sent last. A request that
 extends only an older tip than those kept is a fork and opens its own conversation.
 
+Continuations that do not extend the whole previous prompt. Some clients re-render the
+end of the history (a trace that records prompts in 512-token blocks re-hashes the last,
+partial one; a template that drops the previous turn's reasoning), so a follow-up shares
+all of the previous prompt but its tail. For these, every `sample_every`-th block hash of
+each prompt is remembered with the conversation that sent it, or SHARED once a second
+conversation sends it too. A request that contains no tip but whose deepest remembered
+sample belongs to one conversation alone *forks* from it (`find` says so): it opens a
+conversation of its own (so it is counted as one), placed as a follow-up of the one it
+forks from, on that one's replica while its cache holds. Content that several
+conversations sent (an agent's prompt, after its second conversation) is SHARED and
+identifies nobody, so a new conversation of a popular agent is placed, and capped, as new.
+
 Memory is bounded: at most `capacity` conversations, least recently active forgotten first
-together with their tips. Pure: no clock, no I/O; ids are increasing ints.
+together with their tips, and at most `sample_capacity` samples (LRU). Pure: no clock, no
+I/O; ids are increasing ints.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Literal, NamedTuple
+
+SHARED = -1  # a sample two conversations sent: it identifies neither
+
+
+class Found(NamedTuple):
+    conversation: int
+    how: Literal["follows", "forks"]
 
 
 class Conversations:
-    def __init__(self, capacity: int, tips_per_conversation: int = 4) -> None:
-        if capacity < 1 or tips_per_conversation < 1:
-            raise ValueError("capacity and tips_per_conversation must be positive")
+    def __init__(self, capacity: int, tips_per_conversation: int = 4,
+                 sample_every: int = 16, sample_capacity: int = 262_144) -> None:
+        if min(capacity, tips_per_conversation, sample_every, sample_capacity) < 1:
+            raise ValueError("Conversations sizes must be positive")
         self._capacity = capacity
         self._keep = tips_per_conversation
+        self._every = sample_every
+        self._sample_capacity = sample_capacity
+        self._samples: OrderedDict[int, int] = OrderedDict()  # sample hash -> conv | SHARED
         self._tips: dict[int, int] = {}  # tip hash -> conversation
         # conversation -> its tips, most recent last; least recently active first
         self._conversations: OrderedDict[int, list[int]] = OrderedDict()
@@ -42,13 +67,23 @@ class Conversations:
     def __len__(self) -> int:
         return len(self._conversations)
 
-    def find(self, hashes: Sequence[int]) -> int | None:
-        """The conversation whose recent prompt `hashes` extends (deepest tip), or None."""
+    def find(self, hashes: Sequence[int]) -> Found | None:
+        """The conversation whose recent prompt `hashes` extends (deepest tip: "follows"),
+        else the one alone to have sent its deepest remembered sample ("forks"), or None."""
         tips = self._tips
-        if not tips:
-            return None
-        hit = next(filter(tips.__contains__, reversed(hashes)), None)
-        return None if hit is None else tips[hit]
+        if tips:
+            hit = next(filter(tips.__contains__, reversed(hashes)), None)
+            if hit is not None:
+                return Found(tips[hit], "follows")
+        samples = self._samples
+        every = self._every
+        for i in range(len(hashes) // every * every - 1, -1, -every):
+            owner = samples.get(hashes[i])
+            if owner is not None:
+                if owner == SHARED or owner not in self._conversations:
+                    return None
+                return Found(owner, "forks")
+        return None
 
     def open(self) -> int:
         """A new conversation id (remembered once `advance` records a prompt for it)."""
@@ -60,6 +95,7 @@ class Conversations:
         """`conv` sent the prompt chained as `hashes`: its tip joins the conversation's."""
         if not hashes:
             return
+        self._sample(conv, hashes)
         tip = hashes[-1]
         owner = self._tips.get(tip)
         if owner is not None and owner != conv:
@@ -84,6 +120,17 @@ class Conversations:
             for old in old_tips:
                 if self._tips.get(old) == gone:
                     del self._tips[old]
+
+    def _sample(self, conv: int, hashes: Sequence[int]) -> None:
+        samples = self._samples
+        every = self._every
+        for i in range(every - 1, len(hashes), every):
+            h = hashes[i]
+            was = samples.get(h)
+            samples[h] = conv if was is None or was == conv else SHARED
+            samples.move_to_end(h)
+        while len(samples) > self._sample_capacity:
+            samples.popitem(last=False)
 
     def _drop_tip(self, conv: int, tip: int) -> None:
         del self._tips[tip]

@@ -110,13 +110,20 @@ class Router:
         sessions = self._sessions
         conversation: int | None = None
         skey: SessionKey | None = session
+        bound: str | None = None
+        own = 0.0
         if session is None and hashes:
-            conversation = self._conversations.find(hashes)
-            if conversation is None:
+            found = self._conversations.find(hashes)
+            if found is not None and found.how == "follows":
+                conversation = found.conversation
+            else:
                 conversation = self._conversations.open()
+                if found is not None:  # a fork: placed as a follow-up of its origin
+                    bound = sessions.replica(found.conversation)
             skey = conversation
-        bound = sessions.replica(skey) if skey is not None else None
-        own = sessions.weight(skey, now) if skey is not None else 0.0
+        if skey is not None and bound is None:
+            bound = sessions.replica(skey)
+            own = sessions.weight(skey, now)
         index = self._index
         views: list[Candidate] = []
         for state in candidates:
