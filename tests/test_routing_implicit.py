@@ -116,3 +116,24 @@ def test_hot_spot_guard_places_never_pulls(place: bool, bound: str | None,
     cost = costs(views, 100.0, bound, cfg, place)[0]
     prior = cfg.prefill_s_per_token * cfg.session_prior_tokens if bound == "a" else 0.0
     assert cost == pytest.approx(base + extra - prior)
+
+
+@pytest.mark.parametrize(("views", "blocked"), [
+    # a holds the prompt, b does not: over the cap, a ranks after b
+    ([Candidate("a", 2400, 0.0, 0, 0, sessions=5), Candidate("b", 0, 0.0, 0, 0, sessions=1)],
+     True),
+    # equal cache everywhere (one-shot traffic past a shared prompt): nothing draws
+    # conversations to a, so the cap leaves a to the estimate and the session term
+    ([Candidate("a", 512, 0.0, 0, 0, sessions=5), Candidate("b", 512, 0.0, 0, 0, sessions=1)],
+     False),
+    # everyone over the cap: it ranks nothing
+    ([Candidate("a", 2400, 0.0, 0, 0, sessions=5), Candidate("b", 0, 0.0, 0, 0, sessions=5)],
+     False),
+])
+def test_cap_blocks_only_a_cache_that_draws(views: list[Candidate], blocked: bool) -> None:
+    cfg = RoutingConfig()
+    a, b = costs(views, 3000.0, None, cfg, place=True)
+    plain_a, plain_b = costs(views, 3000.0, None, cfg, place=False)
+    session_diff = cfg.session_s * (views[0].sessions - views[1].sessions)
+    assert (a - b) - (plain_a - plain_b) == pytest.approx(
+        session_diff + (1e6 if blocked else 0.0), rel=1e-9)

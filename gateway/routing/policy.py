@@ -25,7 +25,9 @@ agent prompt) also pays for the session's future: its later turns follow it, so
 
 and a replica that would exceed session_cap_factor x mean sessions with it (not rounded
 up: at 12 sessions per replica ceil(1.25 x 12) = 15 let one replica carry 25% more
-requests) ranks after every other (bounded-load consistent hashing).
+requests) ranks after every other (bounded-load consistent hashing), when it holds more
+of the prompt than the least of the candidates (the cap is there to stop a cache from
+drawing conversations; where nothing draws, the estimate and the session term decide).
 
 A popular agent prompt therefore fills its first replica only to the cap; the next
 sessions re-prefill it elsewhere, after which several replicas hold it, it saves the same
@@ -123,6 +125,13 @@ def costs(
     mean = sum(c.in_flight for c in candidates) / len(candidates)
     hot_limit = config.hot_spot_ratio * mean + config.hot_spot_slack
     cap = session_cap(candidates, config.session_cap_factor) if place else 0.0
+    # The cap stops a cached prefix from drawing every new conversation to one replica;
+    # a replica holding no more of this prompt than the least of them draws nothing, so
+    # the cap leaves it to the estimate (one-shot traffic of very unequal sizes, where
+    # counting conversations would fight the queues, Mooncake replay in RESULTS.md).
+    floor = min(c.predicted_tokens for c in candidates) if place else 0
+    # Over the cap only counts while some replica is under it (else it ranks nothing).
+    capped = place and any(c.sessions + 1.0 <= cap + 1e-9 for c in candidates)
     # A follow-up that stays with its history is never pushed off it by a guard: only
     # the estimate (its queue there against re-prefilling the history elsewhere) decides.
     guard = place or session_replica is None
@@ -137,7 +146,7 @@ def costs(
             cost -= per_token * config.session_prior_tokens
         if place:
             cost += config.session_s * c.sessions + config.fill_s * c.fill
-            if c.sessions + 1.0 > cap + 1e-9:
+            if capped and c.sessions + 1.0 > cap + 1e-9 and c.predicted_tokens > floor:
                 cost += OVER_CAP_S
         out.append(cost)
     return out
