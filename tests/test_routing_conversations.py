@@ -35,6 +35,8 @@ CASES = [
     # a follow-up that repeats all of the previous prompt but its re-rendered tail
     # (Mooncake's partial last block) forks from it, and its own follow-ups follow it
     (["SABCx", "SABCDEy", "SABCDEyZ"], ". f0 1", 1),
+    # forks off (sample_every=0): only whole prompts are followed
+    (["SABCx", "SABCDEy", "SSSA", "SSSB"], ". . . .", 0),
     # sampled every 2nd block: the deepest sample decides
     (["SABCx", "SABCDy", "SAz"], ". f0 .", 2),
     # a prompt that extends nothing recent and shares only SHARED content opens one
@@ -90,7 +92,7 @@ def test_identical_prompt_from_another_conversation_moves_the_tip() -> None:
 
 
 @pytest.mark.parametrize(("capacity", "tips", "every", "samples"),
-                         [(0, 1, 1, 1), (1, 0, 1, 1), (1, 1, 0, 1), (1, 1, 1, 0)])
+                         [(0, 1, 1, 1), (1, 0, 1, 1), (1, 1, -1, 1), (1, 1, 1, 0)])
 def test_bad_sizes(capacity: int, tips: int, every: int, samples: int) -> None:
     with pytest.raises(ValueError):
         Conversations(capacity, tips, every, samples)

@@ -52,8 +52,12 @@ class RoutingConfig:
     # Placing, of replicas with equal session load the one whose index is emptier wins:
     # a full index costs fill_s more than an empty one.
     fill_s: float = 0.01
-    # Implicit conversations remembered (requests without a session id, conversations.py).
+    # Implicit conversations remembered (requests without a session id, conversations.py),
+    # prompt ends kept per conversation (a turn and its parallel siblings), and every how
+    # many blocks a prompt is sampled to recognise forks (0: no forks).
     conversation_capacity: int = 65_536
+    conversation_tips: int = 8
+    conversation_sample_every: int = 16
     # Hot-spot guard: each request in flight above hot_spot_ratio x mean + hot_spot_slack
     # costs hot_spot_s more.
     hot_spot_ratio: float = 1.5
@@ -92,8 +96,10 @@ class RoutingConfig:
             raise ValueError("routing.session_active_s must be positive")
         if self.fill_s < 0:
             raise ValueError("routing.fill_s must not be negative")
-        if self.conversation_capacity < 1:
-            raise ValueError("routing.conversation_capacity must be positive")
+        if self.conversation_capacity < 1 or self.conversation_tips < 1:
+            raise ValueError("routing.conversation_capacity and conversation_tips must be positive")
+        if self.conversation_sample_every < 0:
+            raise ValueError("routing.conversation_sample_every must not be negative")
         if self.session_s < 0:
             raise ValueError("routing.session_s must not be negative")
         if not 0 < self.feedback_shrink <= 1 or self.feedback_recover < 1:

@@ -52,8 +52,8 @@ class Found(NamedTuple):
 class Conversations:
     def __init__(self, capacity: int, tips_per_conversation: int = 4,
                  sample_every: int = 16, sample_capacity: int = 262_144) -> None:
-        if min(capacity, tips_per_conversation, sample_every, sample_capacity) < 1:
-            raise ValueError("Conversations sizes must be positive")
+        if min(capacity, tips_per_conversation, sample_capacity) < 1 or sample_every < 0:
+            raise ValueError("Conversations sizes must be positive (sample_every: 0 is off)")
         self._capacity = capacity
         self._keep = tips_per_conversation
         self._every = sample_every
@@ -77,6 +77,8 @@ class Conversations:
                 return Found(tips[hit], "follows")
         samples = self._samples
         every = self._every
+        if not every:
+            return None
         for i in range(len(hashes) // every * every - 1, -1, -every):
             owner = samples.get(hashes[i])
             if owner is not None:
@@ -124,6 +126,8 @@ class Conversations:
     def _sample(self, conv: int, hashes: Sequence[int]) -> None:
         samples = self._samples
         every = self._every
+        if not every:
+            return
         for i in range(every - 1, len(hashes), every):
             h = hashes[i]
             was = samples.get(h)

@@ -78,7 +78,9 @@ class Router:
         self._pending: dict[str, dict[RoutePlan, tuple[float, float]]] = {}
         self._queued: dict[str, float] = {}
         self._sessions = SessionLoad(config.session_active_s, config.session_capacity)
-        self._conversations = Conversations(config.conversation_capacity)
+        self._conversations = Conversations(config.conversation_capacity,
+                                            config.conversation_tips,
+                                            config.conversation_sample_every)
         self._last_sweep = float("-inf")
 
     # the decision ---------------------------------------------------------------------
