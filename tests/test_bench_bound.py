@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.bench.bound import BoundInput, compute_bound, max_cache_hit
+from gateway.bench.bound import BoundInput, compute_bound, compute_lru_reference, max_cache_hit
 from gateway.bench.report import percentile, predicted_error, routing_precision, shares
 from gateway.bench.runner import RequestRecord
 from gateway.bench.trace import TraceRequest, parse_trace, prompt_text, trace_bound
@@ -128,3 +128,27 @@ def test_predicted_error_skips_warmup() -> None:
     out = predicted_error(usage, warmup=0.4)
     assert out["records"] == 5 and out["after_warmup"] == 3
     assert out["median_abs_error"] == 16
+
+
+# (prompts as lists of block letters, capacity in blocks, cached blocks per request)
+LRU_CASES = [
+    (["AB", "AB", "AC"], 100, [0, 2, 1]),  # as the bound while nothing is evicted
+    (["AB", "CD", "AB"], 2, [0, 0, 0]),  # A, B evicted by C, D
+    (["AB", "CD", "AB"], 3, [0, 0, 1]),  # B went first (deepest): A still hits
+    (["AB", "CD", "AC"], 3, [0, 0, 1]),  # a prompt sharing only A, likewise
+    (["AB", "AB"], 0, [0, 0]),
+]
+
+
+@pytest.mark.parametrize(("prompts", "capacity", "hits"), LRU_CASES)
+def test_lru_reference(prompts: list[str], capacity: int, hits: list[int]) -> None:
+    b = 4
+
+    def tokens(blocks: str) -> list[int]:
+        # one extra token so the vLLM cap never cuts a whole block
+        return [ord(c) for c in blocks for _ in range(b)] + [0]
+    inputs = [BoundInput(prompt=tokens(p)) for p in prompts]
+    result = compute_lru_reference(inputs, capacity, block_size=b)
+    assert list(result.per_request) == [h * b for h in hits]
+    unbounded = compute_lru_reference(inputs, 10**6, block_size=b)
+    assert unbounded.per_request == compute_bound(inputs, block_size=b).per_request

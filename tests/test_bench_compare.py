@@ -44,7 +44,8 @@ def test_compare_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     out = capsys.readouterr().out
     assert rc == 0, out
     for label in ("cached ratio (engine)", "bound ratio", "share of bound", "TTFT p99 ms",
-                  "requests max/mean", "routing precision", "pred-vs-delivered median abs err"):
+                  "requests max/mean", "routing precision", "pred-vs-delivered median abs err",
+                  "follow-ups moved", "conversations max/mean"):
         assert label in out
     result = json.loads((tmp_path / "compare.json").read_text())
     assert (tmp_path / "compare.png").stat().st_size > 1000
@@ -61,4 +62,9 @@ def test_compare_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     # round robin alternates replicas: follow-ups rarely land where the session was
     assert result["policies"]["prefix"]["routing_precision"] > result["policies"][
         "round_robin"]["routing_precision"]
+    # prefix also ran without session ids, and its follow-ups stayed as well
+    unnamed = result["policies"]["prefix@none"]
+    assert unnamed["session_ids"] == "none" and unnamed["errors"] == 0
+    assert unnamed["follow_ups_moved"] < result["policies"]["round_robin"]["follow_ups_moved"]
+    assert "prefix@none: follow-up turns moved" in {c["check"] for c in result["checks"]}
     assert {c["check"] for c in result["checks"]} >= {"cached ratio vs bound"}

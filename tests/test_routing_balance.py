@@ -210,7 +210,7 @@ def test_collapsed_feedback_releases_sessions(balance: bool, settles: bool) -> N
     are left on each replica and every turn hits. Without the session-load terms (the old
     policy) the session prior kept them on a."""
     cfg = RoutingConfig(seed=1) if balance else RoutingConfig(
-        seed=1, session_s=0.0, session_cap_factor=100.0)
+        seed=1, session_s=0.0, session_cap_factor=100.0, fill_s=0.0)
     router = Router(cfg)
     rng = random.Random(6)
     slots: dict[str, OrderedDict[str, None]] = {"a": OrderedDict(), "b": OrderedDict()}

@@ -152,6 +152,8 @@ def test_session_moves_off_an_overloaded_replica(monkeypatch: pytest.MonkeyPatch
                 time.sleep(0.3)
             assert moved is not None, "the session never left its overloaded replica"
             assert moved.headers["x-gateway-route"] == "load"
+            metrics = client.get(url + "/metrics").text
+            assert 'gateway_route_moves_total{reason="load"} 1.0' in metrics
         finally:
             stop.set()
             for t in threads:

@@ -140,9 +140,13 @@ def test_event_counters() -> None:
     m.route_decision("prefix")
     m.route_decision("prefix")
     m.route_decision("load")
+    m.route_move("evicted")
+    m.route_move("a client-chosen label")  # not a reason: no series for it
     m.hygiene_finding("uuid", "warning")
     m.sink_error("redis")
     s = samples(m)
+    moves = {k[1][0][1]: v for k, v in s.items() if k[0] == "gateway_route_moves_total"}
+    assert moves == {"unavailable": 0.0, "evicted": 1.0, "load": 0.0}
     assert s[("gateway_routing_decisions_total", (("reason", "prefix"),))] == 2.0
     assert s[("gateway_routing_decisions_total", (("reason", "load"),))] == 1.0
     assert s[("gateway_hygiene_findings_total", (("kind", "uuid"), ("severity", "warning")))] == 1

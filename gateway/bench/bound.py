@@ -10,6 +10,12 @@ it is the most cached prompt tokens any routing policy could obtain on this stre
 and, when known, its prompt followed by its generated tokens (`cacheable`), since vLLM
 hashes blocks that fill up during decoding too.
 
+`compute_lru_reference` is the finite-cache counterpart: the same walk over ONE cache that
+holds at most `capacity_blocks` blocks (the fleet's combined KV capacity), least recently
+used evicted first, a request's deepest blocks before its shallow ones (vLLM's free-queue
+order). It is what a fleet of that total size could reach if it behaved as one cache, so
+the share of the bound a router can be asked for once caches are finite.
+
 Blocks are chain-hashed (a block's key covers the whole prefix up to it), so a prefix
 match is a walk over keys until the first unseen one, as in the engine. Keys are tuples
 of (parent key id, block tokens) interned to small ints so memory stays linear.
@@ -17,6 +23,7 @@ of (parent key id, block tokens) interned to small ints so memory stays linear.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -79,6 +86,37 @@ def compute_bound(requests: Sequence[BoundInput], block_size: int = 16) -> Bound
         chains.keys(req.prompt, add=True)
         if req.cacheable is not None:
             chains.keys(req.cacheable, add=True)
+    return BoundResult(
+        per_request=tuple(per),
+        prompt_tokens=sum(len(r.prompt) for r in requests),
+        cached_tokens=sum(per),
+        distinct_blocks=len(chains.ids),
+    )
+
+
+def compute_lru_reference(
+    requests: Sequence[BoundInput], capacity_blocks: int, block_size: int = 16
+) -> BoundResult:
+    """Cached tokens one LRU cache of `capacity_blocks` blocks would give this stream."""
+    if block_size < 1 or capacity_blocks < 0:
+        raise ValueError("block_size must be >= 1 and capacity_blocks >= 0")
+    chains = _Chains(block_size)
+    held: OrderedDict[int, None] = OrderedDict()
+    per: list[int] = []
+    for req in requests:
+        keys = chains.keys(req.prompt, add=True)
+        hit = 0
+        while hit < len(keys) and keys[hit] in held:
+            hit += 1
+        per.append(min(hit * block_size, max_cache_hit(len(req.prompt), block_size)))
+        stored = chains.keys(req.cacheable, add=True) if req.cacheable is not None else keys
+        if len(stored) < len(keys):
+            stored = keys
+        for key in reversed(stored):  # shallow blocks end most recent: evicted last
+            held[key] = None
+            held.move_to_end(key)
+        while len(held) > capacity_blocks:
+            held.popitem(last=False)
     return BoundResult(
         per_request=tuple(per),
         prompt_tokens=sum(len(r.prompt) for r in requests),

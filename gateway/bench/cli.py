@@ -32,11 +32,17 @@ import orjson
 from gateway.bench.analysis import analyse
 from gateway.bench.apis import APIS
 from gateway.bench.charts import turn_chart
-from gateway.bench.compare import CompareOptions, DirtyCacheError, compare
+from gateway.bench.compare import (
+    CompareOptions,
+    DirtyCacheError,
+    compare,
+    default_columns,
+    split_column,
+)
 from gateway.bench.failures import format_reasons
 from gateway.bench.presets import BLOCK_SIZE, PRESETS, Preset, with_overrides
 from gateway.bench.replay import ReplayOptions, replay
-from gateway.bench.runner import RunOptions, RunResult, run_workload
+from gateway.bench.runner import SESSION_IDS, RunOptions, RunResult, run_workload
 from gateway.bench.server import probe
 from gateway.bench.session import ServerLimits
 from gateway.bench.table import summary_table, turn_table
@@ -62,6 +68,8 @@ def _workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-wall-s", type=float, default=600.0, help="bound on each run")
     p.add_argument("--api", choices=APIS, default="chat",
                    help="inference API the turns use: chat completions, Responses or Messages")
+    p.add_argument("--session-ids", choices=SESSION_IDS, default="header",
+                   help="how requests name their session (none: as most applications)")
 
 
 def _preset(args: argparse.Namespace) -> Preset:
@@ -111,7 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmp_ = sub.add_parser("compare", help="simulator + gateway per policy, side by side")
     cmp_.add_argument("--replicas", type=int)
-    cmp_.add_argument("--policies", default="prefix,round_robin,least_loaded")
+    cmp_.add_argument("--policies", default="prefix,round_robin,least_loaded",
+                      help="columns: a policy, or policy@HOW to name sessions another way "
+                           "than --session-ids (prefix also runs the other way unless a "
+                           "prefix@ column is given)")
     cmp_.add_argument("--concurrency", type=int)
     cmp_.add_argument("--kv-blocks", type=int, help="per replica (default: the preset's)")
     cmp_.add_argument("--speed", type=float, help="simulator speed (default: the preset's)")
@@ -170,6 +181,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 base_url=args.base_url, model=model, concurrency=preset.concurrency,
                 time_scale=args.time_scale, max_wall_s=args.max_wall_s,
                 progress=not args.no_progress, api=args.api,
+                session_ids=args.session_ids,
                 limits=ServerLimits(max_model_len=facts.max_model_len,
                                     tool_choice=facts.tool_choice),
             ),
@@ -233,16 +245,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if value is not None:
             preset = replace(preset, **{field_name: value})
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    unknown = [p for p in policies if p not in POLICIES]
+    try:
+        unknown = [p for p in policies
+                   if split_column(p, args.session_ids)[0] not in POLICIES]
+    except ValueError as e:
+        print(f"gateway-bench compare: {e}", file=sys.stderr)
+        return 2
     if unknown or not policies:
         print(f"gateway-bench compare: unknown policy {unknown}; choose from {POLICIES}",
               file=sys.stderr)
         return 2
-    opts = CompareOptions(preset=preset, policies=policies, out_dir=args.out,
-                          max_wall_s=args.max_wall_s, progress=not args.no_progress,
+    opts = CompareOptions(preset=preset, policies=default_columns(policies, args.session_ids),
+                          out_dir=args.out, max_wall_s=args.max_wall_s,
+                          progress=not args.no_progress,
                           backends=tuple(args.backend), time_scale=args.time_scale,
                           allow_dirty_cache=args.allow_dirty_cache,
-                          api=args.api)
+                          api=args.api, session_ids=args.session_ids)
     try:
         result = compare(opts)
     except DirtyCacheError as e:

@@ -12,6 +12,11 @@ instead (real vLLM): no simulator is started, the server is probed first (model,
 cache is reset before each policy (`gateway.bench.backends`); where it cannot be, compare
 stops and says why, unless `allow_dirty_cache`.
 
+Sessions are named as `session_ids` says (header, prompt_cache_key, user or none); a
+column `policy@how` runs that policy with sessions named another way. Unless told
+otherwise, `prefix` also runs with the other case (`prefix@none` when sessions are named,
+`prefix@header` when they are not), so neither can regress unseen.
+
 Everything started is stopped in `finally` (context managers); every wait is bounded.
 """
 
@@ -33,7 +38,13 @@ from gateway.bench.charts import compare_chart
 from gateway.bench.failures import format_reasons
 from gateway.bench.presets import BLOCK_SIZE, Preset
 from gateway.bench.procs import Managed, free_ports, gateway_command
-from gateway.bench.runner import RequestRecord, RunOptions, run_workload
+from gateway.bench.runner import (
+    SESSION_IDS,
+    RequestRecord,
+    RunOptions,
+    SessionIds,
+    run_workload,
+)
 from gateway.bench.server import ServerFacts, probe
 from gateway.bench.session import ServerLimits
 from gateway.bench.table import replica_table, summary_table
@@ -54,10 +65,31 @@ class CompareOptions:
     time_scale: float | None = None  # default: 1 / the preset's speed (1 with backends)
     allow_dirty_cache: bool = False
     api: Api = "chat"
+    session_ids: SessionIds = "header"
 
 
 class DirtyCacheError(RuntimeError):
     """Caches could not be reset between policies on user-run replicas."""
+
+
+def split_column(column: str, default: SessionIds) -> tuple[str, SessionIds]:
+    """`prefix@none` -> ("prefix", "none"); `prefix` -> ("prefix", default)."""
+    policy, _, how = column.partition("@")
+    for known in SESSION_IDS:
+        if how == known:
+            return policy, known
+    if how:
+        raise ValueError(f"unknown session naming {how!r} in {column!r}; choose from "
+                         f"{', '.join(SESSION_IDS)}")
+    return policy, default
+
+
+def default_columns(policies: tuple[str, ...], session_ids: SessionIds) -> tuple[str, ...]:
+    """The policies asked for, plus `prefix` with sessions named the other way."""
+    if "prefix" not in policies or any(p.startswith("prefix@") for p in policies):
+        return policies
+    other = "header" if session_ids == "none" else "none"
+    return (*policies, f"prefix@{other}")
 
 
 def sim_argv(preset: Preset, port: int, model: str, seed: int) -> list[str]:
@@ -72,12 +104,13 @@ def sim_argv(preset: Preset, port: int, model: str, seed: int) -> list[str]:
 
 
 def run_policy(
-    opts: CompareOptions, policy: str, facts: ServerFacts | None = None
+    opts: CompareOptions, column: str, facts: ServerFacts | None = None
 ) -> dict[str, Any]:
+    policy, session_ids = split_column(column, opts.session_ids)
     preset = opts.preset
     workload = build_workload(preset.workload)
     logs = opts.out_dir / "logs"
-    usage_log = logs / f"usage-{policy}.jsonl"
+    usage_log = logs / f"usage-{column}.jsonl"
     usage_log.parent.mkdir(parents=True, exist_ok=True)
     usage_log.unlink(missing_ok=True)
     replicas: list[str]
@@ -91,7 +124,7 @@ def run_policy(
         engines = Managed(
             sim_argv(preset, port, opts.model, opts.seed),
             [u + "/health" for u in replicas],
-            logs / f"sim-{policy}.log",
+            logs / f"sim-{column}.log",
         )
     model = facts.model if facts else opts.model
     limits = ServerLimits(
@@ -108,7 +141,7 @@ def run_policy(
                 *backends, *opts.extra_gateway_args,
             ),
             [gw_url + "/ready"],
-            logs / f"gateway-{policy}.log",
+            logs / f"gateway-{column}.log",
             env={"GATEWAY_USAGE__LOG_PATH": str(usage_log)},
         ):
             result = asyncio.run(
@@ -117,7 +150,8 @@ def run_policy(
                     RunOptions(
                         base_url=gw_url, model=model, concurrency=preset.concurrency,
                         time_scale=scale, max_wall_s=opts.max_wall_s,
-                        progress=opts.progress, label=f"{policy:>12}", limits=limits, api=opts.api,
+                        progress=opts.progress, label=f"{column:>12}", limits=limits, api=opts.api,
+                        session_ids=session_ids,
                     ),
                 )
             )
@@ -128,6 +162,7 @@ def run_policy(
             block_size=(facts.block_size if facts else None) or BLOCK_SIZE,
         )
     summary["policy"] = policy
+    summary["session_ids"] = session_ids
     return summary
 
 
@@ -216,6 +251,21 @@ def quality_checks(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]
         "predicted vs delivered median abs error", mae, "<= 16 tokens",
         None if mae is None else mae <= 16,
     )
+    # Issue 11's bars, for every prefix column (with and without session ids).
+    for name, col in summaries.items():
+        if col.get("policy") != "prefix":
+            continue
+        moved = col.get("follow_ups_moved")
+        check(f"{name}: follow-up turns moved", moved, "<= 3%",
+              None if moved is None else moved <= 0.03)
+        session = next((c for c in summaries.values() if c.get("policy") == "session"
+                        and c.get("session_ids") != "none"), None)
+        if session is not None:
+            mine = (col.get("ttft_ms") or {}).get("p99")
+            theirs = (session.get("ttft_ms") or {}).get("p99")
+            check(f"{name}: TTFT p99 vs session (named sessions)", [mine, theirs],
+                  "prefix <= session",
+                  None if mine is None or theirs is None else mine <= theirs)
     return checks
 
 

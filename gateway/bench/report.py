@@ -8,6 +8,11 @@
   count (an idle replica is the worst imbalance).
 - routing precision: of the follow-up requests of a session (turn >= 1), the share that
   landed on the replica of the session's previous main request.
+- follow-ups moved: of the follow-up turns (main requests, turn >= 1), the share sent to
+  another replica than the session's previous turn: each re-prefilled the history it left.
+- conversations per replica: each session counted on the replica that served most of its
+  main requests; max / mean as for requests (a cold spread that piles conversations up
+  shows here before it shows in request counts).
 - predicted vs delivered: from gateway usage records, the median |predicted - cached| over
   records after the first `warmup` fraction (by arrival).
 """
@@ -15,7 +20,7 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -74,6 +79,36 @@ def routing_precision(records: Sequence[RequestRecord]) -> float | None:
     return hits / total if total else None
 
 
+def follow_ups_moved(records: Sequence[RequestRecord]) -> float | None:
+    main: dict[str, dict[int, str | None]] = defaultdict(dict)
+    for r in records:
+        if r.sibling == 0:
+            main[r.session_id][r.turn] = r.replica
+    moved = total = 0
+    for turns in main.values():
+        for turn, replica in turns.items():
+            previous = turns.get(turn - 1)
+            if turn == 0 or previous is None or replica is None:
+                continue
+            total += 1
+            moved += replica != previous
+    return moved / total if total else None
+
+
+def conversations_per_replica(records: Sequence[RequestRecord],
+                              expected: int = 0) -> dict[str, Any] | None:
+    served: dict[str, Counter[str]] = defaultdict(Counter)
+    for r in records:
+        if r.sibling == 0 and r.replica is not None:
+            served[r.session_id][r.replica] += 1
+    if not served:
+        return None
+    homes: dict[str, float] = defaultdict(float)
+    for counts in served.values():
+        homes[counts.most_common(1)[0][0]] += 1
+    return shares(homes, expected)
+
+
 def predicted_error(usage: Sequence[Mapping[str, Any]], warmup: float = 0.2) -> dict[str, Any]:
     rows = sorted(
         (
@@ -128,6 +163,8 @@ def summarize(
         "replica_requests": shares(req_counts, replicas) if req_counts else None,
         "replica_prompt_tokens": shares(tok_counts, replicas) if tok_counts else None,
         "routing_precision": routing_precision(ok),
+        "follow_ups_moved": follow_ups_moved(ok),
+        "replica_conversations": conversations_per_replica(ok, replicas),
         "gateway": bool(req_counts),
     }
 

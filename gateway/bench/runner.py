@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 
@@ -26,6 +26,22 @@ from gateway.bench.client import Exchange, post
 from gateway.bench.progress import Progress
 from gateway.bench.session import AgentSession, ServerLimits, TurnRequest
 from gateway.bench.workload import SessionPlan, Workload
+
+# How a request names its session: the `x-session-id` header, the body's
+# `prompt_cache_key` or `user` field (what OpenAI clients send), or not at all (most
+# applications: the gateway then recognises conversations by their content).
+SessionIds = Literal["header", "prompt_cache_key", "user", "none"]
+SESSION_IDS: tuple[SessionIds, ...] = ("header", "prompt_cache_key", "user", "none")
+
+
+def named(body: dict[str, Any], session_id: str,
+          how: SessionIds) -> tuple[dict[str, Any], dict[str, str]]:
+    """(body, headers) of a request naming its session as `how` says."""
+    if how == "header":
+        return body, {"x-session-id": session_id}
+    if how == "none":
+        return body, {}
+    return {**body, how: session_id}, {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +56,7 @@ class RunOptions:
     label: str = "run"
     limits: ServerLimits = field(default_factory=ServerLimits)  # what the server accepts
     api: Api = "chat"  # which inference API the turns go to (gateway.bench.apis)
+    session_ids: SessionIds = "header"
 
 
 @dataclass(kw_only=True)
@@ -129,11 +146,12 @@ class Runner:
     async def _send(self, http: aiohttp.ClientSession, req: TurnRequest) -> Exchange:
         opts = self.options
         send_s = time.perf_counter() - self._start
+        body, headers = named(req.body, req.session_id, opts.session_ids)
         ex = await post(
             http,
             opts.base_url.rstrip("/") + PATHS[opts.api],
-            to_api(req.body, opts.api),
-            headers={"x-session-id": req.session_id},
+            to_api(body, opts.api),
+            headers=headers,
             timeout_s=opts.request_timeout_s,
         )
         self.result.records.append(record_of(req, ex, send_s))

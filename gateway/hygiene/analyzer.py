@@ -2,9 +2,12 @@
 
 Per request (`scan`):
 1. `prompt.parse` turns the body into rendered-order parts (tools, messages / prompt).
-2. The state entry of the request's session (or, without one, of its template: a hash of
-   the model, the sorted tool names and the first 256 chars of the first part with
-   volatile-looking spans masked, so a timestamp at the top does not hide the template) is
+2. The state entry of the request's session (or, without one, of the implicit
+   conversation it continues, recognised by its earlier messages (conversations.py), so
+   a history rewrite is compared with the conversation's previous request; or, for a
+   request that continues none, of its template: a hash of the model, the sorted tool
+   names and the first 256 chars of the first part with volatile-looking spans masked, so
+   a timestamp at the top does not hide the template, compared on the head only) is
    looked up in an LRU. `drift.diverge` names the first break against that previous
    request (`evidence="drift"`).
 3. Pattern evidence comes from the parts a client regenerates per request: tools,
@@ -32,6 +35,7 @@ import xxhash
 
 from gateway.hygiene import rewrite as rewrites
 from gateway.hygiene.config import HygieneConfig
+from gateway.hygiene.conversations import MessageOwners
 from gateway.hygiene.drift import Divergence, Snapshot, diverge
 from gateway.hygiene.finding import Finding
 from gateway.hygiene.lograte import LogLimiter
@@ -39,6 +43,10 @@ from gateway.hygiene.patterns import STRONG, WEAK, Hit, scan_text
 from gateway.hygiene.prompt import Prompt, parse, validate
 
 _SCANNED_ROLES = frozenset({"system", "developer", "user", "tools", "prompt"})
+# Parts every conversation of a template shares: they do not tell conversations apart.
+_HEAD_PARTS = frozenset({"system", "developer", "tools", "prompt"})
+# Message digests remembered per conversation slot to recognise implicit conversations.
+_DIGESTS_PER_CONVERSATION = 16
 _TEMPLATE_CHARS = 256
 _MAX_VALUES = 512
 _MAX_FINDINGS = 16
@@ -52,6 +60,8 @@ class HygieneAnalyzer:
         self.config = config
         self._sessions: OrderedDict[str, Snapshot] = OrderedDict()
         self._templates: OrderedDict[int, Snapshot] = OrderedDict()
+        self._conversations: OrderedDict[int, Snapshot] = OrderedDict()
+        self._owners = MessageOwners(_DIGESTS_PER_CONVERSATION * config.max_sessions)
         self._hits: OrderedDict[int, tuple[Hit, ...]] = OrderedDict()
         self._limiter = LogLimiter(
             config.log_interval_s, config.log_max_per_s, config.max_sessions + config.max_templates
@@ -88,8 +98,18 @@ class HygieneAnalyzer:
         hits = {k: self._hits_of(p, k) for k in scanned}
         state: OrderedDict[Any, Snapshot]
         key: Any
+        conv: int | None = None
+        messages: list[int] = []
+        if session is None:
+            messages = [part.digest for part in p.parts if part.role not in _HEAD_PARTS]
+            conv = self._owners.find(messages[:-1])
+            if conv is not None and conv not in self._conversations:
+                conv = None  # its snapshot was forgotten: nothing to compare with
+        head_only = session is None and conv is None
         if session is not None:
             state, key, cap = self._sessions, session, self.config.max_sessions
+        elif conv is not None:
+            state, key, cap = self._conversations, conv, self.config.max_sessions
         else:
             state, key, cap = (
                 self._templates,
@@ -103,9 +123,9 @@ class HygieneAnalyzer:
         if old is not None:
             same = _same_prefix(old, p)
             seen = old.values
-            d = diverge(old, p, head_only=session is None, known=hits)
+            d = diverge(old, p, head_only=head_only, known=hits)
             if d is not None:
-                findings.append(self._drift_finding(p, d, session, head_only=session is None))
+                findings.append(self._drift_finding(p, d, session, head_only=head_only))
         findings.extend(self._pattern_findings(p, hits, same, seen, findings, session, now))
         values = (
             frozenset(p.parts[k].text[h.start : h.end] for k in scanned for h in hits[k])
@@ -114,10 +134,16 @@ class HygieneAnalyzer:
         )
         if len(values) > _MAX_VALUES:
             values = frozenset(sorted(values)[:_MAX_VALUES])
-        state[key] = Snapshot.of(p, values, self.config.drift_text_chars)
-        state.move_to_end(key)
-        if len(state) > cap:
-            state.popitem(last=False)
+        snapshot = Snapshot.of(p, values, self.config.drift_text_chars)
+        _remember(state, key, snapshot, cap)
+        if session is None and messages:
+            if conv is None:
+                conv = self._owners.open()
+            else:  # new conversations still teach their template's head
+                _remember(self._templates, self._template_key(body, p, hits), snapshot,
+                          self.config.max_templates)
+            _remember(self._conversations, conv, snapshot, self.config.max_sessions)
+            self._owners.record(conv, messages)
         return findings[:_MAX_FINDINGS]
 
     def to_log(self, findings: Sequence[Finding], now: float) -> list[Finding]:
@@ -252,6 +278,14 @@ def _same_prefix(old: Snapshot, p: Prompt) -> int:
             break
         n += 1
     return n
+
+
+def _remember(state: OrderedDict[Any, Snapshot], key: Any, snapshot: Snapshot,
+              cap: int) -> None:
+    state[key] = snapshot
+    state.move_to_end(key)
+    if len(state) > cap:
+        state.popitem(last=False)
 
 
 def _covered(drift: list[Finding], index: int | None, role: str, hit: Hit) -> bool:

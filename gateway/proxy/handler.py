@@ -73,9 +73,9 @@ class Exchange:
     """Per-request facts that end up in the usage record."""
 
     __slots__ = (
-        "best", "disconnected", "done", "endpoint", "error", "findings", "model", "outcome",
-        "predicted", "replica", "request_id", "route", "session", "status", "stream", "t0",
-        "target", "tenant", "ts", "up_headers",
+        "best", "disconnected", "done", "endpoint", "error", "findings", "model", "moved",
+        "outcome", "predicted", "replica", "request_id", "route", "session", "status", "stream",
+        "t0", "target", "tenant", "ts", "up_headers",
     )
 
     def __init__(self, request_id: str, ts: float, t0: float, endpoint: str) -> None:
@@ -90,6 +90,7 @@ class Exchange:
         self.findings = 0
         self.replica: str | None = None
         self.route: str | None = None
+        self.moved: str | None = None
         self.predicted: int | None = None
         self.best: int | None = None
         self.status = 500
@@ -117,7 +118,7 @@ class Exchange:
             completion_tokens=u.completion_tokens if u else None,
             ttft_ms=(o.first_byte - self.t0) * 1000.0 if o.first_byte is not None else None,
             latency_ms=(end - self.t0) * 1000.0, session=self.session,
-            hygiene=self.findings, endpoint=self.endpoint, error=self.error,
+            hygiene=self.findings, endpoint=self.endpoint, error=self.error, moved=self.moved,
         )
 
 
@@ -255,6 +256,9 @@ class Proxy:
             raise GatewayError(400, str(exc), code="invalid_request") from None
         decision = plan.decision
         self.metrics.route_decision(decision.reason)
+        if decision.move is not None:
+            ex.moved = decision.move
+            self.metrics.route_move(decision.move)
         ex.route, ex.predicted, ex.best = (
             decision.reason, decision.predicted_cached_tokens, decision.best_available_tokens)
         headers.append((b"x-gateway-route", decision.reason.encode()))

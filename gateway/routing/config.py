@@ -33,9 +33,15 @@ class RoutingConfig:
     prefill_s_per_token: float = 33e-6
     in_flight_s: float = 0.004
     engine_waiting_s: float = 0.03
-    # Session affinity prior, worth this many prefill tokens: real prefix evidence beyond
-    # it overrides the binding.
-    session_prior_tokens: int = 64
+    # Session affinity prior, worth this many prefill tokens (~21 ms): a follow-up leaves
+    # the replica holding its history only when the estimated TTFT elsewhere, re-prefill
+    # of the lost history included, is lower by more than this. The estimate is made from
+    # the gateway's own counts and does not see that the re-prefill also delays the
+    # requests queued behind it there, nor that the history left behind is wasted cache:
+    # at 64 tokens one follow-up in 20-30 moved on gateway-bench's default preset and set
+    # the TTFT tail; at 640, 1.5-2.7% moved, the tail fell ~15% and more of the bound was
+    # captured, with and without session ids (bench/RESULTS.md).
+    session_prior_tokens: int = 640
     # Placing a session (a new one, or one whose replica holds nothing of it that others
     # lack): its later turns will follow it, so each session bound to a replica (decayed
     # count, session_active_s time constant, sessions.py) costs session_s, and no replica
@@ -43,6 +49,15 @@ class RoutingConfig:
     session_s: float = 0.02
     session_cap_factor: float = 1.1
     session_active_s: float = 60.0
+    # Placing, of replicas with equal session load the one whose index is emptier wins:
+    # a full index costs fill_s more than an empty one.
+    fill_s: float = 0.01
+    # Implicit conversations remembered (requests without a session id, conversations.py),
+    # prompt ends kept per conversation (a turn and its parallel siblings), and every how
+    # many blocks a prompt is sampled to recognise forks (0: no forks).
+    conversation_capacity: int = 65_536
+    conversation_tips: int = 8
+    conversation_sample_every: int = 16
     # Hot-spot guard: each request in flight above hot_spot_ratio x mean + hot_spot_slack
     # costs hot_spot_s more.
     hot_spot_ratio: float = 1.5
@@ -79,6 +94,12 @@ class RoutingConfig:
             raise ValueError("routing.session_cap_factor must be at least 1")
         if self.session_active_s <= 0:
             raise ValueError("routing.session_active_s must be positive")
+        if self.fill_s < 0:
+            raise ValueError("routing.fill_s must not be negative")
+        if self.conversation_capacity < 1 or self.conversation_tips < 1:
+            raise ValueError("routing.conversation_capacity and conversation_tips must be positive")
+        if self.conversation_sample_every < 0:
+            raise ValueError("routing.conversation_sample_every must not be negative")
         if self.session_s < 0:
             raise ValueError("routing.session_s must not be negative")
         if not 0 < self.feedback_shrink <= 1 or self.feedback_recover < 1:

@@ -9,6 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Why a session or conversation left its replica (Decision.move):
+# - unavailable: its replica is not among the candidates (unhealthy, removed, other model);
+# - evicted: its replica no longer holds more of its history than another does, so it was
+#   placed again like a new one;
+# - load: its history is there, but the estimated time to first token elsewhere, the
+#   re-prefill of that history included, is lower.
+MOVE_REASONS = ("unavailable", "evicted", "load")
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaState:
@@ -26,6 +34,9 @@ class Decision:
     best_available_tokens: int  # the most any candidate could have delivered
     estimated_prompt_tokens: int
     ranked: tuple[str, ...]  # every candidate, best first; ranked[0] == replica (retry order)
+    # Set when a known session or conversation leaves the replica it was on: why
+    # (MOVE_REASONS, a fixed set: it labels gateway_route_moves_total).
+    move: str | None = None
 
 
 class Outcome:

@@ -7,6 +7,7 @@
          + in_flight_s x requests in flight there
          + engine_waiting_s x waiting requests the engine reports beyond the gateway's own
          + hot_spot_s x requests in flight above hot_spot_ratio x mean + hot_spot_slack
+           (not for a follow-up staying with its history: guards place, they never pull)
          - session prior (session_prior_tokens x prefill_s_per_token) on the session's replica
 
 so a cached prefix wins only while its saved prefill outweighs the queue in front of it.
@@ -19,18 +20,23 @@ agent prompt) also pays for the session's future: its later turns follow it, so
          + session_s x sessions bound to the replica (decayed count, sessions.py, not
                        counting this session itself; a session that moved away still
                        counts, fading, where it was)
+         + fill_s x share of the replica's index capacity in use (cold spread: of two
+                       equally loaded replicas the emptier cache takes the newcomer)
 
 and a replica that would exceed session_cap_factor x mean sessions with it (not rounded
 up: at 12 sessions per replica ceil(1.25 x 12) = 15 let one replica carry 25% more
-requests) ranks after every other (bounded-load consistent hashing).
+requests) ranks after every other (bounded-load consistent hashing), when it holds more
+of the prompt than the least of the candidates (the cap is there to stop a cache from
+drawing conversations; where nothing draws, the estimate and the session term decide).
 
 A popular agent prompt therefore fills its first replica only to the cap; the next
 sessions re-prefill it elsewhere, after which several replicas hold it, it saves the same
 everywhere, and session load decides. Cold sessions arriving one at a time (nothing in
 flight, all costs tied) spread by session load instead of at random. A follow-up whose
 history is on its replica is not placing: its cached history decides and it stays,
-whatever the cap says. Requests without a session id have no future to count: the cost
-model alone decides for them.
+whatever the cap says. Requests without a session id belong to an implicit conversation
+(conversations.py) and are placed and counted the same way; only a request too short to
+fill one block has no conversation, and the cost model alone decides for it.
 
 Costs within `tie_tolerance_s` of the best are a tie, broken by the seeded RNG.
 
@@ -54,6 +60,7 @@ from typing import NamedTuple
 import xxhash
 
 from gateway.routing.config import PolicyName, RoutingConfig
+from gateway.routing.sessions import SessionKey
 
 # Added to a replica already at the session cap: it ranks after every replica under it
 # (still ranked, as a retry target), whatever its cache holds.
@@ -69,6 +76,7 @@ class Candidate(NamedTuple):  # a tuple: built per replica per request, cheaply
     engine_waiting: float = 0.0
     engine_running: float = 0.0
     sessions: float = 0.0  # session load bound here, not counting the routed session
+    fill: float = 0.0  # share of the replica's index capacity in use (0..1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +85,7 @@ class Choice:
     reason: str
 
 
-def placing(candidates: Sequence[Candidate], session: str | None,
+def placing(candidates: Sequence[Candidate], session: SessionKey | None,
             session_replica: str | None) -> bool:
     """True when this request decides where a session lives: a new session, or one whose
     replica holds nothing of it that another candidate lacks (its history was evicted, the
@@ -117,18 +125,28 @@ def costs(
     mean = sum(c.in_flight for c in candidates) / len(candidates)
     hot_limit = config.hot_spot_ratio * mean + config.hot_spot_slack
     cap = session_cap(candidates, config.session_cap_factor) if place else 0.0
+    # The cap stops a cached prefix from drawing every new conversation to one replica;
+    # a replica holding no more of this prompt than the least of them draws nothing, so
+    # the cap leaves it to the estimate (one-shot traffic of very unequal sizes, where
+    # counting conversations would fight the queues, Mooncake replay in RESULTS.md).
+    floor = min(c.predicted_tokens for c in candidates) if place else 0
+    # Over the cap only counts while some replica is under it (else it ranks nothing).
+    capped = place and any(c.sessions + 1.0 <= cap + 1e-9 for c in candidates)
+    # A follow-up that stays with its history is never pushed off it by a guard: only
+    # the estimate (its queue there against re-prefilling the history elsewhere) decides.
+    guard = place or session_replica is None
     out: list[float] = []
     for c in candidates:
         uncached = max(0.0, prompt_tokens - c.predicted_tokens)
         cost = per_token * (uncached + c.queued_tokens) + config.in_flight_s * c.in_flight
         cost += config.engine_waiting_s * max(0.0, c.engine_waiting - c.queued_requests)
-        if c.in_flight > hot_limit:
+        if guard and c.in_flight > hot_limit:
             cost += config.hot_spot_s * (c.in_flight - hot_limit)
         if c.name == session_replica:
             cost -= per_token * config.session_prior_tokens
         if place:
-            cost += config.session_s * c.sessions
-            if c.sessions + 1.0 > cap + 1e-9:
+            cost += config.session_s * c.sessions + config.fill_s * c.fill
+            if capped and c.sessions + 1.0 > cap + 1e-9 and c.predicted_tokens > floor:
                 cost += OVER_CAP_S
         out.append(cost)
     return out
@@ -140,6 +158,7 @@ def rank(values: Sequence[float], tolerance: float, rng: random.Random) -> tuple
     best = values[order[0]]
     tied = [i for i in order if values[i] <= best + tolerance]
     if len(tied) > 1:
+        tied.sort()  # the draw depends on which tie, not on differences inside the tolerance
         rng.shuffle(tied)
     return (*tied, *order[len(tied) :])
 
@@ -147,7 +166,7 @@ def rank(values: Sequence[float], tolerance: float, rng: random.Random) -> tuple
 def prefix_choice(
     candidates: Sequence[Candidate],
     prompt_tokens: float,
-    session: str | None,
+    session: SessionKey | None,
     session_replica: str | None,
     config: RoutingConfig,
     rng: random.Random,
@@ -175,9 +194,9 @@ def least_loaded(candidates: Sequence[Candidate], rng: random.Random) -> tuple[i
     return rank(loads, 0.0, rng)
 
 
-def session_order(candidates: Sequence[Candidate], session: str) -> tuple[int, ...]:
+def session_order(candidates: Sequence[Candidate], session: SessionKey) -> tuple[int, ...]:
     """Rendezvous (highest random weight) hashing: consistent as replicas come and go."""
-    key = session.encode("utf-8", "surrogatepass")
+    key = str(session).encode("utf-8", "surrogatepass")
     scores = [xxhash.xxh3_64_intdigest(c.name.encode(), xxhash.xxh3_64_intdigest(key))
               for c in candidates]
     return tuple(sorted(range(len(candidates)), key=scores.__getitem__, reverse=True))
@@ -187,7 +206,7 @@ def choose(
     policy: PolicyName,
     candidates: Sequence[Candidate],
     prompt_tokens: float,
-    session: str | None,
+    session: SessionKey | None,
     session_replica: str | None,
     config: RoutingConfig,
     rng: random.Random,

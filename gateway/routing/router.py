@@ -37,13 +37,14 @@ from typing import Any, Literal
 
 from gateway.routing.blocks import chain_hashes
 from gateway.routing.config import RoutingConfig
+from gateway.routing.conversations import Conversations
 from gateway.routing.decision import Decision, Outcome, ReplicaState
 from gateway.routing.estimate import TokenEstimator
 from gateway.routing.feedback import Limits, adjust, verdict
 from gateway.routing.index import BlockIndex
 from gateway.routing.normalize import END, canonical_bytes, chain_seed
 from gateway.routing.policy import Candidate, choose
-from gateway.routing.sessions import SessionLoad
+from gateway.routing.sessions import SessionKey, SessionLoad
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -53,6 +54,7 @@ class RoutePlan:
     decision: Decision
     model: str
     session: str | None
+    conversation: int | None  # implicit conversation (no session id), conversations.py
     data: bytes  # canonical stream
     seed: int  # chain seed
     hashes: list[int]  # chained hashes of the full blocks of `data`
@@ -85,6 +87,9 @@ class Router:
         self._pending: dict[str, dict[RoutePlan, tuple[float, float]]] = {}
         self._queued: dict[str, float] = {}
         self._sessions = SessionLoad(config.session_active_s, config.session_capacity)
+        self._conversations = Conversations(config.conversation_capacity,
+                                            config.conversation_tips,
+                                            config.conversation_sample_every)
         self._last_sweep = float("-inf")
         self._last_settle = 0.0
 
@@ -151,8 +156,23 @@ class Router:
         by_blocks: dict[tuple[int, int], int] = {}
         default_block = self.config.engine_block_size
         sessions = self._sessions
-        bound = sessions.replica(session) if session is not None else None
-        own = sessions.weight(session, now) if session is not None else 0.0
+        conversation: int | None = None
+        skey: SessionKey | None = session
+        bound: str | None = None
+        own = 0.0
+        if session is None and hashes:
+            found = self._conversations.find(hashes)
+            if found is not None and found.how == "follows":
+                conversation = found.conversation
+            else:
+                conversation = self._conversations.open()
+                if found is not None:  # a fork: placed as a follow-up of its origin
+                    bound = sessions.replica(found.conversation)
+            skey = conversation
+        if skey is not None and bound is None:
+            bound = sessions.replica(skey)
+            own = sessions.weight(skey, now)
+        index = self._index
         views: list[Candidate] = []
         for state in candidates:
             name = state.name
@@ -172,9 +192,12 @@ class Router:
                 queued_requests=len(pend) if pend else 0, in_flight=state.in_flight,
                 engine_waiting=state.engine_waiting, engine_running=state.engine_running,
                 sessions=sessions.load(name, now) - (own if name == bound else 0.0),
+                fill=_fill(index.size(name), index.capacity(name)),
             ))
-        choice = choose(self.config.policy, views, prompt_tokens, session, bound,
-                        self.config, self._rng, self._turn)
+        policy = self.config.policy
+        # The `session` policy hashes what the client named; the others see conversations.
+        choice = choose(policy, views, prompt_tokens, skey if policy != "session" else session,
+                        bound, self.config, self._rng, self._turn)
         self._turn += 1
         chosen = views[choice.ranked[0]].name
         decision = Decision(
@@ -182,8 +205,10 @@ class Router:
             best_available_tokens=max(predicted.values()),
             estimated_prompt_tokens=max(0, round(prompt_tokens)),
             ranked=tuple(views[i].name for i in choice.ranked),
+            move=_move(bound, chosen, views) if bound is not None else None,
         )
-        return RoutePlan(decision=decision, model=model, session=session, data=data,
+        return RoutePlan(decision=decision, model=model, session=session,
+                         conversation=conversation, data=data,
                          seed=seed, hashes=hashes, matched=matched, predicted=predicted,
                          estimated_tokens=prompt_tokens)
 
@@ -225,6 +250,9 @@ class Router:
         self._index.record(replica, plan.hashes, len(plan.hashes), plan.matched.get(replica, 0))
         if plan.session is not None:
             self._sessions.touch(plan.session, replica, now)
+        elif plan.conversation is not None:
+            self._sessions.touch(plan.conversation, replica, now)
+            self._conversations.advance(plan.conversation, plan.hashes)
 
     def _completed(
         self,
@@ -307,8 +335,12 @@ class Router:
     def session_load(self, replica: str, now: float) -> float:
         return self._sessions.load(replica, now)
 
-    def session_replica(self, session: str) -> str | None:
+    def session_replica(self, session: SessionKey) -> str | None:
         return self._sessions.replica(session)
+
+    def conversations(self) -> int:
+        """Implicit conversations remembered."""
+        return len(self._conversations)
 
     # internals ----------------------------------------------------------------------------
     def _blocks_for(self, tokens: int) -> int:
@@ -373,3 +405,18 @@ class Router:
         # The reply's last generated token never had its KV computed: the engine holds
         # prompt + generated - 1 tokens of this conversation.
         self._estimator.set_anchor(extended, hashes, prompt_tokens + generated - 1, ratio)
+
+
+def _fill(size: int, capacity: int) -> float:
+    return min(1.0, size / capacity) if capacity > 0 else 1.0
+
+
+def _move(bound: str, chosen: str, views: Sequence[Candidate]) -> str | None:
+    """Why a session bound to `bound` goes to `chosen` (None: it stays)."""
+    if chosen == bound:
+        return None
+    own = next((c for c in views if c.name == bound), None)
+    if own is None:
+        return "unavailable"
+    others = max((c.predicted_tokens for c in views if c.name != bound), default=0)
+    return "evicted" if own.predicted_tokens <= others else "load"

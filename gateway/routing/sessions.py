@@ -18,6 +18,9 @@ taking the share out at once made it look light and drew new sessions onto it, s
 piled requests onto the replicas sessions left (requests max/mean 1.31 in one run of
 gateway-bench's default preset, where about one request in ten moves).
 
+Sessions are explicit (a client's id, a str) or implicit (a conversation recognised by
+its content, an int from conversations.py): both are placed and counted alike.
+
 Bindings are an LRU of at most `capacity` sessions; the oldest is forgotten first.
 """
 
@@ -25,6 +28,9 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+
+# An explicit session id (str) or an implicit conversation (int, conversations.py).
+SessionKey = str | int
 
 
 class SessionLoad:
@@ -34,15 +40,15 @@ class SessionLoad:
         self._tau = active_s
         self._capacity = max(1, capacity)
         # session -> (replica, time of its last request), least recently active first
-        self._bound: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._bound: OrderedDict[SessionKey, tuple[str, float]] = OrderedDict()
         self._sum: dict[str, tuple[float, float]] = {}  # replica -> (decayed sum, as of)
         self._count: dict[str, int] = {}  # replica -> sessions bound (exact)
 
-    def replica(self, session: str) -> str | None:
+    def replica(self, session: SessionKey) -> str | None:
         item = self._bound.get(session)
         return item[0] if item is not None else None
 
-    def weight(self, session: str, now: float) -> float:
+    def weight(self, session: SessionKey, now: float) -> float:
         """This session's own share of its replica's load now (0 when unbound)."""
         item = self._bound.get(session)
         return self._decay(now - item[1]) if item is not None else 0.0
@@ -58,7 +64,7 @@ class SessionLoad:
     def sessions(self, replica: str) -> int:
         return self._count.get(replica, 0)
 
-    def touch(self, session: str, replica: str, now: float) -> None:
+    def touch(self, session: SessionKey, replica: str, now: float) -> None:
         """`session` sent a request to `replica` at `now` (binds or moves it there)."""
         old = self._bound.pop(session, None)
         if old is not None:

@@ -24,6 +24,8 @@ Per request (from `UsageRecord`s, `observe`):
   (`chat`, `completions`, `responses`, `messages`; any forwarded path is `other`)
 Request path:
 - `gateway_routing_decisions_total{reason}` counter
+- `gateway_route_moves_total{reason}` counter (sessions and implicit conversations moved
+  off their replica: unavailable, evicted, load)
 - `gateway_hygiene_findings_total{kind,severity}` counter
 - `gateway_usage_sink_errors_total{sink}` counter (failed sink writes)
 - `gateway_usage_records_dropped_total{sink}` counter (records a sink lost: queue full or
@@ -65,6 +67,7 @@ from typing import Final, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gateway.routing.decision import MOVE_REASONS
 from gateway.usage.record import UsageRecord
 from gateway.usage.snapshot import EngineSnapshot
 
@@ -86,6 +89,7 @@ DOCUMENTED_METRICS: Final[tuple[str, ...]] = (
     "gateway_endpoint_prompt_tokens_total",
     "gateway_endpoint_cached_tokens_total",
     "gateway_routing_decisions_total",
+    "gateway_route_moves_total",
     "gateway_hygiene_findings_total",
     "gateway_usage_sink_errors_total",
     "gateway_usage_records_dropped_total",
@@ -197,6 +201,13 @@ class GatewayMetrics:
             "gateway_routing_decisions", "Routing decisions by reason.", ("reason",),
             registry=r,
         )  # fmt: skip
+        # One series per reason, all present from the start (a fixed set: the router's
+        # MOVE_REASONS), so a rate() over them never starts from a missing series.
+        self._moves = Counter(
+            "gateway_route_moves", "Sessions and implicit conversations moved off the "
+            "replica they were on, by reason.", ("reason",), registry=r,
+        )  # fmt: skip
+        self._move_children = {m: self._moves.labels(m) for m in MOVE_REASONS}
         self._hygiene = Counter(
             "gateway_hygiene_findings", "Prompt-hygiene findings.", ("kind", "severity"),
             registry=r,
@@ -318,6 +329,11 @@ class GatewayMetrics:
         if child is None:
             child = self._route_children[reason] = self._routes.labels(reason)
         child.inc()
+
+    def route_move(self, reason: str) -> None:
+        child = self._move_children.get(reason)
+        if child is not None:  # anything else is not a reason the router gives
+            child.inc()
 
     def hygiene_finding(self, kind: str, severity: str) -> None:
         key = (kind, severity)

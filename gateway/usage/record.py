@@ -36,6 +36,9 @@ class UsageRecord:
     hygiene: int = 0  # number of hygiene findings for this request
     endpoint: str = "chat"  # "chat" | "completions" | "responses" | "messages" | forwarded path
     error: str | None = None  # short error text for failed/cancelled requests
+    # Why the request's session or implicit conversation left the replica it was on
+    # (unavailable | evicted | load); None when it stayed or had none.
+    moved: str | None = None
 
     @property
     def endpoint_kind(self) -> str:

@@ -9,8 +9,9 @@ not map sessions onto replicas in a fixed pattern by accident. Up to `concurrenc
 requests of one round are in flight together.
 
 Each request is sent through an OpenAI-compatible base URL (the gateway) with the session
-in `x-session-id`; the result keeps the engine-reported `prompt_tokens` / `cached_tokens`,
-the replica and route headers the gateway set, TTFT (streaming) and latency.
+in `x-session-id` (or none, `session_ids=False`); the result keeps the engine-reported
+`prompt_tokens` / `cached_tokens`, the replica and route headers the gateway set, TTFT
+(streaming) and latency.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class SessionPlan:
     concurrency: int = 1
     stream: bool = False
     model: str = "tiny"
+    session_ids: bool = True  # False: no x-session-id, as most applications send
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +107,7 @@ async def _one(
         "max_tokens": plan.max_tokens,
         "temperature": 0,
     }
-    headers = {"x-session-id": f"session-{session}"}
+    headers = {"x-session-id": f"session-{session}"} if plan.session_ids else {}
     t0 = time.perf_counter()
     ttft: float | None = None
     usage: dict[str, Any] = {}
