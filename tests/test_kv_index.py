@@ -53,7 +53,7 @@ def test_recorded_events_match_requests(renderer: TokenRenderer, name: str) -> N
 
     assert (m(turn1), m(turn2), m(salted)) == (0, 0, 0)
     index.apply("r", got[0].events, 0.0)
-    assert (m(turn1), m(turn2), m(salted)) == (26, 26, 0)  # 832 of 844 prompt tokens
+    assert (m(turn1), m(turn2), m(salted)) == (26, 26, 0)  # 832 of 834 prompt tokens
     index.apply("r", got[1].events, 0.0)
     assert m(turn2) == 33  # turn 2 extends turn 1's chain
     index.apply("r", got[2].events, 0.0)
