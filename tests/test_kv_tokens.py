@@ -121,3 +121,19 @@ def test_template_errors() -> None:
     with pytest.raises(TemplateError, match="failed"):
         ChatTemplate.from_source("{{ messages[0].content + 1 }}").render([{"content": "a"}])
     assert ChatTemplate.from_source("{{ x | tojson }}").render([], x="é<") == '"é<"'
+
+
+@pytest.mark.parametrize("cut", [0, 1, 5, 20])
+def test_chain_cache_resumes_to_the_same_hashes(renderer: TokenRenderer, cut: int) -> None:
+    from gateway.tokens.chain import ChainCache
+
+    text = "".join(f"<|im_start|>user\nturn {i} " + "w " * (7 * i) + "<|im_end|>\n"
+                   for i in range(30))
+    pieces = renderer.tokenizer.pieces(text)
+    ids = [t for _, p in pieces for t in p]
+    cache = ChainCache(32)
+    if cut:
+        short = pieces[:cut]
+        cache.hashes(short, 9, [t for _, p in short for t in p])
+    assert cache.hashes(pieces, 9, ids) == chain_token_hashes(ids, 9, 32)
+    assert cache.hashes(pieces, 9, ids) == chain_token_hashes(ids, 9, 32)  # fully cached

@@ -43,3 +43,52 @@ def chain_token_hashes(token_ids: Sequence[int], seed: int, block_size: int,
         h = _xxh3(data[offset : offset + step], h)
         append(h)
     return out
+
+
+class ChainCache:
+    """Block hashes of piece sequences, resumed from the longest prefix seen before.
+
+    A prompt is a sequence of pieces (tokenize.py); a rolling key names each piece prefix
+    (`xxh3(piece, seed=key of the prefix before it)`, starting from the namespace). For
+    every piece prefix it computed, the cache keeps the hash list and how many of its blocks
+    lie wholly inside that prefix: the next turn of the conversation finds its previous
+    turn's pieces and hashes only the blocks after them. Bounded LRU of `max_entries`
+    prefixes; the hash lists are shared by all prefixes of one prompt.
+    """
+
+    def __init__(self, block_size: int, max_entries: int = 65536) -> None:
+        from collections import OrderedDict
+
+        self.block_size = block_size
+        self._max = max(1, max_entries)
+        self._states: OrderedDict[int, tuple[list[int], int]] = OrderedDict()
+
+    def hashes(self, pieces: Sequence[tuple[str, Sequence[int]]], seed: int,
+               ids: Sequence[int]) -> list[int]:
+        """`ids` is the concatenation of the pieces' ids."""
+        keys: list[int] = []
+        ends: list[int] = []  # token count at the end of each piece
+        key, end = seed, 0
+        for text, piece_ids in pieces:
+            key = _xxh3(text.encode("utf-8", "surrogatepass"), key)
+            end += len(piece_ids)
+            keys.append(key)
+            ends.append(end)
+        states = self._states
+        base: list[int] = []
+        start = 0
+        for j in range(len(keys) - 1, -1, -1):
+            state = states.get(keys[j])
+            if state is not None:
+                states.move_to_end(keys[j])
+                base, start = state[0][: state[1]], state[1]
+                break
+        parent = base[-1] if base else seed
+        bs = self.block_size
+        out = base + chain_token_hashes(ids[start * bs :], parent, bs)
+        for k, e in zip(keys, ends, strict=True):
+            if e // bs > start or k not in states:
+                states[k] = (out, e // bs)
+        while len(states) > self._max:
+            states.popitem(last=False)
+        return out

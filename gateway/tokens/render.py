@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.tokens.chain import chain_token_hashes, namespace
+from gateway.tokens.chain import ChainCache, chain_token_hashes, namespace
 from gateway.tokens.template import ChatTemplate, TemplateError
 from gateway.tokens.tokenize import TokenizerCache
 
@@ -60,9 +60,10 @@ class TokenRenderer:
         self.tokenizer = tokenizer
         self.block_size = block_size
         self.lora = lora
+        self._chains = ChainCache(block_size)
 
-    def token_ids(self, body: Mapping[str, Any],
-                  endpoint: Literal["chat", "completions"]) -> list[int]:
+    def _pieces(self, body: Mapping[str, Any], endpoint: Literal["chat", "completions"]
+                ) -> list[tuple[str, tuple[int, ...]]] | list[int]:
         if endpoint == "chat":
             if self.template is None:
                 raise TemplateError(f"model {self.model!r} has no chat template")
@@ -70,21 +71,33 @@ class TokenRenderer:
             text = self.template.render(
                 chat_messages(body), tools if isinstance(tools, list) and tools else None,
                 add_generation_prompt=bool(body.get("add_generation_prompt", True)))
-            return self.tokenizer.encode(text)
+            return self.tokenizer.pieces(text)
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
+            return self.tokenizer.pieces(prompt)
         if isinstance(prompt, list) and all(type(t) is int for t in prompt):
             return list(prompt)
         raise TemplateError("prompt must be a string or a list of token ids")
+
+    def token_ids(self, body: Mapping[str, Any],
+                  endpoint: Literal["chat", "completions"]) -> list[int]:
+        return self.prompt(body, endpoint, hashed=False).token_ids
 
     def seed(self, body: Mapping[str, Any]) -> int:
         salt = body.get("cache_salt")
         return namespace(self.model, self.lora, salt if isinstance(salt, str) else None)
 
-    def prompt(self, body: Mapping[str, Any],
-               endpoint: Literal["chat", "completions"]) -> TokenPrompt:
-        ids = self.token_ids(body, endpoint)
+    def prompt(self, body: Mapping[str, Any], endpoint: Literal["chat", "completions"],
+               hashed: bool = True) -> TokenPrompt:
+        got = self._pieces(body, endpoint)
         seed = self.seed(body)
-        return TokenPrompt(ids, seed, chain_token_hashes(ids, seed, self.block_size),
-                           self.block_size)
+        if got and isinstance(got[0], tuple):
+            pieces = [p for p in got if isinstance(p, tuple)]
+            ids: list[int] = []
+            for _, piece_ids in pieces:
+                ids.extend(piece_ids)
+            hashes = self._chains.hashes(pieces, seed, ids) if hashed else []
+        else:
+            ids = [t for t in got if isinstance(t, int)]
+            hashes = chain_token_hashes(ids, seed, self.block_size) if hashed else []
+        return TokenPrompt(ids, seed, hashes, self.block_size)

@@ -70,6 +70,13 @@ class TokenizerCache:
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
+        for _, got in self.pieces(text):
+            ids.extend(got)
+        return ids
+
+    def pieces(self, text: str) -> list[tuple[str, tuple[int, ...]]]:
+        """The text's pieces with their ids (cached ones looked up, new ones encoded)."""
+        out: list[tuple[str, tuple[int, ...]]] = []
         cache = self._pieces
         for piece in self.split(text):
             got = cache.get(piece)
@@ -81,8 +88,8 @@ class TokenizerCache:
             else:
                 self.hits += 1
                 cache.move_to_end(piece)
-            ids.extend(got)
-        return ids
+            out.append((piece, got))
+        return out
 
     def __len__(self) -> int:
         return len(self._pieces)
