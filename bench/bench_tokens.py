@@ -13,7 +13,9 @@ fresh user turn and times, interleaved:
   the blocks at block size 32, match on every live replica);
 - `route`: the whole Router.route in token mode (the above plus the text-mode work and
   the policy);
-- `cold`: lookup with an empty tokenization cache (for scale).
+- `cold`: lookup with an empty tokenization cache (for scale);
+- parts of `lookup`: `render` (the chat template alone) and `new_turn` (the tokenizer on
+  the new turn's two pieces alone, what the cache cannot save).
 
 Median and p90 over N rounds, in milliseconds.
 """
@@ -86,12 +88,14 @@ def main() -> None:
     mode = TokenMode({"tiny": r}, index)
     router = Router(RoutingConfig(seed=1), mode)
     states = [ReplicaState(n, 0) for n in names]
-    times: dict[str, list[float]] = {"lookup": [], "route": [], "cold": []}
+    times: dict[str, list[float]] = {"lookup": [], "route": [], "cold": [], "render": [],
+                                     "new_turn": []}
     matched = 0
     for k in range(args.rounds):
-        body = {"model": "tiny", "messages": [*history, {"role": "assistant",
-                                                           "content": text(rng, 60)},
-                                              {"role": "user", "content": text(rng, 200)}]}
+        reply, question = text(rng, 60), text(rng, 200)
+        body: dict[str, Any] = {"model": "tiny", "messages": [*history,
+                                              {"role": "assistant", "content": reply},
+                                              {"role": "user", "content": question}]}
         r.tokenizer.encode("")  # keep the interpreter warm identically for all three
         t0 = time.perf_counter()
         got = mode.lookup(body, "chat", "tiny", names, 1.0)
@@ -103,6 +107,16 @@ def main() -> None:
         t3 = time.perf_counter()
         cold.lookup(body, "chat", "tiny", names, 1.0)
         t4 = time.perf_counter()
+        assert r.template is not None
+        t5 = time.perf_counter()
+        r.template.render(body["messages"])
+        t6 = time.perf_counter()
+        piece = r.tokenizer._encode_piece
+        piece(f"assistant\n{reply}<|im_end|>")
+        piece(f"user\n{question}<|im_end|>")
+        t7 = time.perf_counter()
+        times["render"].append((t6 - t5) * 1e3)
+        times["new_turn"].append((t7 - t6) * 1e3)
         times["lookup"].append((t1 - t0) * 1e3)
         times["route"].append((t2 - t1) * 1e3)
         times["cold"].append((t4 - t3) * 1e3)
