@@ -1,6 +1,6 @@
 """Token ids -> chained block hashes at the replica's block size. Pure.
 
-Block i's hash is `xxh3_64(uint32 token ids of block i, seed=hash_{i-1})`, with `hash_{-1}`
+Block i's hash is `xxh3_64(uint64 token ids of block i, seed=hash_{i-1})`, with `hash_{-1}`
 the namespace: model, LoRA adapter and `cache_salt`. vLLM keys blocks the same way (its
 block 0 mixes in the LoRA name and the salt, every later block chains on its parent), so a
 LoRA block never matches a base-model block, tenants with different salts never share, and
@@ -27,7 +27,7 @@ def namespace(model: str, lora: str | None, cache_salt: str | None) -> int:
 
 
 def token_bytes(token_ids: Sequence[int]) -> bytes:
-    return array("I", token_ids).tobytes()
+    return array("Q", token_ids).tobytes()
 
 
 def chain_token_hashes(token_ids: Sequence[int], seed: int, block_size: int,
@@ -35,7 +35,7 @@ def chain_token_hashes(token_ids: Sequence[int], seed: int, block_size: int,
     """Hashes of the full blocks of `token_ids`, chained from `seed` (the hash of the
     block before `start`, or the namespace when `start` is 0)."""
     data = token_bytes(token_ids)
-    step = 4 * block_size
+    step = 8 * block_size
     out: list[int] = []
     append = out.append
     h = seed

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.tokens.chain import ChainCache, chain_token_hashes, namespace
-from gateway.tokens.template import ChatTemplate, TemplateError
+from gateway.tokens.template import Template, TemplateError
 from gateway.tokens.tokenize import TokenizerCache
 
 
@@ -51,7 +51,7 @@ def chat_messages(body: Mapping[str, Any]) -> list[Any]:
 class TokenRenderer:
     """One model's renderer: template + tokenizer cache + the replica's block size."""
 
-    def __init__(self, model: str, template: ChatTemplate | None, tokenizer: TokenizerCache,
+    def __init__(self, model: str, template: Template | None, tokenizer: TokenizerCache,
                  block_size: int, lora: str | None = None) -> None:
         if block_size <= 0:
             raise ValueError("block_size must be positive")

@@ -17,11 +17,19 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 
 class TemplateError(ValueError):
     pass
+
+
+class Template(Protocol):
+    """What the renderer needs: the Jinja template below, or another renderer of the
+    same prompt (the simulator's ChatML renderer, in its benchmarks)."""
+
+    def render(self, messages: list[Any], tools: list[Any] | None = None,
+               add_generation_prompt: bool = True) -> str: ...
 
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
