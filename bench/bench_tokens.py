@@ -2,6 +2,7 @@
 warm.
 
     .venv/bin/python bench/bench_tokens.py [--rounds N] [--tokens 32768] [--replicas 4]
+        [--reply-words 60] [--question-words 200]
 
 A conversation is grown turn by turn (user ~400 tokens, assistant ~120) until it renders to
 `--tokens` tokens with the test model's tokenizer and ChatML template
@@ -71,6 +72,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--reply-words", type=int, default=60)
+    ap.add_argument("--question-words", type=int, default=200)
     args = ap.parse_args()
     rng = random.Random(7)
     r = renderer()
@@ -92,7 +95,7 @@ def main() -> None:
                                      "new_turn": []}
     matched = 0
     for k in range(args.rounds):
-        reply, question = text(rng, 60), text(rng, 200)
+        reply, question = text(rng, args.reply_words), text(rng, args.question_words)
         body: dict[str, Any] = {"model": "tiny", "messages": [*history,
                                               {"role": "assistant", "content": reply},
                                               {"role": "user", "content": question}]}
