@@ -75,9 +75,18 @@ def test_reset_predicts_nothing_on_the_next_request(renderer: TokenRenderer) -> 
     got = batches("kv_events_vllm032.msgpack")
     index.apply("r", got[0].events, 0.0)
     turn1 = renderer.prompt(bodies()[0], "chat").hashes
-    index.predict("r", turn1, 0.0)
+    turn2 = renderer.prompt(bodies()[1], "chat").hashes
+    index.predict("r", turn2, 0.0)  # turn 2 sent: its new blocks predicted
+    assert index.matched("r", turn2, 0.1) == len(turn2)
     index.apply("r", [AllBlocksCleared()], 0.1)
-    assert index.matched("r", turn1, 0.2) == 0  # predictions go with the reset too
+    assert index.matched("r", turn1, 0.2) == 0
+    # Predictions go with the reset too: a fresh replica, only predicted blocks.
+    fresh = KVIndex(KVConfig(predict_ttl_s=2.0))
+    fresh.add_replica("r", "tiny", 32)
+    fresh.predict("r", turn2, 0.0)
+    assert fresh.matched("r", turn2, 0.1) == len(turn2)
+    fresh.apply("r", [AllBlocksCleared()], 0.1)
+    assert fresh.matched("r", turn2, 0.2) == 0
 
 
 def test_unknown_parent_is_unresolved() -> None:
