@@ -138,3 +138,20 @@ async def test_events_predictions_and_reset(replica: Replica,
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         ctx.term()
+
+
+async def test_parity_probe(replica: Replica, http: aiohttp.ClientSession) -> None:
+    from tokenizers import Tokenizer
+
+    from gateway.events.probe import probe
+
+    model_dir: Path = replica.model_dir  # type: ignore[attr-defined]
+    tok = TokenizerCache.from_file(model_dir / "tokenizer.json")
+    good = TokenRenderer("tiny", load_template(model_dir), tok, 32)
+    assert (await probe(http, replica.url, good)).ok
+    raw = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    wrong = TokenRenderer("tiny", load_template(model_dir).__class__.from_source(
+        "{% for m in messages %}{{ m.content }}{% endfor %}"), tok, 32)
+    got = await probe(http, replica.url, wrong,
+                      decode=lambda ids: raw.decode(list(ids), skip_special_tokens=False))
+    assert (got.ok, got.cause) == (False, "template"), got.message
