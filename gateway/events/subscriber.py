@@ -5,7 +5,7 @@ On its first batch, and on every sequence gap, the subscriber asks the replay so
 ROUTER: send `[b"", start_seq]`, receive `[b"", topic, seq, payload]` until the
 end-of-replay marker) for everything from the next expected sequence number, applies it,
 then skips the live batches the replay already covered. A sequence that goes backwards
-after the stream settled means the publisher restarted: the replica's cache is empty, so
+past those (source.classify) means the publisher restarted: the replica's cache is empty, so
 the index is cleared before catching up from 0. A gap the replay cannot fill (no replay
 socket, the replica's buffer moved on, a timeout) also clears the index, since the missed
 batches may have removed blocks: better to predict nothing than blocks that are gone.
