@@ -109,3 +109,25 @@ def test_bytes_hashes_and_short_frames() -> None:
         decode_seq(b"\x00")
     with pytest.raises(EventDecodeError, match="frames"):
         decode_message([b"kv", b"\x00" * 8])
+
+
+def test_core_imports_without_the_kv_extra() -> None:
+    """The simulator and the router import the event types; the `kv` extra's libraries
+    (msgpack, pyzmq, jinja2, tokenizers) load only when token mode is used."""
+    import subprocess
+    import sys
+
+    code = (
+        "import builtins\n"
+        "real = builtins.__import__\n"
+        "def guard(name, *a, **k):\n"
+        "    if name.split('.')[0] in ('msgpack', 'zmq', 'jinja2', 'tokenizers'):\n"
+        "        raise ImportError('blocked ' + name)\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = guard\n"
+        "import gateway.sim.engine, gateway.routing.router, gateway.events.kvindex\n"
+        "import gateway.events.tokenmode, gateway.cli\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
-
 BlockKey = int | bytes
 
 # vLLM's end-of-replay marker in the sequence frame: -1 as a signed 8-byte int.
@@ -86,6 +84,8 @@ def decode_message(frames: Sequence[bytes]) -> EventBatch:
 
 
 def decode_payload(seq: int, payload: bytes) -> EventBatch:
+    import msgpack  # the `kv` extra; the simulator imports the event types without it
+
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=True)
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:

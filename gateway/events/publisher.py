@@ -15,8 +15,6 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Literal
 
-import msgpack
-
 from gateway.events.decode import (
     END_SEQ,
     AllBlocksCleared,
@@ -51,6 +49,8 @@ def encode_event(event: Event, encoding: Encoding) -> object:
 
 def encode_batch(ts: float, events: Sequence[Event], encoding: Encoding,
                  dp_rank: int | None = 0) -> bytes:
+    import msgpack
+
     out: bytes = msgpack.packb([ts, [encode_event(e, encoding) for e in events], dp_rank])
     return out
 
