@@ -24,6 +24,8 @@ import random
 import statistics
 from typing import Any
 
+from router_calls import decide, finish
+
 from gateway.events.decode import decode_payload
 from gateway.events.kvindex import KVIndex
 from gateway.events.publisher import encode_batch
@@ -99,9 +101,8 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
         messages.append({"role": "user", "content": words(rng, rng.randint(30, 120))})
         body: dict[str, Any] = {"model": "m", "messages": list(messages),
                                 "cache_salt": f"t{tenant}"}
-        plan = router.route(body, "chat", "m", None, states, now)
+        plan = decide(router, body, "m", states, now)
         name = plan.decision.replica
-        router.sent(plan, name, now)
         engine = engines[name]
         ids = tok.encode(render_chat(messages))
         req = engine.new_request(f"q{k}", ids, 40, now, IM_END_ID, salt_key(f"t{tenant}"))
@@ -125,9 +126,8 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
         final[id(messages)] = req.num_prompt_tokens
         within += abs(plan.decision.predicted_cached_tokens - req.num_cached_tokens) < BLOCK
         reply = tok.decode([x for x in req.output_ids if x != IM_END_ID])
-        router.first_token(plan, name, t)
-        router.completed(plan, name, req.num_prompt_tokens, req.num_cached_tokens, True, t,
-                         reply, req.num_output_tokens)
+        finish(router, plan, name, req.num_prompt_tokens, req.num_cached_tokens,
+               req.first_token, t, reply, req.num_output_tokens)
         messages.append({"role": "assistant", "content": reply})
         now = t + 0.001
     count = len(ttfts)

@@ -19,6 +19,7 @@ from gateway.routing.router import Router
 from gateway.tokens.render import TokenRenderer
 from gateway.tokens.template import load_template
 from gateway.tokens.tokenize import TokenizerCache
+from tests.kv_driver import decide
 
 DATA = Path(__file__).parent / "data"
 MODEL = DATA / "tiny-model"
@@ -54,41 +55,38 @@ def setup(renderer: TokenRenderer) -> tuple[Router, KVIndex]:
 def test_reset_replica_predicts_nothing_next(renderer: TokenRenderer) -> None:
     router, index = setup(renderer)
     b = body()
-    first = router.route(b, "chat", "tiny", None, REPLICAS, 0.0)
+    first = decide(router, b, "tiny", REPLICAS, 0.0)
     assert first.tokens is not None and first.decision.estimated_prompt_tokens == 834
-    router.sent(first, first.decision.replica, 0.0)
     chosen = first.decision.replica
     index.apply(chosen, [store_event(renderer, b)], 0.1)
-    again = router.route(b, "chat", "tiny", None, REPLICAS, 0.2)
+    again = decide(router, b, "tiny", REPLICAS, 0.2)
     assert again.decision.replica == chosen and again.decision.predicted_cached_tokens == 832
     index.apply(chosen, [AllBlocksCleared()], 0.3)
-    after = router.route(b, "chat", "tiny", None, REPLICAS, 0.4)
+    after = decide(router, b, "tiny", REPLICAS, 0.4)
     assert after.predicted[chosen] == 0
     # Text mode (no token mode) still believes the replica holds the prompt.
     text = Router(RoutingConfig(seed=1))
-    plan = text.route(b, "chat", "tiny", None, REPLICAS, 0.0)
-    text.sent(plan, chosen, 0.0)
-    assert text.route(b, "chat", "tiny", None, REPLICAS, 0.4).predicted[chosen] > 0
+    decide(text, b, "tiny", REPLICAS, 0.0, pin=chosen)
+    assert decide(text, b, "tiny", REPLICAS, 0.4).predicted[chosen] > 0
 
 
 def test_predictions_colocate_a_burst_then_expire(renderer: TokenRenderer) -> None:
     router, _ = setup(renderer)
     b = body()
-    first = router.route(b, "chat", "tiny", None, REPLICAS, 0.0)
-    router.sent(first, "a", 0.0)
-    sibling = router.route(b, "chat", "tiny", None, REPLICAS, 0.5)  # before any event
+    decide(router, b, "tiny", REPLICAS, 0.0, pin="a")
+    sibling = decide(router, b, "tiny", REPLICAS, 0.5)  # before any event
     assert sibling.predicted["a"] == 832 and sibling.decision.replica == "a"
-    late = router.route(b, "chat", "tiny", None, REPLICAS, 5.0)  # never confirmed
+    late = decide(router, b, "tiny", REPLICAS, 5.0)  # never confirmed
     assert late.tokens is not None and late.tokens.matched["a"] == 0
 
 
 def test_stale_replica_falls_back_to_text_mode(renderer: TokenRenderer) -> None:
     router, index = setup(renderer)
     index.set_connected("b", False, 0.0)
-    plan = router.route(body(), "chat", "tiny", None, REPLICAS, 0.0)
+    plan = decide(router, body(), "tiny", REPLICAS, 0.0)
     assert plan.tokens is not None and set(plan.tokens.matched) == {"a"}
     index.set_connected("a", False, 0.0)
-    plan = router.route(body(), "chat", "tiny", None, REPLICAS, 0.0)
+    plan = decide(router, body(), "tiny", REPLICAS, 0.0)
     assert plan.tokens is None  # nobody live: text mode throughout
-    other = router.route(body(), "chat", "other-model", None, REPLICAS, 0.0)
+    other = decide(router, body(), "other-model", REPLICAS, 0.0)
     assert other.tokens is None
