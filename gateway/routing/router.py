@@ -23,6 +23,10 @@ too, as vLLM caches generated tokens and the next turn of the conversation repea
 
 `set_capacity`, `add_replica`, `remove_replica`, `replica_restarted`: fleet changes.
 
+Token mode (optional, `tokens`): where a model has a renderer and a replica's KV events
+flow, the prediction on that replica is exact (its events' blocks, events/tokenmode.py)
+instead of the text guess, and `sent` adds short-lived predicted blocks there.
+
 Every policy computes predictions (so usage records compare prediction and delivery under
 any policy); only `prefix` uses them to choose.
 """
@@ -33,7 +37,7 @@ import dataclasses
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.routing.blocks import chain_hashes
 from gateway.routing.config import RoutingConfig
@@ -45,6 +49,9 @@ from gateway.routing.index import BlockIndex
 from gateway.routing.normalize import END, canonical_bytes, chain_seed
 from gateway.routing.policy import Candidate, choose
 from gateway.routing.sessions import SessionKey, SessionLoad
+
+if TYPE_CHECKING:
+    from gateway.events.tokenmode import TokenLookup, TokenMode
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -61,6 +68,7 @@ class RoutePlan:
     matched: Mapping[str, int]  # leading blocks held, per candidate
     predicted: Mapping[str, int]  # predicted cached tokens, per candidate
     estimated_tokens: float  # prompt tokens (unrounded)
+    tokens: TokenLookup | None = None  # token mode: exact tokens and blocks held, if live
     outcome: Outcome = field(default_factory=Outcome)  # filled in by the request path
 
 
@@ -72,8 +80,9 @@ def engine_cap(matched_tokens: float, prompt_tokens: float, block: int) -> int:
 
 
 class Router:
-    def __init__(self, config: RoutingConfig) -> None:
+    def __init__(self, config: RoutingConfig, tokens: TokenMode | None = None) -> None:
         self.config = config
+        self._tokens = tokens
         self._rng = random.Random(config.seed)
         self._turn = 0
         self._estimator = TokenEstimator(
@@ -150,6 +159,11 @@ class Router:
         est = self._estimator
         ratio = est.ratio(model)
         prompt_tokens = est.prompt_tokens(hashes, len(data), ratio)
+        # Token mode (KV events): exact counts on the replicas whose events flow.
+        lookup = (self._tokens.lookup(body, endpoint, model, [c.name for c in candidates], now)
+                  if self._tokens is not None else None)
+        if lookup is not None:
+            prompt_tokens = float(lookup.prompt_tokens)
         matched: dict[str, int] = {}
         predicted: dict[str, int] = {}
         # Replicas usually share a few match lengths: estimate each (length, block) once.
@@ -180,7 +194,9 @@ class Router:
                 self.add_replica(name)
             m = self._index.matched(name, hashes)
             key = (m, self._engine_block.get(name, default_block))
-            p = by_blocks.get(key)
+            p = lookup.cached_tokens(name) if lookup is not None else None
+            if p is None:
+                p = by_blocks.get(key)
             if p is None:
                 tokens = est.matched_tokens(data, hashes, m, ratio)
                 p = by_blocks[key] = engine_cap(tokens, prompt_tokens, key[1])
@@ -210,7 +226,7 @@ class Router:
         return RoutePlan(decision=decision, model=model, session=session,
                          conversation=conversation, data=data,
                          seed=seed, hashes=hashes, matched=matched, predicted=predicted,
-                         estimated_tokens=prompt_tokens)
+                         estimated_tokens=prompt_tokens, tokens=lookup)
 
     # what happened to it ----------------------------------------------------------------
     def _settle(self, now: float) -> None:
@@ -248,6 +264,8 @@ class Router:
         self._pending.setdefault(replica, {})[plan] = (uncached, now)
         self._queued[replica] = self._queued.get(replica, 0.0) + uncached
         self._index.record(replica, plan.hashes, len(plan.hashes), plan.matched.get(replica, 0))
+        if plan.tokens is not None and self._tokens is not None:
+            self._tokens.sent(plan.tokens, replica, now)
         if plan.session is not None:
             self._sessions.touch(plan.session, replica, now)
         elif plan.conversation is not None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from gateway.sim.generator import OutputGenerator
 from gateway.sim.hashing import none_hash
 from gateway.sim.hitrate import HitRateWindow
+from gateway.sim.kvevents import EventQueue
 from gateway.sim.metrics import EngineMetrics, Gauges
 from gateway.sim.pool import BlockPool
 from gateway.sim.request import SimRequest
@@ -40,6 +41,7 @@ class EngineConfig:
     replica: int = 0
     hash_seed: str = "fixed"
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
+    kv_events: bool = False  # queue vLLM-style KV-cache events (Engine.kv_events)
 
 
 @dataclass(slots=True)
@@ -53,7 +55,8 @@ class StepOutput:
 class Engine:
     def __init__(self, config: EngineConfig, tokenizer: Tokenizer) -> None:
         self.config = config
-        self.pool = BlockPool(config.num_gpu_blocks)
+        self.kv_events = EventQueue(config.block_size) if config.kv_events else None
+        self.pool = BlockPool(config.num_gpu_blocks, self.kv_events)
         self.scheduler = Scheduler(
             self.pool,
             config.block_size,

@@ -20,6 +20,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.sim.kvevents import EventQueue
 
 
 class KVBlock:
@@ -32,7 +36,7 @@ class KVBlock:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, events: EventQueue | None = None) -> None:
         if num_blocks < 2:
             raise ValueError("a KV pool needs at least 2 blocks (one is the null block)")
         self.num_blocks = num_blocks
@@ -44,6 +48,7 @@ class BlockPool:
         )
         self._cached: dict[int, dict[int, KVBlock]] = {}
         self.evictions = 0
+        self.events = events  # KV-cache events, when the engine publishes them
 
     @property
     def num_free(self) -> int:
@@ -105,6 +110,8 @@ class BlockPool:
             for b in copies.values():
                 b.block_hash = None
         self._cached.clear()
+        if self.events is not None:
+            self.events.cleared()
         return True
 
     def _evict(self, b: KVBlock) -> None:
@@ -113,5 +120,7 @@ class BlockPool:
         del copies[b.block_id]
         if not copies:
             del self._cached[b.block_hash]
+        if self.events is not None:
+            self.events.removed(b.block_hash)
         b.block_hash = None
         self.evictions += 1

@@ -170,6 +170,10 @@ class Scheduler:
             blocks = req.blocks
             for j in range(req.num_cached_blocks, full):
                 pool.cache(blocks[j], hashes[j])
+            if pool.events is not None:
+                first = req.num_cached_blocks
+                pool.events.stored(hashes[first:full], hashes[first - 1] if first else None,
+                                   req.token_ids[first * bs : full * bs], req.first_extra)
             req.num_cached_blocks = full
         return True
 

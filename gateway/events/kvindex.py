@@ -1,0 +1,209 @@
+"""Token mode, per replica: the blocks its KV events say it holds. Pure (time is a
+parameter).
+
+Confirmed entries come from the replica's events. A `BlockStored` carries the blocks'
+`token_ids` and vLLM's hash of the parent; the gateway recomputes its own chained hashes
+(tokens/chain.py) from its hash of that parent, or from the namespace (model, LoRA
+adapter, `cache_salt` found in block 0's `extra_keys`) when there is none, and keeps vLLM's
+hash -> its hash so later parents and `BlockRemoved` resolve. A store whose parent the
+gateway never saw (events lost before it subscribed) cannot be placed and is counted as
+unresolved. `AllBlocksCleared` empties the replica, predictions included: a reset replica
+is predicted to hold nothing on the very next request.
+
+Predicted entries are what routing decisions put there (a request sent is a prefix about
+to be cached); they expire after `predict_ttl_s`, so a burst of sibling requests co-locates
+before the first event arrives, and a wrong guess does not outlive the events that should
+have confirmed it.
+
+A replica is live while its events are flowing: the subscriber marks it connected, and
+it goes stale when requests were sent there `stale_after_s` ago and at least
+`stale_requests` of them were never followed by any event. A stale or disconnected replica
+is routed in text mode until events arrive again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import takewhile
+
+from gateway.events.decode import (
+    AllBlocksCleared,
+    BlockKey,
+    BlockRemoved,
+    BlockStored,
+    Event,
+)
+from gateway.tokens.chain import chain_token_hashes, namespace
+
+
+@dataclass(slots=True)
+class ReplicaBlocks:
+    model: str
+    block_size: int | None = None
+    engine_to_own: dict[BlockKey, int] = field(default_factory=dict)
+    held: dict[int, int] = field(default_factory=dict)  # own hash -> engine hashes naming it
+    predicted: dict[int, float] = field(default_factory=dict)  # own hash -> expiry
+    connected: bool = False
+    unconfirmed: list[float] = field(default_factory=list)  # sends since the last event
+    last_event_at: float | None = None
+    stored: int = 0
+    removed: int = 0
+    cleared: int = 0
+    unresolved: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class KVConfig:
+    predict_ttl_s: float = 2.0
+    stale_after_s: float = 10.0
+    stale_requests: int = 3
+    max_predicted: int = 1 << 20
+
+
+class KVIndex:
+    def __init__(self, config: KVConfig | None = None) -> None:
+        self.config = config or KVConfig()
+        self._replicas: dict[str, ReplicaBlocks] = {}
+
+    # replicas -----------------------------------------------------------------------------
+    def add_replica(self, replica: str, model: str, block_size: int | None = None) -> None:
+        state = self._replicas.get(replica)
+        if state is None or state.model != model:
+            self._replicas[replica] = ReplicaBlocks(model, block_size)
+        elif block_size is not None:
+            state.block_size = block_size
+
+    def remove_replica(self, replica: str) -> None:
+        self._replicas.pop(replica, None)
+
+    def state(self, replica: str) -> ReplicaBlocks | None:
+        return self._replicas.get(replica)
+
+    def set_connected(self, replica: str, connected: bool, now: float) -> None:
+        state = self._replicas.get(replica)
+        if state is not None:
+            state.connected = connected
+            state.unconfirmed.clear()
+            if connected:
+                state.last_event_at = now
+
+    def live(self, replica: str, now: float) -> bool:
+        state = self._replicas.get(replica)
+        if state is None or not state.connected or state.block_size is None:
+            return False
+        cfg = self.config
+        overdue = [t for t in state.unconfirmed if now - t >= cfg.stale_after_s]
+        return len(overdue) < cfg.stale_requests
+
+    # events -------------------------------------------------------------------------------
+    def apply(self, replica: str, events: Sequence[Event], now: float) -> None:
+        state = self._replicas.get(replica)
+        if state is None:
+            return
+        state.last_event_at = now
+        state.unconfirmed.clear()
+        for event in events:
+            if isinstance(event, BlockStored):
+                self._store(state, event)
+            elif isinstance(event, BlockRemoved):
+                self._remove(state, event.block_hashes)
+            elif isinstance(event, AllBlocksCleared):
+                self.clear(replica)
+
+    def clear(self, replica: str) -> None:
+        state = self._replicas.get(replica)
+        if state is not None:
+            state.engine_to_own.clear()
+            state.held.clear()
+            state.predicted.clear()
+            state.cleared += 1
+
+    def _store(self, state: ReplicaBlocks, event: BlockStored) -> None:
+        if event.group_idx not in (None, 0):
+            return  # hybrid models: the full-attention group (0) decides prefix hits
+        if state.block_size is None:
+            state.block_size = event.block_size
+        if event.block_size != state.block_size:
+            state.unresolved += len(event.block_hashes)
+            return
+        if event.parent_block_hash is None:
+            seed = namespace(state.model, event.lora_name, _salt(event))
+        else:
+            parent = state.engine_to_own.get(event.parent_block_hash)
+            if parent is None:
+                state.unresolved += len(event.block_hashes)
+                return
+            seed = parent
+        own = chain_token_hashes(event.token_ids, seed, event.block_size)
+        for engine, mine in zip(event.block_hashes, own, strict=True):
+            if engine not in state.engine_to_own:
+                state.engine_to_own[engine] = mine
+                state.held[mine] = state.held.get(mine, 0) + 1
+            state.predicted.pop(mine, None)
+        state.stored += len(own)
+
+    def _remove(self, state: ReplicaBlocks, hashes: Sequence[BlockKey]) -> None:
+        for engine in hashes:
+            mine = state.engine_to_own.pop(engine, None)
+            if mine is None:
+                continue
+            left = state.held.get(mine, 0) - 1
+            if left > 0:
+                state.held[mine] = left
+            else:
+                state.held.pop(mine, None)
+            state.removed += 1
+
+    # routing ------------------------------------------------------------------------------
+    def matched(self, replica: str, hashes: Sequence[int], now: float) -> int:
+        """Leading blocks of `hashes` the replica holds (confirmed) or is about to hold
+        (predicted, not expired)."""
+        state = self._replicas.get(replica)
+        if state is None:
+            return 0
+        held, predicted = state.held, state.predicted
+        # The confirmed run first, in C (takewhile over dict membership); then the mixed
+        # confirmed/predicted tail one block at a time.
+        n = len(list(takewhile(held.__contains__, hashes)))
+        if not predicted:
+            return n
+        for h in hashes[n:]:
+            if h not in held:
+                expiry = predicted.get(h)
+                if expiry is None or expiry <= now:
+                    break
+            n += 1
+        return n
+
+    def predict(self, replica: str, hashes: Sequence[int], now: float) -> None:
+        """A request with these blocks was sent there: expect them until the TTL ends."""
+        state = self._replicas.get(replica)
+        if state is None:
+            return
+        state.unconfirmed.append(now)
+        if len(state.unconfirmed) > self.config.stale_requests * 4:
+            del state.unconfirmed[: -self.config.stale_requests * 4]
+        expiry = now + self.config.predict_ttl_s
+        predicted = state.predicted
+        for h in hashes:
+            if h not in state.held:
+                predicted[h] = expiry
+        if len(predicted) > self.config.max_predicted:
+            for h in [h for h, t in predicted.items() if t <= now]:
+                del predicted[h]
+
+    def held_blocks(self, replica: str) -> int:
+        state = self._replicas.get(replica)
+        return len(state.held) if state is not None else 0
+
+
+def _salt(event: BlockStored) -> str | None:
+    """cache_salt: the string in block 0's extra keys after the LoRA name (if any)."""
+    if not event.extra_keys or not event.extra_keys[0]:
+        return None
+    keys = list(event.extra_keys[0])
+    if event.lora_name is not None and keys and keys[0] == event.lora_name:
+        keys = keys[1:]
+    strings = [k for k in keys if isinstance(k, str)]
+    return strings[0] if strings else None
