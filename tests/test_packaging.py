@@ -41,8 +41,10 @@ def test_extras_by_role() -> None:
     assert set(extras["redis"]) == {"redis"}
     assert "matplotlib" in extras["bench"]
     assert {"xllamacpp", "gguf", "tokenizers"} <= set(extras["realengine"])
-    # the test extra pulls the redis and bench extras, never the real engines
-    assert "cache-gateway[redis,bench]" in PYPROJECT["project"]["optional-dependencies"]["test"]
+    assert {"pyzmq", "msgpack", "jinja2", "tokenizers"} <= set(extras["kv"])
+    # the test extra pulls the redis, bench and kv extras, never the real engines
+    assert ("cache-gateway[redis,bench,kv]"
+            in PYPROJECT["project"]["optional-dependencies"]["test"])
     assert not {"xllamacpp", "gguf", "tokenizers"} & set(extras["test"])
 
 
