@@ -212,10 +212,30 @@ def test_metrics_and_stats_by_endpoint(gw: str) -> None:
     assert by_endpoint["messages"]["requests"] >= 1
 
 
-def test_sim_store_off_answers_404(sims: list[str]) -> None:
+def test_sim_errors_as_vllm_0_32(sims: list[str]) -> None:
+    """Shapes read from real vLLM 0.32: the store's 404 (also with the store off), a
+    Messages validation error in the OpenAI shape, a Messages engine error in Anthropic's."""
     with sim(1, ["--speed", "50"]) as (url,):
         r = httpx.post(url + "/v1/responses", json={
             "model": MODEL, "input": "hi", "previous_response_id": "resp_abc"})
+        missing = httpx.post(url + "/v1/messages", json={
+            "model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        unknown = httpx.post(url + "/v1/messages", json={
+            "model": "nope", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+        ok = httpx.post(url + "/v1/responses", json={"model": MODEL, "input": "hi"}).json()
+        no_input = httpx.post(url + "/v1/responses", json={"model": MODEL})
+    assert no_input.status_code == 400 and no_input.json()["error"] == {
+        "message": "1 validation error:\n  {'type': 'missing', 'loc': 'body.input', 'msg': "
+                   "'Field required', 'input': '<dict of 1 items>'}",
+        "type": "Bad Request", "param": "body.input", "code": 400}
+    assert missing.status_code == 400
+    assert missing.json()["error"]["param"] == "body.max_tokens"
+    assert missing.json()["error"]["type"] == "Bad Request"
+    assert unknown.status_code == 404
+    assert unknown.json() == {"type": "error", "error": {
+        "type": "NotFoundError", "message": "The model `nope` does not exist."}}
+    assert len(ok["id"]) == len("resp_") + 16 and ok["tool_choice"] == "none"
     assert r.status_code == 404
     assert r.json()["error"] == {"message": "Response with id 'resp_abc' not found.",
-                                 "type": "NotFoundError", "param": "response_id", "code": 404}
+                                 "type": "invalid_request_error", "param": "response_id",
+                                 "code": 404}

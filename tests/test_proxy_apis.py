@@ -4,6 +4,7 @@ gone) and the usage record's endpoint."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import orjson
@@ -13,6 +14,9 @@ from gateway.proxy.app import create_app
 from gateway.usage.record import UsageRecord
 from tests.proxy_fakes import JSON_H, MODEL, Fake, settings, started
 from tests.upstream_double import MockReply, MockRequest
+
+# a timestamp near the app's clock (the analyzer flags times close to the request's)
+NOW = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def responses_answer(replica: str, req: MockRequest) -> MockReply:
@@ -119,3 +123,23 @@ async def test_messages_usage_is_normalized() -> None:
     assert orjson.loads(sent.body or b"") == {  # forwarded as the client wrote it
         "model": MODEL, "max_tokens": 4, "system": "s",
         "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/responses", {"model": MODEL, "instructions": f"Now: {NOW}. Be brief.",
+                       "input": [{"role": "user", "content": "a " * 200},
+                                 {"role": "assistant", "content": "ok"},
+                                 {"role": "user", "content": "next"}]}),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 4,
+                      "system": [{"type": "text", "text": f"Now: {NOW}. Be brief."}],
+                      "messages": [{"role": "user", "content": "a " * 200},
+                                   {"role": "assistant", "content": "ok"},
+                                   {"role": "user", "content": "next"}]}),
+])
+async def test_hygiene_scans_both_apis(path: str, body: dict[str, Any]) -> None:
+    fake = Fake(responses_answer if path.endswith("responses") else messages_answer)
+    records: list[UsageRecord] = []
+    async for client in started(create_app(settings(), upstream=fake.upstream), records):
+        r = await client.post(path, json=body)
+    assert r.status_code == 200
+    assert records[0].hygiene >= 1  # the timestamp in the system text

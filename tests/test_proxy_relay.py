@@ -70,3 +70,35 @@ async def test_stream_sends(eof_known: bool, fail_after: int | None, bodies: lis
         assert got == bodies[1:]
         assert outcome.usage is not None and outcome.usage.prompt_tokens == 9
     assert firsts == [1] and outcome.first_byte == 1.0
+
+
+RESPONSES_EVENTS = [
+    b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_1",'
+    b'"object":"response","usage":null}}\n\n',
+    b'event: response.in_progress\ndata: {"type":"response.in_progress"}\n\n',
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+    b'"delta":"a"}\n\n',
+    b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"resp_1",'
+    b'"object":"response","usage":{"input_tokens":9,"input_tokens_details":'
+    b'{"cached_tokens":0},"output_tokens":1}}}\n\n',
+]
+
+
+@pytest.mark.parametrize(("marker", "first_at"), [(None, 1), (b'"response.output_text.delta"', 3)])
+async def test_responses_stream_first_token_and_id(marker: bytes | None, first_at: int) -> None:
+    """The Responses stream opens before the prefill: its first token is the first delta.
+    The response id is known before the bytes carrying it are sent."""
+    sent: list[dict[str, Any]] = []
+    ids: list[tuple[str, int]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    outcome = RelayOutcome()
+    await relay(Stream(RESPONSES_EVENTS, False), send, [], strip_usage=False,  # type: ignore[arg-type]
+                replica="r", outcome=outcome, on_first_byte=lambda: None,
+                timer=lambda: float(len(sent)),
+                on_response_id=lambda rid: ids.append((rid, len(sent))), first_token=marker)
+    assert outcome.first_byte == first_at  # bodies sent before it (the head counts as one)
+    assert ids == [("resp_1", 1)]  # heard while only the response head had gone out
+    assert outcome.usage is not None and outcome.usage.prompt_tokens == 9

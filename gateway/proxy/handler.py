@@ -374,10 +374,13 @@ class Proxy:
             def created(response_id: str) -> None:
                 self.affinity.remember(response_id, name)
 
+            responses = ex.endpoint == "responses"
+
             try:
                 await relay(resp, send, extra, strip_usage=strip, replica=name, outcome=outcome,
                             on_first_byte=first_byte, timer=self.timer,
-                            on_response_id=created if ex.endpoint == "responses" else None)
+                            on_response_id=created if responses else None,
+                            first_token=b'"response.output_text.delta"' if responses else None)
             except UpstreamError as exc:
                 raise from_upstream(exc, name) from None
             ex.status = outcome.status

@@ -13,6 +13,10 @@ a 200 one is parsed once for its usage and its generated text (`parse_answer`).
 A Responses API answer names its id (body `id`, or the stream's `response.*` events):
 `on_response_id` hears it before the bytes that carry it go to the client, so a client
 that continues the chain at once already finds its creator remembered.
+
+`first_token`: a stream whose first events come before the prefill (the Responses API's
+`response.created`) times its first token at the first chunk holding this marker (the
+first `response.output_text.delta`) instead of its first byte.
 """
 
 from __future__ import annotations
@@ -76,7 +80,7 @@ class RelayOutcome:
 async def relay(
     resp: UpstreamResponse, send: Send, extra: Headers, *, strip_usage: bool, replica: str,
     outcome: RelayOutcome, on_first_byte: Callable[[], None], timer: Callable[[], float],
-    on_response_id: Callable[[str], None] | None = None,
+    on_response_id: Callable[[str], None] | None = None, first_token: bytes | None = None,
 ) -> None:
     """Send resp to the client. Upstream failures before the head propagate (nothing was
     sent); after it they end the stream with an error event recorded in `outcome.error`."""
@@ -112,7 +116,7 @@ async def relay(
                 on_response_id = None
             if not out:
                 continue
-            if outcome.first_byte is None:
+            if outcome.first_byte is None and (first_token is None or first_token in out):
                 outcome.first_byte = timer()
                 on_first_byte()
             if held:  # at_eof was wrong after all: keep the order

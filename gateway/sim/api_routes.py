@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -111,8 +110,8 @@ class ApiRoutes:
         params = rapi.parse_responses(body, self.store)
         chat = params.chat
         ids, max_tokens = self._prompt(chat)
-        rid = "resp_" + uuid.uuid4().hex
-        item_id = "msg_" + uuid.uuid4().hex
+        rid = rapi.new_id("resp_")
+        item_id = rapi.new_id("msg_")
         created = int(time.time())
         model = self.app.config.model
         headers = [(b"x-request-id", request_id(scope).encode())]
@@ -147,7 +146,7 @@ class ApiRoutes:
             incomplete = "max_output_tokens" if req.finish_reason == "length" else None
             response = rapi.response_object(
                 rid, created, model, params,
-                [rapi.message_item(item_id, text, "incomplete" if incomplete else "completed")],
+                [rapi.message_item(item_id, text, "completed")],  # as vLLM, even when cut
                 "incomplete" if incomplete else "completed",
                 rapi.usage(req.num_prompt_tokens, req.num_output_tokens, req.num_cached_tokens),
                 incomplete)

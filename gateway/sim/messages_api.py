@@ -12,9 +12,10 @@ the conversion), runs it, and converts the answer back:
 - stream: `event:` + `data:` per event: message_start (the message with empty content and
   the usage known so far), content_block_start, content_block_delta (text_delta)...,
   content_block_stop, message_delta (stop_reason and the final usage), message_stop;
-- errors: `{"type": "error", "error": {"type", "message"}}` with the status of the error.
-
-`max_tokens` is required, as in Anthropic's API and vLLM's request model.
+- errors: `{"type": "error", "error": {"type", "message"}}` with the status of the error,
+  except request validation (a missing `max_tokens`, required as in Anthropic's API),
+  which vLLM answers in its OpenAI shape with type "Bad Request" and param
+  `body.max_tokens`.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ import orjson
 from gateway.routing import messages_api
 from gateway.routing.normalize import NormalizeError
 from gateway.sim import protocol
+from gateway.sim.api_errors import ValidationError, missing
 from gateway.sim.errors import ApiError, bad_request
 
 
 def parse_messages(body: Mapping[str, Any]) -> protocol.ChatParams:
     max_tokens = body.get("max_tokens")
-    if max_tokens is None:
-        raise bad_request("Field required: max_tokens", "max_tokens")
+    if max_tokens is None:  # pydantic's validation error, in vLLM's OpenAI shape
+        raise missing("max_tokens", body)
     try:
         view = messages_api.chat_view(body)
     except NormalizeError as e:
@@ -49,6 +51,8 @@ def parse_messages(body: Mapping[str, Any]) -> protocol.ChatParams:
 
 
 def error_body(err: ApiError) -> bytes:
+    if isinstance(err, ValidationError):
+        return err.body()
     return orjson.dumps({"type": "error", "error": {"type": err.type, "message": err.message}})
 
 
@@ -56,6 +60,8 @@ def usage(prompt: int, output: int, cached: int | None) -> dict[str, Any]:
     out: dict[str, Any] = {"input_tokens": max(0, prompt - (cached or 0)),
                            "output_tokens": output}
     if cached is not None:
+        # vLLM 0.32 reports created_cache_tokens 0 here (only chat fills it)
+        out["cache_creation_input_tokens"] = 0
         out["cache_read_input_tokens"] = cached
     return out
 

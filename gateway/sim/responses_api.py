@@ -23,6 +23,7 @@ whole response with its usage). No `data: [DONE]`.
 
 from __future__ import annotations
 
+import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ import orjson
 from gateway.routing import responses_api
 from gateway.routing.normalize import NormalizeError
 from gateway.sim import protocol
+from gateway.sim.api_errors import TypedError, missing
 from gateway.sim.errors import ApiError, bad_request
 
 
@@ -61,12 +63,18 @@ class ResponseStore:
 
 
 def not_found(response_id: str) -> ApiError:
-    return ApiError(404, f"Response with id '{response_id}' not found.", "response_id")
+    return TypedError(404, f"Response with id '{response_id}' not found.", "response_id",
+                      "invalid_request_error")
+
+
+def new_id(prefix: str) -> str:
+    """vLLM 0.32's ids: a prefix and 16 hex digits."""
+    return prefix + uuid.uuid4().hex[:16]
 
 
 def parse_responses(body: Mapping[str, Any], store: ResponseStore | None) -> ResponsesParams:
     if body.get("input") is None:
-        raise bad_request("Field required: input", "input")
+        raise missing("input", body)
     previous = body.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
         raise bad_request("previous_response_id must be a string", "previous_response_id")
@@ -95,8 +103,8 @@ def parse_responses(body: Mapping[str, Any], store: ResponseStore | None) -> Res
         "instructions": instructions, "max_output_tokens": max_output,
         "previous_response_id": previous, "temperature": body.get("temperature", 1.0),
         "top_p": body.get("top_p", 1.0), "tools": body.get("tools") or [],
-        "tool_choice": body.get("tool_choice", "auto"), "metadata": body.get("metadata"),
-        "user": body.get("user"),
+        "tool_choice": body.get("tool_choice", "auto" if body.get("tools") else "none"),
+        "metadata": body.get("metadata"), "user": body.get("user"),
     }
     return ResponsesParams(
         chat=chat, history=[m for m in chat.messages if m.get("role") != "system"],
@@ -123,7 +131,7 @@ def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     return {
         "id": item_id, "content": [{"annotations": [], "text": text, "type": "output_text",
                                     "logprobs": None}],
-        "role": "assistant", "status": status, "type": "message",
+        "role": "assistant", "status": status, "type": "message", "phase": None,
     }
 
 
@@ -138,7 +146,9 @@ def response_object(
         "parallel_tool_calls": True, "background": False, "max_tool_calls": None,
         "prompt": None, "reasoning": None, "service_tier": "auto", "status": status,
         "text": None, "top_logprobs": None, "truncation": "disabled", "usage": use,
-        **params.echo,
+        **params.echo, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+        "kv_transfer_params": None, "ec_transfer_params": None, "input_messages": None,
+        "output_messages": None,
     }
 
 
