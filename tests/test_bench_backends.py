@@ -143,3 +143,23 @@ def test_compare_on_given_replicas_resets_their_caches_between_policies(
         # From a cold cache the first turn of every session misses: with the first policy's
         # cache inherited, round_robin's cold turns would hit.
         assert s["turns"][0]["cached_ratio"] < 0.5, s["turns"][0]
+
+
+def test_probe_measures_the_tokenizer_and_says_when_a_first_prompt_cannot_fit() -> None:
+    import asyncio
+
+    from gateway.bench.presets import PRESETS
+    from gateway.bench.server import probe, prompt_chars
+    from gateway.bench.session import sample_body
+
+    body = sample_body(build_workload(PRESETS["tiny"].workload))
+    assert body is not None
+    for limit, fits in ((1024, False), (16384, True)):
+        with sim(1, ["--max-model-len", str(limit), "--block-size", "32"]) as urls:
+            facts = asyncio.run(probe(urls[0], None, urls, sample=body))
+        assert facts.block_size == 32 and facts.max_model_len == limit
+        assert facts.tool_choice == "none"  # this simulator runs without the tool flags
+        assert facts.chars_per_token is not None
+        tokens = prompt_chars(body) / facts.chars_per_token
+        assert (tokens + body["max_tokens"] <= limit) == fits
+        assert any("larger --max-model-len" in n for n in facts.notes) != fits
