@@ -33,6 +33,7 @@ AUTO = (
         (500, "upstream  went\\n away", "500: upstream went\\n away"),
         (0, "ClientConnectorError: refused", "ClientConnectorError: refused"),
         (400, '{"error": "flat"}', '400: {"error": "flat"}'),
+        (400, '{"error":{"message":"too long: 8193","type":"Bad', "400: too long: 8193"),
     ],
 )  # fmt: skip
 def test_reason(status: int, error: str, expected: str) -> None:
@@ -107,3 +108,58 @@ def test_run_against_a_server_without_tool_flags_names_them(
     assert "--enable-auto-tool-choice --tool-call-parser" in out
     summary = json.loads((tmp_path / "run.json").read_text())["summary"]
     assert summary["errors"] == 0 and summary["error_reasons"] == []
+
+
+def _compare(urls: list[str], out: Path, *extra: str) -> int:
+    backends = [a for u in urls for a in ("--backend", u)]
+    return main(["compare", *backends, "--preset", "tiny", "--policies", "prefix,round_robin",
+                 "--time-scale", "0.005", "--out", str(out), "--no-progress",
+                 "--max-wall-s", "60", *extra])  # fmt: skip
+
+
+def test_compare_on_replicas_without_dev_mode_stops_and_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with sim(2, ["--speed", "200"]) as urls:
+        rc = _compare(urls, tmp_path)
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "VLLM_SERVER_DEV_MODE=1" in err and "contaminated" in err and urls[0] in err
+
+
+def test_compare_on_given_replicas_resets_their_caches_between_policies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = ["--speed", "200", "--timing-comments", "--kv-blocks", "2000", "--dev-mode"]
+    with sim(2, flags) as urls:
+        rc = _compare(urls, tmp_path)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "--enable-auto-tool-choice" in out  # the probe's notice: no tool flags here
+    result = json.loads((tmp_path / "compare.json").read_text())
+    for policy in ("prefix", "round_robin"):
+        s = result["policies"][policy]
+        assert s["cache_reset"] and s["errors"] == 0 and s["bound"]["block_size"] == 16
+        # From a cold cache the first turn of every session misses: with the first policy's
+        # cache inherited, round_robin's cold turns would hit.
+        assert s["turns"][0]["cached_ratio"] < 0.5, s["turns"][0]
+
+
+def test_probe_measures_the_tokenizer_and_says_when_a_first_prompt_cannot_fit() -> None:
+    import asyncio
+
+    from gateway.bench.presets import PRESETS
+    from gateway.bench.server import probe, prompt_chars
+    from gateway.bench.session import sample_body
+
+    body = sample_body(build_workload(PRESETS["tiny"].workload))
+    assert body is not None
+    for limit, fits in ((1024, False), (16384, True)):
+        with sim(1, ["--max-model-len", str(limit), "--block-size", "32"]) as urls:
+            facts = asyncio.run(probe(urls[0], None, urls, sample=body))
+        assert facts.block_size == 32 and facts.max_model_len == limit
+        assert facts.tool_choice == "none"  # this simulator runs without the tool flags
+        assert facts.chars_per_token is not None
+        tokens = prompt_chars(body) / facts.chars_per_token
+        assert (tokens + body["max_tokens"] <= limit) == fits
+        assert any("larger --max-model-len" in n for n in facts.notes) != fits

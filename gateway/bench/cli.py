@@ -44,7 +44,7 @@ from gateway.bench.presets import BLOCK_SIZE, PRESETS, Preset, with_overrides
 from gateway.bench.replay import ReplayOptions, replay
 from gateway.bench.runner import SESSION_IDS, RunOptions, RunResult, run_workload
 from gateway.bench.server import probe
-from gateway.bench.session import ServerLimits
+from gateway.bench.session import ServerLimits, sample_body
 from gateway.bench.table import summary_table, turn_table
 from gateway.bench.trace import TraceError, parse_trace, select, trace_bound
 from gateway.bench.workload import build_workload
@@ -165,15 +165,16 @@ def _failed(result: RunResult) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     preset = _preset(args)
+    workload = build_workload(preset.workload)
     try:
-        facts = asyncio.run(probe(args.base_url, args.model, [args.tokenize_url or args.base_url]))
+        facts = asyncio.run(probe(args.base_url, args.model, [args.tokenize_url or args.base_url],
+                                  sample=sample_body(workload)))
     except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
         print(f"gateway-bench run: cannot reach {args.base_url}: {e}", file=sys.stderr)
         return 1
     for note in facts.notes:
         print(f"note: {note}")
     model = facts.model
-    workload = build_workload(preset.workload)
     result = asyncio.run(
         run_workload(
             workload,
@@ -183,7 +184,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 progress=not args.no_progress, api=args.api,
                 session_ids=args.session_ids,
                 limits=ServerLimits(max_model_len=facts.max_model_len,
-                                    tool_choice=facts.tool_choice),
+                                    tool_choice=facts.tool_choice,
+                                    chars_per_token=facts.chars_per_token),
             ),
         )
     )

@@ -46,7 +46,7 @@ from gateway.bench.runner import (
     run_workload,
 )
 from gateway.bench.server import ServerFacts, probe
-from gateway.bench.session import ServerLimits
+from gateway.bench.session import ServerLimits, sample_body
 from gateway.bench.table import replica_table, summary_table
 from gateway.bench.workload import build_workload
 
@@ -128,7 +128,8 @@ def run_policy(
         )
     model = facts.model if facts else opts.model
     limits = ServerLimits(
-        max_model_len=facts.max_model_len, tool_choice=facts.tool_choice
+        max_model_len=facts.max_model_len, tool_choice=facts.tool_choice,
+        chars_per_token=facts.chars_per_token,
     ) if facts else ServerLimits()
     scale = opts.time_scale or (1.0 if opts.backends else 1.0 / preset.speed)
     with engines:
@@ -181,7 +182,11 @@ def compare(opts: CompareOptions, out: TextIO | None = None) -> dict[str, Any]:
     summaries: dict[str, dict[str, Any]] = {}
     facts = None
     if opts.backends:
-        facts = asyncio.run(probe(opts.backends[0], None, opts.backends))
+        sample = sample_body(build_workload(opts.preset.workload))
+        facts = asyncio.run(probe(opts.backends[0], None, opts.backends, sample=sample))
+        ratio = f"{facts.chars_per_token:.2f}" if facts.chars_per_token else "unknown"
+        print(f"replicas: model {facts.model}, max_model_len {facts.max_model_len}, "
+              f"block size {facts.block_size}, {ratio} characters per token", file=out)
         for note in facts.notes:
             print(f"note: {note}", file=out)
     for policy in opts.policies:

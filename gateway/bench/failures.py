@@ -24,6 +24,9 @@ def reason(status: int | None, error: str) -> str:
     except orjson.JSONDecodeError:
         body = None
     message = error
+    if body is None and '"message":"' in error:
+        # A body cut short by the runner's capture: take the message as far as it goes.
+        message = error.split('"message":"', 1)[1].split('","', 1)[0]
     if isinstance(body, dict):
         inner = body.get("error")
         if isinstance(inner, dict) and isinstance(inner.get("message"), str):

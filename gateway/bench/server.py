@@ -6,6 +6,9 @@
   unless started with `--enable-auto-tool-choice --tool-call-parser NAME`. Then the
   workload sends `tool_choice: "none"`, which vLLM accepts and which still renders the
   tools into the prompt, so what is cached does not change; the notice names the flags.
+- How many characters of the workload's text make a token on this model: one sample
+  prompt (the first session's first request) through `/tokenize`, so the sessions' prompt
+  size estimates are right from the first turn (tokenizers differ by 2x and more).
 - Each replica's KV block size from `vllm:cache_config_info` in its `/metrics`, for the
   bound (hits come in whole blocks of the replica's size).
 
@@ -33,6 +36,7 @@ class ServerFacts:
     max_model_len: int | None = None
     tool_choice: str | None = None  # None: send tools as the workload defines them
     block_size: int | None = None  # the smallest block size among the replicas read
+    chars_per_token: float | None = None  # measured on a sample prompt, when /tokenize works
     notes: tuple[str, ...] = field(default=())
 
 
@@ -45,10 +49,19 @@ def block_size_of(metrics_text: str) -> int | None:
     return parse_engine_metrics(metrics_text, now=0.0).block_size  # time plays no part here
 
 
+def prompt_chars(body: dict[str, Any]) -> int:
+    """The characters a session counts for a body (contents plus the tools' text)."""
+    return sum(len(str(m.get("content") or "")) for m in body.get("messages") or ()) + len(
+        str(body.get("tools") or [])
+    )
+
+
 async def probe(
     base_url: str, model: str | None = None, metrics_urls: Sequence[str] = (),
-    timeout_s: float = 30.0,
+    timeout_s: float = 30.0, sample: dict[str, Any] | None = None,
 ) -> ServerFacts:
+    """`sample`: a request body whose prompt is tokenized (on the first metrics URL's
+    `/tokenize`, else the base URL's) to measure characters per token."""
     base = base_url.rstrip("/")
     notes: list[str] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http:
@@ -72,6 +85,23 @@ async def probe(
                 f'{TOOL_FLAGS}; sending tool_choice "none" instead (the tools still reach '
                 "the prompt, so caching is unchanged)"
             )
+        ratio = None
+        if sample is not None:
+            tokenize = (metrics_urls[0] if metrics_urls else base).rstrip("/") + "/tokenize"
+            ask = {"model": name, "messages": sample.get("messages"), "tools": sample.get("tools")}
+            try:
+                async with http.post(tokenize, json=ask) as resp:
+                    count = orjson.loads(await resp.read()).get("count") if resp.ok else None
+            except (aiohttp.ClientError, orjson.JSONDecodeError):
+                count = None
+            if isinstance(count, int) and count > 0:
+                ratio = prompt_chars(sample) / count
+                if max_model_len and count + int(sample.get("max_tokens") or 0) > max_model_len:
+                    notes.append(
+                        f"the workload's first prompt alone is {count} tokens on this model, "
+                        f"over max_model_len {max_model_len} with its max_tokens: sessions "
+                        "like it will fail; start the replicas with a larger --max-model-len"
+                    )
         sizes = []
         for url in metrics_urls:
             async with http.get(url.rstrip("/") + "/metrics") as resp:
@@ -83,5 +113,5 @@ async def probe(
                      "the smallest (an upper bound for all)")  # fmt: skip
     return ServerFacts(
         model=name, max_model_len=max_model_len, tool_choice=tool_choice,
-        block_size=min(sizes) if sizes else None, notes=tuple(notes),
+        block_size=min(sizes) if sizes else None, chars_per_token=ratio, notes=tuple(notes),
     )

@@ -24,7 +24,7 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.bench.workload import AgentPrompt, SessionPlan
+from gateway.bench.workload import AgentPrompt, SessionPlan, Workload
 
 # A fixed epoch keeps timestamps deterministic (no clock reads): turn time = epoch + plan time.
 EPOCH = datetime.datetime(2025, 6, 2, 9, 0, 0, tzinfo=datetime.UTC)
@@ -49,6 +49,7 @@ CONTEXT_MARGIN = 0.95  # estimates are estimates: keep 5% of the context free
 class ServerLimits:
     max_model_len: int | None = None
     tool_choice: str | None = None
+    chars_per_token: float | None = None  # measured by the probe; else INITIAL_...
 
 
 class AgentSession:
@@ -64,7 +65,7 @@ class AgentSession:
         self.history: list[dict[str, Any]] = [{"role": "user", "content": plan.task}]
         self._next = 0
         self._clock_s = plan.start_s
-        self._chars_per_token = INITIAL_CHARS_PER_TOKEN
+        self._chars_per_token = self.limits.chars_per_token or INITIAL_CHARS_PER_TOKEN
         self._last_chars = 0
 
     def _system(self, turn: int) -> str:
@@ -131,7 +132,8 @@ class AgentSession:
         self._next += 1
 
     def _prompt_chars(self, messages: list[dict[str, Any]]) -> int:
-        return _chars(messages) + len(str(self.prompt.tools))  # tools are rendered too
+        # Counted as `gateway.bench.server.prompt_chars` counts (tools are rendered too).
+        return _chars(messages) + len(str(list(self.prompt.tools)))
 
     def _tokens(self, messages: list[dict[str, Any]]) -> int:
         return int(self._prompt_chars(messages) / self._chars_per_token)
@@ -165,3 +167,11 @@ class AgentSession:
 
 def _chars(messages: list[dict[str, Any]]) -> int:
     return sum(len(str(m.get("content") or "")) for m in messages)
+
+
+def sample_body(workload: Workload) -> dict[str, Any] | None:
+    """The first session's first request: what the probe tokenizes to learn the ratio."""
+    if not workload.sessions:
+        return None
+    plan = workload.sessions[0]
+    return AgentSession(plan, workload.prompts[plan.agent], "sample").requests()[0].body
