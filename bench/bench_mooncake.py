@@ -38,7 +38,12 @@ from gateway.bench.replay import ReplayOptions, replay
 from gateway.bench.report import follow_ups_moved, shares, summarize
 from gateway.bench.trace import TraceRequest, parse_trace, select
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation.jsonl"
+# ../shared/traces next to the checkout (a worktree sits one folder deeper)
+_ROOT = Path(__file__).resolve().parents[1]
+TRACE = next((d / "shared" / "traces" / "mooncake_conversation.jsonl"
+              for d in (_ROOT.parent, _ROOT.parent.parent)
+              if (d / "shared" / "traces").is_dir()),
+             _ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl")
 MODEL = "sim-model"
 BLOCK = 16
 

@@ -104,3 +104,11 @@ def test_samples_are_bounded() -> None:
     convs.advance(conv, chain("ABCDEFGH"))
     assert convs.find(chain("ABx")) is None  # A, B forgotten (least recent)
     assert convs.find(chain("ABCDEFx")) == (conv, "forks")
+
+
+def test_a_fork_leaves_only_a_short_tail_behind() -> None:
+    convs = Conversations(capacity=10, sample_every=1, max_tail_blocks=1)
+    conv = convs.open()
+    convs.advance(conv, chain("SABCD"))
+    assert convs.find(chain("SABCx")) == (conv, "forks")  # one block of it left behind
+    assert convs.find(chain("SABx")) is None  # two: another conversation of that prompt

@@ -33,15 +33,15 @@ class RoutingConfig:
     prefill_s_per_token: float = 33e-6
     in_flight_s: float = 0.004
     engine_waiting_s: float = 0.03
-    # Session affinity prior, worth this many prefill tokens (~21 ms): a follow-up leaves
+    # Session affinity prior, worth this many prefill tokens (~42 ms): a follow-up leaves
     # the replica holding its history only when the estimated TTFT elsewhere, re-prefill
     # of the lost history included, is lower by more than this. The estimate is made from
     # the gateway's own counts and does not see that the re-prefill also delays the
-    # requests queued behind it there, nor that the history left behind is wasted cache:
-    # at 64 tokens one follow-up in 20-30 moved on gateway-bench's default preset and set
-    # the TTFT tail; at 640, 1.5-2.7% moved, the tail fell ~15% and more of the bound was
-    # captured, with and without session ids (bench/RESULTS.md).
-    session_prior_tokens: int = 640
+    # requests queued behind it there, nor that the history left behind is wasted cache.
+    # On gateway-bench's default preset without session ids, side by side: at 64 tokens
+    # 3-6% of follow-ups moved, at 640 2-5%, at 1280 2.4-2.7% with the TTFT tail ~30%
+    # lower than at 640 (bench/RESULTS.md).
+    session_prior_tokens: int = 1280
     # Placing a session (a new one, or one whose replica holds nothing of it that others
     # lack): its later turns will follow it, so each session bound to a replica (decayed
     # count, session_active_s time constant, sessions.py) costs session_s, and no replica

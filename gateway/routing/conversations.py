@@ -24,7 +24,8 @@ partial one; a template that drops the previous turn's reasoning), so a follow-u
 all of the previous prompt but its tail. For these, every `sample_every`-th block hash of
 each prompt is remembered with the conversation that sent it, or SHARED once a second
 conversation sends it too. A request that contains no tip but whose deepest remembered
-sample belongs to one conversation alone *forks* from it (`find` says so): it opens a
+sample belongs to one conversation alone, at most `max_tail_blocks` short of that
+conversation's latest prompt, *forks* from it (`find` says so): it opens a
 conversation of its own (so it is counted as one), placed as a follow-up of the one it
 forks from, on that one's replica while its cache holds. Content that several
 conversations sent (an agent's prompt, after its second conversation) is SHARED and
@@ -51,7 +52,8 @@ class Found(NamedTuple):
 
 class Conversations:
     def __init__(self, capacity: int, tips_per_conversation: int = 4,
-                 sample_every: int = 16, sample_capacity: int = 262_144) -> None:
+                 sample_every: int = 16, sample_capacity: int = 262_144,
+                 max_tail_blocks: int = 32) -> None:
         if min(capacity, tips_per_conversation, sample_capacity) < 1 or sample_every < 0:
             raise ValueError("Conversations sizes must be positive (sample_every: 0 is off)")
         self._capacity = capacity
@@ -59,6 +61,8 @@ class Conversations:
         self._every = sample_every
         self._sample_capacity = sample_capacity
         self._samples: OrderedDict[int, int] = OrderedDict()  # sample hash -> conv | SHARED
+        self._max_tail = max_tail_blocks
+        self._length: dict[int, int] = {}  # conversation -> blocks of its latest prompt
         self._tips: dict[int, int] = {}  # tip hash -> conversation
         # conversation -> its tips, most recent last; least recently active first
         self._conversations: OrderedDict[int, list[int]] = OrderedDict()
@@ -84,6 +88,11 @@ class Conversations:
             if owner is not None:
                 if owner == SHARED or owner not in self._conversations:
                     return None
+                # Only a short tail may differ: a request that leaves more of the
+                # prompt behind (another conversation of the same agent, while the
+                # first is the only one to have sent its prompt) is a new one.
+                if self._length[owner] - (i + 1) > self._max_tail:
+                    return None
                 return Found(owner, "forks")
         return None
 
@@ -98,6 +107,7 @@ class Conversations:
         if not hashes:
             return
         self._sample(conv, hashes)
+        self._length[conv] = len(hashes)
         tip = hashes[-1]
         owner = self._tips.get(tip)
         if owner is not None and owner != conv:
@@ -119,6 +129,7 @@ class Conversations:
         self._conversations[conv] = mine
         while len(self._conversations) > self._capacity:
             gone, old_tips = self._conversations.popitem(last=False)
+            self._length.pop(gone, None)
             for old in old_tips:
                 if self._tips.get(old) == gone:
                     del self._tips[old]
