@@ -52,3 +52,32 @@ def test_bounded() -> None:
     assert owners.find([1]) is None and owners.find([4]) == conv
     with pytest.raises(ValueError):
         MessageOwners(0)
+
+
+def test_a_short_common_reply_does_not_join_two_conversations() -> None:
+    """Seen in the soak: conversations of one agent (one system prompt) whose replies are
+    all "ok". The second conversation's follow-up repeats only that reply of the first:
+    no history rewrite is reported."""
+    from gateway.hygiene.analyzer import HygieneAnalyzer
+    from gateway.hygiene.config import HygieneConfig
+
+    analyzer = HygieneAnalyzer(HygieneConfig(redact=False))
+    system = {"role": "system", "content": "You are the build agent. " * 20}
+
+    def scan(*turns: str) -> list[str]:
+        roles = ["user", "assistant"]
+        body = {"model": "m", "messages": [system, *({"role": roles[i % 2], "content": t}
+                                                     for i, t in enumerate(turns))]}
+        return [f.kind for f in analyzer.scan(body, "chat", None, 0.0)]
+
+    first = "Please compile the project and report every warning you see in the log."
+    second = "Run the unit tests of the parser module and summarise the failures found."
+    assert scan(first) == []
+    assert scan(first, "ok", "Now fix the first warning in the compiler output.") == []
+    assert scan(second) == []
+    assert scan(second, "ok", "Now rerun only the failing parser tests, please.") == []
+    # a real rewrite is still reported: the first turn of the first conversation edited
+    edited = scan(first.replace("every warning", "each warning"), "ok",
+                  "Now fix the first warning in the compiler output.", "ok",
+                  "And the second warning as well, with a test for it.")
+    assert "history_rewrite" in edited

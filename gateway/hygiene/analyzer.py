@@ -40,13 +40,16 @@ from gateway.hygiene.drift import Divergence, Snapshot, diverge
 from gateway.hygiene.finding import Finding
 from gateway.hygiene.lograte import LogLimiter
 from gateway.hygiene.patterns import STRONG, WEAK, Hit, scan_text
-from gateway.hygiene.prompt import Prompt, parse, validate
+from gateway.hygiene.prompt import Part, Prompt, parse, validate
 
 _SCANNED_ROLES = frozenset({"system", "developer", "user", "tools", "prompt"})
 # Parts every conversation of a template shares: they do not tell conversations apart.
 _HEAD_PARTS = frozenset({"system", "developer", "tools", "prompt"})
 # Message digests remembered per conversation slot to recognise implicit conversations.
 _DIGESTS_PER_CONVERSATION = 16
+# A message this short ("ok", "continue", a one-word tool result) is sent by many
+# conversations: it names none of them, so it neither owns nor finds a conversation.
+_MIN_IDENTIFYING_CHARS = 24
 _TEMPLATE_CHARS = 256
 _MAX_VALUES = 512
 _MAX_FINDINGS = 16
@@ -100,9 +103,10 @@ class HygieneAnalyzer:
         key: Any
         conv: int | None = None
         messages: list[int] = []
+        talk = [part for part in p.parts if part.role not in _HEAD_PARTS]
         if session is None:
-            messages = [part.digest for part in p.parts if part.role not in _HEAD_PARTS]
-            conv = self._owners.find(messages[:-1])
+            messages = [part.digest for part in talk if _identifying(part)]
+            conv = self._owners.find([part.digest for part in talk[:-1] if _identifying(part)])
             if conv is not None and conv not in self._conversations:
                 conv = None  # its snapshot was forgotten: nothing to compare with
         head_only = session is None and conv is None
@@ -136,7 +140,7 @@ class HygieneAnalyzer:
             values = frozenset(sorted(values)[:_MAX_VALUES])
         snapshot = Snapshot.of(p, values, self.config.drift_text_chars)
         _remember(state, key, snapshot, cap)
-        if session is None and messages:
+        if session is None and talk:
             if conv is None:
                 conv = self._owners.open()
             else:  # new conversations still teach their template's head
@@ -268,6 +272,10 @@ class HygieneAnalyzer:
         if self.config.redact:
             return f"<{kind}:{len(text)} chars>"
         return text[:_SPAN_CHARS]
+
+
+def _identifying(part: Part) -> bool:
+    return len(part.text) + len(part.extra) >= _MIN_IDENTIFYING_CHARS
 
 
 def _same_prefix(old: Snapshot, p: Prompt) -> int:
