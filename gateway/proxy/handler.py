@@ -45,6 +45,7 @@ from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.proxy.asgi import ClientGone, Headers, Receive, Scope, Send, read_body, request_headers
 from gateway.proxy.auth import Authenticator
 from gateway.proxy.errors import GatewayError, UpstreamConnectError, UpstreamError, from_upstream
+from gateway.proxy.exchange import Exchange
 from gateway.proxy.inbound import Endpoint, inject_usage, parse_inbound, parse_json
 from gateway.proxy.relay import RelayOutcome, relay, upstream_request_headers
 from gateway.proxy.session import resolve_session
@@ -58,7 +59,6 @@ from gateway.routing.normalize import NormalizeError
 from gateway.routing.router import Router
 from gateway.settings import ServerSettings
 from gateway.usage.metrics import UNKNOWN_MODEL, GatewayMetrics
-from gateway.usage.record import UsageRecord
 from gateway.usage.recorder import UsageRecorder
 
 if TYPE_CHECKING:
@@ -67,59 +67,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.proxy.handler")
 
 _WANTED = (b"x-request-id", b"authorization", b"x-session-id", b"content-length")
-
-
-class Exchange:
-    """Per-request facts that end up in the usage record."""
-
-    __slots__ = (
-        "best", "disconnected", "done", "endpoint", "error", "findings", "model", "moved",
-        "outcome", "predicted", "replica", "request_id", "route", "session", "status", "stream",
-        "t0", "target", "tenant", "ts", "up_headers",
-    )
-
-    def __init__(self, request_id: str, ts: float, t0: float, endpoint: str) -> None:
-        self.request_id = request_id
-        self.ts = ts
-        self.t0 = t0
-        self.endpoint = endpoint
-        self.tenant: str | None = None
-        self.model = ""
-        self.stream = False
-        self.session: str | None = None
-        self.findings = 0
-        self.replica: str | None = None
-        self.route: str | None = None
-        self.moved: str | None = None
-        self.predicted: int | None = None
-        self.best: int | None = None
-        self.status = 500
-        self.error: str | None = None
-        self.outcome = RelayOutcome()
-        self.disconnected = False
-        self.done = False  # the last byte was handed to the server: disconnects are moot
-        self.target = ""  # the checked request target for the replica (gateway.proxy.target)
-        self.up_headers: list[tuple[str, str]] = []  # the client headers that may go upstream
-
-    def fail(self, error: GatewayError) -> None:
-        self.status = error.status
-        self.error = error.message
-
-    def record(self, end: float) -> UsageRecord:
-        """The usage record, `end` read from the same timer as `t0`."""
-        o = self.outcome
-        u = o.usage
-        return UsageRecord(
-            ts=self.ts, request_id=self.request_id, tenant=self.tenant, model=self.model,
-            replica=self.replica, route=self.route, stream=self.stream, status=self.status,
-            prompt_tokens=u.prompt_tokens if u else None,
-            cached_tokens=u.cached_tokens if u else None,
-            predicted_cached_tokens=self.predicted, best_available_tokens=self.best,
-            completion_tokens=u.completion_tokens if u else None,
-            ttft_ms=(o.first_byte - self.t0) * 1000.0 if o.first_byte is not None else None,
-            latency_ms=(end - self.t0) * 1000.0, session=self.session,
-            hygiene=self.findings, endpoint=self.endpoint, error=self.error, moved=self.moved,
-        )
 
 
 class Proxy:
