@@ -25,7 +25,8 @@ from gateway.routing.config import RoutingConfig
 from gateway.routing.decision import ReplicaState
 from gateway.routing.index import BlockIndex
 from gateway.routing.normalize import canonical_bytes, chain_seed
-from gateway.routing.router import RoutePlan, Router
+from gateway.routing.plan import RoutePlan
+from gateway.routing.router import Router
 from gateway.sim.generator import WORDS
 
 

@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gateway.routing.decision import ReplicaState
-from gateway.routing.router import RoutePlan, Router
+from gateway.routing.plan import RoutePlan
+from gateway.routing.router import Router
 
 
 def decide(router: Router, body: Mapping[str, Any], model: str,

@@ -3,7 +3,8 @@ and `report` once."""
 
 from __future__ import annotations
 
-from gateway.routing.router import RoutePlan, Router
+from gateway.routing.plan import RoutePlan
+from gateway.routing.router import Router
 
 
 def finish(

@@ -11,8 +11,8 @@ import pytest
 
 from gateway.routing.config import RoutingConfig
 from gateway.routing.decision import MOVE_REASONS, ReplicaState
-from gateway.routing.policy import Candidate, costs
-from gateway.routing.router import Router, _move
+from gateway.routing.policy import Candidate, costs, move_reason
+from gateway.routing.router import Router
 from tests.filler import words
 from tests.routing_driver import finish
 
@@ -99,7 +99,7 @@ def cand(name: str, predicted: int, in_flight: int = 0) -> Candidate:
 ])
 def test_move_reason(bound: str, chosen: str, views: list[Candidate],
                      reason: str | None) -> None:
-    assert _move(bound, chosen, views) == reason
+    assert move_reason(bound, chosen, views) == reason
     assert reason is None or reason in MOVE_REASONS
 
 

@@ -62,7 +62,7 @@ from gateway.usage.metrics import UNKNOWN_MODEL, GatewayMetrics
 from gateway.usage.recorder import UsageRecorder
 
 if TYPE_CHECKING:
-    from gateway.routing.router import RoutePlan
+    from gateway.routing.plan import RoutePlan
 
 log = logging.getLogger("gateway.proxy.handler")
 

@@ -228,3 +228,19 @@ def choose(
     if policy == "session" and session is not None:
         return Choice(session_order(candidates, session), "session")
     return Choice(least_loaded(candidates, rng), policy)
+
+
+def cache_fill(size: int, capacity: int) -> float:
+    """How full a replica's index is, 0..1 (a replica without capacity counts as full)."""
+    return min(1.0, size / capacity) if capacity > 0 else 1.0
+
+
+def move_reason(bound: str, chosen: str, views: Sequence[Candidate]) -> str | None:
+    """Why a session bound to `bound` goes to `chosen` (None: it stays)."""
+    if chosen == bound:
+        return None
+    own = next((c for c in views if c.name == bound), None)
+    if own is None:
+        return "unavailable"
+    others = max((c.predicted_tokens for c in views if c.name != bound), default=0)
+    return "evicted" if own.predicted_tokens <= others else "load"

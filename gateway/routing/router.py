@@ -36,47 +36,22 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.routing.blocks import chain_hashes
 from gateway.routing.config import RoutingConfig
 from gateway.routing.conversations import Conversations
-from gateway.routing.decision import Decision, Outcome, ReplicaState
+from gateway.routing.decision import Decision, ReplicaState
 from gateway.routing.estimate import TokenEstimator
 from gateway.routing.feedback import Limits, adjust, verdict
 from gateway.routing.index import BlockIndex
 from gateway.routing.normalize import END, canonical_bytes, chain_seed
-from gateway.routing.policy import Candidate, choose
+from gateway.routing.plan import RoutePlan, engine_cap
+from gateway.routing.policy import Candidate, cache_fill, choose, move_reason
 from gateway.routing.sessions import SessionKey, SessionLoad
 
 if TYPE_CHECKING:
-    from gateway.events.tokenmode import TokenLookup, TokenMode
-
-
-@dataclass(frozen=True, eq=False, slots=True)
-class RoutePlan:
-    """Everything `route` worked out, handed back by the app with each callback."""
-
-    decision: Decision
-    model: str
-    session: str | None
-    conversation: int | None  # implicit conversation (no session id), conversations.py
-    data: bytes  # canonical stream
-    seed: int  # chain seed
-    hashes: list[int]  # chained hashes of the full blocks of `data`
-    matched: Mapping[str, int]  # leading blocks held, per candidate
-    predicted: Mapping[str, int]  # predicted cached tokens, per candidate
-    estimated_tokens: float  # prompt tokens (unrounded)
-    tokens: TokenLookup | None = None  # token mode: exact tokens and blocks held, if live
-    outcome: Outcome = field(default_factory=Outcome)  # filled in by the request path
-
-
-def engine_cap(matched_tokens: float, prompt_tokens: float, block: int) -> int:
-    """vLLM's hit: whole blocks, and at least the last prompt token recomputed."""
-    hit = int(matched_tokens) // block * block
-    cap = (max(1, round(prompt_tokens)) - 1) // block * block
-    return max(0, min(hit, cap))
+    from gateway.events.tokenmode import TokenMode
 
 
 class Router:
@@ -208,7 +183,7 @@ class Router:
                 queued_requests=len(pend) if pend else 0, in_flight=state.in_flight,
                 engine_waiting=state.engine_waiting, engine_running=state.engine_running,
                 sessions=sessions.load(name, now) - (own if name == bound else 0.0),
-                fill=_fill(index.size(name), index.capacity(name)),
+                fill=cache_fill(index.size(name), index.capacity(name)),
             ))
         policy = self.config.policy
         # The `session` policy hashes what the client named; the others see conversations.
@@ -221,7 +196,7 @@ class Router:
             best_available_tokens=max(predicted.values()),
             estimated_prompt_tokens=max(0, round(prompt_tokens)),
             ranked=tuple(views[i].name for i in choice.ranked),
-            move=_move(bound, chosen, views) if bound is not None else None,
+            move=move_reason(bound, chosen, views) if bound is not None else None,
         )
         return RoutePlan(decision=decision, model=model, session=session,
                          conversation=conversation, data=data,
@@ -424,17 +399,3 @@ class Router:
         # prompt + generated - 1 tokens of this conversation.
         self._estimator.set_anchor(extended, hashes, prompt_tokens + generated - 1, ratio)
 
-
-def _fill(size: int, capacity: int) -> float:
-    return min(1.0, size / capacity) if capacity > 0 else 1.0
-
-
-def _move(bound: str, chosen: str, views: Sequence[Candidate]) -> str | None:
-    """Why a session bound to `bound` goes to `chosen` (None: it stays)."""
-    if chosen == bound:
-        return None
-    own = next((c for c in views if c.name == bound), None)
-    if own is None:
-        return "unavailable"
-    others = max((c.predicted_tokens for c in views if c.name != bound), default=0)
-    return "evicted" if own.predicted_tokens <= others else "load"
