@@ -34,6 +34,7 @@ from gateway.proxy.auth import Authenticator
 from gateway.proxy.client import AiohttpUpstream, ClientLimits
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.handler import Proxy
+from gateway.proxy.inbound import Endpoint
 from gateway.proxy.upstream import Upstream
 from gateway.replicas.fleet import Fleet
 from gateway.replicas.monitor import FleetMonitor
@@ -46,6 +47,11 @@ from gateway.usage.recorder import UsageRecorder
 log = logging.getLogger("gateway.proxy.app")
 
 PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
+# The inference routes the gateway routes by prefix and accounts (POST only).
+_ROUTED: dict[str, Endpoint] = {
+    "/v1/chat/completions": "chat", "/v1/completions": "completions",
+    "/v1/responses": "responses", "/v1/messages": "messages",
+}
 
 
 @dataclass(slots=True, eq=False)
@@ -164,17 +170,9 @@ class GatewayApp:
             return
         path, method = scope["path"], scope["method"]
         if method == "POST":
-            if path == "/v1/chat/completions":
-                await proxy.handle(scope, receive, send, "chat")
-                return
-            if path == "/v1/completions":
-                await proxy.handle(scope, receive, send, "completions")
-                return
-            if path == "/v1/responses":
-                await proxy.handle(scope, receive, send, "responses")
-                return
-            if path == "/v1/messages":
-                await proxy.handle(scope, receive, send, "messages")
+            endpoint = _ROUTED.get(path)
+            if endpoint is not None:
+                await proxy.handle(scope, receive, send, endpoint)
                 return
         elif method in ("GET", "HEAD"):
             if path in self._guarded:
