@@ -313,7 +313,8 @@ class Router:
     def replica_restarted(self, replica: str) -> None:
         self._index.clear(replica)
 
-    # introspection (stats, tests) ---------------------------------------------------------
+    # introspection (stats, tests): each settles in-flight outcomes first, like a decision,
+    # so it reads the state the next decision would see ----------------------------------
     def indexed_blocks(self, replica: str) -> int:
         self._settle(self._last_settle)
         return self._index.size(replica)
