@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -25,9 +26,11 @@ import uvicorn
 import uvloop
 
 from gateway.coerce import SettingsError
+from gateway.events.config import SIM
 from gateway.extras import MissingExtra
 from gateway.logs import configure_logging
 from gateway.proxy.app import create_app
+from gateway.proxy.tokenmode import TokenModelError, load_renderers, require_token_mode
 from gateway.settings import (
     Settings,
     parse_settings,
@@ -93,9 +96,19 @@ async def serve(settings: Settings) -> int:
     cluster = None
     if not settings.replicas:
         from gateway.sim.cluster import SimCluster, SimOptions
+        from gateway.sim.kvpublish import KVEventsOptions
 
-        cluster = SimCluster(SimOptions(replicas=EMBEDDED_REPLICAS,
-                                        port=free_port_run(EMBEDDED_REPLICAS)))
+        # With `[tokens] models = {"<model>" = "sim"}` the embedded replicas serve that
+        # model and publish KV events, and the gateway routes by them (token mode on the
+        # demo). One run of free ports: HTTP first, then a PUB and a replay port each.
+        sim_models = [m for m, where in settings.tokens.models.items() if where == SIM]
+        n = EMBEDDED_REPLICAS
+        base = free_port_run(3 * n if sim_models else n)
+        options = SimOptions(replicas=n, port=base, block_size=settings.tokens.block_size)
+        if sim_models:
+            options = dataclasses.replace(options, model=sim_models[0],
+                                          kv_events=KVEventsOptions(port=base + n))
+        cluster = SimCluster(options)
         await cluster.start()
         settings = with_replicas(settings, [replica_from_url(u) for u in cluster.urls])
         log.info("embedded simulator started", extra={"urls": cluster.urls})
@@ -118,6 +131,9 @@ def check_extras(settings: Settings) -> None:
     optional package is missing (raises `MissingExtra`)."""
     if settings.usage.redis_url:
         require_redis()
+    if settings.tokens.enabled:
+        require_token_mode(settings.tokens)
+        load_renderers(settings.tokens)  # a missing tokenizer or template fails here
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args, env)
         check_extras(settings)
-    except (SettingsError, MissingExtra) as exc:
+    except (SettingsError, MissingExtra, TokenModelError) as exc:
         print(f"gateway serve: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.server.log_level)

@@ -5,7 +5,8 @@ text and the environment).
 Sections: `[server]` (`ServerSettings`), `[[replicas]]` (`ReplicaSettings`, one table per
 replica), `[auth]` (`AuthSettings`), and the components' own dataclasses, mapped generically
 by field name and type (`gateway.coerce`): `[routing]` -> `RoutingConfig`, `[hygiene]` ->
-`HygieneConfig`, `[usage]` -> `UsageConfig`.
+`HygieneConfig`, `[usage]` -> `UsageConfig`, `[tokens]` -> `TokenSettings` (token mode and
+KV events).
 
 Environment scheme (values are text, parsed by the field's type):
 - `GATEWAY_<SECTION>__<KEY>` sets `[section] key`, e.g. `GATEWAY_ROUTING__POLICY=session`,
@@ -33,6 +34,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from gateway.coerce import SettingsError, build, coerce, field_types
+from gateway.events.config import TokenSettings
 from gateway.hygiene.config import HygieneConfig
 from gateway.routing.config import RoutingConfig
 from gateway.servicelinks import is_service_link
@@ -80,8 +82,16 @@ class ReplicaSettings:
     api_key: str | None = field(default=None, repr=False)  # sent upstream as Bearer
     models: tuple[str, ...] | None = None  # None: discovered from /v1/models
     capacity_tokens: int | None = None  # KV capacity if the engine does not report it
+    # Where it publishes KV events, when GET /kv_event_sources cannot say ([tokens]):
+    kv_events_endpoint: str | None = None  # tcp://host:port of the PUB socket
+    kv_events_replay_endpoint: str | None = None  # tcp://host:port of the replay socket
 
     def __post_init__(self) -> None:
+        for name in ("kv_events_endpoint", "kv_events_replay_endpoint"):
+            value = getattr(self, name)
+            if value is not None and not value.startswith("tcp://"):
+                raise ValueError(f"replica {self.name!r}: {name} must be tcp://host:port, "
+                                 f"got {value!r}")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"replica {self.name!r}: url must be http(s)://host:port, "
@@ -109,6 +119,7 @@ class Settings:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     hygiene: HygieneConfig = field(default_factory=HygieneConfig)
     usage: UsageConfig = field(default_factory=UsageConfig)
+    tokens: TokenSettings = field(default_factory=TokenSettings)
 
 
 # table sections: name -> dataclass (replicas, an array of tables, is handled apart)
@@ -118,6 +129,7 @@ SECTIONS: dict[str, type[Any]] = {
     "routing": RoutingConfig,
     "hygiene": HygieneConfig,
     "usage": UsageConfig,
+    "tokens": TokenSettings,
 }
 
 

@@ -113,7 +113,8 @@ def sim(replicas: int = 2, extra: Sequence[str] = ()) -> Iterator[list[str]]:
 
 
 @contextlib.contextmanager
-def gateway(backends: Sequence[str], extra: Sequence[str] = ()) -> Iterator[str]:
+def gateway(backends: Sequence[str], extra: Sequence[str] = (),
+            env: dict[str, str] | None = None) -> Iterator[str]:
     """`gateway serve` in front of the given backends; yields its base URL."""
     port = free_port()
     argv = [*script("gateway"), "serve", "--host", "127.0.0.1", "--port", str(port)]
@@ -121,5 +122,5 @@ def gateway(backends: Sequence[str], extra: Sequence[str] = ()) -> Iterator[str]
         argv += ["--backend", b]
     argv += list(extra)
     url = f"http://127.0.0.1:{port}"
-    with running(argv, [url + "/ready"]):
+    with running(argv, [url + "/ready"], env=env):
         yield url

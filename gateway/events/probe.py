@@ -6,7 +6,7 @@ caller has it, is compared too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -31,13 +31,15 @@ PROBE: dict[str, Any] = {
 
 
 async def tokenize(session: aiohttp.ClientSession, base_url: str, model: str,
-                   body: dict[str, Any], timeout_s: float = 10.0) -> list[int] | None:
+                   body: dict[str, Any], timeout_s: float = 10.0,
+                   headers: Mapping[str, str] | None = None) -> list[int] | None:
     """The replica's token ids for the chat body; None when it has no /tokenize."""
     payload = {"model": model, "messages": body["messages"], "add_generation_prompt": True}
     if body.get("tools"):
         payload["tools"] = body["tools"]
     async with session.post(base_url.rstrip("/") + "/tokenize", json=payload,
-                            timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                            timeout=aiohttp.ClientTimeout(total=timeout_s),
+                            headers=headers) as resp:
         if resp.status in (404, 405):
             return None
         raw = await resp.content.read(MAX_BODY + 1)
@@ -57,9 +59,10 @@ async def tokenize(session: aiohttp.ClientSession, base_url: str, model: str,
 async def probe(session: aiohttp.ClientSession, base_url: str, renderer: TokenRenderer,
                 first_event: BlockStored | None = None,
                 decode: Callable[[Sequence[int]], str] | None = None,
-                body: dict[str, Any] | None = None) -> Parity:
+                body: dict[str, Any] | None = None,
+                headers: Mapping[str, str] | None = None) -> Parity:
     body = body or PROBE
-    theirs = await tokenize(session, base_url, renderer.model, body)
+    theirs = await tokenize(session, base_url, renderer.model, body, headers=headers)
     ours = renderer.token_ids(body, "chat")
     rendered = ""
     if renderer.template is not None:

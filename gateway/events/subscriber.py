@@ -1,10 +1,12 @@
 """One replica's KV-event feed: a ZMQ SUB socket applied to the token-mode index, with
 catch-up from the replica's replay socket. I/O only; decisions are in source.py.
 
-On its first batch, and on every sequence gap, the subscriber asks the replay socket (a
-ROUTER: send `[b"", start_seq]`, receive `[b"", topic, seq, payload]` until the
-end-of-replay marker) for everything from the next expected sequence number, applies it,
-then skips the live batches the replay already covered. A sequence that goes backwards
+On connecting, the subscriber asks the replay socket (a ROUTER: send `[b"", start_seq]`,
+receive `[b"", topic, seq, payload]` until the end-of-replay marker) for everything it
+still buffers, so blocks cached before the gateway subscribed are known; on the first live
+batch when that gave nothing, and on every sequence gap, it asks for everything from the
+next expected sequence number, applies it, then skips the live batches the replay already
+covered. A sequence that goes backwards
 past those (source.classify) means the publisher restarted: the replica's cache is empty, so
 the index is cleared before catching up from 0. A gap the replay cannot fill (no replay
 socket, the replica's buffer moved on, a timeout) also clears the index, since the missed
@@ -64,6 +66,14 @@ class KVSubscriber:
         expected: int | None = None
         floor = 0
         try:
+            # What the replica cached before this subscription (its replay buffer), so a
+            # gateway that starts, or reconnects, after the traffic knows it at once.
+            got = await self._replay(0)
+            for batch in got:
+                self._apply(batch)
+            self.stats.replayed += len(got)
+            if got:
+                expected, floor = got[-1].seq + 1, got[0].seq
             while True:
                 frames = await sub.recv_multipart()
                 try:

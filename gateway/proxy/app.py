@@ -35,6 +35,7 @@ from gateway.proxy.client import AiohttpUpstream, ClientLimits
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.handler import Proxy
 from gateway.proxy.inbound import Endpoint
+from gateway.proxy.tokenmode import EventFeeds, start_token_mode
 from gateway.proxy.upstream import Upstream
 from gateway.replicas.fleet import Fleet
 from gateway.replicas.monitor import FleetMonitor
@@ -68,6 +69,7 @@ class Services:
     monitor: FleetMonitor
     # Responses API: which replica created each stored response (local; Redis later).
     affinity: AffinityStore = field(default_factory=ResponseAffinity)
+    feeds: EventFeeds | None = None  # KV-event feeds, in token mode ([tokens])
 
 
 class GatewayApp:
@@ -98,7 +100,8 @@ class GatewayApp:
             connections_per_replica=server.upstream_connections, idle_s=server.upstream_idle_s,
             max_body_bytes=server.max_response_bytes))
         fleet = Fleet(settings.replicas, unhealthy_after=settings.server.unhealthy_after)
-        router = Router(settings.routing)
+        tokens = await start_token_mode(settings, fleet, self.clock)
+        router = Router(settings.routing, tokens.mode if tokens is not None else None)
         metrics = GatewayMetrics()
         recorder = UsageRecorder(settings.usage, metrics)
         monitor = FleetMonitor(fleet, upstream, router, metrics, settings, self.clock,
@@ -107,9 +110,12 @@ class GatewayApp:
             settings=settings, clock=self.clock, upstream=upstream, fleet=fleet, router=router,
             analyzer=HygieneAnalyzer(settings.hygiene), metrics=metrics, recorder=recorder,
             auth=Authenticator(settings.auth.keys), monitor=monitor,
+            feeds=tokens.feeds if tokens is not None else None,
         )
         await recorder.start()
         await monitor.start()
+        if services.feeds is not None:
+            await services.feeds.start()
         self.services = services
         self._proxy = Proxy(
             server=server, fleet=fleet, router=router, analyzer=services.analyzer,
@@ -126,6 +132,8 @@ class GatewayApp:
         services, self.services, self._proxy = self.services, None, None
         if services is None:
             return
+        if services.feeds is not None:
+            await services.feeds.aclose()
         await services.monitor.aclose()
         await services.recorder.aclose()
         if self._given_upstream is None:
@@ -215,6 +223,8 @@ class GatewayApp:
                 s.clock(), {r.name: r.snapshot for r in reps},
                 configured_capacity={r.name: r.settings.capacity_tokens for r in reps},
                 default_capacity_tokens=s.settings.routing.default_capacity_tokens)
+            if s.feeds is not None:
+                stats["token_mode"] = s.feeds.status(s.clock())
             return 200, orjson.dumps(stats), json
         if path == "/v1/models":
             return 200, orjson.dumps({"object": "list", "data": s.fleet.model_list()}), json

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -74,6 +74,8 @@ class ServeConfig:
     timing_comments: bool = False
     deprecated_metrics: bool = False
     responses_store: bool = False  # VLLM_ENABLE_RESPONSES_API_STORE
+    # GET /kv_event_sources when the replica publishes KV events (gateway/sim/kvpublish.py)
+    kv_event_sources: Mapping[str, Any] | None = None
 
 
 class SimApp:
@@ -105,6 +107,13 @@ class SimApp:
         }
         if config.dev_mode:
             self._routes[("POST", "/reset_prefix_cache")] = self._reset
+        if config.kv_event_sources is not None:
+            sources = orjson.dumps(config.kv_event_sources)
+
+            async def kv_event_sources(scope: Scope, receive: Receive, send: Send) -> None:
+                await respond(send, 200, sources)
+
+            self._routes[("GET", "/kv_event_sources")] = kv_event_sources
         self._paths = {path for _, path in self._routes}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -16,7 +16,9 @@ import signal
 import sys
 from collections.abc import Mapping
 
+from gateway.extras import MissingExtra
 from gateway.sim.cluster import SimCluster, SimOptions, configure_logging
+from gateway.sim.kvpublish import KVEventsOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,6 +88,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "VLLM_ENABLE_RESPONSES_API_STORE=1 (also switched on by that variable)",
     )
     a(
+        "--kv-events",
+        action="store_true",
+        help="publish KV-cache events over ZMQ as vLLM with --kv-events-config (needs the "
+        "'kv' extra); replica i publishes on --kv-events-port + 2i, replays on the next port, "
+        "and GET /kv_event_sources says so",
+    )
+    a("--kv-events-port", type=int, default=KVEventsOptions().port,
+      help="first KV-event port (default %(default)s, vLLM's)")
+    a("--kv-events-encoding", choices=["map", "array"], default="map",
+      help="event encoding: map (vLLM >= 0.11, default) or array (positional, older vLLM)")
+    a(
         "--hash-seed",
         choices=["fixed", "random"],
         default=d.hash_seed,
@@ -119,6 +132,8 @@ def options_from(args: argparse.Namespace, env: Mapping[str, str]) -> SimOptions
         deprecated_metrics=args.deprecated_metrics,
         output_len=args.output_len,
         hash_seed=args.hash_seed,
+        kv_events=KVEventsOptions(port=args.kv_events_port, encoding=args.kv_events_encoding)
+        if args.kv_events else None,
         responses_store=args.responses_store
         or os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") not in ("", "0", "false"),
     )
@@ -159,6 +174,9 @@ def run(args: argparse.Namespace) -> int:
         runner = uvloop.run
     try:
         runner(serve(options))
+    except MissingExtra as e:
+        print(f"gateway sim: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"gateway sim: {e}", file=sys.stderr)
         return 1

@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import uvicorn
 
 from gateway.sim.app import ServeConfig, SimApp
 from gateway.sim.engine import Engine, EngineConfig
+from gateway.sim.kvpublish import KVEventsOptions, ReplicaEvents, zmq_context
 from gateway.sim.replica import Replica
 from gateway.sim.responses import CURRENT, Contract
 from gateway.sim.steptime import StepTimeModel
@@ -53,6 +54,7 @@ class SimOptions:
     hash_seed: Literal["fixed", "random"] = "fixed"
     responses_store: bool = False
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
+    kv_events: KVEventsOptions | None = None  # publish KV events (vLLM --kv-events-config)
 
     def __post_init__(self) -> None:
         checks = {
@@ -67,6 +69,8 @@ class SimOptions:
             "speed must be > 0": self.speed > 0,
             "log_interval must be > 0": self.log_interval > 0,
             "output_len must be >= 1": self.output_len >= 1,
+            "KV-event ports must lie within 1..65535": self.kv_events is None
+            or 0 < self.kv_events.port <= 65535 - 2 * self.replicas + 1,
         }
         for message, ok in checks.items():
             if not ok:
@@ -79,6 +83,8 @@ class SimCluster:
         self.tokenizer = Tokenizer()
         self.replicas: list[Replica] = []
         self._servers: list[uvicorn.Server] = []
+        self._events: list[ReplicaEvents] = []
+        self._zmq: Any = None
 
     @property
     def urls(self) -> list[str]:
@@ -101,12 +107,22 @@ class SimCluster:
                         replica=i,
                         hash_seed=o.hash_seed,
                         step_time=o.step_time,
+                        kv_events=o.kv_events is not None,
                     ),
                     self.tokenizer,
                 )
                 replica = Replica(
                     f"[{o.host}:{o.port + i}]", engine, o.speed, o.seed * 7919 + i, o.log_interval
                 )
+                sources = None
+                if o.kv_events is not None:
+                    if self._zmq is None:
+                        self._zmq = zmq_context()
+                    pub = o.kv_events.port + 2 * i
+                    events = ReplicaEvents(self._zmq, engine, o.host, pub, pub + 1, o.kv_events)
+                    self._events.append(events)
+                    replica.after_step = events.after_step
+                    sources = events.sources
                 replica.start()
                 self.replicas.append(replica)
                 app = SimApp(
@@ -123,6 +139,7 @@ class SimCluster:
                         timing_comments=o.timing_comments,
                         deprecated_metrics=o.deprecated_metrics,
                         responses_store=o.responses_store,
+                        kv_event_sources=sources,
                     ),
                 )
                 config = uvicorn.Config(
@@ -159,6 +176,12 @@ class SimCluster:
             await replica.stop()
         self.replicas = []
         await asyncio.gather(*(s.shutdown() for s in servers), return_exceptions=True)
+        events, self._events = self._events, []
+        for e in events:
+            await e.close()
+        if self._zmq is not None:
+            self._zmq.term()
+            self._zmq = None
 
 
 def configure_logging(level: int = logging.INFO) -> None:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.sim.clock import VirtualClock
@@ -56,6 +57,8 @@ class Replica:
         self._busy_since_log = False
         self._last_log_sim = 0.0
         self.in_flight = 0
+        # Called after every engine step (KV-event publishing, gateway/sim/kvpublish.py).
+        self.after_step: Callable[[], None] | None = None
 
     def start(self) -> None:
         self._tasks = [
@@ -127,6 +130,8 @@ class Replica:
                 await asyncio.sleep(0)
             end = clock.end_step(loop.time())
             self._deliver(engine.finish_step(plan, end))
+            if self.after_step is not None:
+                self.after_step()
 
     def _deliver(self, outputs: list[StepOutput]) -> None:
         pending = self._pending

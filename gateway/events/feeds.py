@@ -1,0 +1,227 @@
+"""The gateway's KV-event feeds: per replica, find where it publishes, subscribe, stay
+subscribed, and check parity once. I/O; the decisions live in source.py, kvindex.py and
+tokens/parity.py.
+
+Per replica, one task: wait until the replica's models are known and one has a renderer;
+take its event sources from `[[replicas]] kv_events_endpoint` or `GET /kv_event_sources`
+(retried every `discover_interval_s` while it has none, so a replica that starts later, or
+restarts with events on, is picked up); run the parity probe against its `/tokenize`; then
+run a subscriber per data-parallel rank until cancelled, restarting it with backoff when it
+fails. The index learns the replica's block size from its first event, so a replica is
+routed in text mode until events flow, and for good when its block size is not the one the
+renderer hashes at (said in `status`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from gateway.events.config import TokenSettings
+from gateway.events.discovery import discover
+from gateway.events.kvindex import KVIndex
+from gateway.events.probe import probe
+from gateway.events.source import EventSource, SourceError
+from gateway.events.subscriber import KVSubscriber
+from gateway.tokens.parity import Parity
+from gateway.tokens.render import TokenRenderer
+
+log = logging.getLogger("gateway.events")
+
+_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True, slots=True)
+class FeedTarget:
+    """A replica as the feeds see it."""
+
+    name: str
+    url: str
+    api_key: str | None = field(default=None, repr=False)
+    endpoint: str | None = None  # configured PUB endpoint (skips discovery)
+    replay_endpoint: str | None = None
+
+
+@dataclass(slots=True)
+class FeedState:
+    model: str | None = None
+    sources: tuple[EventSource, ...] = ()
+    subscribers: list[KVSubscriber] = field(default_factory=list)
+    parity: Parity | None = None
+    problem: str | None = None  # why no events flow, when none do
+
+
+class EventFeeds:
+    def __init__(self, settings: TokenSettings, renderers: Mapping[str, TokenRenderer],
+                 index: KVIndex, targets: Sequence[FeedTarget],
+                 models_of: Callable[[str], frozenset[str] | None],
+                 clock: Callable[[], float]) -> None:
+        self._settings = settings
+        self._renderers = dict(renderers)
+        self._index = index
+        self._targets = list(targets)
+        self._models_of = models_of
+        self._clock = clock
+        self._state = {t.name: FeedState() for t in targets}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ctx: Any = None
+        self._http: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        import zmq.asyncio
+
+        self._ctx = zmq.asyncio.Context()
+        self._http = aiohttp.ClientSession()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._feed(t), name=f"kv-feed {t.name}")
+                       for t in self._targets]
+
+    async def aclose(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    # one replica ------------------------------------------------------------------------
+
+    def _model(self, name: str) -> str | None:
+        models = self._models_of(name)
+        if models is None:
+            return None
+        return next((m for m in sorted(models) if m in self._renderers), None)
+
+    async def _feed(self, target: FeedTarget) -> None:
+        state = self._state[target.name]
+        settings = self._settings
+        while state.model is None:
+            state.model = self._model(target.name)
+            if state.model is None:
+                state.problem = "serves no token-mode model (or its models are not known yet)"
+                await asyncio.sleep(1.0)
+        self._index.add_replica(target.name, state.model)
+        while not state.sources:
+            state.sources = tuple(await self._sources(target, state))
+            if not state.sources:
+                await asyncio.sleep(settings.discover_interval_s)
+        state.problem = None
+        if settings.parity_check:
+            await self._check_parity(target, state)
+        ranks = [self._subscribe(target, state, s) for s in state.sources]
+        await asyncio.gather(*ranks)
+
+    async def _sources(self, target: FeedTarget, state: FeedState) -> list[EventSource]:
+        if target.endpoint is not None:
+            return [EventSource(target.endpoint, target.replay_endpoint)]
+        if not self._settings.discover:
+            state.problem = "no kv_events_endpoint configured and discovery is off"
+            return []
+        assert self._http is not None
+        try:
+            found = await discover(self._http, target.url, headers=_auth(target))
+        except (aiohttp.ClientError, TimeoutError, SourceError) as exc:
+            problem = f"GET /kv_event_sources failed: {exc or type(exc).__name__}"
+        else:
+            if found:
+                log.info("replica %s publishes KV events at %s", target.name,
+                         ", ".join(s.endpoint for s in found))
+                return found
+            problem = "publishes no KV events (GET /kv_event_sources: none enabled)"
+        if state.problem != problem:
+            log.warning("replica %s: %s; routed in text mode, retrying every %g s",
+                        target.name, problem, self._settings.discover_interval_s)
+        state.problem = problem
+        return []
+
+    async def _check_parity(self, target: FeedTarget, state: FeedState) -> None:
+        assert self._http is not None and state.model is not None
+        renderer = self._renderers[state.model]
+        try:
+            state.parity = await probe(self._http, target.url, renderer, headers=_auth(target))
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            state.parity = Parity(False, None, f"probe failed: {exc or type(exc).__name__}")
+        if state.parity.ok:
+            log.info("replica %s: token parity ok (%s)", target.name, state.parity.message)
+        else:
+            log.warning("replica %s: token parity check failed (%s): %s; its predictions "
+                        "may be zero", target.name, state.parity.cause or "unknown",
+                        state.parity.message)
+
+    async def _subscribe(self, target: FeedTarget, state: FeedState,
+                         source: EventSource) -> None:
+        failures = 0
+        while True:
+            sub = KVSubscriber(target.name, source, self._index, self._ctx, self._clock,
+                               self._settings.replay_timeout_s)
+            state.subscribers.append(sub)
+            try:
+                await sub.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a broken socket: resubscribe, never crash the gateway
+                delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
+                failures += 1
+                log.warning("replica %s: KV event feed %s failed (%s); resubscribing in %g s",
+                            target.name, source.endpoint, exc, delay)
+                await asyncio.sleep(delay)
+            finally:
+                state.subscribers.remove(sub)
+
+    # reporting --------------------------------------------------------------------------
+
+    def status(self, now: float) -> dict[str, Any]:
+        """The `token_mode` section of /stats."""
+        replicas: dict[str, Any] = {}
+        for target in self._targets:
+            st = self._state[target.name]
+            blocks = self._index.state(target.name)
+            renderer = self._renderers.get(st.model or "")
+            entry: dict[str, Any] = {"model": st.model,
+                                     "sources": [s.endpoint for s in st.sources]}
+            if blocks is not None and st.sources:
+                live = self._index.live(target.name, now)
+                mismatch = (renderer is not None and blocks.block_size is not None
+                            and blocks.block_size != renderer.block_size)
+                entry.update(
+                    state="block size mismatch" if mismatch else "live" if live else
+                    "disconnected" if not blocks.connected else
+                    "waiting for events" if blocks.block_size is None else "stale",
+                    block_size=blocks.block_size, held_blocks=self._index.held_blocks(
+                        target.name),
+                    stored=blocks.stored, removed=blocks.removed, cleared=blocks.cleared,
+                    unresolved=blocks.unresolved)
+                if mismatch and renderer is not None:
+                    entry["problem"] = (f"the replica's blocks hold {blocks.block_size} "
+                                        f"tokens, [tokens] block_size is {renderer.block_size}")
+            else:
+                entry["state"] = "text mode"
+            if st.problem is not None:
+                entry["problem"] = st.problem
+            feeds = [sub.stats for sub in st.subscribers]
+            if feeds:
+                entry["events"] = {k: sum(getattr(f, k) for f in feeds)
+                                   for k in ("batches", "gaps", "replayed", "lost", "restarts",
+                                             "decode_errors")}
+            if st.parity is not None:
+                entry["parity"] = {"ok": st.parity.ok, "cause": st.parity.cause,
+                                   "message": st.parity.message}
+            replicas[target.name] = entry
+        return {"models": sorted(self._renderers), "block_size": self._settings.block_size,
+                "replicas": replicas}
+
+
+def _auth(target: FeedTarget) -> dict[str, str] | None:
+    return {"Authorization": f"Bearer {target.api_key}"} if target.api_key else None

@@ -1,0 +1,100 @@
+"""Token mode for the gateway ([tokens]): each model's renderer, the KV-event index, the
+router's `TokenMode` seam and the event feeds, built at start-up.
+
+Renderers read files (tokenizer, chat template): they are built off the event loop, once.
+A model value of `sim` is the simulator's own template and tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.events.config import SIM, TokenSettings
+from gateway.events.feeds import EventFeeds, FeedTarget
+from gateway.events.kvindex import KVConfig, KVIndex
+from gateway.events.tokenmode import TokenMode
+from gateway.extras import require
+from gateway.replicas.fleet import Fleet
+from gateway.settings import Settings
+from gateway.tokens.render import TokenRenderer
+from gateway.tokens.template import load_template
+from gateway.tokens.tokenize import TokenizerCache
+
+__all__ = [
+    "EventFeeds",
+    "TokenModeParts",
+    "TokenModelError",
+    "load_renderers",
+    "require_token_mode",
+    "start_token_mode",
+]
+
+
+class TokenModelError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class TokenModeParts:
+    mode: TokenMode
+    feeds: EventFeeds
+
+
+def require_token_mode(settings: TokenSettings) -> None:
+    """Raise MissingExtra, naming the `kv` extra, when token mode is configured without it."""
+    if not settings.enabled:
+        return
+    for module in ("zmq", "msgpack"):
+        require(module, extra="kv", feature="token mode (KV events)")
+    if any(where != SIM for where in settings.models.values()):
+        for module in ("tokenizers", "jinja2"):
+            require(module, extra="kv", feature="token mode")
+
+
+def load_renderers(settings: TokenSettings) -> dict[str, TokenRenderer]:
+    out: dict[str, TokenRenderer] = {}
+    for model, where in settings.models.items():
+        if where == SIM:
+            from gateway.sim.render import sim_renderer
+
+            out[model] = sim_renderer(model, settings.block_size,
+                                      settings.tokenizer_cache_pieces)
+            continue
+        root = Path(where)
+        tokenizer = root / "tokenizer.json"
+        if not tokenizer.is_file():
+            raise TokenModelError(f"tokens.models[{model!r}]: no tokenizer.json in {where}")
+        try:
+            template = load_template(root)
+        except ValueError as exc:
+            raise TokenModelError(f"tokens.models[{model!r}]: {exc}") from exc
+        out[model] = TokenRenderer(
+            model, template,
+            TokenizerCache.from_file(tokenizer, settings.tokenizer_cache_pieces),
+            settings.block_size)
+    return out
+
+
+async def start_token_mode(settings: Settings, fleet: Fleet, clock: Callable[[], float]
+                           ) -> TokenModeParts | None:
+    """The token-mode parts for `settings.tokens`, or None when it is off. The feeds are
+    built, not started: the caller starts them once the fleet's models are being read."""
+    cfg = settings.tokens
+    if not cfg.enabled:
+        return None
+    require_token_mode(cfg)
+    renderers = await asyncio.to_thread(load_renderers, cfg)
+    index = KVIndex(KVConfig(predict_ttl_s=cfg.predict_ttl_s, stale_after_s=cfg.stale_after_s,
+                             stale_requests=cfg.stale_requests))
+    targets = [FeedTarget(r.name, r.url, r.api_key, r.kv_events_endpoint,
+                          r.kv_events_replay_endpoint) for r in settings.replicas]
+
+    def models_of(name: str) -> frozenset[str] | None:
+        replica = fleet.replicas.get(name)
+        return replica.models if replica is not None else None
+
+    feeds = EventFeeds(cfg, renderers, index, targets, models_of, clock)
+    return TokenModeParts(TokenMode(renderers, index), feeds)
