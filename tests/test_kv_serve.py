@@ -142,3 +142,31 @@ def test_a_replica_without_events_is_routed_in_text_mode() -> None:
         rep = token_mode(client, url)["replicas"][urls[0][len("http://"):]]
     assert rep["state"] == "text mode"
     assert "publishes no KV events" in rep["problem"]
+
+
+def test_a_replica_whose_tokens_differ_stays_in_text_mode() -> None:
+    """The tiny test model's tokenizer is not the simulator's: parity fails, and the
+    replica is routed in text mode rather than by tokens that can never match."""
+    model = Path(__file__).parent / "data" / "tiny-model"
+    kv_port = free_ports(2)
+    rng = random.Random(5)
+    msgs = [{"role": "system", "content": words(rng, 200)},
+            {"role": "user", "content": words(rng, 20)}]
+    with (
+        sim(1, ["--model", "sim", "--speed", "50", "--kv-events", "--kv-events-port",
+                str(kv_port)]) as urls,
+        gateway(urls, env={"GATEWAY_TOKENS__MODELS": f"sim={model}"}) as url,
+        httpx.Client(timeout=30) as client,
+    ):
+        name = urls[0][len("http://"):]
+        deadline = time.monotonic() + 20
+        while "parity" not in (rep := token_mode(client, url)["replicas"][name]):
+            assert time.monotonic() < deadline, rep
+            time.sleep(0.05)
+        chat(client, url, msgs)
+        second = chat(client, url, msgs)
+        assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        rep = token_mode(client, url)["replicas"][name]
+    assert rep["parity"]["ok"] is False and rep["parity"]["cause"] in ("template", "tokenizer")
+    assert rep["state"] == "text mode"
+    assert rep["problem"].startswith("token parity failed")

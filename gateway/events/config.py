@@ -28,6 +28,7 @@ class TokenSettings:
     stale_requests: int = 3  # ... once this many of them are overdue
     tokenizer_cache_pieces: int = 65536  # tokenized turns kept per model (LRU)
     parity_check: bool = True  # compare with each replica's /tokenize at start-up
+    parity_required: bool = True  # a replica whose tokens differ stays in text mode
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.tokenizer_cache_pieces <= 0 or self.stale_requests < 1:

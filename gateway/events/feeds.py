@@ -5,8 +5,9 @@ tokens/parity.py.
 Per replica, one task: wait until the replica's models are known and one has a renderer;
 take its event sources from `[[replicas]] kv_events_endpoint` or `GET /kv_event_sources`
 (retried every `discover_interval_s` while it has none, so a replica that starts later, or
-restarts with events on, is picked up); run the parity probe against its `/tokenize`; then
-run a subscriber per data-parallel rank until cancelled, restarting it with backoff when it
+restarts with events on, is picked up); run the parity probe against its `/tokenize` (a
+definite mismatch keeps the replica in text mode unless `parity_required` is off); then run
+a subscriber per data-parallel rank until cancelled, restarting it with backoff when it
 fails. The index learns the replica's block size from its first event, so a replica is
 routed in text mode until events flow, and for good when its block size is not the one the
 renderer hashes at (said in `status`).
@@ -120,6 +121,14 @@ class EventFeeds:
         state.problem = None
         if settings.parity_check:
             await self._check_parity(target, state)
+            parity = state.parity
+            if parity is not None and parity.cause is not None and settings.parity_required:
+                # Tokens that differ from the replica's zero every overlap: text mode is the
+                # better guess. The feed stays off until the gateway restarts.
+                self._index.remove_replica(target.name)
+                state.problem = (f"token parity failed ({parity.cause}): {parity.message}; "
+                                 "routed in text mode")
+                return
         ranks = [self._subscribe(target, state, s) for s in state.sources]
         await asyncio.gather(*ranks)
 
@@ -156,9 +165,10 @@ class EventFeeds:
         if state.parity.ok:
             log.info("replica %s: token parity ok (%s)", target.name, state.parity.message)
         else:
-            log.warning("replica %s: token parity check failed (%s): %s; its predictions "
-                        "may be zero", target.name, state.parity.cause or "unknown",
-                        state.parity.message)
+            log.warning("replica %s: token parity check failed (%s): %s%s", target.name,
+                        state.parity.cause or "unknown", state.parity.message,
+                        "; routed in text mode" if state.parity.cause is not None
+                        and self._settings.parity_required else "")
 
     async def _subscribe(self, target: FeedTarget, state: FeedState,
                          source: EventSource) -> None:

@@ -51,8 +51,10 @@ def _tokens(rendered: str, ours: Sequence[int], theirs: Sequence[int],
     if decode is not None and decode(theirs) != rendered[: len(decode(theirs))]:
         return Parity(False, "template", f"{what}: the replica's prompt text differs from "
                       f"the rendered template at token {at}", at)
-    return Parity(False, "tokenizer", f"{what}: same text, other token ids from token {at}",
-                  at)
+    return Parity(False, "tokenizer", f"{what}: same text, other token ids from token {at} "
+                  "(another vocabulary, pre-tokenizer or normalizer: transformers >= 5 "
+                  "rebuilds some tokenizer classes' pre-tokenizers, Qwen2's among them, "
+                  "whatever tokenizer.json says)", at)
 
 
 def check(rendered: str, ours: Sequence[int], block_size: int,

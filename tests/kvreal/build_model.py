@@ -50,6 +50,10 @@ CHAT_TEMPLATE = (
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
+# transformers' Qwen2Tokenizer split pattern (digits one by one).
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
 def corpus(seed: int, lines: int) -> list[str]:
     rng = random.Random(seed)
     letters = "abcdefghijklmnopqrstuvwxyz"
@@ -59,12 +63,19 @@ def corpus(seed: int, lines: int) -> list[str]:
 
 def build(out: Path, seed: int = 0) -> None:
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Qwen2's own pre-tokenizer, as in its tokenizer.json: vLLM loads a qwen2 model's
+    # tokenizer with transformers' Qwen2Tokenizer, which (transformers >= 5) rebuilds the
+    # pre-tokenizer from this regex whatever tokenizer.json says; with any other one here the
+    # gateway's tokens (from tokenizer.json) and the replica's differ.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=2048,

@@ -53,6 +53,10 @@ CHAT_TEMPLATE = """{%- if tools %}
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 
 
+# transformers' Qwen2Tokenizer split pattern (digits one by one).
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
 def _corpus(rng: random.Random) -> list[str]:
     words = ["the", "cache", "prefix", "block", "token", "replica", "gateway", "request",
              "tool", "result", "file", "def", "return", "import", "class", "json", "name",
@@ -68,13 +72,20 @@ def _corpus(rng: random.Random) -> list[str]:
 
 def write(out: Path) -> None:
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(SEED)
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Qwen2's own pre-tokenizer, as in its tokenizer.json: vLLM loads a qwen2 model's
+    # tokenizer with transformers' Qwen2Tokenizer, which (transformers >= 5) rebuilds the
+    # pre-tokenizer from this regex whatever tokenizer.json says; with any other one here the
+    # gateway's tokens (from tokenizer.json) and the replica's differ.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB, special_tokens=SPECIAL,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -77,8 +78,10 @@ class VllmOptions:
     tool_parser: str | None = "hermes"  # None: started without --enable-auto-tool-choice
     dev_mode: bool = True  # VLLM_SERVER_DEV_MODE=1: POST /reset_prefix_cache answers
     start_timeout_s: float = 240.0
+    num_gpu_blocks: int | None = None  # --num-gpu-blocks-override: a small cache, for pressure
 
-    def argv(self, port: int) -> list[str]:
+    def argv(self, port: int, events_port: int | None = None) -> list[str]:
+        """With `events_port`, KV events are published there and replayed on the next port."""
         argv = [
             str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_path), "--served-model-name", self.served_name,
@@ -89,6 +92,13 @@ class VllmOptions:
         ]  # fmt: skip
         if self.tool_parser:
             argv += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser]
+        if self.num_gpu_blocks is not None:
+            argv += ["--num-gpu-blocks-override", str(self.num_gpu_blocks)]
+        if events_port is not None:
+            argv += ["--kv-events-config", json.dumps({
+                "enable_kv_cache_events": True, "publisher": "zmq",
+                "endpoint": f"tcp://*:{events_port}",
+                "replay_endpoint": f"tcp://*:{events_port + 1}", "topic": "kv"})]
         return argv
 
     def env(self) -> dict[str, str]:
