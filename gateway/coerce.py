@@ -21,7 +21,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar, Union
+from typing import Any, Literal, TypeVar, Union, cast
 
 T = TypeVar("T")
 
@@ -163,6 +163,13 @@ def build(
     if unknown:
         known = ", ".join(sorted(types_))
         raise SettingsError(f"unknown key {section}.{unknown[0]} (known keys: {known})")
+    required = [f.name for f in dataclasses.fields(cast(Any, cls)) if f.init
+                and f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in raw]
+    if missing:
+        raise SettingsError(f"missing key {section}.{missing[0]} (required: "
+                            f"{', '.join(required)})")
     kwargs = {
         key: coerce(value, types_[key], f"{section}.{key}", from_text=from_text)
         for key, value in raw.items()

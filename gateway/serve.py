@@ -53,6 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="listen port (server.port, default 8080)")
     parser.add_argument("--policy", help="routing policy (routing.policy): prefix, "
                         "least_loaded, round_robin, session, random")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                        help="server.log_level (default info)")
+    parser.add_argument("--log-format", choices=["json", "text"],
+                        help="server.log_format: json (default, one object per line) or "
+                        "text (for a person at a terminal)")
+    parser.add_argument("--no-access-log", action="store_true",
+                        help="no line per request (server.access_log = false)")
 
 
 def load_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
@@ -71,6 +78,11 @@ def load_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
         overrides.setdefault("server", {})["port"] = args.port
     if args.policy is not None:
         overrides.setdefault("routing", {})["policy"] = args.policy
+    for key in ("log_level", "log_format"):
+        if getattr(args, key, None) is not None:
+            overrides.setdefault("server", {})[key] = getattr(args, key)
+    if getattr(args, "no_access_log", False):
+        overrides.setdefault("server", {})["access_log"] = False
     return parse_settings(text, env, source=source, backends=args.backend, overrides=overrides)
 
 
@@ -113,13 +125,27 @@ async def serve(settings: Settings) -> int:
         settings = with_replicas(settings, [replica_from_url(u) for u in cluster.urls])
         log.info("embedded simulator started", extra={"urls": cluster.urls})
     try:
+        app = create_app(settings)
         config = uvicorn.Config(
-            create_app(settings), host=settings.server.host, port=settings.server.port,
+            app, host=settings.server.host, port=settings.server.port,
             http="httptools", loop="none", lifespan="on", access_log=False, log_config=None,
             server_header=False, proxy_headers=False, workers=1,
         )
         server = uvicorn.Server(config)
-        await server.serve()
+        serving = asyncio.ensure_future(server.serve())
+        # "Started" only once the port is bound (uvicorn sets `started` after the bind), so
+        # an "address already in use" is never preceded by it.
+        while not server.started and not serving.done():
+            await asyncio.wait([serving], timeout=0.05)
+        if server.started:
+            services = app.services
+            log.info("gateway started", extra={
+                "listen": f"http://{settings.server.host}:{settings.server.port}",
+                "replicas": [r.name for r in settings.replicas],
+                "healthy": [r.name for r in services.fleet.healthy()] if services else [],
+                "policy": settings.routing.policy,
+            })
+        await serving
         return 0 if server.started else 1
     finally:
         if cluster is not None:
@@ -144,7 +170,11 @@ def run(args: argparse.Namespace) -> int:
     except (SettingsError, MissingExtra, TokenModelError) as exc:
         print(f"gateway serve: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.server.log_level)
+    configure_logging(settings.server.log_level, settings.server.log_format)
+    if settings.server.log_level != "debug":
+        # The embedded simulator's periodic engine lines are its own business, not the
+        # gateway's: only its warnings show.
+        logging.getLogger("gateway.sim").setLevel(logging.WARNING)
     for level, message in scan_env(env).notes():
         log.log(logging.getLevelNamesMapping()[level.upper()], message)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 from gateway.coerce import SettingsError, build, coerce, field_types
 from gateway.events.config import TokenSettings
 from gateway.hygiene.config import HygieneConfig
+from gateway.logs import LogFormat
 from gateway.routing.config import RoutingConfig
 from gateway.servicelinks import is_service_link
 from gateway.usage.config import UsageConfig
@@ -60,6 +61,8 @@ class ServerSettings:
     upstream_idle_s: float = 4.0  # idle upstream connections closed after (< vLLM's 5 s)
     max_response_bytes: int = 64 * 1024 * 1024  # a non-streamed answer larger -> 502
     log_level: LogLevel = "info"
+    log_format: LogFormat = "json"  # or "text", for a person at a terminal
+    access_log: bool = True  # one line per request (logger gateway.access, level info)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -96,6 +99,11 @@ class ReplicaSettings:
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"replica {self.name!r}: url must be http(s)://host:port, "
                              f"got {self.url!r}")
+        try:
+            parts.port  # noqa: B018 (urlsplit checks the range only when asked)
+        except ValueError:
+            raise ValueError(f"replica {self.name!r}: url {self.url!r} has no valid port "
+                             "(1-65535)") from None
         if not self.name:
             raise ValueError("replica name must not be empty")
         if self.capacity_tokens is not None and self.capacity_tokens <= 0:

@@ -53,6 +53,9 @@ _ROUTED: dict[str, Endpoint] = {
     "/v1/chat/completions": "chat", "/v1/completions": "completions",
     "/v1/responses": "responses", "/v1/messages": "messages",
 }
+# The gateway's own GET routes, and the prefix of GET /v1/models/{id}.
+_OWN_GET = frozenset({"/health", "/ready", "/metrics", "/stats", "/v1/models"})
+_MODEL_PREFIX = "/v1/models/"
 
 
 @dataclass(slots=True, eq=False)
@@ -103,7 +106,7 @@ class GatewayApp:
         tokens = await start_token_mode(settings, fleet, self.clock)
         router = Router(settings.routing, tokens.mode if tokens is not None else None)
         metrics = GatewayMetrics()
-        recorder = UsageRecorder(settings.usage, metrics)
+        recorder = UsageRecorder(settings.usage, metrics, access_log=server.access_log)
         monitor = FleetMonitor(fleet, upstream, router, metrics, settings, self.clock,
                                recorder=recorder)
         services = Services(
@@ -121,12 +124,9 @@ class GatewayApp:
             server=server, fleet=fleet, router=router, analyzer=services.analyzer,
             metrics=metrics, recorder=recorder, auth=services.auth, monitor=monitor,
             upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer)
-        log.info("gateway started", extra={
-            "listen": f"http://{settings.server.host}:{settings.server.port}",
+        log.debug("gateway services started", extra={
             "replicas": [r.name for r in settings.replicas],
-            "healthy": [r.name for r in fleet.healthy()],
-            "policy": settings.routing.policy,
-        })
+            "healthy": [r.name for r in fleet.healthy()]})
 
     async def shutdown(self) -> None:
         services, self.services, self._proxy = self.services, None, None
@@ -177,35 +177,33 @@ class GatewayApp:
                 503, "The gateway is not started.", code="not_started"), [])
             return
         path, method = scope["path"], scope["method"]
-        if method == "POST":
-            endpoint = _ROUTED.get(path)
-            if endpoint is not None:
+        endpoint = _ROUTED.get(path)
+        if endpoint is not None:
+            if method == "POST":
                 await proxy.handle(scope, receive, send, endpoint)
+            else:
+                await _not_allowed(send, method, path, b"POST")
+            return
+        model_card = path.startswith(_MODEL_PREFIX)  # GET /v1/models/{id}: answered here
+        if path in _OWN_GET or model_card:
+            if method not in ("GET", "HEAD"):
+                await _not_allowed(send, method, path, b"GET, HEAD")
                 return
-        elif method in ("GET", "HEAD"):
-            if path in self._guarded:
+            if path in self._guarded or (model_card and "/v1/models" in self._guarded):
                 try:
                     services.auth.tenant(_authorization(scope))
                 except GatewayError as err:
                     await respond_error(send, err, [])
                     return
-            simple = self._simple_get(services, path)
-            if simple is not None:
-                status, body, content_type = simple
-                await respond(send, status, body, [], content_type)
-                return
+            status, body, content_type = self._simple_get(services, path)
+            await respond(send, status, body, [], content_type)
+            return
         if path.startswith("/v1/"):
             await proxy.handle(scope, receive, send, None)
             return
-        if path in ("/v1/chat/completions", "/v1/completions", "/health", "/ready", "/metrics",
-                    "/stats"):
-            error = GatewayError(405, f"Method {method} not allowed on {path}.",
-                                 code="method_not_allowed")
-        else:
-            error = GatewayError(404, f"No route {path}.", code="not_found")
-        await respond_error(send, error, [])
+        await respond_error(send, GatewayError(404, f"No route {path}.", code="not_found"), [])
 
-    def _simple_get(self, s: Services, path: str) -> tuple[int, bytes, bytes] | None:
+    def _simple_get(self, s: Services, path: str) -> tuple[int, bytes, bytes]:
         json = b"application/json"
         if path == "/health":
             return 200, b'{"status":"ok"}', json
@@ -228,7 +226,19 @@ class GatewayApp:
             return 200, orjson.dumps(stats), json
         if path == "/v1/models":
             return 200, orjson.dumps({"object": "list", "data": s.fleet.model_list()}), json
-        return None
+        wanted = path[len(_MODEL_PREFIX):]
+        for card in s.fleet.model_list():
+            if card.get("id") == wanted:
+                return 200, orjson.dumps(card), json
+        err = GatewayError(404, f"The model {wanted[:200]!r} does not exist.", param="model",
+                           code="model_not_found")
+        return 404, err.body(), json
+
+
+async def _not_allowed(send: Send, method: str, path: str, allow: bytes) -> None:
+    error = GatewayError(405, f"Method {method} is not allowed on {path}; use "
+                         f"{allow.decode()}.", code="method_not_allowed")
+    await respond_error(send, error, [(b"allow", allow)])
 
 
 def _authorization(scope: Scope) -> bytes | None:

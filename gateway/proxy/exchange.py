@@ -12,13 +12,15 @@ class Exchange:
     """Per-request facts that end up in the usage record."""
 
     __slots__ = (
-        "best", "disconnected", "done", "endpoint", "error", "findings", "model", "moved",
+        "best", "disconnected", "done", "endpoint", "error", "findings", "method", "model", "moved",
         "outcome", "predicted", "replica", "request_id", "route", "session", "status", "stream",
         "t0", "target", "tenant", "ts", "up_headers",
     )
 
-    def __init__(self, request_id: str, ts: float, t0: float, endpoint: str) -> None:
+    def __init__(self, request_id: str, ts: float, t0: float, endpoint: str,
+                 method: str = "POST") -> None:
         self.request_id = request_id
+        self.method = method
         self.ts = ts
         self.t0 = t0
         self.endpoint = endpoint
@@ -58,4 +60,5 @@ class Exchange:
             ttft_ms=(o.first_byte - self.t0) * 1000.0 if o.first_byte is not None else None,
             latency_ms=(end - self.t0) * 1000.0, session=self.session,
             hygiene=self.findings, endpoint=self.endpoint, error=self.error, moved=self.moved,
+            method=self.method,
         )

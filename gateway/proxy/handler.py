@@ -107,7 +107,8 @@ class Proxy:
         `/v1/*` call (forwarded to the least busy replica serving its model)."""
         rid_h, auth_h, session_h, length_h = request_headers(scope, _WANTED)
         rid = rid_h.decode("latin-1") if rid_h else f"{self._rid_prefix}{next(self._rid_seq):016x}"
-        ex = Exchange(rid, self.clock(), self.timer(), endpoint or scope["path"][:200])
+        ex = Exchange(rid, self.clock(), self.timer(), endpoint or scope["path"][:200],
+                      scope["method"])
         headers: Headers = [(b"x-request-id", rid.encode("latin-1"))]
         task = asyncio.current_task()
         assert task is not None

@@ -53,6 +53,12 @@ DETAILS_PROBE_PROMPT = (
 DETAILS_PROBE_TIMEOUT_S = 30.0
 
 
+def warning_due(failures: int) -> bool:
+    """Warn about a replica that stays unreachable at its 1st, 2nd, 4th, 8th ... failed
+    probe: a backoff that keeps the log readable over hours of an outage."""
+    return failures > 0 and failures & (failures - 1) == 0
+
+
 class FleetMonitor:
     def __init__(
         self, fleet: Fleet, upstream: Upstream, router: Router, metrics: GatewayMetrics,
@@ -120,14 +126,23 @@ class FleetMonitor:
         await asyncio.gather(*(self.probe(r) for r in self.fleet.replicas.values()))
 
     async def probe(self, replica: Replica) -> None:
+        reason = ""
         try:
             status, _ = await self._get(replica, "/health")
             ok = status == 200
-        except UpstreamError:
+            reason = f"GET /health answered {status}"
+        except UpstreamError as exc:
             ok = False
+            reason = str(exc) or type(exc).__name__
         transition = self.fleet.probe_result(replica.name, ok)
         if transition is not None:
             await self.on_transition(replica, transition)
+        elif not ok and warning_due(replica.failures):
+            # Down from the start (or still down): said at once, then less and less often.
+            log.warning("replica unreachable", extra={
+                "replica": replica.name, "url": replica.url, "reason": reason,
+                "failed_probes": replica.failures,
+                "next_warning_in_s": replica.failures * self.health_interval})
         self.publish(replica)
 
     async def on_transition(self, replica: Replica, transition: str) -> None:

@@ -17,7 +17,8 @@ import sys
 from collections.abc import Mapping
 
 from gateway.extras import MissingExtra
-from gateway.sim.cluster import SimCluster, SimOptions, configure_logging
+from gateway.logs import configure_logging
+from gateway.sim.cluster import SimCluster, SimOptions
 from gateway.sim.kvpublish import KVEventsOptions
 
 
@@ -87,6 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep Responses API responses for previous_response_id, as vLLM with "
         "VLLM_ENABLE_RESPONSES_API_STORE=1 (also switched on by that variable)",
     )
+    a("--log-level", choices=["debug", "info", "warning", "error"], default="info",
+      help="default %(default)s")
+    a("--log-format", choices=["json", "text"], default="json",
+      help="json (default, one object per line, as gateway serve) or text")
     a(
         "--kv-events",
         action="store_true",
@@ -160,7 +165,7 @@ async def serve(options: SimOptions) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging()
+    configure_logging(args.log_level, args.log_format)
     try:
         options = options_from(args, os.environ)
     except ValueError as e:

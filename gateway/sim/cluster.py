@@ -14,7 +14,6 @@ and the benchmarks::
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -183,6 +182,3 @@ class SimCluster:
             self._zmq.term()
             self._zmq = None
 
-
-def configure_logging(level: int = logging.INFO) -> None:
-    logging.basicConfig(level=level, format="%(levelname)s %(asctime)s %(message)s")

@@ -39,6 +39,7 @@ class UsageRecord:
     # Why the request's session or implicit conversation left the replica it was on
     # (unavailable | evicted | load); None when it stayed or had none.
     moved: str | None = None
+    method: str = "POST"  # the client's HTTP method (not POST only for forwarded calls)
 
     @property
     def endpoint_kind(self) -> str:

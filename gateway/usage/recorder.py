@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from gateway.extras import require
+from gateway.usage.access import log_access
 from gateway.usage.config import UsageConfig
 from gateway.usage.details import CachedTokensReporting, missing_cached_tokens_warning
 from gateway.usage.metrics import GatewayMetrics
@@ -91,7 +92,9 @@ class UsageRecorder:
         metrics: GatewayMetrics,
         *,
         sinks: list[Sink] | None = None,
+        access_log: bool = False,
     ) -> None:
+        self._access_log = access_log
         self._config = config
         self._metrics = metrics
         self._pumps = [
@@ -132,6 +135,8 @@ class UsageRecorder:
     def record(self, rec: UsageRecord) -> None:
         """Account one finished request. Never blocks, never raises to the caller."""
         try:
+            if self._access_log:
+                log_access(rec)
             self._metrics.observe(rec)
             self._windows.add(rec)
             if self._details.add(rec):
