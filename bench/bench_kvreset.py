@@ -30,8 +30,9 @@ from typing import Any
 
 import httpx
 
-WORDS = ("agent tool search file read write plan step result error retry cache token "
-         "model reply user system prompt test build deploy check").split()
+WORDS = ["agent", "tool", "search", "file", "read", "write", "plan", "step", "result",
+         "error", "retry", "cache", "token", "model", "reply", "user", "system", "prompt",
+         "test", "build", "deploy", "check"]
 
 
 def free_port() -> int:
