@@ -8,6 +8,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from gateway import __version__
+
 # name -> (module exposing add_arguments(parser) and run(args) -> int, help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gateway.serve", "run the gateway in front of vLLM replicas (or the simulator)"),
@@ -17,14 +19,40 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+DESCRIPTIONS = {
+    "serve": """Run the gateway: an OpenAI-compatible proxy in front of vLLM replicas that routes
+each request to the replica most likely to hold its prompt prefix in KV cache.
+
+Replicas come from --backend URL (repeatable), [[replicas]] in --config FILE, or
+GATEWAY_BACKENDS=url1,url2. With none at all, an embedded simulator (4 simulated vLLM
+replicas on free loopback ports) is started and fronted, so `gateway serve` alone is a
+working demo.
+
+Every setting can also be given as an environment variable, GATEWAY_<SECTION>__<KEY>
+(e.g. GATEWAY_ROUTING__POLICY=session, GATEWAY_SERVER__LOG_LEVEL=debug,
+GATEWAY_AUTH__KEYS=sk-a=team-a); later wins: file, environment, flags. See
+config/gateway.example.toml for every setting.
+
+Logs: one JSON object per line on stderr (--log-format text for a terminal), an access
+line per request, level --log-level. Endpoints: /v1/* (proxied), /health, /ready,
+/metrics (Prometheus), /stats (JSON; /stats?format=html for a page).""",
+    "sim": """Run N simulated vLLM replicas (vLLM 0.32's HTTP contract, prefix cache, scheduler
+and timing model) on 127.0.0.1:PORT..PORT+N-1, with no GPU and no model download.""",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    version = f"gateway {__version__}"
+    parser.add_argument("--version", action="version", version=version)
     sub = parser.add_subparsers(dest="command", required=True)
     args_list = list(sys.argv[1:] if argv is None else argv)
     chosen = args_list[0] if args_list and args_list[0] in SUBCOMMANDS else None
     modules = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, description=DESCRIPTIONS.get(name, help_text),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--version", action="version", version=version)
         if name == chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(p)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from gateway.cli import main
+from tests.servers import script
 
 NOW = 1717250602.0
+STAMP = "2024-06-01T14:03:22Z"  # NOW, as a prompt would carry it
 RULES = "You are a careful assistant. Follow the rules below and answer briefly. " * 20
 
 
@@ -94,12 +98,46 @@ def test_clean_log_exits_zero_with_no_output(
         ('{"body": {"messages": []}, "endpoint": "embeddings"}', "endpoint"),
     ],
 )
-def test_unreadable_input_names_the_line(
+def test_an_unreadable_line_is_named_and_skipped(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], bad: str, reason: str
 ) -> None:
-    rc, _, err = lint(tmp_path, capfd, [json.dumps(body(RULES, "q")), bad])
-    assert rc == 2
+    stamped = body(f"Current time: {STAMP}. " + RULES, "q")
+    rc, found, err = lint(tmp_path, capfd, [json.dumps(body(RULES, "q")), bad,
+                                            json.dumps(stamped)])
+    assert rc == 0
     assert "line 2" in err and reason in err
+    assert "skipped 1 of 3 line(s)" in err
+    assert [f["line"] for f in found] and all(f["line"] == 3 for f in found)
+
+
+def test_only_unreadable_lines_is_an_error(tmp_path: Path,
+                                          capfd: pytest.CaptureFixture[str]) -> None:
+    rc, found, err = lint(tmp_path, capfd, ["{not json", "[1]"])
+    assert (rc, found) == (2, [])
+    assert "skipped 2 of 2 line(s)" in err
+
+
+@pytest.mark.parametrize(("stamped", "flags", "rc"), [
+    (True, (), 0), (True, ("--fail-on", "warning"), 1), (True, ("--fail-on", "info"), 1),
+    (False, ("--fail-on", "info"), 0),
+])
+def test_fail_on_gates_ci(tmp_path: Path, capfd: pytest.CaptureFixture[str], stamped: bool,
+                          flags: tuple[str, ...], rc: int) -> None:
+    """The current time in a system prompt is a warning; a clean prompt has no finding."""
+    system = (f"Current time: {STAMP}. " if stamped else "") + RULES
+    got, found, _ = lint(tmp_path, capfd, [json.dumps(body(system, "q"))], *flags)
+    assert got == rc
+    assert any(f["severity"] == "warning" for f in found) is stamped
+
+
+def test_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    f = tmp_path / "big.jsonl"  # a finding per line: the output outgrows the pipe
+    f.write_text("".join(json.dumps(body(f"Time: 2024-06-01T{i // 60 % 24:02d}:{i % 60:02d}:00Z. "
+                                         + RULES, "q")) + "\n" for i in range(4000)))
+    done = subprocess.run(f"{shlex.join(script('gateway'))} lint {f} --now {NOW} | head -1",
+                          shell=True, capture_output=True, text=True, timeout=120, check=False)
+    assert done.stdout.count("\n") == 1
+    assert done.stderr == ""  # no BrokenPipeError traceback
 
 
 def test_missing_file(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -88,14 +89,31 @@ def test_report_table(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
         (b'{"ts": 1, "model": "m", "latency_ms": 1}\n', 1, "'status'"),
     ],
 )  # fmt: skip
-def test_unreadable_line_names_it(
+def test_unreadable_line_is_named_skipped_and_counted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, line: int, reason: str
 ) -> None:
+    good = b'{"ts": 5, "status": 200, "model": "m", "latency_ms": 1, "prompt_tokens": 40}\n'
     path = tmp_path / "bad.jsonl"
-    path.write_bytes(content)
-    assert main(["report", str(path)]) == 2
-    err = capsys.readouterr().err
+    path.write_bytes(content + good)
+    assert main(["report", str(path), "--json"]) == 0
+    out, err = capsys.readouterr()
     assert f"line {line}:" in err and reason in err
+    assert "skipped 1 unreadable line(s)" in err
+    report = json.loads(out)
+    assert report["skipped_lines"] == 1
+    assert report["records"] == 1 + content.count(b'"status": 200, "model"') - (
+        b"cached_tokens" in content or b'"ts": "x"' in content)
+
+
+def test_a_log_cut_mid_line_still_reports(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    rec = b'{"ts": 1, "status": 200, "model": "m", "latency_ms": 1, "prompt_tokens": 10}\n'
+    path = tmp_path / "cut.jsonl"
+    path.write_bytes(rec * 3 + rec[:30])
+    assert main(["report", str(path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["records"] == 3
+    assert "line 4:" in err
 
 
 def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,10 +25,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 
+from gateway import __version__
 from gateway.bench.analysis import analyse
 from gateway.bench.apis import APIS
 from gateway.bench.charts import turn_chart
@@ -52,24 +54,57 @@ from gateway.bench.workload import build_workload
 POLICIES = ("prefix", "round_robin", "least_loaded", "session", "random")
 
 
+def base_url(text: str) -> str:
+    """A server's base URL as the user gives it: trailing slashes and a final `/v1` (the
+    form the openai client takes) are dropped; only http(s) URLs with a host pass."""
+    url = text.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"not an http(s) URL: {text!r}")
+    try:
+        parts.port  # noqa: B018 (checks the range)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad port in {text!r}") from None
+    return url
+
+
+PRESET_HELP = (
+    "workload and fleet size: tiny (6 sessions x 3 turns on 2 replicas: a smoke run), "
+    "default (48 x 8 on 4 replicas whose cache holds half the working set, ~20 s a policy), "
+    "large (96 x 10, minutes a policy), xl (256 x 16 on 8 replicas, bigger machines); "
+    "default %(default)s"
+)
+
+
 def _workload_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", choices=sorted(PRESETS), default="default")
-    p.add_argument("--sessions", type=int)
-    p.add_argument("--turns", type=int)
-    p.add_argument("--think-time", type=float, dest="think_time_s")
-    p.add_argument("--tool-result-tokens", type=int)
-    p.add_argument("--large-tool-result-tokens", type=int)
-    p.add_argument("--fanout", type=int)
-    p.add_argument("--compaction-every", type=int)
-    p.add_argument("--hygiene-break", action="store_true", default=None)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--out", type=Path, default=Path("bench-out"))
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--max-wall-s", type=float, default=600.0, help="bound on each run")
-    p.add_argument("--api", choices=APIS, default="chat",
-                   help="inference API the turns use: chat completions, Responses or Messages")
-    p.add_argument("--session-ids", choices=SESSION_IDS, default="header",
-                   help="how requests name their session (none: as most applications)")
+    a = p.add_argument
+    a("--preset", choices=sorted(PRESETS), default="default", help=PRESET_HELP)
+    a("--sessions", type=int, help="agent sessions (default: the preset's)")
+    a("--turns", type=int, help="turns per session (default: the preset's)")
+    a("--think-time", type=float, dest="think_time_s",
+      help="mean seconds between a reply and the next turn (workload seconds)")
+    a("--tool-result-tokens", type=int, help="size of an ordinary tool result")
+    a("--large-tool-result-tokens", type=int, help="size of an occasional large tool result")
+    a("--fanout", type=int, help="parallel sibling requests when a turn fans out")
+    a("--compaction-every", type=int,
+      help="compact a session's history every N turns (0: never)")
+    a("--hygiene-break", action="store_true", default=None,
+      help="put a per-request timestamp in every system prompt (a cache breaker)")
+    a("--seed", type=int, help="workload seed (default: the preset's); the same seed gives "
+      "the same sessions")
+    a("--out", type=Path, default=Path("bench-out"),
+      help="folder for results, charts and logs (default: %(default)s)")
+    a("--no-progress", action="store_true", help="no progress bar")
+    a("--max-wall-s", type=float, default=600.0,
+      help="bound on each run, wall seconds (default %(default)s)")
+    a("--api", choices=APIS, default="chat",
+      help="inference API the turns use: chat completions, Responses or Messages "
+      "(default %(default)s)")
+    a("--session-ids", choices=SESSION_IDS, default="header",
+      help="how requests name their session (none: as most applications; default "
+      "%(default)s)")
 
 
 def _preset(args: argparse.Namespace) -> Preset:
@@ -93,41 +128,58 @@ def _preset(args: argparse.Namespace) -> Preset:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway-bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    version = f"gateway-bench {__version__}"
+    parser.add_argument("--version", action="version", version=version)
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="agent sessions against an OpenAI-compatible endpoint")
-    run.add_argument("--base-url", required=True)
+    run.add_argument("--version", action="version", version=version)
+    run.add_argument("--base-url", required=True, type=base_url,
+                     help="the endpoint, with or without /v1 (http://127.0.0.1:8080 or the "
+                     "openai client's http://127.0.0.1:8080/v1)")
     run.add_argument("--model", help="default: the first model of /v1/models")
     run.add_argument("--concurrency", type=int, help="sessions active at once")
     run.add_argument("--time-scale", type=float, default=1.0,
                      help="wall seconds per workload second (e.g. 1/sim speed)")
-    run.add_argument("--tokenize-url", help="where /tokenize is served (default: base URL)")
+    run.add_argument("--tokenize-url", type=base_url,
+                     help="a vLLM replica whose /tokenize computes the cache bound (default: "
+                     "the base URL; a gateway does not serve /tokenize, so name a replica)")
     _workload_flags(run)
 
     rep = sub.add_parser("replay", help="replay a Mooncake trace")
-    rep.add_argument("trace", type=Path)
-    rep.add_argument("--base-url", required=True)
-    rep.add_argument("--model")
-    rep.add_argument("--speedup", type=float, default=1.0)
-    rep.add_argument("--limit", type=int)
-    rep.add_argument("--minutes", type=float)
-    rep.add_argument("--max-tokens-cap", type=int, default=64)
-    rep.add_argument("--max-in-flight", type=int, default=64)
-    rep.add_argument("--out", type=Path, default=Path("bench-out"))
-    rep.add_argument("--no-progress", action="store_true")
-    rep.add_argument("--max-wall-s", type=float, default=600.0)
+    rep.add_argument("--version", action="version", version=version)
+    rep.add_argument("trace", type=Path, help="Mooncake JSON-lines trace (e.g. "
+                     "../shared/traces/)")
+    rep.add_argument("--base-url", required=True, type=base_url,
+                     help="the endpoint, with or without /v1")
+    rep.add_argument("--model", help="default: the first model of /v1/models")
+    rep.add_argument("--speedup", type=float, default=1.0,
+                     help="replay the trace's timestamps this much faster (default 1)")
+    rep.add_argument("--limit", type=int, help="at most this many requests")
+    rep.add_argument("--minutes", type=float, help="only the trace's first N minutes")
+    rep.add_argument("--max-tokens-cap", type=int, default=64,
+                     help="cap on each request's output tokens (default %(default)s)")
+    rep.add_argument("--max-in-flight", type=int, default=64,
+                     help="requests outstanding at once, at most (default %(default)s)")
+    rep.add_argument("--out", type=Path, default=Path("bench-out"),
+                     help="folder for results (default: %(default)s)")
+    rep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    rep.add_argument("--max-wall-s", type=float, default=600.0,
+                     help="bound on the run, wall seconds (default %(default)s)")
 
     cmp_ = sub.add_parser("compare", help="simulator + gateway per policy, side by side")
-    cmp_.add_argument("--replicas", type=int)
+    cmp_.add_argument("--version", action="version", version=version)
+    cmp_.add_argument("--replicas", type=int, help="simulated replicas (default: the preset's)")
     cmp_.add_argument("--policies", default="prefix,round_robin,least_loaded",
                       help="columns: a policy, or policy@HOW to name sessions another way "
                            "than --session-ids (prefix also runs the other way unless a "
                            "prefix@ column is given)")
-    cmp_.add_argument("--concurrency", type=int)
+    cmp_.add_argument("--concurrency", type=int,
+                      help="sessions active at once (default: the preset's)")
     cmp_.add_argument("--kv-blocks", type=int, help="per replica (default: the preset's)")
     cmp_.add_argument("--speed", type=float, help="simulator speed (default: the preset's)")
     cmp_.add_argument("--markdown", action="store_true", help="also print a Markdown table")
-    cmp_.add_argument("--backend", action="append", default=[], metavar="URL",
+    cmp_.add_argument("--backend", action="append", default=[], metavar="URL", type=base_url,
                       help="a replica to use instead of the simulator (repeatable)")
     cmp_.add_argument("--time-scale", type=float,
                       help="wall seconds per workload second (default 1/speed; 1 with --backend)")
@@ -135,6 +187,20 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with --backend: run even when caches cannot be reset between policies")
     _workload_flags(cmp_)
     return parser
+
+
+_UNREACHABLE = (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError, IndexError,
+                TypeError)
+
+
+def unreachable(url: str, exc: BaseException) -> str:
+    """One line for a base URL that cannot be used: down, or not an OpenAI server."""
+    if isinstance(exc, (aiohttp.ClientConnectionError, TimeoutError, OSError)):
+        why = str(exc) or type(exc).__name__
+        return f"cannot reach {url}: {why} (is the server running? the URL is its base, " \
+               "e.g. http://127.0.0.1:8080)"
+    return f"{url} does not answer like an OpenAI-compatible server ({type(exc).__name__}: " \
+           f"{exc}); is this the right URL?"
 
 
 async def _first_model(base_url: str) -> str:
@@ -169,8 +235,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         facts = asyncio.run(probe(args.base_url, args.model, [args.tokenize_url or args.base_url],
                                   sample=sample_body(workload)))
-    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
-        print(f"gateway-bench run: cannot reach {args.base_url}: {e}", file=sys.stderr)
+    except _UNREACHABLE as e:
+        print(f"gateway-bench run: {unreachable(args.base_url, e)}", file=sys.stderr)
         return 1
     for note in facts.notes:
         print(f"note: {note}")
@@ -195,14 +261,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     if summary["timing"] != "sim":
         print("(latencies are wall-clock: the endpoint sent no simulator timing)")
     if "bound_error" in summary:
-        print(f"(no bound: {summary['bound_error']})")
+        print(f"(no bound: {summary['bound_error']}; pass --tokenize-url with a vLLM "
+              "replica's URL: the bound needs its /tokenize)")
     if summary["error_reasons"]:
         print("failed requests:")
         for line in format_reasons(summary["error_reasons"]):
             print(line)
-    if not summary["gateway"]:
-        print()
-        print(turn_table(summary["turns"]))
+    print()
+    print(turn_table(summary["turns"]))
+    if _failed(result):
+        print("no chart: every request failed")
+    else:
         chart = turn_chart(summary["turns"], args.out / "turns.png", title=args.base_url)
         print(f"chart: {chart}")
     path = _write(args.out, "run.json", {
@@ -220,7 +289,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except (OSError, TraceError) as e:
         print(f"gateway-bench replay: {e}", file=sys.stderr)
         return 2
-    model = _model(args)
+    try:
+        model = _model(args)
+    except _UNREACHABLE as e:
+        print(f"gateway-bench replay: {unreachable(args.base_url, e)}", file=sys.stderr)
+        return 1
     result = asyncio.run(replay(requests, ReplayOptions(
         base_url=args.base_url, model=model, speedup=args.speedup,
         max_tokens_cap=args.max_tokens_cap, max_in_flight=args.max_in_flight,

@@ -10,18 +10,23 @@ A request's session is, in order: wrapper `session`, header `x-session-id`, body
 `prompt_cache_key`, body `user` (design.md section 5).
 
 Output: one JSON finding per line (design.md section 4 schema plus the input `line`).
-Exit status 0 whether or not there are findings; 2 for unreadable input (invalid JSON, a
-line that is not an object, `messages` not a list, ...), with a message naming the line.
+An unreadable line (invalid JSON, not an object, `messages` not a list, ...) is skipped
+with a message on stderr naming it, and the skipped lines are counted at the end; later
+lines are still read. Exit status: 0; 1 with `--fail-on info|warning` when a finding of that
+severity or above was printed (for CI); 2 when the input cannot be opened, or when every
+non-blank line was unreadable. A reader that leaves early (`| head`) ends it quietly.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from typing import IO, Any, Literal
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Literal
 
 import orjson
 
@@ -44,34 +49,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "file", nargs="?", default="-", help="JSON lines of request bodies (- = stdin)"
     )
     parser.add_argument("--unredacted", action="store_true", help="print offending text verbatim")
-    parser.add_argument("--min-severity", choices=("info", "warning"), default="info")
+    parser.add_argument("--min-severity", choices=("info", "warning"), default="info",
+                        help="print findings of this severity and above (default info)")
+    parser.add_argument("--fail-on", choices=("info", "warning"),
+                        help="exit 1 when a finding of this severity or above is printed "
+                        "(a CI gate)")
     parser.add_argument(
         "--now", type=float, default=None, help="epoch seconds for lines without ts"
     )
+
+
+MAX_SHOWN = 20  # unreadable lines named one by one; the rest are counted
 
 
 def run(args: argparse.Namespace) -> int:
     analyzer = HygieneAnalyzer(HygieneConfig(redact=not args.unredacted))
     now = time.time() if args.now is None else float(args.now)
     out = sys.stdout.buffer
+    skipped: list[LintInputError] = []
+    counts = {"lines": 0, "fail": 0}
+    gate = _SEVERITY_RANK[args.fail_on] if args.fail_on else None
+
+    def on_error(err: LintInputError) -> None:
+        if len(skipped) < MAX_SHOWN:
+            print(f"gateway lint: skipped {err}", file=sys.stderr)
+        skipped.append(err)
+
+    def lines(source: Iterable[bytes]) -> Iterator[bytes]:
+        for raw in source:
+            if raw.strip():
+                counts["lines"] += 1
+            yield raw
+
     try:
-        if args.file == "-":
-            return _emit(lint_lines(sys.stdin.buffer, analyzer, now, args.min_severity), out)
-        with open(args.file, "rb") as f:
-            return _emit(lint_lines(f, analyzer, now, args.min_severity), out)
+        with (contextlib.nullcontext(sys.stdin.buffer) if args.file == "-"
+              else open(args.file, "rb")) as f:
+            for finding in lint_lines(lines(f), analyzer, now, args.min_severity, on_error):
+                out.write(orjson.dumps(finding.to_dict()) + b"\n")
+                if gate is not None and _SEVERITY_RANK[finding.severity] >= gate:
+                    counts["fail"] += 1
+            out.flush()
+    except BrokenPipeError:
+        # `gateway lint log | head`: the reader left; not an error of ours. Python's own
+        # advice: point stdout at /dev/null so the exit flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as e:
         print(f"gateway lint: {e}", file=sys.stderr)
         return 2
-    except LintInputError as e:
-        print(f"gateway lint: {e}", file=sys.stderr)
-        return 2
-
-
-def _emit(findings: Iterable[Finding], out: IO[bytes]) -> int:
-    for f in findings:
-        out.write(orjson.dumps(f.to_dict()) + b"\n")
-    out.flush()
-    return 0
+    if skipped:
+        print(f"gateway lint: skipped {len(skipped)} of {counts['lines']} line(s) as "
+              "unreadable", file=sys.stderr)
+        if len(skipped) == counts["lines"]:
+            return 2
+    return 1 if counts["fail"] else 0
 
 
 def lint_lines(
@@ -79,13 +110,21 @@ def lint_lines(
     analyzer: HygieneAnalyzer,
     now: float,
     min_severity: str = "info",
+    on_error: Callable[[LintInputError], None] | None = None,
 ) -> Iterator[Finding]:
-    """Findings for each line in order; raises LintInputError at the first unreadable line."""
+    """Findings for each line in order. An unreadable line raises LintInputError, or with
+    `on_error` is handed to it and skipped."""
     floor = _SEVERITY_RANK[min_severity]
     for n, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
-        body, endpoint, session, ts = _read(n, raw, now)
+        try:
+            body, endpoint, session, ts = _read(n, raw, now)
+        except LintInputError as err:
+            if on_error is None:
+                raise
+            on_error(err)
+            continue
         for f in analyzer.scan(body, endpoint, session, ts, validated=True):  # _read validated
             if _SEVERITY_RANK[f.severity] >= floor:
                 yield dataclasses.replace(f, line=n)

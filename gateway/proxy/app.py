@@ -106,7 +106,8 @@ class GatewayApp:
         tokens = await start_token_mode(settings, fleet, self.clock)
         router = Router(settings.routing, tokens.mode if tokens is not None else None)
         metrics = GatewayMetrics()
-        recorder = UsageRecorder(settings.usage, metrics, access_log=server.access_log)
+        recorder = UsageRecorder(settings.usage, metrics, access_log=server.access_log,
+                                 started_at=self.clock())
         monitor = FleetMonitor(fleet, upstream, router, metrics, settings, self.clock,
                                recorder=recorder)
         services = Services(

@@ -8,7 +8,7 @@ newer gateway still reads.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
 from typing import Any
 
@@ -76,13 +76,23 @@ def record_from_json(obj: Any, line: int) -> UsageRecord:
     return UsageRecord(**kwargs)
 
 
-def read_records(lines: Iterable[bytes]) -> Iterator[UsageRecord]:
-    """Records of a JSON-lines log; blank lines are skipped. Raises LogError."""
+def read_records(lines: Iterable[bytes],
+                 on_error: Callable[[LogError], None] | None = None) -> Iterator[UsageRecord]:
+    """Records of a JSON-lines log; blank lines are skipped. A bad line raises LogError,
+    or, with `on_error`, is handed to it and skipped (a log cut mid-line by a crash or a
+    rotation must not cost the whole report)."""
     for n, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise LogError(n, f"not valid JSON ({e})") from None
-        yield record_from_json(obj, n)
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError as e:
+                raise LogError(n, f"not valid JSON ({e})") from None
+            rec = record_from_json(obj, n)
+        except LogError as err:
+            if on_error is None:
+                raise
+            on_error(err)
+            continue
+        yield rec

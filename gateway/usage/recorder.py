@@ -93,8 +93,10 @@ class UsageRecorder:
         *,
         sinks: list[Sink] | None = None,
         access_log: bool = False,
+        started_at: float | None = None,
     ) -> None:
         self._access_log = access_log
+        self._started_at = started_at  # no stats window reaches back before this
         self._config = config
         self._metrics = metrics
         self._pumps = [
@@ -187,7 +189,7 @@ class UsageRecorder:
                 )
             capacity = effective_capacity(snap, configured.get(name), default_capacity_tokens)
             reps[name] = _replica_json(snap, level, self._details.reports(name), capacity)
-        windows = self._windows.windows(now)
+        windows = self._windows.windows(now, self._started_at)
         recent = windows["5m"]
         for key, label in (("ttft", "TTFT"), ("tpot", "TPOT")):
             fig = recent[key]
@@ -207,14 +209,42 @@ class UsageRecorder:
             if pump.dropped:
                 warnings.append(f"usage sink {pump.sink.name} dropped {pump.dropped} records")
         return {
+            "summary": headline(now, self._started_at, windows, reps, warnings),
             "now": now,
+            "uptime_s": None if self._started_at is None else round(now - self._started_at, 3),
             "first_record_ts": self._windows.first_ts,
             "last_record_ts": self._windows.last_ts,
             "windows": windows,
             "replicas": reps,
             "sinks": sinks,
             "warnings": warnings,
+            "series": self._windows.series(),
         }
+
+
+def headline(now: float, started_at: float | None, windows: Mapping[str, Any],
+             replicas: Mapping[str, Any], warnings: list[str]) -> dict[str, Any]:
+    """What a person wants first: is it working, is the cache working, is it fast."""
+    recent, total = windows["5m"], windows["all"]
+
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.1%}"
+
+    ttft = recent["ttft"]["p99_ms"]
+    return {
+        "uptime_s": None if started_at is None else round(now - started_at, 1),
+        "requests": total["requests"],
+        "requests_last_5m": recent["requests"],
+        "cached_ratio": total["cached_ratio"],
+        "cached_ratio_last_5m": recent["cached_ratio"],
+        "ttft_p99_ms_last_5m": ttft,
+        "replicas": len(replicas),
+        "warnings": len(warnings),
+        "text": (f"{total['requests']} requests, {pct(total['cached_ratio'])} of prompt "
+                 f"tokens served from cache ({pct(recent['cached_ratio'])} in the last 5 min), "
+                 f"TTFT p99 {'n/a' if ttft is None else f'{ttft:.0f} ms'} (5 min), "
+                 f"{len(warnings)} warning(s)"),
+    }
 
 
 def _replica_json(

@@ -4,8 +4,8 @@ Reads the JSON lines the file sink writes (`-` for stdin), builds the digest of
 `gateway.usage.digest` (windows relative to the log's last timestamp, the whole log,
 per model/replica/tenant, prompt-length percentiles, the `--max-model-len` suggestion,
 top sessions and tenants by uncached tokens, warnings) and prints it as a terminal table,
-or as JSON with `--json`. An unreadable line stops the report with a message naming it
-and exit status 2.
+or as JSON with `--json`. An unreadable line (a log cut mid-line, a foreign line) is
+skipped with a message naming it, and counted (`skipped_lines`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import orjson
 
 from gateway.usage.digest import digest
 from gateway.usage.logfile import LogError, read_records
+
+MAX_SHOWN = 20  # skipped lines named one by one; the rest are counted
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,14 +46,19 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         print("gateway report: --top must be >= 0", file=sys.stderr)
         return 2
+    skipped: list[LogError] = []
     try:
-        report = digest(read_records(_lines(args.usage_log)), top=args.top)
-    except LogError as e:
-        print(f"gateway report: {args.usage_log}: {e}", file=sys.stderr)
-        return 2
+        report = digest(read_records(_lines(args.usage_log), skipped.append), top=args.top)
     except OSError as e:
         print(f"gateway report: cannot read {args.usage_log}: {e}", file=sys.stderr)
         return 2
+    for err in skipped[:MAX_SHOWN]:
+        print(f"gateway report: {args.usage_log}: skipped {err}", file=sys.stderr)
+    if skipped:
+        more = f" ({len(skipped) - MAX_SHOWN} not shown)" if len(skipped) > MAX_SHOWN else ""
+        print(f"gateway report: skipped {len(skipped)} unreadable line(s){more}",
+              file=sys.stderr)
+    report["skipped_lines"] = len(skipped)
     try:
         if args.json:
             sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")

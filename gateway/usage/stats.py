@@ -19,12 +19,15 @@ Figures (all token-weighted sums over the window, never averages of per-request 
 - Decomposition of reuse, each over the records where both of its inputs are known:
   available = sum(best_available) / sum(prompt): reuse any replica could have offered;
   captured  = sum(predicted) / sum(best_available): how much of it routing captured;
-  delivered = sum(cached) / sum(predicted): how much of the prediction the engine
-  delivered (can exceed 1 when the engine held more than the gateway knew).
+  delivered = sum(min(cached, predicted)) / sum(predicted): how much of the prediction
+  the engine delivered.
+  Every ratio lies in [0, 1]: best and predicted are capped at the prompt (estimates
+  made before tokenization can overshoot it) and predicted at best.
   Records with `cached_tokens` None are excluded from cached_ratio and delivered, and
   counted in `records_without_cached_tokens`.
 - Percentiles: prompt tokens P50/P95/P99; TTFT P99 (records with status < 400); TPOT P99,
-  TPOT = (latency - ttft) / (completion_tokens - 1) for completion_tokens > 1. Sketch
+  TPOT = (latency - ttft) / (completion_tokens - 1) for streamed requests with
+  completion_tokens > 1 (a non-streamed answer's first byte is its last: no TPOT). Sketch
   accuracy is 1% relative.
 - max_model_len_suggestion = ceil(P99(prompt + completion) * 1.2 / 1024) * 1024: room for
   99% of the observed requests plus 20% headroom, in the 1024-token steps operators use.
@@ -81,20 +84,26 @@ class Totals:
             self.completion += rec.completion_tokens
         if prompt is not None:
             self.prompt += prompt
+            # Estimates made before the prompt was tokenized may overshoot it; no replica
+            # can offer, nor routing predict, more than the whole prompt.
+            best = None if best is None else min(best, prompt)
+            predicted = None if predicted is None else min(predicted, prompt)
             if cached is None:
                 self.without += 1
             else:
-                self.ratio_num += cached
+                self.ratio_num += min(cached, prompt)
                 self.ratio_den += prompt
             if best is not None:
                 self.avail_num += best
                 self.avail_den += prompt
         if predicted is not None:
             if best is not None:
-                self.capt_num += predicted
+                self.capt_num += min(predicted, best)
                 self.capt_den += best
             if cached is not None:
-                self.deliv_num += cached
+                # What of the prediction arrived (an engine holding more than predicted is
+                # a surprise, not more than all of it).
+                self.deliv_num += min(cached, predicted)
                 self.deliv_den += predicted
 
     def merge(self, o: Totals) -> None:
@@ -163,7 +172,7 @@ class Bucket:
         if ttft is not None and rec.status < 400:
             self.ttft.add(ttft)
         completion = rec.completion_tokens
-        if ttft is not None and completion is not None and completion > 1:
+        if rec.stream and ttft is not None and completion is not None and completion > 1:
             self.tpot.add((rec.latency_ms - ttft) / (completion - 1))
 
     def merge(self, o: Bucket) -> None:
@@ -258,7 +267,9 @@ class UsageWindows:
         """Start of the span window `window_s` really covers (a bucket boundary)."""
         return math.floor((now - window_s) / self._bucket_s) * self._bucket_s
 
-    def summary(self, now: float, window_s: float | None) -> dict[str, Any]:
+    def summary(self, now: float, window_s: float | None, since: float | None = None
+                ) -> dict[str, Any]:
+        """`since`: when the gateway started; no window covers more than that."""
         b = self.merged(now, window_s)
         overall = Totals()
         dims: dict[str, dict[str, Totals]] = {"model": {}, "replica": {}, "tenant": {}}
@@ -271,9 +282,10 @@ class UsageWindows:
                 agg.merge(t)
         out = overall.figures()
         out["window_s"] = window_s
-        out["covered_s"] = (
-            None if window_s is None else round(now - self.covered_from(now, window_s), 3)
-        )
+        start = None if window_s is None else self.covered_from(now, window_s)
+        if since is not None:
+            start = since if start is None else max(start, since)
+        out["covered_s"] = None if start is None else round(max(0.0, now - start), 3)
         out["by_status"] = {str(k): n for k, n in sorted(overall.status.items())}
         for dim, groups in dims.items():
             out[f"by_{dim}"] = {name: groups[name].figures() for name in sorted(groups)}
@@ -301,5 +313,27 @@ class UsageWindows:
         }
         return out
 
-    def windows(self, now: float) -> dict[str, dict[str, Any]]:
-        return {name: self.summary(now, w) for name, w in WINDOWS}
+    def windows(self, now: float, since: float | None = None) -> dict[str, dict[str, Any]]:
+        return {name: self.summary(now, w, since) for name, w in WINDOWS}
+
+    def series(self) -> list[dict[str, Any]]:
+        """Per live bucket, oldest first: its start, requests, and the cached-token ratio
+        overall and per replica (what the /stats page charts)."""
+        out: list[dict[str, Any]] = []
+        for idx in sorted(self._buckets):
+            bucket = self._buckets[idx]
+            overall = Totals()
+            replicas: dict[str, Totals] = {}
+            for (_, replica, _), t in bucket.totals.items():
+                overall.merge(t)
+                agg = replicas.get(replica)
+                if agg is None:
+                    agg = replicas[replica] = Totals()
+                agg.merge(t)
+            out.append({
+                "ts": idx * self._bucket_s, "requests": overall.requests,
+                "cached_ratio": _ratio(overall.ratio_num, overall.ratio_den),
+                "by_replica": {r: _ratio(t.ratio_num, t.ratio_den)
+                               for r, t in sorted(replicas.items())},
+            })
+        return out
