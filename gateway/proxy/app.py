@@ -16,6 +16,8 @@ Routes:
     GET  /ready                                       200 with >= 1 healthy replica, else 503
     GET  /metrics                                     GatewayMetrics (Prometheus text 0.0.4)
     GET  /stats                                       UsageRecorder.stats JSON
+    GET  /stats?format=html                           the same as a page (gateway.usage.page)
+    GET  /v1/models/{id}                              that model's card, or 404
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from urllib.parse import parse_qs
 
 import orjson
 
@@ -43,11 +46,13 @@ from gateway.routing.affinity import AffinityStore, ResponseAffinity
 from gateway.routing.router import Router
 from gateway.settings import Settings
 from gateway.usage.metrics import GatewayMetrics
+from gateway.usage.page import render_page
 from gateway.usage.recorder import UsageRecorder
 
 log = logging.getLogger("gateway.proxy.app")
 
 PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
+HTML = b"text/html; charset=utf-8"
 # The inference routes the gateway routes by prefix and accounts (POST only).
 _ROUTED: dict[str, Endpoint] = {
     "/v1/chat/completions": "chat", "/v1/completions": "completions",
@@ -197,6 +202,8 @@ class GatewayApp:
                     await respond_error(send, err, [])
                     return
             status, body, content_type = self._simple_get(services, path)
+            if path == "/stats" and _wants_html(scope):
+                body, content_type = render_page(orjson.loads(body)), HTML
             await respond(send, status, body, [], content_type)
             return
         if path.startswith("/v1/"):
@@ -240,6 +247,12 @@ async def _not_allowed(send: Send, method: str, path: str, allow: bytes) -> None
     error = GatewayError(405, f"Method {method} is not allowed on {path}; use "
                          f"{allow.decode()}.", code="method_not_allowed")
     await respond_error(send, error, [(b"allow", allow)])
+
+
+def _wants_html(scope: Scope) -> bool:
+    """`/stats?format=html` (the query is the client's: only this one value is read)."""
+    query = bytes(scope.get("query_string", b"")).decode("latin-1")
+    return parse_qs(query).get("format", [""])[-1] == "html"
 
 
 def _authorization(scope: Scope) -> bytes | None:
