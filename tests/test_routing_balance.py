@@ -112,20 +112,24 @@ def test_session_cap(sessions: list[float], factor: float, cap: float) -> None:
          [cand("a", 2400, 3), cand("b", 0, 3), cand("c", 0, 3)], "s", None, "a", "prefix"),
         # ... then they go where it is not, although re-prefilling costs 2400 tokens.
         ("popular prompt at the cap",
-         [cand("a", 2400, 4), cand("b", 0, 3), cand("c", 0, 3)], "s", None, "b|c", "load"),
+         [cand("a", 2400, 4), cand("b", 0, 3), cand("c", 0, 3)], "s", None, "b|c", "balance"),
         ("shared prompt on several: fewest sessions",
          [cand("a", 2400, 4), cand("b", 2400, 1), cand("c", 0, 1)], "s", None, "b", "prefix"),
         # Not rounded up: 4 + 2 + 1 sessions, mean 2.67 with the new one: b at 3 is over
         # 1.1 x 2.67, so c takes it and re-prefills the prompt.
         ("tight cap, cold replica under it",
-         [cand("a", 2400, 4), cand("b", 2400, 2), cand("c", 0, 1)], "s", None, "c", "load"),
+         [cand("a", 2400, 4), cand("b", 2400, 2), cand("c", 0, 1)], "s", None, "c", "balance"),
+        # The replica holding the prompt is busy: then it is load that moved the request.
+        ("holder busy",
+         [cand("a", 2400, 0, in_flight=40), cand("b", 0, 0)], None, None, "b", "load"),
         ("cold: fewest sessions", [cand("a", 0, 2), cand("b", 0, 1)], "s", None, "b", "cold"),
         # A follow-up sticks to its history even when its replica is over the cap.
         ("follow-up sticks over the cap",
          [cand("a", 6000, 9), cand("b", 2400, 1), cand("c", 2400, 1)], "s", "a", "a", "prefix"),
-        # A session whose replica lost its history is placed again, by load.
+        # A session whose replica lost its history is placed again, by balance (the fleet
+        # is idle: nothing is busier).
         ("released session moves",
-         [cand("a", 2400, 6), cand("b", 2400, 2)], "s", "a", "b", "load"),
+         [cand("a", 2400, 6), cand("b", 2400, 2)], "s", "a", "b", "balance"),
         ("no session id: cache decides as before",
          [cand("a", 2400, 9), cand("b", 0, 0)], None, None, "a", "prefix"),
     ],

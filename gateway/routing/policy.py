@@ -184,8 +184,26 @@ def prefix_choice(
     elif chosen.name == session_replica:
         reason = "session"
     else:
-        reason = "load"
+        reason = off_cache_reason(candidates, chosen, best, config)
     return Choice(ranked, reason)
+
+
+def off_cache_reason(candidates: Sequence[Candidate], chosen: Candidate, best: int,
+                     config: RoutingConfig) -> str:
+    """Why a request went where no more of its prompt is cached than elsewhere: `load`
+    when every replica holding as much or more is busier (the load terms of the estimate: requests in flight, prefill
+    queued, the engine's own waiting queue), else `balance`: the conversation-spreading
+    terms (the session cap, fill) placed it, as on an idle fleet."""
+    def busy(c: Candidate) -> float:
+        return (config.prefill_s_per_token * c.queued_tokens + config.in_flight_s * c.in_flight
+                + config.engine_waiting_s * max(0.0, c.engine_waiting - c.queued_requests))
+
+    mine = chosen.predicted_tokens
+    holders = [c for c in candidates if c is not chosen and (
+        c.predicted_tokens > mine or c.predicted_tokens == mine > 0)]
+    if holders and all(busy(c) > busy(chosen) for c in holders):
+        return "load"
+    return "balance"
 
 
 def least_loaded(candidates: Sequence[Candidate], rng: random.Random) -> tuple[int, ...]:
