@@ -191,9 +191,10 @@ def prefix_choice(
 def off_cache_reason(candidates: Sequence[Candidate], chosen: Candidate, best: int,
                      config: RoutingConfig) -> str:
     """Why a request went where no more of its prompt is cached than elsewhere: `load`
-    when every replica holding as much or more is busier (the load terms of the estimate: requests in flight, prefill
-    queued, the engine's own waiting queue), else `balance`: the conversation-spreading
-    terms (the session cap, fill) placed it, as on an idle fleet."""
+    when every replica holding as much or more is busier (the load terms of the estimate:
+    requests in flight, prefill queued, the engine's own waiting queue), else `balance`:
+    the conversation-spreading terms (the session cap, fill) placed it, as on an idle
+    fleet."""
     def busy(c: Candidate) -> float:
         return (config.prefill_s_per_token * c.queued_tokens + config.in_flight_s * c.in_flight
                 + config.engine_waiting_s * max(0.0, c.engine_waiting - c.queued_requests))
