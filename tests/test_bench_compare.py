@@ -68,3 +68,22 @@ def test_compare_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert unnamed["follow_ups_moved"] < result["policies"]["round_robin"]["follow_ups_moved"]
     assert "prefix@none: follow-up turns moved" in {c["check"] for c in result["checks"]}
     assert {c["check"] for c in result["checks"]} >= {"cached ratio vs bound"}
+    # tiny is a smoke run: its figures are shown, not judged, and pairs print as numbers
+    assert all(c["met"] is None and not c["judged"] for c in result["checks"])
+    assert "not judged" in out and "[NOT MET]" not in out and "[None" not in out
+
+
+def test_one_session_at_a_time_reproduces_exactly(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Same seed, sessions one at a time: the same figures, run after run."""
+    got = []
+    for run in ("a", "b"):
+        rc = main(["compare", "--preset", "tiny", "--policies", "prefix@none",
+                   "--concurrency", "1", "--out", str(tmp_path / run), "--no-progress",
+                   "--max-wall-s", "40"])
+        assert rc == 0, capsys.readouterr().out
+        s = json.loads((tmp_path / run / "compare.json").read_text())["policies"]["prefix@none"]
+        got.append((s["requests"], s["prompt_tokens"], s["cached_tokens"],
+                    s["replica_requests"]))
+    assert got[0] == got[1]
+    assert got[0][2] > 0

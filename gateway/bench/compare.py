@@ -227,6 +227,12 @@ def compare(opts: CompareOptions, out: TextIO | None = None) -> dict[str, Any]:
             print(f"\nfailed requests under {policy}:", file=out)
             for line in format_reasons(summary["error_reasons"]):
                 print(line, file=out)
+    if preset.concurrency > 1:
+        # The workload (prompts, replies) is the same for a seed; with sessions running at
+        # once, which request meets which queue and eviction depends on timing.
+        print(f"\n(seed {preset.workload.seed}: the same sessions and replies every run; with "
+              f"{preset.concurrency} sessions at once the figures vary with timing, "
+              "--concurrency 1 reproduces them exactly)", file=out)
     print(f"\nresults: {opts.out_dir / 'compare.json'}  chart: {chart}", file=out)
     return result
 
