@@ -105,8 +105,11 @@ def test_unreachable_replica_warns_and_started_follows_the_bind() -> None:
             except httpx.TransportError:
                 time.sleep(0.1)
         time.sleep(1.8)  # about 9 probes: warnings at the 1st, 2nd, 4th and 8th
+        stats = httpx.get(f"http://127.0.0.1:{port}/stats").json()
     finally:
         stop(proc)
+    assert any(f"127.0.0.1:{dead}" in w and "unreachable" in w for w in stats["warnings"])
+    assert stats["summary"]["warnings"] == len(stats["warnings"]) >= 1
     assert proc.stderr is not None
     logged = lines(proc.stderr.read())
     warnings = [r for r in logged if r["msg"] == "replica unreachable"]

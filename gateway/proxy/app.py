@@ -228,7 +228,9 @@ class GatewayApp:
             stats = s.recorder.stats(
                 s.clock(), {r.name: r.snapshot for r in reps},
                 configured_capacity={r.name: r.settings.capacity_tokens for r in reps},
-                default_capacity_tokens=s.settings.routing.default_capacity_tokens)
+                default_capacity_tokens=s.settings.routing.default_capacity_tokens,
+                fleet_warnings=[f"replica {r.name} ({r.url}) is unreachable: {r.failures} "
+                                "failed health probe(s)" for r in reps if not r.healthy])
             if s.feeds is not None:
                 stats["token_mode"] = s.feeds.status(s.clock())
             return 200, orjson.dumps(stats), json

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -170,12 +170,15 @@ class UsageRecorder:
         self, now: float, replicas: Mapping[str, EngineSnapshot | None], *,
         configured_capacity: Mapping[str, int | None] | None = None,
         default_capacity_tokens: int | None = None,
+        fleet_warnings: Sequence[str] = (),
     ) -> dict[str, Any]:
         """`configured_capacity`: replica -> its `[[replicas]] capacity_tokens`;
         `default_capacity_tokens`: the routing default used when neither is known."""
         cfg = self._config
         configured = configured_capacity or {}
-        warnings = [missing_cached_tokens_warning(r) for r in self.missing_cached_tokens_replicas()]
+        warnings = [*fleet_warnings,
+                    *(missing_cached_tokens_warning(r)
+                      for r in self.missing_cached_tokens_replicas())]
         reps: dict[str, Any] = {}
         for name in sorted(replicas):
             snap = replicas[name]
