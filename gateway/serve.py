@@ -155,7 +155,7 @@ async def serve(settings: Settings) -> int:
 def check_extras(settings: Settings) -> None:
     """Fail before start-up, with the install command, when a configured feature's
     optional package is missing (raises `MissingExtra`)."""
-    if settings.usage.redis_url:
+    if settings.usage.redis_url or settings.redis.enabled:
         require_redis()
     if settings.tokens.enabled:
         require_token_mode(settings.tokens)

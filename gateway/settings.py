@@ -6,7 +6,7 @@ Sections: `[server]` (`ServerSettings`), `[[replicas]]` (`ReplicaSettings`, one 
 replica), `[auth]` (`AuthSettings`), and the components' own dataclasses, mapped generically
 by field name and type (`gateway.coerce`): `[routing]` -> `RoutingConfig`, `[hygiene]` ->
 `HygieneConfig`, `[usage]` -> `UsageConfig`, `[tokens]` -> `TokenSettings` (token mode and
-KV events).
+KV events), `[redis]` -> `RedisSettings` (routing state shared between instances).
 
 Environment scheme (values are text, parsed by the field's type):
 - `GATEWAY_<SECTION>__<KEY>` sets `[section] key`, e.g. `GATEWAY_ROUTING__POLICY=session`,
@@ -39,6 +39,7 @@ from gateway.hygiene.config import HygieneConfig
 from gateway.logs import LogFormat
 from gateway.routing.config import RoutingConfig
 from gateway.servicelinks import is_service_link
+from gateway.shared.config import RedisSettings
 from gateway.usage.config import UsageConfig
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -128,6 +129,7 @@ class Settings:
     hygiene: HygieneConfig = field(default_factory=HygieneConfig)
     usage: UsageConfig = field(default_factory=UsageConfig)
     tokens: TokenSettings = field(default_factory=TokenSettings)
+    redis: RedisSettings = field(default_factory=RedisSettings)
 
 
 # table sections: name -> dataclass (replicas, an array of tables, is handled apart)
@@ -138,6 +140,7 @@ SECTIONS: dict[str, type[Any]] = {
     "hygiene": HygieneConfig,
     "usage": UsageConfig,
     "tokens": TokenSettings,
+    "redis": RedisSettings,
 }
 
 

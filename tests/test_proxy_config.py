@@ -15,6 +15,7 @@ from gateway.events.config import TokenSettings
 from gateway.hygiene.config import HygieneConfig
 from gateway.routing.config import RoutingConfig
 from gateway.settings import AuthSettings, ReplicaSettings, ServerSettings
+from gateway.shared.config import RedisSettings
 from gateway.usage.config import UsageConfig
 from tests.servers import ROOT
 
@@ -38,7 +39,7 @@ def commented_keys(text: str) -> dict[str, set[str]]:
 @pytest.mark.parametrize(("section", "cls"), [
     ("server", ServerSettings), ("replicas", ReplicaSettings), ("auth", AuthSettings),
     ("routing", RoutingConfig), ("hygiene", HygieneConfig), ("usage", UsageConfig),
-    ("tokens", TokenSettings),
+    ("tokens", TokenSettings), ("redis", RedisSettings),
 ])
 def test_example_lists_every_field(section: str, cls: type[Any]) -> None:
     text = EXAMPLE.read_text()

@@ -4,16 +4,10 @@ a closed port (failures counted, never raised)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import shutil
-import socket
-import subprocess
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
-import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -21,38 +15,8 @@ from gateway.usage.config import UsageConfig
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.recorder import UsageRecorder
 from tests.records import usage_record as rec
-from tests.servers import free_port, stop
-
-REDIS = shutil.which("redis-server")
-needs_redis = pytest.mark.skipif(
-    REDIS is None, reason="redis-server binary not installed (apt-get install redis-server)"
-)
-
-
-def _ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"redis-server exited with {proc.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5) as s:
-            s.sendall(b"PING\r\n")
-            if s.recv(16).startswith(b"+PONG"):
-                return
-        time.sleep(0.05)
-    raise TimeoutError("redis-server not ready")
-
-
-@contextlib.contextmanager
-def redis_server(port: int) -> Iterator[None]:
-    assert REDIS is not None
-    argv = [REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--protected-mode", "no"]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        _ready(port, proc)
-        yield
-    finally:
-        stop(proc)
+from tests.redis_server import needs_redis, redis_server
+from tests.servers import free_port
 
 
 async def _wait(cond: Any, limit_s: float = 5.0) -> None:

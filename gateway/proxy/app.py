@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 import orjson
@@ -39,6 +40,9 @@ from gateway.proxy.errors import GatewayError
 from gateway.proxy.handler import Proxy
 from gateway.proxy.inbound import Endpoint
 from gateway.proxy.tokenmode import EventFeeds, start_token_mode
+
+if TYPE_CHECKING:
+    from gateway.shared.redis_state import SharedState
 from gateway.proxy.upstream import Upstream
 from gateway.replicas.fleet import Fleet
 from gateway.replicas.monitor import FleetMonitor
@@ -78,6 +82,7 @@ class Services:
     # Responses API: which replica created each stored response (local; Redis later).
     affinity: AffinityStore = field(default_factory=ResponseAffinity)
     feeds: EventFeeds | None = None  # KV-event feeds, in token mode ([tokens])
+    shared: SharedState | None = None  # routing state shared through Redis ([redis])
 
 
 class GatewayApp:
@@ -125,6 +130,9 @@ class GatewayApp:
         await monitor.start()
         if services.feeds is not None:
             await services.feeds.start()
+        if settings.redis.enabled:
+            services.shared = await start_shared_state(settings, router, services, metrics,
+                                                      self.clock)
         self.services = services
         self._proxy = Proxy(
             server=server, fleet=fleet, router=router, analyzer=services.analyzer,
@@ -138,6 +146,9 @@ class GatewayApp:
         services, self.services, self._proxy = self.services, None, None
         if services is None:
             return
+        if services.shared is not None:
+            services.router.share(None)
+            await services.shared.aclose()
         if services.feeds is not None:
             await services.feeds.aclose()
         await services.monitor.aclose()
@@ -243,6 +254,22 @@ class GatewayApp:
         err = GatewayError(404, f"The model {wanted[:200]!r} does not exist.", param="model",
                            code="model_not_found")
         return 404, err.body(), json
+
+
+async def start_shared_state(settings: Settings, router: Router, services: Services,
+                             metrics: GatewayMetrics, clock: Callable[[], float]
+                             ) -> SharedState:
+    """Share this instance's routing facts through Redis and apply the others' (the
+    Responses API store included); the loops run in the background from here on."""
+    from gateway.shared.redis_state import SharedAffinity
+    from gateway.shared.redis_state import SharedState as Shared
+
+    shared = Shared(settings.redis, router.apply, services.affinity, clock,
+                    registry=metrics.registry)
+    router.share(shared.publish)
+    services.affinity = SharedAffinity(services.affinity, shared)
+    await shared.start()
+    return shared
 
 
 async def _not_allowed(send: Send, method: str, path: str, allow: bytes) -> None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.routing.blocks import chain_hashes
@@ -43,6 +43,7 @@ from gateway.routing.config import RoutingConfig
 from gateway.routing.conversations import Conversations
 from gateway.routing.decision import Decision, ReplicaState
 from gateway.routing.estimate import TokenEstimator
+from gateway.routing.facts import Dropped, Fact, Reply, Response, Sent, Trust
 from gateway.routing.feedback import Limits, adjust, verdict
 from gateway.routing.index import BlockIndex
 from gateway.routing.normalize import END, canonical_bytes, chain_seed
@@ -55,9 +56,12 @@ if TYPE_CHECKING:
 
 
 class Router:
-    def __init__(self, config: RoutingConfig, tokens: TokenMode | None = None) -> None:
+    def __init__(self, config: RoutingConfig, tokens: TokenMode | None = None,
+                 publish: Callable[[Fact], None] | None = None) -> None:
         self.config = config
         self._tokens = tokens
+        # Shared state (gateway/shared/): every fact this router learns goes out here.
+        self._publish = publish
         self._rng = random.Random(config.seed)
         self._turn = 0
         self._estimator = TokenEstimator(
@@ -225,7 +229,7 @@ class Router:
         if old is not None:
             # Tried there first and failed before any byte: never scheduled there.
             self._unqueue(plan, old)
-            self._index.drop_from(old, plan.hashes, plan.matched.get(old, 0))
+            self._drop(old, plan.hashes, plan.matched.get(old, 0))
             if o.replica:
                 self._sent(plan, o.replica, now)
         if o.first_token_at is not None and o.replica:
@@ -239,6 +243,8 @@ class Router:
         self._pending.setdefault(replica, {})[plan] = (uncached, now)
         self._queued[replica] = self._queued.get(replica, 0.0) + uncached
         self._index.record(replica, plan.hashes, len(plan.hashes), plan.matched.get(replica, 0))
+        if self._publish is not None:
+            self._publish(Sent(replica, plan.hashes, plan.session, plan.conversation is not None))
         if plan.tokens is not None and self._tokens is not None:
             self._tokens.sent(plan.tokens, replica, now)
         if plan.session is not None:
@@ -267,7 +273,7 @@ class Router:
         if not ok and prompt_tokens is None:
             # Never scheduled (rejected, connection refused): the blocks recorded at
             # `sent` are not there.
-            self._index.drop_from(replica, plan.hashes, plan.matched.get(replica, 0))
+            self._drop(replica, plan.hashes, plan.matched.get(replica, 0))
             return
         if prompt_tokens is not None and prompt_tokens > 0:
             est.observe(plan.model, len(plan.data), prompt_tokens)
@@ -312,6 +318,42 @@ class Router:
 
     def replica_restarted(self, replica: str) -> None:
         self._index.clear(replica)
+
+    def share(self, publish: Callable[[Fact], None] | None) -> None:
+        """Publish every fact this router learns to `publish` (shared state), or stop."""
+        self._publish = publish
+
+    def apply(self, fact: Fact, now: float) -> None:
+        """A fact another gateway instance published (facts.py): the same bookkeeping as
+        if this one had routed it, but no queued work (that load is the other's, and the
+        replica's own metrics show it to everyone). Replicas this router does not know
+        (not in its fleet, or not up yet) are left alone."""
+        if isinstance(fact, Response) or fact.replica not in self._limits:
+            return
+        replica, index = fact.replica, self._index
+        if isinstance(fact, Trust):
+            nominal = self._limits[replica].nominal
+            limit = max(1 if nominal else 0, int(nominal * fact.fraction))
+            self._limits[replica] = Limits(nominal, limit)
+            index.set_capacity(replica, limit)
+        elif isinstance(fact, Dropped):
+            index.drop_from(replica, fact.hashes, fact.keep)
+        else:
+            index.record(replica, fact.hashes, len(fact.hashes),
+                         index.matched(replica, fact.hashes))
+            if isinstance(fact, Sent):
+                self._bind(fact, now)
+
+    def _bind(self, fact: Sent, now: float) -> None:
+        if fact.session is not None:
+            self._sessions.touch(fact.session, fact.replica, now)
+        elif fact.implicit and fact.hashes:
+            convs = self._conversations
+            found = convs.find(fact.hashes)
+            conv = found.conversation if found is not None and found.how == "follows" \
+                else convs.open()
+            self._sessions.touch(conv, fact.replica, now)
+            convs.advance(conv, fact.hashes)
 
     # introspection (stats, tests): each settles in-flight outcomes first, like a decision,
     # so it reads the state the next decision would see ----------------------------------
@@ -383,6 +425,13 @@ class Router:
                         cfg.feedback_shrink, cfg.feedback_recover, cfg.feedback_min_factor)
         self._limits[replica] = limits
         self._index.set_capacity(replica, limits.limit)
+        if self._publish is not None and limits.nominal:
+            self._publish(Trust(replica, min(1.0, limits.limit / limits.nominal)))
+
+    def _drop(self, replica: str, hashes: Sequence[int], keep: int) -> None:
+        self._index.drop_from(replica, hashes, keep)
+        if self._publish is not None:
+            self._publish(Dropped(replica, hashes, keep))
 
     def _index_reply(self, plan: RoutePlan, replica: str, prompt_tokens: int,
                      reply_text: str, completion_tokens: int | None) -> None:
@@ -393,6 +442,8 @@ class Router:
         parent = plan.hashes[-1] if full else plan.seed
         hashes = plan.hashes + chain_hashes(extended[full * block :], parent, block)
         self._index.record(replica, hashes, len(hashes), full)
+        if self._publish is not None:
+            self._publish(Reply(replica, hashes, full))
         ratio = self._estimator.ratio(plan.model)
         generated = (completion_tokens if completion_tokens is not None
                      else (len(extended) - len(plan.data)) / ratio)

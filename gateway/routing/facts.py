@@ -1,0 +1,173 @@
+"""Routing facts: what one gateway instance learned that the others should know, and their
+wire form (pure).
+
+Several instances behind a load balancer share what they route through Redis
+(gateway/shared/): each publishes the facts below as it makes them and applies the others'
+to its own router, so every decision still reads local memory only.
+
+- `Sent`: a request's prompt blocks went to a replica (vLLM caches them as it schedules
+  it); with the client's session id, or marked as an implicit conversation so the receiver
+  groups it with the conversation its blocks extend.
+- `Reply`: the blocks of a generated answer, cached by the replica too.
+- `Dropped`: blocks recorded at send time that the replica never scheduled.
+- `Trust`: the fraction of its nominal capacity the feedback trusts a replica's index with
+  (a capacity correction).
+- `Response`: the replica that stored a Responses API response.
+
+Wire form: a Redis stream entry, a flat map of short byte keys; hashes are packed as
+little-endian uint64. `decode` validates everything: an entry written by another version,
+or by anyone with access to the key, must never crash or corrupt a router, so anything
+malformed raises `FactError`.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+MAX_BLOCKS = 1 << 17  # 8 MiB of prompt at 64 bytes a block: a sane bound on one fact
+MAX_NAME = 256
+
+
+class FactError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    replica: str
+    hashes: Sequence[int]
+    session: str | None = None  # the client's session id
+    implicit: bool = False  # no session id: an implicit conversation
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    replica: str
+    hashes: Sequence[int]
+    held: int  # leading blocks already recorded by the request
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    replica: str
+    hashes: Sequence[int]
+    keep: int
+
+
+@dataclass(frozen=True, slots=True)
+class Trust:
+    replica: str
+    fraction: float
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    response_id: str
+    replica: str
+
+
+Fact = Sent | Reply | Dropped | Trust | Response
+
+
+def _pack(hashes: Sequence[int]) -> bytes:
+    a = array("Q", hashes)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a.tobytes()
+
+
+def _unpack(raw: bytes) -> list[int]:
+    if len(raw) % 8 or len(raw) // 8 > MAX_BLOCKS:
+        raise FactError("bad block hashes")
+    a = array("Q")
+    a.frombytes(raw)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a.tolist()
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    origin: str  # the instance that learned it
+    at: float  # when it was published (unix seconds; propagation delay = now - at)
+    fact: Fact
+
+
+def encode(fact: Fact, origin: str, at: float) -> dict[bytes, bytes]:
+    """The stream entry for `fact`, published by instance `origin` at `at`."""
+    out: dict[bytes, bytes] = {b"o": origin.encode(), b"a": repr(at).encode()}
+    if isinstance(fact, Sent):
+        out |= {b"k": b"s", b"r": fact.replica.encode(), b"h": _pack(fact.hashes)}
+        if fact.session is not None:
+            out[b"s"] = fact.session.encode("utf-8", "surrogatepass")
+        if fact.implicit:
+            out[b"c"] = b"1"
+    elif isinstance(fact, Reply):
+        out |= {b"k": b"r", b"r": fact.replica.encode(), b"h": _pack(fact.hashes),
+                b"n": str(fact.held).encode()}
+    elif isinstance(fact, Dropped):
+        out |= {b"k": b"d", b"r": fact.replica.encode(), b"h": _pack(fact.hashes),
+                b"n": str(fact.keep).encode()}
+    elif isinstance(fact, Trust):
+        out |= {b"k": b"t", b"r": fact.replica.encode(), b"f": repr(fact.fraction).encode()}
+    else:
+        out |= {b"k": b"p", b"r": fact.replica.encode(), b"i": fact.response_id.encode()}
+    return out
+
+
+def _text(fields: Mapping[bytes, bytes], key: bytes) -> str:
+    raw = fields.get(key)
+    if raw is None:
+        raise FactError(f"missing field {key.decode()}")
+    if len(raw) > 4 * MAX_NAME:
+        raise FactError(f"field {key.decode()} too long")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FactError(f"field {key.decode()} is not UTF-8") from None
+
+
+def _int(fields: Mapping[bytes, bytes], key: bytes) -> int:
+    raw = fields.get(key, b"")
+    if not raw.isdigit() or len(raw) > 9:
+        raise FactError(f"field {key.decode()} is not a count")
+    return int(raw)
+
+
+def decode(fields: Mapping[bytes, bytes]) -> Envelope:
+    """The envelope of a stream entry; raises FactError for anything malformed."""
+    origin = _text(fields, b"o")
+    try:
+        at = float(fields.get(b"a", b""))
+    except ValueError:
+        raise FactError("field a is not a time") from None
+    if at != at:  # NaN
+        raise FactError("field a is not a time")
+    return Envelope(origin, at, _fact(fields))
+
+
+def _fact(fields: Mapping[bytes, bytes]) -> Fact:
+    kind = fields.get(b"k")
+    if kind == b"p":
+        return Response(_text(fields, b"i"), _text(fields, b"r"))
+    replica = _text(fields, b"r")
+    if kind == b"t":
+        try:
+            fraction = float(fields.get(b"f", b""))
+        except ValueError:
+            raise FactError("field f is not a number") from None
+        if not 0.0 <= fraction <= 1.0:
+            raise FactError("trust fraction out of [0, 1]")
+        return Trust(replica, fraction)
+    hashes = _unpack(fields.get(b"h", b""))
+    if kind == b"s":
+        session = _text(fields, b"s") if b"s" in fields else None
+        return Sent(replica, hashes, session, fields.get(b"c") == b"1")
+    if kind == b"r":
+        return Reply(replica, hashes, min(_int(fields, b"n"), len(hashes)))
+    if kind == b"d":
+        return Dropped(replica, hashes, _int(fields, b"n"))
+    raise FactError(f"unknown fact kind {kind!r:.20}")

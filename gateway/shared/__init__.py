@@ -1,0 +1,1 @@
+"""Routing state shared between gateway instances through Redis (optional, `[redis]`)."""
