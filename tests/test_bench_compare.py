@@ -4,6 +4,7 @@ one gateway per policy) and `run` straight against a simulator replica."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,18 @@ def test_one_session_at_a_time_reproduces_exactly(tmp_path: Path,
                     s["replica_requests"]))
     assert got[0] == got[1]
     assert got[0][2] > 0
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+def test_compare_with_two_gateways_sharing_state(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["compare", "--preset", "tiny", "--policies", "prefix@none", "--gateways", "2",
+               "--out", str(tmp_path), "--no-progress", "--max-wall-s", "40"])
+    assert rc == 0, capsys.readouterr().out
+    s = json.loads((tmp_path / "compare.json").read_text())["policies"]["prefix@none"]
+    assert (s["gateways"], s["shared_state"], s["errors"]) == (2, True, 0)
+    logs = tmp_path / "logs"
+    served = [len((logs / name).read_text().splitlines())
+              for name in ("usage-prefix@none.jsonl", "usage-prefix@none-1.jsonl")]
+    assert min(served) > 0 and abs(served[0] - served[1]) <= 1  # round robin
+    assert sum(served) == s["requests"]

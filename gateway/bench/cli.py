@@ -183,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a replica to use instead of the simulator (repeatable)")
     cmp_.add_argument("--time-scale", type=float,
                       help="wall seconds per workload second (default 1/speed; 1 with --backend)")
+    cmp_.add_argument("--gateways", type=int, default=1, metavar="N",
+                      help="gateway instances per column behind a round-robin client "
+                      "(default 1); with N > 1 they share routing state through a "
+                      "redis-server started for the run (needs redis-server)")
+    cmp_.add_argument("--no-shared-state", action="store_true",
+                      help="with --gateways N: N independent instances, no Redis")
     cmp_.add_argument("--allow-dirty-cache", action="store_true",
                       help="with --backend: run even when caches cannot be reset between policies")
     _workload_flags(cmp_)
@@ -326,6 +332,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"gateway-bench compare: {e}", file=sys.stderr)
         return 2
+    if args.gateways < 1:
+        print("gateway-bench compare: --gateways must be >= 1", file=sys.stderr)
+        return 2
     if unknown or not policies:
         print(f"gateway-bench compare: unknown policy {unknown}; choose from {POLICIES}",
               file=sys.stderr)
@@ -335,7 +344,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                           progress=not args.no_progress,
                           backends=tuple(args.backend), time_scale=args.time_scale,
                           allow_dirty_cache=args.allow_dirty_cache,
-                          api=args.api, session_ids=args.session_ids)
+                          api=args.api, session_ids=args.session_ids,
+                          gateways=args.gateways, shared_state=not args.no_shared_state)
     try:
         result = compare(opts)
     except DirtyCacheError as e:

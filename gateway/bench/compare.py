@@ -37,7 +37,7 @@ from gateway.bench.backends import contamination_notice, reset_caches
 from gateway.bench.charts import compare_chart
 from gateway.bench.failures import format_reasons
 from gateway.bench.presets import BLOCK_SIZE, Preset
-from gateway.bench.procs import Managed, free_ports, gateway_command
+from gateway.bench.procs import Managed, free_ports, gateway_command, local_redis
 from gateway.bench.runner import (
     SESSION_IDS,
     RequestRecord,
@@ -66,6 +66,8 @@ class CompareOptions:
     allow_dirty_cache: bool = False
     api: Api = "chat"
     session_ids: SessionIds = "header"
+    gateways: int = 1  # gateway instances per column, behind a round-robin client
+    shared_state: bool = True  # with several: share routing state through a local Redis
 
 
 class DirtyCacheError(RuntimeError):
@@ -132,38 +134,55 @@ def run_policy(
         chars_per_token=facts.chars_per_token,
     ) if facts else ServerLimits()
     scale = opts.time_scale or (1.0 if opts.backends else 1.0 / preset.speed)
-    with engines:
-        gw_port = free_ports(1)
-        gw_url = f"http://127.0.0.1:{gw_port}"
+    sharing = opts.gateways > 1 and opts.shared_state
+    redis: contextlib.AbstractContextManager[str | None] = (
+        local_redis(logs / f"redis-{column}.log") if sharing else contextlib.nullcontext())
+    with engines, redis as redis_url, contextlib.ExitStack() as gateways:
         backends = [a for u in replicas for a in ("--backend", u)]
-        with Managed(
-            gateway_command(
-                "serve", "--host", "127.0.0.1", "--port", str(gw_port), "--policy", policy,
-                *backends, *opts.extra_gateway_args,
-            ),
-            [gw_url + "/ready"],
-            logs / f"gateway-{column}.log",
-            env={"GATEWAY_USAGE__LOG_PATH": str(usage_log)},
-        ):
-            result = asyncio.run(
-                run_workload(
-                    workload,
-                    RunOptions(
-                        base_url=gw_url, model=model, concurrency=preset.concurrency,
-                        time_scale=scale, max_wall_s=opts.max_wall_s,
-                        progress=opts.progress, label=f"{column:>12}", limits=limits, api=opts.api,
-                        session_ids=session_ids,
-                    ),
-                )
+        gw_urls: list[str] = []
+        usage_logs: list[Path] = []
+        for k in range(opts.gateways):
+            gw_port = free_ports(1)
+            gw_urls.append(f"http://127.0.0.1:{gw_port}")
+            usage_logs.append(usage_log if k == 0 else
+                              usage_log.with_name(f"usage-{column}-{k}.jsonl"))
+            usage_logs[-1].unlink(missing_ok=True)
+            env = {"GATEWAY_USAGE__LOG_PATH": str(usage_logs[-1])}
+            if redis_url is not None:
+                env["GATEWAY_REDIS__URL"] = redis_url
+            gateways.enter_context(Managed(
+                gateway_command(
+                    "serve", "--host", "127.0.0.1", "--port", str(gw_port), "--policy",
+                    policy, *backends, *opts.extra_gateway_args,
+                ),
+                [gw_urls[-1] + "/ready"],
+                logs / (f"gateway-{column}.log" if k == 0 else f"gateway-{column}-{k}.log"),
+                env=env,
+            ))
+        result = asyncio.run(
+            run_workload(
+                workload,
+                RunOptions(
+                    base_url=gw_urls[0], more_base_urls=tuple(gw_urls[1:]), model=model,
+                    concurrency=preset.concurrency, time_scale=scale,
+                    max_wall_s=opts.max_wall_s, progress=opts.progress,
+                    label=f"{column:>12}", limits=limits, api=opts.api,
+                    session_ids=session_ids,
+                ),
             )
-        # The gateway is stopped here, so its usage log is complete.
+        )
+        gateways.close()
+        # The gateways are stopped here, so their usage logs are complete.
         _relabel(result.records, replicas)
+        usage = [row for path in usage_logs for row in read_usage_log(path)]
         summary = analyse(
-            result, len(replicas), tokenize_url=replicas[0], usage=read_usage_log(usage_log),
+            result, len(replicas), tokenize_url=replicas[0], usage=usage,
             block_size=(facts.block_size if facts else None) or BLOCK_SIZE,
         )
     summary["policy"] = policy
     summary["session_ids"] = session_ids
+    summary["gateways"] = opts.gateways
+    summary["shared_state"] = sharing
     return summary
 
 

@@ -8,7 +8,9 @@ Commands run as `python -m gateway.cli ...` with this interpreter, so no PATH lo
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,7 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -123,3 +125,40 @@ class Managed:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=grace_s)
+
+
+@contextlib.contextmanager
+def local_redis(log_path: Path, timeout_s: float = 10.0) -> Iterator[str]:
+    """A redis-server of this machine's on a free loopback port (no persistence), for
+    gateways that share routing state; yields its URL, stops it by pid on exit."""
+    server = shutil.which("redis-server")
+    if server is None:
+        raise RuntimeError("--gateways N with shared state needs redis-server "
+                           "(apt-get install redis-server), or pass --no-shared-state")
+    port = free_ports(1)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1",
+                                 "--save", "", "--appendonly", "no"],
+                                stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited; see {log_path}")
+            with contextlib.suppress(OSError), \
+                    socket.create_connection(("127.0.0.1", port), 0.5) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not answer")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)

@@ -57,6 +57,9 @@ class RunOptions:
     limits: ServerLimits = field(default_factory=ServerLimits)  # what the server accepts
     api: Api = "chat"  # which inference API the turns go to (gateway.bench.apis)
     session_ids: SessionIds = "header"
+    # More instances of the same endpoint: requests go round robin over base_url and these,
+    # as a plain load balancer in front of several gateways would send them.
+    more_base_urls: tuple[str, ...] = ()
 
 
 @dataclass(kw_only=True)
@@ -121,6 +124,7 @@ class Runner:
             workload.request_count(), label=options.label, enabled=options.progress
         )
         self._start = 0.0
+        self._sent = 0  # requests sent: the round robin over the base URLs
 
     async def run(self) -> RunResult:
         opts = self.options
@@ -147,9 +151,12 @@ class Runner:
         opts = self.options
         send_s = time.perf_counter() - self._start
         body, headers = named(req.body, req.session_id, opts.session_ids)
+        urls = (opts.base_url, *opts.more_base_urls)
+        base = urls[self._sent % len(urls)]
+        self._sent += 1
         ex = await post(
             http,
-            opts.base_url.rstrip("/") + PATHS[opts.api],
+            base.rstrip("/") + PATHS[opts.api],
             to_api(body, opts.api),
             headers=headers,
             timeout_s=opts.request_timeout_s,
