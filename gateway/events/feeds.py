@@ -16,7 +16,6 @@ renderer hashes at (said in `status`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from gateway.events.kvindex import KVIndex
 from gateway.events.probe import probe
 from gateway.events.source import EventSource, SourceError
 from gateway.events.subscriber import KVSubscriber
+from gateway.tasks import cancel_all
 from gateway.tokens.parity import Parity
 from gateway.tokens.render import TokenRenderer
 
@@ -85,11 +85,7 @@ class EventFeeds:
 
     async def aclose(self) -> None:
         tasks, self._tasks = self._tasks, []
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_all(tasks)
         if self._http is not None:
             await self._http.close()
             self._http = None

@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from gateway.routing.affinity import AffinityStore
 from gateway.routing.facts import Fact, FactError, Response, decode, encode
 from gateway.shared.config import RedisSettings
+from gateway.tasks import cancel_all
 
 log = logging.getLogger("gateway.shared")
 
@@ -109,11 +110,7 @@ class SharedState:
 
     async def aclose(self) -> None:
         tasks, self._tasks = self._tasks, []
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_all(tasks)
         from redis.exceptions import RedisError
 
         for client in (self._writer, self._reader):
