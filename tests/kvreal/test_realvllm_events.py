@@ -155,3 +155,44 @@ async def test_parity_probe(replica: Replica, http: aiohttp.ClientSession) -> No
     got = await probe(http, replica.url, wrong,
                       decode=lambda ids: raw.decode(list(ids), skip_special_tokens=False))
     assert (got.ok, got.cause) == (False, "template"), got.message
+
+
+def test_gateway_serve_in_token_mode(replica: Replica, tmp_path: Path) -> None:
+    """`gateway serve --backend` alone finds the events, passes parity and predicts what
+    the real engine delivers."""
+    import httpx
+
+    from tests.servers import gateway
+
+    log = tmp_path / "usage.jsonl"
+    env = {"GATEWAY_TOKENS__MODELS": f"tiny={replica.model_dir}",  # type: ignore[attr-defined]
+           "GATEWAY_TOKENS__BLOCK_SIZE": "32", "GATEWAY_USAGE__LOG_PATH": str(log)}
+    words = " ".join(f"serve{i % 41} token{i % 17}" for i in range(200))
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Summarise " + words}]
+    with gateway([replica.url], env=env) as url, httpx.Client(timeout=120) as client:
+        deadline = time.monotonic() + 30
+        while True:
+            rep = client.get(url + "/stats").json()["token_mode"]["replicas"]
+            state = next(iter(rep.values()))
+            if "parity" in state:
+                break
+            assert time.monotonic() < deadline, rep
+            time.sleep(0.2)
+        assert state["parity"]["ok"], state
+        for turn in range(3):
+            r = client.post(url + "/v1/chat/completions",
+                            json={"model": "tiny", "messages": msgs, "max_tokens": 4})
+            assert r.status_code == 200, r.text
+            msgs += [{"role": "assistant", "content": r.json()["choices"][0]["message"][
+                "content"]}, {"role": "user", "content": f"and part {turn} " + words[:200]}]
+            time.sleep(0.3)  # the step's events reach the gateway
+        assert client.get(url + "/stats").json()["token_mode"]["replicas"][
+            next(iter(rep))]["state"] == "live"
+    deadline = time.monotonic() + 10
+    while len(log.read_text().splitlines() if log.exists() else []) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    recs = [json.loads(line) for line in log.read_text().splitlines()][-2:]
+    for rec in recs:  # turns 2 and 3: the history is cached and predicted exactly
+        assert rec["cached_tokens"] > 0
+        assert abs(rec["predicted_cached_tokens"] - rec["cached_tokens"]) < 32, rec
