@@ -8,16 +8,25 @@ that are no setting are logged once at start and otherwise ignored. `--backend U
 simulator (`SimCluster`, 4 replicas on free loopback ports) is started in the same process
 and fronted: `gateway serve` alone is a working demo. Invalid settings, or a configured
 feature whose extra is not installed, print one line and exit with status 2.
+
+Shutdown (SIGTERM, SIGINT): the listening socket closes at once (new connections are
+refused), idle keep-alive connections close, requests in flight run on for up to
+`server.shutdown_grace_s`; streams still open then are cancelled and end with an error
+event (gateway.proxy.relay). The process exits with status 0: uvicorn re-raises the
+signal it caught after serving, which would report the clean drain as a kill.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +98,22 @@ def free_port_run(n: int) -> int:
     raise OSError(f"no {n} consecutive free ports on 127.0.0.1")
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, minus re-raising the caught signal once the drain is done."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        handled = (signal.SIGINT, signal.SIGTERM)
+        for sig in handled:
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
+
+
 async def serve(settings: Settings) -> int:
     cluster = None
     if not settings.replicas:
@@ -104,8 +129,9 @@ async def serve(settings: Settings) -> int:
             create_app(settings), host=settings.server.host, port=settings.server.port,
             http="httptools", loop="none", lifespan="on", access_log=False, log_config=None,
             server_header=False, proxy_headers=False, workers=1,
+            timeout_graceful_shutdown=settings.server.shutdown_grace_s,
         )
-        server = uvicorn.Server(config)
+        server = DrainingServer(config)
         await server.serve()
         return 0 if server.started else 1
     finally:

@@ -58,6 +58,9 @@ class ServerSettings:
     upstream_idle_s: float = 4.0  # idle upstream connections closed after (< vLLM's 5 s)
     max_response_bytes: int = 64 * 1024 * 1024  # a non-streamed answer larger -> 502
     log_level: LogLevel = "info"
+    # On SIGTERM/SIGINT: stop accepting at once, let requests in flight finish for this
+    # long, then end the streams still open with an error event; exit 0 either way.
+    shutdown_grace_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -69,6 +72,8 @@ class ServerSettings:
                      "upstream_idle_s", "max_response_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"server.{name} must be positive")
+        if self.shutdown_grace_s < 0:
+            raise ValueError("server.shutdown_grace_s must be >= 0")
         if self.retries < 0 or self.unhealthy_after < 1:
             raise ValueError("server.retries must be >= 0 and server.unhealthy_after >= 1")
 
