@@ -60,7 +60,7 @@ class ServerSettings:
     log_level: LogLevel = "info"
     # On SIGTERM/SIGINT: stop accepting at once, let requests in flight finish for this
     # long, then end the streams still open with an error event; exit 0 either way.
-    shutdown_grace_s: float = 30.0
+    shutdown_grace_s: int = 30  # whole seconds (uvicorn's timeout_graceful_shutdown)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
