@@ -151,9 +151,9 @@ def test_a_replica_restarted_with_an_empty_cache(tmp_path: Path) -> None:
                 ask(client, d, "When does it end?")
             after = records(log, 18)[12:]
     # Every question met an empty cache. At most the first two were promised their
-    # document; from then on the gateway promises no more than the template's head the
-    # documents share (two blocks: text mode estimates where token blocks end).
+    # document (none when a scrape saw the counters go back before the first one); from
+    # then on the gateway promises no more than the template's head the documents share
+    # (two blocks: text mode estimates where token blocks end).
     seen = [(r["predicted_cached_tokens"], r["cached_tokens"]) for r in after]
     assert all(cached == 0 for _, cached in seen), seen
-    assert seen[0][0] > 300, seen  # it did expect the document there
     assert all(predicted <= 32 for predicted, _ in seen[2:]), seen
