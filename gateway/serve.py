@@ -1,5 +1,6 @@
-"""`gateway serve`: load the settings, then run the gateway under uvicorn (httptools parser,
-uvloop loop, one worker, no access log: the usage records are the access log).
+"""`gateway serve`: load the settings, then run the gateway under uvicorn (httptools parser
+with the gateway's head bounds, gateway.proxy.protocol; uvloop loop, one worker, no access
+log: the usage records are the access log).
 
 Settings come from `--config FILE` (TOML), `GATEWAY_*` environment variables and the flags
 (later wins; see gateway.settings); Kubernetes service-link variables and `GATEWAY_*` names
@@ -37,6 +38,7 @@ from gateway.coerce import SettingsError
 from gateway.extras import MissingExtra
 from gateway.logs import configure_logging
 from gateway.proxy.app import create_app
+from gateway.proxy.protocol import bounded_protocol
 from gateway.settings import (
     Settings,
     parse_settings,
@@ -127,7 +129,8 @@ async def serve(settings: Settings) -> int:
     try:
         config = uvicorn.Config(
             create_app(settings), host=settings.server.host, port=settings.server.port,
-            http="httptools", loop="none", lifespan="on", access_log=False, log_config=None,
+            http=bounded_protocol(settings.server.max_head_bytes, settings.server.head_timeout_s),
+            loop="none", lifespan="on", access_log=False, log_config=None,
             server_header=False, proxy_headers=False, workers=1,
             timeout_graceful_shutdown=settings.server.shutdown_grace_s,
         )
