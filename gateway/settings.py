@@ -113,6 +113,11 @@ class AuthSettings:
     # true leaves them open, for a scraper inside a trusted network.
     public_metrics: bool = False
 
+    def __post_init__(self) -> None:
+        # An empty key would match a request without any key.
+        if any(not key.strip() for key in self.keys):
+            raise ValueError("auth.keys: a key must not be empty")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Settings:
