@@ -116,18 +116,38 @@ def test_sigterm_lets_streams_in_flight_finish_and_exits_0(replica: str) -> None
         assert exited - term < 15  # it did not sit out the grace period once done
 
 
-def test_streams_past_the_grace_period_end_with_an_error_event(replica: str) -> None:
+class Plain(threading.Thread):
+    """One non-streamed chat completion in a thread."""
+
+    def __init__(self, base: str, max_tokens: int) -> None:
+        super().__init__(daemon=True)
+        self.base, self.max_tokens = base, max_tokens
+        self.response: httpx.Response | None = None
+
+    def run(self) -> None:
+        body = {"model": MODEL, "max_tokens": self.max_tokens,
+                "messages": [{"role": "user", "content": "drain me too"}]}
+        self.response = httpx.post(self.base + "/v1/chat/completions", json=body, timeout=30)
+
+
+def test_requests_past_the_grace_period_end_with_an_error(replica: str) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {**ENV, "GATEWAY_SHUTDOWN_GRACE_S": "1"}
     with running(gateway_argv(port, replica), [base + "/ready"], env=env) as proc:
         stream = Stream(base, 2000)  # about 30 s: far past the grace period
         stream.start()
+        plain = Plain(base, 2000)
+        plain.start()
         assert stream.first.wait(10)
+        time.sleep(0.3)  # the plain request is in flight too
         term = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
         assert time.monotonic() - term < 6
+        plain.join(10)
+        assert plain.response is not None and plain.response.status_code == 503
+        assert plain.response.json()["error"]["code"] == "gateway_shutdown"
         stream.join(10)
         assert not stream.is_alive()
         assert stream.failure is None, stream.failure

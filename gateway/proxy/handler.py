@@ -32,6 +32,7 @@ Other `/v1/*` calls (`forward`) go to the least busy healthy replica serving the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -47,7 +48,7 @@ from gateway.proxy.auth import Authenticator
 from gateway.proxy.errors import GatewayError, UpstreamConnectError, UpstreamError, from_upstream
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.inbound import Endpoint, inject_usage, parse_inbound, parse_json
-from gateway.proxy.relay import RelayOutcome, relay, upstream_request_headers
+from gateway.proxy.relay import RelayOutcome, relay, shutting_down, upstream_request_headers
 from gateway.proxy.session import resolve_session
 from gateway.proxy.target import client_request_id, forwarded_headers, upstream_target
 from gateway.proxy.upstream import Timeouts, Upstream, UpstreamResponse
@@ -135,6 +136,13 @@ class Proxy:
             ex.status, ex.error = 499, "client disconnected"
         except asyncio.CancelledError:
             if not ex.disconnected:
+                # the server's shutdown grace period is over; a stream was ended by the
+                # relay, an answer not yet begun is refused here
+                if not ex.outcome.started:
+                    cut = shutting_down()
+                    ex.fail(cut)
+                    with contextlib.suppress(RuntimeError, OSError):
+                        await _respond_error(send, cut, headers)
                 raise
             task.uncancel()
             ex.status, ex.error = 499, "client disconnected"

@@ -34,9 +34,13 @@ from gateway.proxy.upstream import RawHeaders, UpstreamResponse
 from gateway.usage.extract import Usage, parse_answer
 from gateway.usage.sse import SseUsageTap
 
-SHUTDOWN = GatewayError(503, "The stream was cut: the gateway is shutting down.",
-                        code="gateway_shutdown")
 DROP_RESPONSE = HOP_BY_HOP | {b"content-length", b"server", b"date", b"x-request-id"}
+
+
+def shutting_down() -> GatewayError:
+    """What a request cut by the end of the shutdown grace period is told."""
+    return GatewayError(503, "The request was cut: the gateway is shutting down.",
+                        code="gateway_shutdown")
 
 
 def upstream_request_headers(
@@ -140,8 +144,8 @@ async def relay(
     except asyncio.CancelledError:
         # The client went (then nothing is sent) or the server is shutting down and its
         # grace period is over: end the stream the way a failed one ends, then go on.
-        outcome.error = SHUTDOWN
-        tail = held + (b"\n\n" if tap.pending else b"") + SHUTDOWN.sse_events()
+        outcome.error = shutting_down()
+        tail = held + (b"\n\n" if tap.pending else b"") + outcome.error.sse_events()
         with contextlib.suppress(RuntimeError, OSError):  # the response is over already
             await send({"type": "http.response.body", "body": tail, "more_body": False})
         raise
