@@ -4,13 +4,15 @@ real aiohttp upstream in the test's own event loop, so the test can count the lo
 A raw asyncio replica answers health and models, and each inference call by the mode named
 in its first message: `ok`, `silent` (reads the request, never answers), `stall-stream`
 (an SSE head and one event, then silence), `stall-body` (a JSON head and a few bytes of a
-longer body, then silence). A second replica is a black hole: a listening socket whose
-accept queue is full, so a TCP connect to it never completes.
+longer body, then silence), `cut-body` (the same, then the close), `garbage-head` (a
+status line and header no HTTP parser accepts). A second replica is a black hole: a
+listening socket whose accept queue is full, so a TCP connect to it never completes.
 
 Each timeout fires (the first-byte and idle ones as `read_timeout_s`, the connect one as
 `connect_timeout_s`) and ends as OpenAI's 504 (before the head) or an error event and
 `[DONE]` (after it); the replica's connections are closed; no task outlives its request;
-the in-flight gauges go back to zero."""
+the in-flight gauges go back to zero. A cut or garbled answer is a 502, the pool still
+usable after it."""
 
 from __future__ import annotations
 
@@ -71,6 +73,15 @@ class HangingReplica:
                 if mode == "ok":
                     writer.write(response("200 OK", completion("fine")))
                     continue
+                if mode == "cut-body":  # a shorter body than announced, then the close
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                 b"content-length: 1000\r\n\r\n{\"id\":")
+                    await writer.drain()
+                    return
+                if mode == "garbage-head":
+                    writer.write(b"HTTP/1.1 2OO OK\r\n\x00\x01\r\n\r\n")
+                    await writer.drain()
+                    return
                 counted = True
                 self.open += 1
                 if mode == "stall-stream":
@@ -198,6 +209,25 @@ async def test_no_first_byte_is_a_504(
         assert READ_TIMEOUT_S <= took < READ_TIMEOUT_S + 3
         ok = await client.post(url + "/v1/chat/completions", json=chat("ok"))
         assert ok.status_code == 200 and ok.headers["x-gateway-replica"] == "hang"
+    await settle(baseline, replica)
+    assert app.services is not None
+    assert all(r.in_flight == 0 for r in app.services.fleet.replicas.values())
+
+
+@pytest.mark.parametrize("mode", ["cut-body", "garbage-head"])
+async def test_a_cut_or_garbled_answer_is_a_502(
+    served: tuple[str, HangingReplica, GatewayApp], mode: str
+) -> None:
+    url, replica, app = served
+    baseline = set(asyncio.all_tasks())
+    async with httpx.AsyncClient(timeout=10) as client:
+        r = await client.post(url + "/v1/chat/completions", json=chat(mode))
+        assert r.status_code == 502
+        error = r.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["type"] == "upstream_error" and "hang" in error["message"]
+        ok = await client.post(url + "/v1/chat/completions", json=chat("ok"))
+        assert ok.status_code == 200  # the pool was not poisoned
     await settle(baseline, replica)
     assert app.services is not None
     assert all(r.in_flight == 0 for r in app.services.fleet.replicas.values())
