@@ -186,6 +186,9 @@ CASES: list[tuple[str, bytes, set[int]]] = [
     ("blank lines only", b"\r\n" * 4, {0}),
     ("half a request line", b"GET /v1/mod", {0}),
     ("two requests pipelined", post() + post(), {200}),
+    # bodies are not heads: a large one is no 431
+    ("body of 900 KB", post(body=orjson.dumps({"model": "m", "messages": [
+        {"role": "user", "content": "x" * 900_000}]})), {200}),
 ]
 
 
@@ -197,6 +200,26 @@ def test_hostile_requests(gw: Setup, name: str, data: bytes, allowed: set[int]) 
         assert 0 in allowed, name
         return
     assert answer.status in allowed, (name, answer.head[:300], answer.body[:300])
+
+
+def test_large_bodies_on_one_kept_alive_connection(gw: Setup) -> None:
+    """The head bound counts head bytes only, request after request."""
+    big = post(body=orjson.dumps({"model": "m", "messages": [
+        {"role": "user", "content": "y" * 300_000}]}))
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=BOUND_S) as s:
+        for _ in range(4):
+            s.sendall(big)
+            buf = b""
+            while True:
+                got = s.recv(65536)
+                assert got, "closed"
+                buf += got
+                head, sep, body = buf.partition(b"\r\n\r\n")
+                length = [int(h.split(b":")[1]) for h in head.split(b"\r\n")
+                          if h.lower().startswith(b"content-length:")]
+                if sep and length and len(body) >= length[0]:
+                    break
+            assert buf.startswith(b"HTTP/1.1 200"), buf[:200]
 
 
 def test_the_gateway_is_whole_after_the_abuse(gw: Setup) -> None:
