@@ -13,11 +13,14 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import orjson
 import pytest
+import yaml
 
+from gateway.settings import parse_settings
 from tests.servers import free_port, running, script, sim
 
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
@@ -181,3 +184,22 @@ def test_sigint_drains_the_same_way(replica: str) -> None:
         assert proc.wait(20) == 0
         stream.join(10)
         assert stream.events[-1] == b"data: [DONE]" and not errors(stream.events)
+
+
+def test_the_shipped_deployments_drain_before_they_are_killed() -> None:
+    """The grace period of each shipped settings file ends before its orchestrator's
+    SIGKILL (Kubernetes: after the preStop pause)."""
+    root = Path(__file__).resolve().parent.parent / "deploy"
+    compose = yaml.safe_load((root / "compose.yaml").read_text())
+    stop = compose["services"]["gateway"]["stop_grace_period"]
+    toml = (root / "gateway" / "gateway.toml").read_text()
+    assert parse_settings(toml, {}).server.shutdown_grace_s < int(stop.rstrip("s"))
+
+    docs = {d["kind"]: d for d in yaml.safe_load_all(
+        (root / "k8s" / "gateway-deployment.yaml").read_text()) if d}
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    pause = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
+    configmap = yaml.safe_load((root / "k8s" / "gateway-configmap.yaml").read_text())
+    grace = parse_settings(configmap["data"]["gateway.toml"], {}).server.shutdown_grace_s
+    assert pause + grace < pod["terminationGracePeriodSeconds"]
