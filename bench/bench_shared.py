@@ -71,7 +71,8 @@ def receiver(url: str, expected: int, seconds: float, out: mp.Queue) -> None:  #
         await shared.start()
         out.put("ready")
         deadline = time.monotonic() + seconds + 10
-        while len(delays) < expected and time.monotonic() < deadline:
+        # The reader task fills `delays`; a poll every 50 ms bounds this wait simply.
+        while len(delays) < expected and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         await shared.aclose()
 

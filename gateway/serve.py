@@ -1,5 +1,6 @@
-"""`gateway serve`: load the settings, then run the gateway under uvicorn (httptools parser,
-uvloop loop, one worker, no access log: the usage records are the access log).
+"""`gateway serve`: load the settings, then run the gateway under uvicorn (httptools parser
+with the gateway's head bounds, gateway.proxy.protocol; uvloop loop, one worker, no access
+log: the usage records are the access log).
 
 Settings come from `--config FILE` (TOML), `GATEWAY_*` environment variables and the flags
 (later wins; see gateway.settings); Kubernetes service-link variables and `GATEWAY_*` names
@@ -8,17 +9,26 @@ that are no setting are logged once at start and otherwise ignored. `--backend U
 simulator (`SimCluster`, 4 replicas on free loopback ports) is started in the same process
 and fronted: `gateway serve` alone is a working demo. Invalid settings, or a configured
 feature whose extra is not installed, print one line and exit with status 2.
+
+Shutdown (SIGTERM, SIGINT): the listening socket closes at once (new connections are
+refused), idle keep-alive connections close, requests in flight run on for up to
+`server.shutdown_grace_s`; streams still open then are cancelled and end with an error
+event (gateway.proxy.relay). The process exits with status 0: uvicorn re-raises the
+signal it caught after serving, which would report the clean drain as a kill.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +40,7 @@ from gateway.events.config import SIM
 from gateway.extras import MissingExtra
 from gateway.logs import configure_logging
 from gateway.proxy.app import create_app
+from gateway.proxy.protocol import bounded_protocol
 from gateway.proxy.tokenmode import TokenModelError, load_renderers, require_token_mode
 from gateway.settings import (
     Settings,
@@ -104,6 +115,22 @@ def free_port_run(n: int) -> int:
     raise OSError(f"no {n} consecutive free ports on 127.0.0.1")
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, minus re-raising the caught signal once the drain is done."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        handled = (signal.SIGINT, signal.SIGTERM)
+        for sig in handled:
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
+
+
 async def serve(settings: Settings) -> int:
     cluster = None
     if not settings.replicas:
@@ -128,10 +155,12 @@ async def serve(settings: Settings) -> int:
         app = create_app(settings)
         config = uvicorn.Config(
             app, host=settings.server.host, port=settings.server.port,
-            http="httptools", loop="none", lifespan="on", access_log=False, log_config=None,
+            http=bounded_protocol(settings.server.max_head_bytes, settings.server.head_timeout_s),
+            loop="none", lifespan="on", access_log=False, log_config=None,
             server_header=False, proxy_headers=False, workers=1,
+            timeout_graceful_shutdown=settings.server.shutdown_grace_s,
         )
-        server = uvicorn.Server(config)
+        server = DrainingServer(config)
         serving = asyncio.ensure_future(server.serve())
         # "Started" only once the port is bound (uvicorn sets `started` after the bind), so
         # an "address already in use" is never preceded by it.

@@ -64,6 +64,16 @@ class ServerSettings:
     log_level: LogLevel = "info"
     log_format: LogFormat = "json"  # or "text", for a person at a terminal
     access_log: bool = True  # one line per request (logger gateway.access, level info)
+    # On SIGTERM/SIGINT: stop accepting at once, let requests in flight finish for this
+    # long, then end the streams still open with an error event; exit 0 either way.
+    shutdown_grace_s: int = 30  # whole seconds (uvicorn's timeout_graceful_shutdown)
+    # A client that stops sending its request body for this long gets a 408 (its
+    # connection and task are not held for ever).
+    client_body_timeout_s: float = 60.0
+    # A request head (request line and headers) larger than this is a 431; one not
+    # complete this long after its first byte has its connection closed (slowloris).
+    max_head_bytes: int = 64 * 1024
+    head_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -71,10 +81,13 @@ class ServerSettings:
         if self.max_body_bytes <= 0:
             raise ValueError("server.max_body_bytes must be positive")
         for name in ("connect_timeout_s", "read_timeout_s", "health_interval_s",
+                     "client_body_timeout_s", "max_head_bytes", "head_timeout_s",
                      "health_timeout_s", "models_refresh_s", "upstream_connections",
                      "upstream_idle_s", "max_response_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"server.{name} must be positive")
+        if self.shutdown_grace_s < 0:
+            raise ValueError("server.shutdown_grace_s must be >= 0")
         if self.retries < 0 or self.unhealthy_after < 1:
             raise ValueError("server.retries must be >= 0 and server.unhealthy_after >= 1")
 
@@ -118,6 +131,11 @@ class AuthSettings:
     # With keys set, /metrics and /stats need a key too (they name tenants and models);
     # true leaves them open, for a scraper inside a trusted network.
     public_metrics: bool = False
+
+    def __post_init__(self) -> None:
+        # An empty key would match a request without any key.
+        if any(not key.strip() for key in self.keys):
+            raise ValueError("auth.keys: a key must not be empty")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,8 +1,14 @@
 """The gateway's request primitives on top of the shared ASGI shapes (gateway.asgi): read
-a bounded request body, pick request headers, answer an error in OpenAI's shape."""
+a bounded request body, pick request headers, answer an error in OpenAI's shape.
+
+A body is bounded in size (413) and in time: a client that stops sending mid-body (a
+`content-length` it never fills, a chunk it never finishes) would otherwise hold its
+connection and task for ever, so each wait for the next piece is bounded by `idle_s` (408).
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from gateway.asgi import JSON, Headers, Message, Receive, Scope, Send, respond
@@ -22,13 +28,20 @@ def request_headers(scope: Scope, names: Sequence[bytes]) -> list[bytes | None]:
     return found
 
 
-async def read_body(receive: Receive, limit: int, content_length: bytes | None) -> bytes:
+async def read_body(receive: Receive, limit: int, content_length: bytes | None,
+                    idle_s: float | None = None) -> bytes:
     if content_length is not None and content_length.isdigit() and int(content_length) > limit:
         raise too_large(limit)
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
+        try:
+            async with asyncio.timeout(idle_s):
+                message = await receive()
+        except TimeoutError:
+            raise GatewayError(
+                408, f"The request body did not arrive: nothing for {idle_s:g} s.",
+                code="request_body_timeout") from None
         if message["type"] == "http.disconnect":
             raise ClientGone
         chunk = message.get("body", b"")

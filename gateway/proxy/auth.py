@@ -1,13 +1,16 @@
 """Client authentication: an optional table of API keys, each naming a tenant (pure).
 
 With no keys configured every request is accepted with tenant `None`. Otherwise the
-`Authorization: Bearer <key>` header must match one key; the comparison runs
-`hmac.compare_digest` against every configured key, so the time taken does not reveal which
-key (or how much of one) matched.
+`Authorization: Bearer <key>` header must match one key. Keys are compared as SHA-256
+digests with `hmac.compare_digest`, against every configured key whatever matched: the time
+taken reveals neither which key matched nor how much of one, nor a key's length
+(`compare_digest` returns at once on inputs of different lengths; digests all have one).
+Only the digests are kept.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Mapping
 
@@ -16,7 +19,7 @@ from gateway.proxy.errors import GatewayError
 
 class Authenticator:
     def __init__(self, keys: Mapping[str, str]) -> None:
-        self._keys = [(k.encode(), tenant) for k, tenant in keys.items()]
+        self._keys = [(_digest(k.encode()), tenant) for k, tenant in keys.items()]
 
     @property
     def enabled(self) -> bool:
@@ -31,9 +34,10 @@ class Authenticator:
             scheme, _, value = authorization.partition(b" ")
             if scheme.lower() == b"bearer":
                 presented = value.strip()
+        digest = _digest(presented)
         found: str | None = None
         for key, tenant in self._keys:
-            if hmac.compare_digest(key, presented) and found is None:
+            if hmac.compare_digest(key, digest) and found is None:
                 found = tenant
         if found is None:
             raise GatewayError(
@@ -42,3 +46,7 @@ class Authenticator:
                 code="invalid_api_key",
             )
         return found
+
+
+def _digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()

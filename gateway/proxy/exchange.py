@@ -7,6 +7,8 @@ from gateway.proxy.errors import GatewayError
 from gateway.proxy.relay import RelayOutcome
 from gateway.usage.record import UsageRecord
 
+MAX_ERROR_CHARS = 300
+
 
 class Exchange:
     """Per-request facts that end up in the usage record."""
@@ -44,7 +46,9 @@ class Exchange:
 
     def fail(self, error: GatewayError) -> None:
         self.status = error.status
-        self.error = error.message
+        # A message may quote what the client sent (a model name, a JSON parse position);
+        # the record keeps a bounded part of it.
+        self.error = error.message[:MAX_ERROR_CHARS]
 
     def record(self, end: float) -> UsageRecord:
         """The usage record, `end` read from the same timer as `t0`."""

@@ -32,6 +32,7 @@ Other `/v1/*` calls (`forward`) go to the least busy healthy replica serving the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -47,9 +48,9 @@ from gateway.proxy.auth import Authenticator
 from gateway.proxy.errors import GatewayError, UpstreamConnectError, UpstreamError, from_upstream
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.inbound import Endpoint, inject_usage, parse_inbound, parse_json
-from gateway.proxy.relay import RelayOutcome, relay, upstream_request_headers
+from gateway.proxy.relay import RelayOutcome, relay, shutting_down, upstream_request_headers
 from gateway.proxy.session import resolve_session
-from gateway.proxy.target import forwarded_headers, upstream_target
+from gateway.proxy.target import client_request_id, forwarded_headers, upstream_target
 from gateway.proxy.upstream import Timeouts, Upstream, UpstreamResponse
 from gateway.replicas.fleet import Fleet, Replica, no_healthy
 from gateway.replicas.monitor import FleetMonitor
@@ -92,6 +93,7 @@ class Proxy:
         self.clock = clock
         self.timer = timer
         self.max_body = server.max_body_bytes
+        self.body_idle_s = server.client_body_timeout_s
         self.retries = server.retries
         self.timeouts = Timeouts(connect_s=server.connect_timeout_s, read_s=server.read_timeout_s)
         # Request ids: a random per-process prefix and a counter (32 hex digits, like a
@@ -106,7 +108,7 @@ class Proxy:
         """One proxied call: `endpoint` for the routed inference routes, None for any other
         `/v1/*` call (forwarded to the least busy replica serving its model)."""
         rid_h, auth_h, session_h, length_h = request_headers(scope, _WANTED)
-        rid = rid_h.decode("latin-1") if rid_h else f"{self._rid_prefix}{next(self._rid_seq):016x}"
+        rid = client_request_id(rid_h) or f"{self._rid_prefix}{next(self._rid_seq):016x}"
         ex = Exchange(rid, self.clock(), self.timer(), endpoint or scope["path"][:200],
                       scope["method"])
         headers: Headers = [(b"x-request-id", rid.encode("latin-1"))]
@@ -120,7 +122,7 @@ class Proxy:
                 scope.get("raw_path") or quote(scope["path"]).encode(),
                 scope.get("query_string", b""))
             ex.up_headers = forwarded_headers(scope["headers"])
-            raw = await read_body(receive, self.max_body, length_h)
+            raw = await read_body(receive, self.max_body, length_h, self.body_idle_s)
             watcher = asyncio.create_task(self._watch(receive, ex, task))
             if endpoint is None:
                 await self._forward_other(scope, send, raw, ex, headers)
@@ -135,6 +137,13 @@ class Proxy:
             ex.status, ex.error = 499, "client disconnected"
         except asyncio.CancelledError:
             if not ex.disconnected:
+                # the server's shutdown grace period is over; a stream was ended by the
+                # relay, an answer not yet begun is refused here
+                if not ex.outcome.started:
+                    cut = shutting_down()
+                    ex.fail(cut)
+                    with contextlib.suppress(RuntimeError, OSError):
+                        await _respond_error(send, cut, headers)
                 raise
             task.uncancel()
             ex.status, ex.error = 499, "client disconnected"

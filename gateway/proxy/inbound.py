@@ -8,6 +8,12 @@ list, `instructions` and `previous_response_id` strings; Messages `messages` is 
 objects and `system` a string or a list; `stream` is a boolean; `stream_options`
 is an object; `tools` is a list; `user` and `prompt_cache_key` are strings (`null` is
 accepted wherever the field is optional). Everything else is the engine's to judge.
+
+Depth: orjson parses up to 1024 nested levels but serializes only 254, and the gateway
+re-serializes bodies (usage injection, rewrites, the scanner's and the normalizer's JSON
+views), so a body nested deeper than `MAX_DEPTH` is a 400 before anything else reads it.
+The walk runs only when the raw bytes hold more than `MAX_DEPTH` brackets (a C-speed
+count), which ordinary requests never do.
 """
 
 from __future__ import annotations
@@ -21,6 +27,10 @@ from gateway.proxy.errors import GatewayError, invalid_field, missing_field
 
 Endpoint = Literal["chat", "completions", "responses", "messages"]
 
+# Far above any real tool schema, far enough below orjson's serialization limit (254) for
+# the views the gateway builds around a body's values.
+MAX_DEPTH = 128
+
 
 @dataclass(slots=True)
 class Inbound:
@@ -32,9 +42,29 @@ class Inbound:
 
 def parse_json(raw: bytes) -> Any:
     try:
-        return orjson.loads(raw)
+        doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise GatewayError(400, f"Invalid JSON body: {exc}", code="invalid_json") from None
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and too_deep(doc, MAX_DEPTH):
+        raise GatewayError(400, f"The JSON body is nested deeper than {MAX_DEPTH} levels.",
+                           code="invalid_json")
+    return doc
+
+
+def too_deep(doc: Any, limit: int) -> bool:
+    """Whether any value in doc sits more than `limit` containers deep (iterative: a deep
+    document must not exhaust the interpreter's stack here either)."""
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = value.values()
+        elif not isinstance(value, list):
+            continue
+        if depth > limit:
+            return True
+        stack.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
+    return False
 
 
 def _optional(body: dict[str, Any], key: str, kind: type | tuple[type, ...], expected: str) -> Any:

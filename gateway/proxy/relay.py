@@ -7,8 +7,10 @@ come back minus hop-by-hop ones, `content-length` (recomputed), `server`, `date`
 
 Body: an SSE answer (`text/event-stream`) is forwarded chunk by chunk through an
 `SseUsageTap`; a failure after the first byte ends the stream with an OpenAI error event and
-`data: [DONE]`. Any other answer is read whole (it is complete JSON) and sent with its length;
-a 200 one is parsed once for its usage and its generated text (`parse_answer`).
+`data: [DONE]`; so does a stream cancelled from outside (the server's shutdown grace
+period ran out), before the cancellation goes on. Any other answer is read whole (it is
+complete JSON) and sent with its length; a 200 one is parsed once for its usage and its
+generated text (`parse_answer`).
 
 A Responses API answer names its id (body `id`, or the stream's `response.*` events):
 `on_response_id` hears it before the bytes that carry it go to the client, so a client
@@ -21,6 +23,8 @@ first `response.output_text.delta`) instead of its first byte.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable
 
 from gateway.proxy.asgi import Headers, Send
@@ -31,6 +35,12 @@ from gateway.usage.extract import Usage, parse_answer
 from gateway.usage.sse import SseUsageTap
 
 DROP_RESPONSE = HOP_BY_HOP | {b"content-length", b"server", b"date", b"x-request-id"}
+
+
+def shutting_down() -> GatewayError:
+    """What a request cut by the end of the shutdown grace period is told."""
+    return GatewayError(503, "The request was cut: the gateway is shutting down.",
+                        code="gateway_shutdown")
 
 
 def upstream_request_headers(
@@ -131,5 +141,13 @@ async def relay(
         outcome.error = from_upstream(exc, replica)
         # close a half-written event so the error event parses on its own
         tail = held + (b"\n\n" if tap.pending else b"") + outcome.error.sse_events()
+    except asyncio.CancelledError:
+        # The client went (then nothing is sent) or the server is shutting down and its
+        # grace period is over: end the stream the way a failed one ends, then go on.
+        outcome.error = shutting_down()
+        tail = held + (b"\n\n" if tap.pending else b"") + outcome.error.sse_events()
+        with contextlib.suppress(RuntimeError, OSError):  # the response is over already
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
+        raise
     outcome.usage = tap.usage
     await send({"type": "http.response.body", "body": tail, "more_body": False})

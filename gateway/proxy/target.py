@@ -13,6 +13,10 @@ Headers: an allow-list. A client's headers reach a replica only if they are ones
 reads (content type, accept, tracing, the Anthropic version headers); hop-by-hop headers,
 those a `Connection` header names, `Authorization` (replaced by the replica's own key),
 `x-gateway-*` and every other header stay behind. A value holding CR, LF or NUL is a 400.
+
+Request id: a client's `x-request-id` is kept (echoed, recorded, sent upstream as
+`X-Request-Id`) only if it is 1 to `MAX_REQUEST_ID` visible ASCII characters; any other
+value is replaced by one the gateway makes, rather than refusing the request.
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ from urllib.parse import unquote_to_bytes
 from gateway.proxy.errors import GatewayError
 
 MAX_TARGET = 4096
+MAX_REQUEST_ID = 128
 
 # RFC 3986 pchar plus "/" (path) and "?" (query), with "%" checked separately.
 _PATH_OK = re.compile(rb"[A-Za-z0-9\-._~!$&'()*+,;=:@/%]*")
 _QUERY_OK = re.compile(rb"[A-Za-z0-9\-._~!$&'()*+,;=:@/?%]*")
 _BAD_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 _BAD_DECODED = re.compile(rb"[\x00-\x20\x7f]")
+_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,%d}" % MAX_REQUEST_ID)
 
 FORWARDED_HEADERS = frozenset({
     b"content-type", b"accept", b"accept-language", b"user-agent",
@@ -68,6 +74,13 @@ def upstream_target(raw_path: bytes, query: bytes) -> str:
         raise bad_target("The request path holds a '.' or '..' segment.")
     target = raw_path.decode("ascii")
     return f"{target}?{query.decode('ascii')}" if query else target
+
+
+def client_request_id(value: bytes | None) -> str | None:
+    """The client's request id if it may be used as is, else None."""
+    if value is None or _REQUEST_ID.fullmatch(value) is None:
+        return None
+    return value.decode("ascii")
 
 
 def forwarded_headers(client: Sequence[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
