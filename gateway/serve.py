@@ -157,6 +157,9 @@ async def serve(settings: Settings) -> int:
             app, host=settings.server.host, port=settings.server.port,
             http=bounded_protocol(settings.server.max_head_bytes, settings.server.head_timeout_s),
             loop="none", lifespan="on", access_log=False, log_config=None,
+            # No WebSocket endpoint: an Upgrade request is answered as plain HTTP, whatever
+            # WebSocket library happens to be installed beside uvicorn.
+            ws="none",
             server_header=False, proxy_headers=False, workers=1,
             timeout_graceful_shutdown=settings.server.shutdown_grace_s,
         )
