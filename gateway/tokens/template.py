@@ -43,6 +43,30 @@ def _raise(message: str) -> None:
     raise TemplateError(message)
 
 
+_DICT_ATTRS = frozenset(dir(dict))
+
+
+def _sandbox() -> type[Any]:
+    """Jinja's immutable sandbox (what transformers and vLLM render chat templates in),
+    with one shortcut that changes no result: `message.role` on a plain dict. The sandbox
+    first tries the attribute, which for a key of a plain dict always raises
+    AttributeError, and only then the item; a template touches such keys hundreds of times
+    per conversation, and the raised exceptions were most of its rendering time. Names
+    that are dict attributes (`items`, `get`, ...) keep the sandbox's own path."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Sandbox(ImmutableSandboxedEnvironment):
+        def getattr(self, obj: Any, attribute: str) -> Any:
+            if type(obj) is dict and attribute not in _DICT_ATTRS:
+                try:
+                    return obj[attribute]
+                except (TypeError, LookupError):
+                    return self.undefined(obj=obj, name=attribute)
+            return super().getattr(obj, attribute)
+
+    return Sandbox
+
+
 @dataclass(frozen=True, slots=True)
 class ChatTemplate:
     source: str
@@ -52,10 +76,8 @@ class ChatTemplate:
     @classmethod
     def from_source(cls, source: str, special: Mapping[str, str] | None = None
                     ) -> ChatTemplate:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
+        env = _sandbox()(trim_blocks=True, lstrip_blocks=True,
+                         extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise
         return cls(source, dict(special or {}), env.from_string(source))
