@@ -37,7 +37,7 @@ import uvloop
 
 from gateway.coerce import SettingsError
 from gateway.events.config import SIM
-from gateway.extras import MissingExtra
+from gateway.extras import MissingExtra, require
 from gateway.logs import configure_logging
 from gateway.proxy.app import create_app
 from gateway.proxy.protocol import bounded_protocol
@@ -187,8 +187,10 @@ async def serve(settings: Settings) -> int:
 def check_extras(settings: Settings) -> None:
     """Fail before start-up, with the install command, when a configured feature's
     optional package is missing (raises `MissingExtra`)."""
-    if settings.usage.redis_url or settings.redis.enabled:
+    if settings.usage.redis_url:
         require_redis()
+    if settings.redis.enabled:
+        require("redis", extra="redis", feature="shared routing state ([redis] url)")
     if settings.tokens.enabled:
         require_token_mode(settings.tokens)
         load_renderers(settings.tokens)  # a missing tokenizer or template fails here
