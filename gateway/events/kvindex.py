@@ -159,25 +159,30 @@ class KVIndex:
     def matched(self, replica: str, hashes: Sequence[int], now: float) -> int:
         """Leading blocks of `hashes` the replica holds (confirmed) or is about to hold
         (predicted, not expired)."""
+        return self.leading(replica, hashes, now)[1]
+
+    def leading(self, replica: str, hashes: Sequence[int], now: float) -> tuple[int, int]:
+        """(leading blocks confirmed, leading blocks confirmed or predicted)."""
         state = self._replicas.get(replica)
         if state is None:
-            return 0
+            return 0, 0
         held, predicted = state.held, state.predicted
         # The confirmed run first, in C (takewhile over dict membership); then the mixed
         # confirmed/predicted tail one block at a time.
-        n = len(list(takewhile(held.__contains__, hashes)))
+        confirmed = n = len(list(takewhile(held.__contains__, hashes)))
         if not predicted:
-            return n
+            return n, n
         for h in hashes[n:]:
             if h not in held:
                 expiry = predicted.get(h)
                 if expiry is None or expiry <= now:
                     break
             n += 1
-        return n
+        return confirmed, n
 
-    def predict(self, replica: str, hashes: Sequence[int], now: float) -> None:
-        """A request with these blocks was sent there: expect them until the TTL ends."""
+    def predict(self, replica: str, hashes: Sequence[int], now: float, start: int = 0) -> None:
+        """A request with these blocks was sent there: expect them until the TTL ends.
+        `start`: leading blocks known to be confirmed (nothing to predict there)."""
         state = self._replicas.get(replica)
         if state is None:
             return
@@ -185,9 +190,9 @@ class KVIndex:
         if len(state.unconfirmed) > self.config.stale_requests * 4:
             del state.unconfirmed[: -self.config.stale_requests * 4]
         expiry = now + self.config.predict_ttl_s
-        predicted = state.predicted
-        for h in hashes:
-            if h not in state.held:
+        predicted, held = state.predicted, state.held
+        for h in hashes[start:] if start else hashes:
+            if h not in held:
                 predicted[h] = expiry
         if len(predicted) > self.config.max_predicted:
             for h in [h for h, t in predicted.items() if t <= now]:

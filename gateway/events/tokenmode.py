@@ -26,11 +26,12 @@ log = logging.getLogger("gateway.events")
 @dataclass(frozen=True, slots=True)
 class TokenLookup:
     prompt: TokenPrompt
-    matched: Mapping[str, int]  # leading blocks held, per live replica
+    matched: Mapping[str, int]  # leading blocks held or predicted, per live replica
+    confirmed: Mapping[str, int]  # of those, the leading blocks confirmed by events
 
     @property
     def prompt_tokens(self) -> int:
-        return len(self.prompt.token_ids)
+        return self.prompt.tokens
 
     def cached_tokens(self, replica: str) -> int | None:
         """vLLM's hit on that replica: whole blocks, and never the prompt's last token."""
@@ -63,12 +64,17 @@ class TokenMode:
             prompt = renderer.prompt(body, endpoint)
         except TemplateError:
             return None  # the replica will answer this one; text mode routes it
-        index = self.index
-        return TokenLookup(prompt, {r: index.matched(r, prompt.hashes, now) for r in live})
+        leading, hashes = self.index.leading, prompt.hashes
+        runs = {r: leading(r, hashes, now) for r in live}
+        return TokenLookup(prompt, {r: n for r, (_, n) in runs.items()},
+                           {r: c for r, (c, _) in runs.items()})
 
     def sent(self, lookup: TokenLookup, replica: str, now: float) -> None:
         if replica in lookup.matched:
-            self.index.predict(replica, lookup.prompt.hashes, now)
+            # What the events confirmed at the decision needs no prediction (if the engine
+            # evicts and recomputes a block of it, its events say so).
+            self.index.predict(replica, lookup.prompt.hashes, now,
+                               lookup.confirmed.get(replica, 0))
 
     def _is_live(self, replica: str, model: str, block_size: int, now: float) -> bool:
         state = self.index.state(replica)

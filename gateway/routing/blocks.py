@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import xxhash
 
+from gateway.checkpoints import Checkpoints
+
 _xxh3 = xxhash.xxh3_64_intdigest
 
 
@@ -30,3 +32,31 @@ def chain_hashes(data: bytes, seed: int, block_bytes: int) -> list[int]:
 def tail_hash(data: bytes, full_blocks: int, block_bytes: int, parent: int) -> int:
     """Hash of the partial block after `full_blocks` full ones (the prompt's tail)."""
     return _xxh3(data[full_blocks * block_bytes :], parent)
+
+
+class TextChains:
+    """`chain_hashes` resumed from the longest prefix seen before (checkpoints.py): the next
+    turn of a conversation hashes only the blocks after its previous request's last
+    checkpoint. Same result as `chain_hashes`; `budget` bounds the hashes kept."""
+
+    def __init__(self, block_bytes: int, stride_blocks: int = 32, budget: int = 1 << 21,
+                 max_entries: int = 65536) -> None:
+        self.block_bytes = block_bytes
+        self._blocks_per_stride = max(1, stride_blocks)
+        self._cp: Checkpoints[list[int]] = Checkpoints(block_bytes * self._blocks_per_stride,
+                                                       budget, max_entries)
+
+    def hashes(self, data: bytes, seed: int) -> list[int]:
+        cp, block, per = self._cp, self.block_bytes, self._blocks_per_stride
+        keys = cp.keys(data, seed)
+        j, base = cp.find(keys)
+        if base is None:
+            out = chain_hashes(data, seed, block)
+        else:
+            done = j * per
+            parent = base[done - 1]
+            out = base[:done]
+            out += chain_hashes(data[j * cp.stride :], parent, block)
+        for k in range(j, len(keys)):
+            cp.put(keys[k], out, out, len(out))
+        return out

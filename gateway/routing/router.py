@@ -38,7 +38,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from gateway.routing.blocks import chain_hashes
+from gateway.routing.blocks import TextChains, chain_hashes
 from gateway.routing.config import RoutingConfig
 from gateway.routing.conversations import Conversations
 from gateway.routing.decision import Decision, ReplicaState
@@ -69,6 +69,8 @@ class Router:
             config.anchor_capacity, config.block_bytes,
         )
         self._index = BlockIndex(self._blocks_for(config.default_capacity_tokens))
+        # A conversation's next turn hashes only what follows its last checkpoint.
+        self._chains = TextChains(config.block_bytes)
         self._capacity_tokens: dict[str, int] = {}
         self._limits: dict[str, Limits] = {}
         self._engine_block: dict[str, int] = {}
@@ -134,7 +136,7 @@ class Router:
         self._sweep(now)
         data = canonical_bytes(body, endpoint)
         seed = chain_seed(body, endpoint, model)
-        hashes = chain_hashes(data, seed, self.config.block_bytes)
+        hashes = self._chains.hashes(data, seed)
         est = self._estimator
         ratio = est.ratio(model)
         prompt_tokens = est.prompt_tokens(hashes, len(data), ratio)

@@ -13,14 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.tokens.chain import ChainCache, chain_token_hashes, namespace
+from gateway.tokens.chain import chain_token_hashes, namespace
+from gateway.tokens.prompts import PromptChains
 from gateway.tokens.template import Template, TemplateError
 from gateway.tokens.tokenize import TokenizerCache
 
 
 @dataclass(frozen=True, slots=True)
 class TokenPrompt:
-    token_ids: list[int]
+    tokens: int  # the prompt's token count
     seed: int  # the namespace the chain starts from
     hashes: list[int]  # chained hashes of the full blocks
     block_size: int
@@ -60,44 +61,41 @@ class TokenRenderer:
         self.tokenizer = tokenizer
         self.block_size = block_size
         self.lora = lora
-        self._chains = ChainCache(block_size)
+        self._prompts = PromptChains(tokenizer, block_size)
 
-    def _pieces(self, body: Mapping[str, Any], endpoint: Literal["chat", "completions"]
-                ) -> list[tuple[str, tuple[int, ...]]] | list[int]:
+    def _source(self, body: Mapping[str, Any], endpoint: Literal["chat", "completions"]
+                ) -> str | list[int]:
+        """The text to tokenize, or the prompt's own token ids."""
         if endpoint == "chat":
             if self.template is None:
                 raise TemplateError(f"model {self.model!r} has no chat template")
             tools = body.get("tools")
-            text = self.template.render(
+            return self.template.render(
                 chat_messages(body), tools if isinstance(tools, list) and tools else None,
                 add_generation_prompt=bool(body.get("add_generation_prompt", True)))
-            return self.tokenizer.pieces(text)
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            return self.tokenizer.pieces(prompt)
+            return prompt
         if isinstance(prompt, list) and all(type(t) is int for t in prompt):
             return list(prompt)
         raise TemplateError("prompt must be a string or a list of token ids")
 
     def token_ids(self, body: Mapping[str, Any],
                   endpoint: Literal["chat", "completions"]) -> list[int]:
-        return self.prompt(body, endpoint, hashed=False).token_ids
+        """Every id of the prompt (the parity check; routing needs only `prompt`)."""
+        got = self._source(body, endpoint)
+        return self.tokenizer.encode(got) if isinstance(got, str) else got
 
     def seed(self, body: Mapping[str, Any]) -> int:
         salt = body.get("cache_salt")
         return namespace(self.model, self.lora, salt if isinstance(salt, str) else None)
 
-    def prompt(self, body: Mapping[str, Any], endpoint: Literal["chat", "completions"],
-               hashed: bool = True) -> TokenPrompt:
-        got = self._pieces(body, endpoint)
+    def prompt(self, body: Mapping[str, Any], endpoint: Literal["chat", "completions"]
+               ) -> TokenPrompt:
+        got = self._source(body, endpoint)
         seed = self.seed(body)
-        if got and isinstance(got[0], tuple):
-            pieces = [p for p in got if isinstance(p, tuple)]
-            ids: list[int] = []
-            for _, piece_ids in pieces:
-                ids.extend(piece_ids)
-            hashes = self._chains.hashes(pieces, seed, ids) if hashed else []
+        if isinstance(got, str):
+            tokens, hashes = self._prompts.encode(got, seed)
         else:
-            ids = [t for t in got if isinstance(t, int)]
-            hashes = chain_token_hashes(ids, seed, self.block_size) if hashed else []
-        return TokenPrompt(ids, seed, hashes, self.block_size)
+            tokens, hashes = len(got), chain_token_hashes(got, seed, self.block_size)
+        return TokenPrompt(tokens, seed, hashes, self.block_size)

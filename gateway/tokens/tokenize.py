@@ -34,6 +34,7 @@ class TokenizerCache:
                      if ordered and all(len(s) == len(ordered[0]) for s in ordered)
                      else None)
         self._specials = ordered
+        self._ends = tuple(ordered)
         self._pieces: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._max = max(1, max_pieces)
         self.hits = 0
@@ -46,7 +47,11 @@ class TokenizerCache:
         tok = Tokenizer.from_file(str(path))
         specials = [t.content for t in tok.get_added_tokens_decoder().values() if t.special]
 
+        fast = getattr(tok, "encode_batch_fast", None)  # tokenizers >= 0.21: no offsets
+
         def encode_piece(text: str) -> list[int]:
+            if fast is not None:
+                return list(fast([text], add_special_tokens=False)[0].ids)
             return list(tok.encode(text, add_special_tokens=False).ids)
 
         return cls(encode_piece, specials, max_pieces)
@@ -67,6 +72,10 @@ class TokenizerCache:
         if start < len(text):
             pieces.append(text[start:])
         return pieces
+
+    def ends_special(self, piece: str) -> bool:
+        """Whether `piece` ends with a special token (a cut: what follows tokenizes alone)."""
+        return piece.endswith(self._ends)
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []

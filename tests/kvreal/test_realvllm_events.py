@@ -93,11 +93,11 @@ async def test_events_predictions_and_reset(replica: Replica,
                              json={"model": "tiny", "messages": body["messages"]}) as resp:
             theirs = (await resp.json())["tokens"]
         prompt = renderer.prompt(body, "chat")
-        assert prompt.token_ids == theirs
-        full = len(prompt.token_ids) // 32
+        assert renderer.token_ids(body, "chat") == theirs and prompt.tokens == len(theirs)
+        full = prompt.tokens // 32
         assert await chat(http, replica.url, body) == 0
         assert await settle(index, "r", prompt.hashes, full) == full
-        predicted = min(full * 32, (len(prompt.token_ids) - 1) // 32 * 32)
+        predicted = min(full * 32, (prompt.tokens - 1) // 32 * 32)
         assert await chat(http, replica.url, body) == predicted  # delivered = predicted
         # Second turn: the events extend the chain through the first reply.
         turn2 = {**body, "messages": [*body["messages"],
@@ -106,7 +106,7 @@ async def test_events_predictions_and_reset(replica: Replica,
         p2 = renderer.prompt(turn2, "chat")
         held = index.matched("r", p2.hashes, float("inf"))
         delivered = await chat(http, replica.url, turn2)
-        assert abs(delivered - min(held * 32, (len(p2.token_ids) - 1) // 32 * 32)) < 32
+        assert abs(delivered - min(held * 32, (p2.tokens - 1) // 32 * 32)) < 32
         # Reset. vLLM 0.32 queues AllBlocksCleared in the block pool and publishes it
         # with the engine's next step: an idle replica says nothing until the next request
         # is scheduled, so events alone cannot warn the decision for that request.
@@ -130,7 +130,7 @@ async def test_events_predictions_and_reset(replica: Replica,
         assert index.matched("r", p2.hashes, float("inf")) == full  # turn 2's own are gone
         assert await chat(http, replica.url, body) == predicted
         assert sub.stats.decode_errors == 0
-        print(json.dumps({"tokens": len(prompt.token_ids), "predicted": predicted,
+        print(json.dumps({"tokens": prompt.tokens, "predicted": predicted,
                           "turn2_held_blocks": held, "turn2_delivered": delivered,
                           "stats": sub.stats.__dict__ if hasattr(sub.stats, "__dict__")
                           else str(sub.stats)}))
