@@ -43,6 +43,12 @@ class ReplicaBlocks:
     block_size: int | None = None
     engine_to_own: dict[BlockKey, int] = field(default_factory=dict)
     held: dict[int, int] = field(default_factory=dict)  # own hash -> engine hashes naming it
+    # Shape of `held`, so a lookup can bisect instead of walking: each held block's parent
+    # (absent for a chain's first block), how many held blocks each block is the parent
+    # of, and `holes`, the held blocks whose parent is not held.
+    parent: dict[int, int] = field(default_factory=dict)
+    children: dict[int, int] = field(default_factory=dict)
+    holes: int = 0
     predicted: dict[int, float] = field(default_factory=dict)  # own hash -> expiry
     connected: bool = False
     unconfirmed: list[float] = field(default_factory=list)  # sends since the last event
@@ -116,6 +122,9 @@ class KVIndex:
         if state is not None:
             state.engine_to_own.clear()
             state.held.clear()
+            state.parent.clear()
+            state.children.clear()
+            state.holes = 0
             state.predicted.clear()
             state.cleared += 1
 
@@ -130,30 +139,62 @@ class KVIndex:
         if event.parent_block_hash is None:
             seed = namespace(state.model, event.lora_name, _salt(event))
         else:
-            parent = state.engine_to_own.get(event.parent_block_hash)
-            if parent is None:
+            known = state.engine_to_own.get(event.parent_block_hash)
+            if known is None:
                 state.unresolved += len(event.block_hashes)
                 return
-            seed = parent
+            seed = known
         own = chain_token_hashes(event.token_ids, seed, event.block_size)
+        # Block 0 of a chain has no parent block; every other block's parent is the block
+        # before it (in this event, or the one the event names).
+        parent: int | None = None if event.parent_block_hash is None else seed
+        held = state.held
         for engine, mine in zip(event.block_hashes, own, strict=True):
             if engine not in state.engine_to_own:
                 state.engine_to_own[engine] = mine
-                state.held[mine] = state.held.get(mine, 0) + 1
+                count = held.get(mine, 0)
+                held[mine] = count + 1
+                if count == 0:
+                    self._held_now(state, mine, parent)
             state.predicted.pop(mine, None)
+            parent = mine
         state.stored += len(own)
 
     def _remove(self, state: ReplicaBlocks, hashes: Sequence[BlockKey]) -> None:
+        held = state.held
         for engine in hashes:
             mine = state.engine_to_own.pop(engine, None)
             if mine is None:
                 continue
-            left = state.held.get(mine, 0) - 1
+            left = held.get(mine, 0) - 1
             if left > 0:
-                state.held[mine] = left
+                held[mine] = left
             else:
-                state.held.pop(mine, None)
+                held.pop(mine, None)
+                self._gone(state, mine)
             state.removed += 1
+
+    @staticmethod
+    def _held_now(state: ReplicaBlocks, mine: int, parent: int | None) -> None:
+        if parent is not None:
+            state.parent[mine] = parent
+            state.children[parent] = state.children.get(parent, 0) + 1
+            if parent not in state.held:
+                state.holes += 1
+        state.holes -= state.children.get(mine, 0)  # its held children are whole again
+
+    @staticmethod
+    def _gone(state: ReplicaBlocks, mine: int) -> None:
+        parent = state.parent.pop(mine, None)
+        if parent is not None:
+            left = state.children[parent] - 1
+            if left:
+                state.children[parent] = left
+            else:
+                del state.children[parent]
+            if parent not in state.held:
+                state.holes -= 1  # it was a hole
+        state.holes += state.children.get(mine, 0)  # its held children are holes now
 
     # routing ------------------------------------------------------------------------------
     def matched(self, replica: str, hashes: Sequence[int], now: float) -> int:
@@ -167,9 +208,16 @@ class KVIndex:
         if state is None:
             return 0, 0
         held, predicted = state.held, state.predicted
-        # The confirmed run first, in C (takewhile over dict membership); then the mixed
+        # The confirmed run first. With no holes, `held` is prefix-closed (a held block's
+        # parent is held: hashes are chained, so hashes[i] held means hashes[:i] are) and
+        # the run's end is found by bisection, a few lookups whatever the prompt's length
+        # (vLLM evicts a chain's blocks deepest first, so holes are rare). Otherwise one
+        # block at a time, in C (takewhile over dict membership). Then the mixed
         # confirmed/predicted tail one block at a time.
-        confirmed = n = len(list(takewhile(held.__contains__, hashes)))
+        if state.holes == 0:
+            confirmed = n = _bisect_run(held, hashes)
+        else:
+            confirmed = n = len(list(takewhile(held.__contains__, hashes)))
         if not predicted:
             return n, n
         for h in hashes[n:]:
@@ -201,6 +249,20 @@ class KVIndex:
     def held_blocks(self, replica: str) -> int:
         state = self._replicas.get(replica)
         return len(state.held) if state is not None else 0
+
+
+def _bisect_run(held: dict[int, int], hashes: Sequence[int]) -> int:
+    """Leading blocks of `hashes` in a prefix-closed `held`."""
+    if not hashes or hashes[0] not in held:
+        return 0
+    lo, hi = 1, len(hashes)  # hashes[:lo] held; the answer is in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if hashes[mid - 1] in held:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _salt(event: BlockStored) -> str | None:
