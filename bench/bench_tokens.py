@@ -138,7 +138,7 @@ def main() -> None:
         cold.lookup(body, "chat", "tiny", names, 1.0 + args.rounds + k)
         times["cold"].append((time.perf_counter() - t3) * 1e3)
     print(f"conversation: {len(ids)} tokens, {len(history)} messages; new turn ~"
-          f"{r.prompt(body, 'chat').tokens - len(ids)} tokens; replicas {args.replicas}; "
+          f"{len(r.token_ids(body, 'chat')) - len(ids)} tokens; replicas {args.replicas}; "
           f"home replica matched {matched}/{full} blocks")
     for name, xs in times.items():
         print(f"{name:8s} p50 {statistics.median(xs):7.3f} ms   p90 {pct(xs, 0.9):7.3f} ms   "
