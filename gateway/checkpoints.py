@@ -13,15 +13,15 @@ changes it), under the same 64-bit collision assumption that prefix routing and 
 block keys make.
 
 Bounds: states are kept in LRU order up to `max_entries`, and the values they reference are
-counted by `size` (a caller-given measure, tokens or hashes) up to `budget`: several
-checkpoints of one request share its lists, so a list is counted once, while any state
-still points at it.
+counted by `size` (a caller-given measure: hashes) up to `budget`: the checkpoints of one
+run share its list, so a list is counted once, while any state still points at it.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import xxhash
@@ -29,6 +29,18 @@ import xxhash
 _xxh3 = xxhash.xxh3_64_intdigest
 
 S = TypeVar("S")
+
+
+@dataclass(slots=True, eq=False)
+class Run:
+    """A line of work the states share: the hashes of the longest prompt along it, and how
+    many checkpoints (strides) it reaches. A request that resumes at a run's last
+    checkpoint extends the run in place (its new list repeats the old one up to there), so
+    a conversation grown turn by turn keeps one list alive, not one per turn; a request
+    that resumes earlier (a fork, a retry) starts a run of its own."""
+
+    hashes: list[int]
+    reach: int = 0
 
 
 class Checkpoints(Generic[S]):
@@ -84,6 +96,13 @@ class Checkpoints(Generic[S]):
         while len(states) > 1 and (len(states) > self._max or self.held > self.budget):
             _, (_, gone) = states.popitem(last=False)
             self._release(gone)
+
+    def resize(self, owner: object, size: int) -> None:
+        """`owner` (referenced by some states) now measures `size`."""
+        entry = self._owners.get(id(owner))
+        if entry is not None:
+            self.held += size - entry[1]
+            entry[1] = size
 
     def _release(self, oid: int) -> None:
         entry = self._owners[oid]

@@ -146,3 +146,17 @@ def test_a_follow_up_tokenizes_only_its_new_turn(tokenizer: TokenizerCache) -> N
     # after it (within one stride, 64 bytes, and the piece it cuts) are looked up again;
     # only the new turn's piece is tokenized.
     assert cache.hits - hits <= 3 and cache.misses - misses == 1
+
+
+def test_a_growing_conversation_keeps_one_hash_list(tokenizer: TokenizerCache) -> None:
+    text_chains = TextChains(8, stride_blocks=4)
+    prompt_chains = PromptChains(tokenizer, 4, stride=32)
+    history = ""
+    for i in range(60):
+        history += turn_text("user" if i % 2 == 0 else "assistant", f"turn {i} " + "w " * 9)
+        hashes = text_chains.hashes(history.encode(), 1)
+        _, token_hashes = prompt_chains.encode(history, 1)
+    # Each conversation is one run extended in place: one list each is
+    # referenced (with a list per turn, about 30x as many hashes were).
+    assert text_chains.held == len(hashes)
+    assert prompt_chains.held == len(token_hashes)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import xxhash
 
-from gateway.checkpoints import Checkpoints
+from gateway.checkpoints import Checkpoints, Run
 
 _xxh3 = xxhash.xxh3_64_intdigest
 
@@ -39,24 +39,37 @@ class TextChains:
     turn of a conversation hashes only the blocks after its previous request's last
     checkpoint. Same result as `chain_hashes`; `budget` bounds the hashes kept."""
 
-    def __init__(self, block_bytes: int, stride_blocks: int = 32, budget: int = 1 << 21,
-                 max_entries: int = 65536) -> None:
+    # Defaults: at most 2^20 hashes referenced (8 MiB of list slots, 64 MiB of prompt text
+    # at 64-byte blocks) and 16,384 checkpoints (32 MiB of recent text at 2 KiB strides).
+    def __init__(self, block_bytes: int, stride_blocks: int = 32, budget: int = 1 << 20,
+                 max_entries: int = 16384) -> None:
         self.block_bytes = block_bytes
         self._blocks_per_stride = max(1, stride_blocks)
-        self._cp: Checkpoints[list[int]] = Checkpoints(block_bytes * self._blocks_per_stride,
-                                                       budget, max_entries)
+        self._cp: Checkpoints[Run] = Checkpoints(block_bytes * self._blocks_per_stride,
+                                                 budget, max_entries)
+
+    @property
+    def held(self) -> int:
+        """Hashes referenced by the checkpoints (each list counted once)."""
+        return self._cp.held
 
     def hashes(self, data: bytes, seed: int) -> list[int]:
         cp, block, per = self._cp, self.block_bytes, self._blocks_per_stride
         keys = cp.keys(data, seed)
-        j, base = cp.find(keys)
-        if base is None:
+        j, run = cp.find(keys)
+        if run is None:
             out = chain_hashes(data, seed, block)
+            run = Run(out)
         else:
             done = j * per
-            parent = base[done - 1]
-            out = base[:done]
-            out += chain_hashes(data[j * cp.stride :], parent, block)
+            out = run.hashes[:done]
+            out += chain_hashes(data[j * cp.stride :], run.hashes[done - 1], block)
+            if run.reach == j:  # at the run's end: extend it in place
+                run.hashes = out
+                cp.resize(run, len(out))
+            else:
+                run = Run(out)
         for k in range(j, len(keys)):
-            cp.put(keys[k], out, out, len(out))
+            cp.put(keys[k], run, run, len(out))
+        run.reach = max(run.reach, len(keys))
         return out

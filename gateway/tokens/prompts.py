@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.checkpoints import Checkpoints
+from gateway.checkpoints import Checkpoints, Run
 from gateway.tokens.chain import chain_token_hashes
 from gateway.tokens.tokenize import TokenizerCache
 
@@ -27,21 +27,28 @@ from gateway.tokens.tokenize import TokenizerCache
 @dataclass(frozen=True, slots=True)
 class _At:
     """A checkpoint's state: the text up to byte `cut` is `tokens` tokens, whose full
-    blocks hash to `hashes[: tokens // block_size]` and whose partial last block is
+    blocks hash to `run.hashes[: tokens // block_size]` and whose partial last block is
     `partial` (fewer than block_size ids; all a resumed request needs of the ids)."""
 
-    hashes: list[int]
+    run: Run
     cut: int
     tokens: int
     partial: tuple[int, ...]
 
 
 class PromptChains:
+    # Defaults: at most 2^20 hashes referenced (16-32M tokens of prompts at vLLM's block
+    # sizes) and 16,384 checkpoints, each with its partial block (under block_size ids).
     def __init__(self, tokenizer: TokenizerCache, block_size: int, stride: int = 2048,
-                 budget_hashes: int = 1 << 21, max_entries: int = 65536) -> None:
+                 budget_hashes: int = 1 << 20, max_entries: int = 16384) -> None:
         self.tokenizer = tokenizer
         self.block_size = block_size
         self._cp: Checkpoints[_At] = Checkpoints(stride, budget_hashes, max_entries)
+
+    @property
+    def held(self) -> int:
+        """Hashes referenced by the checkpoints (each list counted once)."""
+        return self._cp.held
 
     def encode(self, text: str, seed: int) -> tuple[int, list[int]]:
         """(token count, chained hashes of the full blocks from `seed`) of `text`."""
@@ -53,7 +60,7 @@ class PromptChains:
             cut, count, hashes, open_ids = 0, 0, [], []
         else:
             cut, count = at.cut, at.tokens
-            hashes = at.hashes[: count // bs]
+            hashes = at.run.hashes[: count // bs]
             open_ids = list(at.partial)  # the ids after the last full block
         parent = hashes[-1] if hashes else seed
         first = len(hashes)  # full blocks before `open_ids`
@@ -70,6 +77,12 @@ class PromptChains:
         if pieces and not self.tokenizer.ends_special(pieces[-1][0]):
             ends.pop()  # the text's end is no cut: what follows may tokenize with it
         hashes += chain_token_hashes(open_ids, parent, bs)
+        if at is not None and at.run.reach == j:  # at the run's end: extend it in place
+            run = at.run
+            run.hashes = hashes
+            cp.resize(run, len(hashes))
+        else:
+            run = Run(hashes)
         stride, e = cp.stride, 0
         for k in range(j, len(keys)):
             limit = (k + 1) * stride
@@ -78,5 +91,6 @@ class PromptChains:
             at_cut, at_tokens = ends[e]
             full = at_tokens // bs
             partial = tuple(open_ids[(full - first) * bs : at_tokens - first * bs])
-            cp.put(keys[k], _At(hashes, at_cut, at_tokens, partial), hashes, len(hashes))
+            cp.put(keys[k], _At(run, at_cut, at_tokens, partial), run, len(hashes))
+        run.reach = max(run.reach, len(keys))
         return count, hashes
