@@ -40,6 +40,7 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
@@ -160,6 +161,50 @@ async def serve_relay(port: int, backends: list[str]) -> None:
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     await asyncio.Event().wait()
+
+
+async def serve_asgi_relay(port: int, backends: list[str]) -> None:
+    """The same relay as a bare ASGI app on uvicorn (httptools, uvloop, no WebSocket, no
+    access log: how `gateway serve` runs): what the gateway's front costs before any of
+    the gateway's own work."""
+    import uvicorn
+
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=256), auto_decompress=False,
+        skip_auto_headers=("Accept-Encoding", "User-Agent"))
+    turn = 0
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        nonlocal turn
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/ready":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+            return
+        parts = []
+        while True:
+            msg = await receive()
+            parts.append(msg.get("body", b""))
+            if not msg.get("more_body"):
+                break
+        turn += 1
+        backend = backends[turn % len(backends)]
+        async with session.post(backend + scope["path"], data=b"".join(parts),
+                                headers={"content-type": "application/json"}) as up:
+            ctype = up.headers.get("content-type", "").encode()
+            await send({"type": "http.response.start", "status": up.status,
+                        "headers": [(b"content-type", ctype)]})
+            if not ctype.startswith(b"text/event-stream"):
+                await send({"type": "http.response.body", "body": await up.read()})
+                return
+            async for chunk in up.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", ws="none",
+                            loop="none", lifespan="off", access_log=False, log_config=None)
+    await uvicorn.Server(config).serve()
 
 
 # -- load -------------------------------------------------------------------------------------
@@ -351,6 +396,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="extra environment for the gateway, e.g. GATEWAY_HYGIENE__ENABLED=0")
     ap.add_argument("--no-relay", action="store_true",
                     help="skip the bare aiohttp relay measured beside the gateway")
+    ap.add_argument("--asgi-relay", action="store_true",
+                    help="also measure the bare relay as an ASGI app on uvicorn (the front "
+                    "the gateway runs on)")
+    ap.add_argument("--asgi-relay-server", nargs="+", help=argparse.SUPPRESS)
     ap.add_argument("--backend-server", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--relay-server", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -361,6 +410,12 @@ def main(argv: list[str] | None = None) -> int:
         import uvloop
 
         uvloop.run(serve_relay(int(args.relay_server[0]), args.relay_server[1:]))
+        return 0
+    if args.asgi_relay_server:
+        import uvloop
+
+        uvloop.run(serve_asgi_relay(int(args.asgi_relay_server[0]),
+                                    args.asgi_relay_server[1:]))
         return 0
     if args.in_process:
         return run_in_process(args.requests, args.rounds)
@@ -390,6 +445,12 @@ def main(argv: list[str] | None = None) -> int:
                                      *backends])
             procs.append(proc)
             gateways.append(("bare aiohttp relay", proc, f"http://127.0.0.1:{port}"))
+        if args.asgi_relay:
+            port = free_port()
+            proc = subprocess.Popen([sys.executable, __file__, "--asgi-relay-server",
+                                     str(port), *backends])
+            procs.append(proc)
+            gateways.append(("bare ASGI relay on uvicorn", proc, f"http://127.0.0.1:{port}"))
         for _, _, url in gateways:
             wait(url + "/ready")
         rows = []
@@ -434,6 +495,14 @@ def main(argv: list[str] | None = None) -> int:
             f"added p50 {r[7]:.3f} ms (relay {b[7]:.3f} ms)"
             for r in rows if r[1] == "this"
             for b in rows if b[1] == "bare aiohttp relay" and b[:1] + b[2:4] == r[:1] + r[2:4]
+        ]
+        ratios += [
+            f"{r[0]} c={r[2]}: gateway CPU / bare ASGI relay on uvicorn CPU = "
+            f"{r[4] / b[4]:.2f}x; that relay / the bare aiohttp relay = {b[4] / a[4]:.2f}x"
+            for r in rows if r[1] == "this"
+            for b in rows if b[1] == "bare ASGI relay on uvicorn"
+            and b[:1] + b[2:4] == r[:1] + r[2:4]
+            for a in rows if a[1] == "bare aiohttp relay" and a[:1] + a[2:4] == r[:1] + r[2:4]
         ]
         table += "\n\n" + "\n".join(f"- {line}" for line in ratios)
         print(table)

@@ -1,0 +1,46 @@
+"""The template key (the drift state of requests with neither a session nor a known
+conversation) is cached by what it is a function of: a warm analyzer gives the key a
+fresh one computes, for any sequence of bodies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.hygiene.analyzer import _SCANNED_ROLES, HygieneAnalyzer
+from gateway.hygiene.config import HygieneConfig
+from gateway.hygiene.prompt import parse
+
+systems = st.sampled_from([
+    "You are helpful.", "You are  helpful.\n", "Now: 2026-11-24T12:00:01Z. Be brief.",
+    "Now: 2026-11-24T12:00:02Z. Be brief.", "Request id 3f2a9c1e-77b1-4c55-9a51-1f0e2d3c4b5a.",
+    "Be brief.",
+])
+tool_names = st.lists(st.sampled_from(["search", "fetch", "calc"]), max_size=2, unique=True)
+
+
+def key(analyzer: HygieneAnalyzer, body: dict[str, Any]) -> int:
+    p = parse(body, "chat")
+    hits = {k: analyzer._hits_of(p, k) for k, part in enumerate(p.parts)
+            if part.role in _SCANNED_ROLES and k < p.last_user}
+    return analyzer._template_key(body, p, hits)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["m1", "m2"]), systems, tool_names,
+                          st.booleans(), st.booleans()), min_size=1, max_size=12))
+def test_cached_template_keys_equal_fresh_ones(
+        requests: list[tuple[str, str, list[str], bool, bool]]) -> None:
+    warm = HygieneAnalyzer(HygieneConfig(max_templates=4))  # small: evictions too
+    for model, system, tools, system_role, follow_up in requests:
+        messages: list[dict[str, Any]] = [
+            {"role": "system" if system_role else "user", "content": system}]
+        if follow_up:
+            messages.append({"role": "user", "content": "and then?"})
+        body: dict[str, Any] = {"model": model, "messages": messages}
+        if tools:
+            body["tools"] = [{"type": "function", "function": {"name": n, "parameters": {}}}
+                             for n in tools]
+        assert key(warm, body) == key(HygieneAnalyzer(HygieneConfig()), body)
