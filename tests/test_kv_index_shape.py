@@ -1,6 +1,7 @@
-"""The token-mode index bisects a replica's confirmed run when its blocks have no holes;
-any sequence of stores, removals and clears leaves the hole count exact and every lookup
-equal to walking the blocks one at a time."""
+"""The token-mode index bisects a replica's confirmed run when its blocks have no holes and
+records predictions in C; any sequence of stores, removals, clears and predictions leaves
+the hole count exact, the predictions as made one by one, and every lookup equal to
+walking the blocks one at a time."""
 
 from __future__ import annotations
 
@@ -44,7 +45,21 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("remove"), st.integers(0, CHAINS - 1), st.integers(0, DEPTH - 1),
               st.integers(1, 3)),
     st.tuples(st.just("clear"), st.just(0), st.just(0), st.just(0)),
+    st.tuples(st.just("predict"), st.integers(0, CHAINS - 1), st.integers(0, DEPTH),
+              st.integers(0, 3)),
 ), max_size=40)
+
+
+def walk(state: ReplicaBlocks, hashes: list[int], now: float) -> tuple[int, int]:
+    """The lookup, one block at a time: the reference."""
+    confirmed = n = len(list(takewhile(state.held.__contains__, hashes)))
+    for h in hashes[n:]:
+        if h not in state.held:
+            expiry = state.predicted.get(h)
+            if expiry is None or expiry <= now:
+                break
+        n += 1
+    return confirmed, n
 
 
 @settings(max_examples=300, deadline=None)
@@ -53,9 +68,16 @@ def test_holes_are_counted_and_lookups_equal_the_walk(
         ops: list[tuple[str, int, int, int]]) -> None:
     index = KVIndex()
     index.add_replica("r", "m", BS)
+    expected: dict[int, float] = {}  # the predictions, kept the plain way
     for op, chain, start, n in ops:
         event: Event
-        if op == "store":
+        state = index.state("r")
+        assert state is not None
+        if op == "predict":  # at time n, from block `start`
+            index.predict("r", query(chain), float(n), start)
+            expected.update({h: n + 2.0 for h in query(chain)[start:] if h not in state.held})
+            assert state.predicted == expected
+        elif op == "store":
             blocks = range(start, min(DEPTH, start + n))
             event = BlockStored(tuple(engine(chain, b) for b in blocks),
                                 engine(chain, start - 1) if start else None,
@@ -64,15 +86,15 @@ def test_holes_are_counted_and_lookups_equal_the_walk(
             event = BlockRemoved(tuple(engine(chain, b) for b in range(start, start + n)))
         else:
             event = AllBlocksCleared()
-        index.apply("r", [event], 0.0)
-        state = index.state("r")
-        assert state is not None
+        if op != "predict":
+            index.apply("r", [event], 0.0)
+            expected = dict(state.predicted)  # stores and clears drop predictions
         assert state.holes == recount(state)
         assert sum(state.children.values()) == len(state.parent)
         for c in range(CHAINS):
             q = query(c)
-            walked = len(list(takewhile(state.held.__contains__, q)))
-            assert index.leading("r", q, 0.0) == (walked, walked)
+            for now in (0.0, 1.5, 2.5, 4.0, 6.0):
+                assert index.leading("r", q, now) == walk(state, q, now)
 
 
 @pytest.mark.parametrize(("removed", "holes", "leading"), [

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import takewhile
+from itertools import filterfalse, islice, takewhile
 
 from gateway.events.decode import (
     AllBlocksCleared,
@@ -213,14 +213,16 @@ class KVIndex:
         # the run's end is found by bisection, a few lookups whatever the prompt's length
         # (vLLM evicts a chain's blocks deepest first, so holes are rare). Otherwise one
         # block at a time, in C (takewhile over dict membership). Then the mixed
-        # confirmed/predicted tail one block at a time.
+        # confirmed/predicted tail one block at a time (it usually ends at once: expired
+        # predictions stay in the dict until it is full, so a run taken in C first and
+        # checked for expiry after would cost more than it saves).
         if state.holes == 0:
             confirmed = n = _bisect_run(held, hashes)
         else:
             confirmed = n = len(list(takewhile(held.__contains__, hashes)))
         if not predicted:
             return n, n
-        for h in hashes[n:]:
+        for h in islice(hashes, n, None):
             if h not in held:
                 expiry = predicted.get(h)
                 if expiry is None or expiry <= now:
@@ -239,9 +241,9 @@ class KVIndex:
             del state.unconfirmed[: -self.config.stale_requests * 4]
         expiry = now + self.config.predict_ttl_s
         predicted, held = state.predicted, state.held
-        for h in hashes[start:] if start else hashes:
-            if h not in held:
-                predicted[h] = expiry
+        # In C: every block from `start` that events have not confirmed.
+        predicted.update(dict.fromkeys(
+            filterfalse(held.__contains__, islice(hashes, start, None)), expiry))
         if len(predicted) > self.config.max_predicted:
             for h in [h for h, t in predicted.items() if t <= now]:
                 del predicted[h]
