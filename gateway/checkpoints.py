@@ -12,9 +12,9 @@ A key names its prefix exactly as a chained block hash names its block (any earl
 changes it), under the same 64-bit collision assumption that prefix routing and vLLM's own
 block keys make.
 
-Bounds: states are kept in LRU order up to `max_entries`, and the values they reference are
-counted by `size` (a caller-given measure: hashes) up to `budget`: the checkpoints of one
-run share its list, so a list is counted once, while any state still points at it.
+Bounds: states are kept in LRU order up to `max_entries`, and the hashes of the runs they
+reference up to `budget`: the checkpoints of one run share its list, so a list is counted
+once, while any state still points at it.
 """
 
 from __future__ import annotations
@@ -50,11 +50,10 @@ class Checkpoints(Generic[S]):
         self.stride = stride
         self.budget = budget
         self._max = max(1, max_entries)
-        # key -> (state, owner id); owner id -> [refs, size]
-        self._states: OrderedDict[int, tuple[S, int]] = OrderedDict()
-        self._owners: dict[int, list[int]] = {}
-        self._owned: dict[int, object] = {}  # keeps an owner alive (its id stays unique)
-        self.held = 0  # sum of the sizes of the owners any state references
+        # key -> (state, owner); owner -> [states referencing it, its size]
+        self._states: OrderedDict[int, tuple[S, Run]] = OrderedDict()
+        self._owners: dict[Run, list[int]] = {}
+        self.held = 0  # sum of the sizes of the runs any state references
 
     def keys(self, data: bytes, seed: int) -> list[int]:
         """The key of every whole-stride prefix of `data` (key j-1 names data[: j*stride])."""
@@ -77,39 +76,41 @@ class Checkpoints(Generic[S]):
                 return j, got[0]
         return 0, None
 
-    def put(self, key: int, state: S, owner: object, size: int) -> None:
-        """Store `state` at checkpoint `key`; `owner` is what it references (counted once
-        by `size` however many states share it)."""
+    def run_for(self, found: Run | None, j: int, hashes: list[int]) -> Run:
+        """The run a request's new states belong to: the one it resumed from, extended
+        in place, when it resumed at that run's last checkpoint `j`; else a new one."""
+        if found is not None and found.reach == j:
+            found.hashes = hashes
+            entry = self._owners.get(found)
+            if entry is not None:
+                self.held += len(hashes) - entry[1]
+                entry[1] = len(hashes)
+            return found
+        return Run(hashes)
+
+    def put(self, key: int, state: S, run: Run) -> None:
+        """Store `state` at checkpoint `key`; `run` is what it references (its hashes
+        counted once however many states share it) and now reaches past `key`."""
         states = self._states
-        oid = id(owner)
         old = states.pop(key, None)
         if old is not None:
             self._release(old[1])
-        entry = self._owners.get(oid)
+        entry = self._owners.get(run)
         if entry is None:
-            self._owners[oid] = [1, size]
-            self._owned[oid] = owner
-            self.held += size
+            self._owners[run] = [1, len(run.hashes)]
+            self.held += len(run.hashes)
         else:
             entry[0] += 1
-        states[key] = (state, oid)
+        states[key] = (state, run)
         while len(states) > 1 and (len(states) > self._max or self.held > self.budget):
             _, (_, gone) = states.popitem(last=False)
             self._release(gone)
 
-    def resize(self, owner: object, size: int) -> None:
-        """`owner` (referenced by some states) now measures `size`."""
-        entry = self._owners.get(id(owner))
-        if entry is not None:
-            self.held += size - entry[1]
-            entry[1] = size
-
-    def _release(self, oid: int) -> None:
-        entry = self._owners[oid]
+    def _release(self, run: Run) -> None:
+        entry = self._owners[run]
         entry[0] -= 1
         if entry[0] == 0:
-            del self._owners[oid]
-            del self._owned[oid]
+            del self._owners[run]
             self.held -= entry[1]
 
     def __len__(self) -> int:

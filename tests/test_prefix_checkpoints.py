@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.checkpoints import Checkpoints
+from gateway.checkpoints import Checkpoints, Run
 from gateway.routing.blocks import TextChains, chain_hashes
 from gateway.tokens.chain import chain_token_hashes
 from gateway.tokens.prompts import PromptChains
@@ -47,28 +47,40 @@ def test_find_returns_the_longest_stored_prefix(stored: list[int], asked: int,
     cp: Checkpoints[int] = Checkpoints(4, 100)
     keys = cp.keys(b"x" * 12 + b"abcdefghijklmnop", 7)
     for k in stored:
-        cp.put(keys[k], k, object(), 1)
+        cp.put(keys[k], k, Run([1]))
     j, state = cp.find(keys[:asked])
     assert j == found and state == (found - 1 if found else None)
 
 
-def test_budget_counts_a_shared_owner_once_and_evicts_oldest() -> None:
+def test_budget_counts_a_shared_run_once_and_evicts_oldest() -> None:
     cp: Checkpoints[int] = Checkpoints(1, budget=10, max_entries=100)
-    one, two = object(), object()
+    one, two = Run([0] * 6), Run([0] * 6)
     for k in range(5):
-        cp.put(k, k, one, 6)  # five states, one owner of size 6
+        cp.put(k, k, one)  # five states, one run of 6 hashes
     assert (len(cp), cp.held) == (5, 6)
-    cp.put(10, 10, two, 6)  # 12 > 10: the oldest go until `one` is released
+    cp.put(10, 10, two)  # 12 > 10: the oldest go until `one` is released
     assert (len(cp), cp.held) == (1, 6)
     assert cp.find([10]) == (1, 10) and cp.find([4]) == (0, None)
-    cp.put(10, 11, two, 6)  # replacing a state keeps the count right
+    cp.put(10, 11, two)  # replacing a state keeps the count right
     assert (len(cp), cp.held) == (1, 6)
+
+
+def test_a_run_is_extended_only_from_its_last_checkpoint() -> None:
+    cp: Checkpoints[int] = Checkpoints(1, budget=100)
+    run = Run([1, 2])
+    cp.put(1, 0, run)
+    run.reach = 2
+    assert cp.run_for(run, 2, [1, 2, 3]) is run  # resumed at its end: grown in place
+    assert run.hashes == [1, 2, 3] and cp.held == 3
+    fork = cp.run_for(run, 1, [1, 9])  # resumed earlier: a run of its own
+    assert fork is not run and run.hashes == [1, 2, 3] and fork.hashes == [1, 9]
+    assert cp.run_for(None, 0, [5]).hashes == [5]
 
 
 def test_max_entries_bound() -> None:
     cp: Checkpoints[int] = Checkpoints(1, budget=1 << 30, max_entries=3)
     for k in range(10):
-        cp.put(k, k, object(), 1)
+        cp.put(k, k, Run([k]))
     assert len(cp) == 3 and cp.held == 3
 
 

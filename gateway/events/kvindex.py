@@ -34,6 +34,7 @@ from gateway.events.decode import (
     BlockStored,
     Event,
 )
+from gateway.routing.blocks import held_prefix
 from gateway.tokens.chain import chain_token_hashes, namespace
 
 
@@ -217,7 +218,7 @@ class KVIndex:
         # predictions stay in the dict until it is full, so a run taken in C first and
         # checked for expiry after would cost more than it saves).
         if state.holes == 0:
-            confirmed = n = _bisect_run(held, hashes)
+            confirmed = n = held_prefix(held, hashes)
         else:
             confirmed = n = len(list(takewhile(held.__contains__, hashes)))
         if not predicted:
@@ -251,20 +252,6 @@ class KVIndex:
     def held_blocks(self, replica: str) -> int:
         state = self._replicas.get(replica)
         return len(state.held) if state is not None else 0
-
-
-def _bisect_run(held: dict[int, int], hashes: Sequence[int]) -> int:
-    """Leading blocks of `hashes` in a prefix-closed `held`."""
-    if not hashes or hashes[0] not in held:
-        return 0
-    lo, hi = 1, len(hashes)  # hashes[:lo] held; the answer is in [lo, hi]
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if hashes[mid - 1] in held:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def _salt(event: BlockStored) -> str | None:

@@ -11,6 +11,8 @@ Cost: one C call per block (about 90 ns); a 128 KiB prompt is 2048 blocks.
 
 from __future__ import annotations
 
+from collections.abc import Container, Sequence
+
 import xxhash
 
 from gateway.checkpoints import Checkpoints, Run
@@ -56,20 +58,30 @@ class TextChains:
     def hashes(self, data: bytes, seed: int) -> list[int]:
         cp, block, per = self._cp, self.block_bytes, self._blocks_per_stride
         keys = cp.keys(data, seed)
-        j, run = cp.find(keys)
-        if run is None:
+        j, found = cp.find(keys)
+        if found is None:
             out = chain_hashes(data, seed, block)
-            run = Run(out)
         else:
             done = j * per
-            out = run.hashes[:done]
-            out += chain_hashes(data[j * cp.stride :], run.hashes[done - 1], block)
-            if run.reach == j:  # at the run's end: extend it in place
-                run.hashes = out
-                cp.resize(run, len(out))
-            else:
-                run = Run(out)
+            out = found.hashes[:done]
+            out += chain_hashes(data[j * cp.stride :], found.hashes[done - 1], block)
+        run = cp.run_for(found, j, out)
         for k in range(j, len(keys)):
-            cp.put(keys[k], run, run, len(out))
+            cp.put(keys[k], run, run)
         run.reach = max(run.reach, len(keys))
         return out
+
+
+def held_prefix(held: Container[int], hashes: Sequence[int]) -> int:
+    """Leading blocks of `hashes` in `held`, for a prefix-closed `held` (hashes[i] held
+    means hashes[:i] are): by bisection, a few lookups whatever the prompt's length."""
+    if not hashes or hashes[0] not in held:
+        return 0
+    lo, hi = 1, len(hashes)  # hashes[:lo] held; the answer is in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if hashes[mid - 1] in held:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -19,6 +19,8 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from itertools import repeat
 
+from gateway.routing.blocks import held_prefix
+
 
 class BlockIndex:
     def __init__(self, default_capacity_blocks: int) -> None:
@@ -59,16 +61,7 @@ class BlockIndex:
     def matched(self, replica: str, hashes: Sequence[int]) -> int:
         """Number of leading blocks of `hashes` the replica holds (prefix-closed search)."""
         held = self._held.get(replica)
-        if not held or not hashes or hashes[0] not in held:
-            return 0
-        lo, hi = 1, len(hashes)  # hashes[:lo] held; answer in [lo, hi]
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if hashes[mid - 1] in held:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return held_prefix(held, hashes) if held else 0
 
     def record(self, replica: str, hashes: Sequence[int], upto: int, held_already: int) -> None:
         """The replica now holds hashes[:upto]; hashes[:held_already] were held before

@@ -77,12 +77,7 @@ class PromptChains:
         if pieces and not self.tokenizer.ends_special(pieces[-1][0]):
             ends.pop()  # the text's end is no cut: what follows may tokenize with it
         hashes += chain_token_hashes(open_ids, parent, bs)
-        if at is not None and at.run.reach == j:  # at the run's end: extend it in place
-            run = at.run
-            run.hashes = hashes
-            cp.resize(run, len(hashes))
-        else:
-            run = Run(hashes)
+        run = cp.run_for(at.run if at is not None else None, j, hashes)
         stride, e = cp.stride, 0
         for k in range(j, len(keys)):
             limit = (k + 1) * stride
@@ -91,6 +86,6 @@ class PromptChains:
             at_cut, at_tokens = ends[e]
             full = at_tokens // bs
             partial = tuple(open_ids[(full - first) * bs : at_tokens - first * bs])
-            cp.put(keys[k], _At(run, at_cut, at_tokens, partial), run, len(hashes))
+            cp.put(keys[k], _At(run, at_cut, at_tokens, partial), run)
         run.reach = max(run.reach, len(keys))
         return count, hashes
