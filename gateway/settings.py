@@ -43,6 +43,10 @@ from gateway.shared.config import RedisSettings
 from gateway.usage.config import UsageConfig
 
 LogLevel = Literal["debug", "info", "warning", "error"]
+# The request headers that name a session, earliest first: the gateway's own, then the
+# agent harnesses' (Claude Code, OpenCode, Codex x2), as llm-d and the vLLM Router read them.
+SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "x-session-affinity",
+                   "session-id", "session_id")
 ENV_PREFIX = "GATEWAY_"
 
 
@@ -74,6 +78,9 @@ class ServerSettings:
     # complete this long after its first byte has its connection closed (slowloris).
     max_head_bytes: int = 64 * 1024
     head_timeout_s: float = 30.0
+    # Request headers that name a session, earliest first (gateway.proxy.session): the
+    # gateway's own, then the agent harnesses' (Claude Code, OpenCode, Codex).
+    session_headers: tuple[str, ...] = SESSION_HEADERS
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -88,6 +95,11 @@ class ServerSettings:
                 raise ValueError(f"server.{name} must be positive")
         if self.shutdown_grace_s < 0:
             raise ValueError("server.shutdown_grace_s must be >= 0")
+        if len(self.session_headers) > 16 or any(
+                not h or not h.isascii() or not h.replace("-", "").replace("_", "").isalnum()
+                for h in self.session_headers):
+            raise ValueError("server.session_headers: at most 16 header names, each letters, "
+                             "digits, '-' and '_'")
         if self.retries < 0 or self.unhealthy_after < 1:
             raise ValueError("server.retries must be >= 0 and server.unhealthy_after >= 1")
 

@@ -1,4 +1,4 @@
-"""HygieneAnalyzer: the interface the proxy calls (scan, to_log, header_value, rewrite)."""
+"""HygieneAnalyzer: the interface the proxy calls (scan, rewrite)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.hygiene.config import HygieneConfig
-from gateway.hygiene.finding import Finding
 from gateway.hygiene.prompt import validate
 from gateway.proxy.inbound import parse_inbound
 from tests.hygiene_corpus.common import chat as corpus_chat
@@ -112,30 +111,6 @@ def test_history_rewrite() -> None:
     f = a.scan(chat(LONG, "Summary of the conversation so far.", "ok", "q3"), "chat", "s", NOW)
     assert [(x.kind, x.message_index, x.char_offset) for x in f] == [("history_rewrite", 1, 0)]
 
-
-def test_header_value_lists_warnings_only_when_enabled() -> None:
-    body = chat("Current time: 14:03:22. " + LONG, "hi", tools=[tool("a", {})])
-    assert (
-        HygieneAnalyzer(HygieneConfig()).header_value(
-            HygieneAnalyzer(HygieneConfig()).scan(body, "chat", None, NOW)
-        )
-        is None
-    )
-    a = HygieneAnalyzer(HygieneConfig(header=True))
-    assert a.header_value(a.scan(body, "chat", None, NOW)) == "timestamp@0:14"
-    assert a.header_value([]) is None
-
-
-def test_to_log_dedups_per_place_and_caps_per_second() -> None:
-    a = HygieneAnalyzer(HygieneConfig(log_interval_s=60, log_max_per_s=2))
-    f = Finding("timestamp", "warning", "pattern", 0, "system", 3, "<x>", 100, "s")
-    g = Finding("uuid", "warning", "pattern", 0, "system", 9, "<x>", 100, "s")
-    h = Finding("nonce", "warning", "pattern", 0, "system", 20, "<x>", 100, "s")
-    assert a.to_log([f], 0.0) == [f]
-    assert a.to_log([f], 30.0) == []
-    assert a.to_log([f, g, h], 61.0) == [f, g]
-    assert a.to_log([h], 61.5) == []
-    assert a.to_log([h], 62.5) == [h]
 
 
 @pytest.mark.parametrize(

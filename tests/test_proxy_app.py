@@ -160,7 +160,7 @@ async def test_hygiene_findings_log_at_their_severity(
     body = {"model": MODEL, "messages": [{"role": "system", "content": system},
                                          {"role": "user", "content": "hi"}]}
     app = create_app(settings(), upstream=Fake().upstream)
-    with caplog.at_level(logging.DEBUG, logger="gateway.proxy.handler"):
+    with caplog.at_level(logging.DEBUG, logger="gateway.hygiene"):
         async for client in started(app, records):
             assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
     logged = [r for r in caplog.records if r.getMessage() == "hygiene finding"]

@@ -92,3 +92,77 @@ def test_live_page_renders_in_a_headless_browser(tmp_path: Path) -> None:
     with Image.open(shot) as img:
         colours = img.convert("RGB").getcolors(maxcolors=1 << 16)
     assert colours is not None and len(colours) > 20  # drawn, not a blank page
+
+
+ADMISSION = {"enabled": True, "queued": {"interactive": 3, "batch": 0},
+             "shed": {"queue_full": 2, "deadline": 1},
+             "wait_ms": {"interactive": {"p50": 12.5, "p99": 80.0},
+                         "batch": {"p50": None, "p99": None}},
+             "admitted_tokens": {"<tenant>": 4096}}
+
+
+@pytest.mark.parametrize(("extra", "expect", "absent"), [
+    ({}, ["No replica configured.", "No errors.", "No hygiene figures."],
+     ["Admission", "admission-queued"]),
+    ({"admission": ADMISSION},
+     ["<h2>Admission</h2>", "Gateway queue enabled; 3 queued, 3 shed.",
+      '<tr data-class="interactive"><td>interactive</td><td>3</td><td>12.5</td><td>80.0</td>',
+      '<tr data-class="batch"><td>batch</td><td>0</td><td>n/a</td><td>n/a</td>',
+      '<tr data-reason="queue_full"><td>queue_full</td><td>2</td>',
+      "<td>&lt;tenant&gt;</td><td>4096</td>"], []),
+    ({"admission": {"enabled": False}},
+     ["Gateway queue disabled; 0 queued, 0 shed.", "Nothing queued.", "Nothing shed."], []),
+    ({"replicas": {"r1": {"healthy": False, "in_flight": 2, "requests_running": 1,
+                          "requests_waiting": 4, "kv_cache_usage": 0.91, "kv_level": "warn"},
+                   "r2": {"healthy": True, "in_flight": 0, "kv_level": "unknown"}}},
+     ['<tr class="replica down" data-replica="r1"><td>r1</td><td class=health>DOWN</td>'
+      "<td>2</td><td>1</td><td>4</td><td class=kv>91.0%</td>",
+      '<tr class="replica up" data-replica="r2"><td>r2</td><td class=health>up</td>'
+      "<td>0</td><td>n/a</td><td>n/a</td><td class=kv>n/a</td>"], []),
+])  # fmt: skip
+def test_page_sections(extra: dict[str, Any], expect: list[str], absent: list[str]) -> None:
+    page = render_page({**stats([], {}, []), **extra}).decode()
+    assert '<meta http-equiv="refresh" content="10">' in page
+    for text in expect:
+        assert text in page
+    for text in absent:
+        assert text not in page
+
+
+def test_errors_by_status_keep_the_gateways_own_apart() -> None:
+    s = stats([], {}, [])
+    s["windows"]["5m"] = {**s["windows"]["5m"], "requests": 9,
+                          "by_status": {"200": 5, "502": 1, "503": 3},
+                          "gateway_rejected": {"requests": 3, "by_status": {"503": 3}}}
+    page = render_page(s).decode()
+    assert "<tr><td>5m</td><td>4</td><td>9</td><td>502: 1, 503: 3 (3 by the gateway)</td>" in page
+
+
+@pytest.mark.parametrize(("ts", "runs"), [
+    ([0.0, 10.0, 20.0], 1),  # consecutive buckets: one line
+    ([0.0, 10.0, 600.0, 610.0], 2),  # ten idle minutes: a gap, not a slope
+    ([0.0, 100.0, 200.0], 3),
+])
+def test_idle_time_is_a_gap(ts: list[float], runs: int) -> None:
+    series = [{"ts": t, "cached_ratio": 0.5, "by_replica": {"a": 0.5}} for t in ts]
+    page = render_page({**stats(series, {}, []), "bucket_s": 10.0}).decode()
+    assert page.count("<polyline class=overall") == runs
+    assert page.count('<polyline class=replica data-replica="a"') == runs
+
+
+def test_hygiene_section_is_escaped() -> None:
+    evil = '<script>alert(1)</script>'
+    hygiene = {"window": "1h", "covered_s": 3600.0, "prompt_tokens": 1000, "findings": 1,
+               "tokens_at_risk": 700, "warn_share": 0.05,
+               "by_kind": [{"kind": evil, "severity": "warning", "findings": 1, "requests": 1,
+                            "tokens_at_risk": 700, "share_of_prompt_tokens": 0.7}],
+               "by_model": {evil: [{"kind": "timestamp", "severity": "warning",
+                                    "findings": 1, "requests": 1, "tokens_at_risk": 700}]},
+               "by_tenant": {},
+               "latest": [{"ts": 0.0, "model": evil, "kind": "timestamp", "severity": "warning",
+                           "evidence": "pattern", "message_index": 0, "role": "system",
+                           "char_offset": 23, "span": evil, "tokens_at_risk": 700}]}
+    page = render_page({**stats([], {}, []), "hygiene": hygiene}).decode()
+    assert "<script>" not in page and page.count("&lt;script&gt;") == 5
+    assert 'data-message="0" data-offset="23" data-tokens="700"' in page
+    assert "70.0%" in page and "No findings by tenant." in page

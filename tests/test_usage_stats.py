@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gateway.hygiene.finding import Finding
 from gateway.usage.record import UsageRecord
 from gateway.usage.sketch import QuantileSketch
 from gateway.usage.stats import UsageWindows, max_model_len_suggestion
@@ -84,13 +85,24 @@ def test_by_dimension() -> None:
     assert s["by_tenant"]["x"]["requests"] == 2
 
 
-def test_bucket_granularity_is_reported() -> None:
+@pytest.mark.parametrize(("now", "requests", "covered", "start"), [
+    # now - 60 = 1005: bucket [1000, 1010) reaches back further than a minute, left out
+    (1065.0, 1, 55.0, 1010.0),
+    # on a boundary the window is exactly a minute
+    (1070.0, 1, 60.0, 1010.0),
+    (1060.0, 2, 60.0, 1000.0),
+    (1069.9, 1, 59.9, 1010.0),
+])  # fmt: skip
+def test_a_window_never_covers_more_than_its_name(
+    now: float, requests: int, covered: float, start: float,
+) -> None:
     w = UsageWindows(bucket_s=10.0)
     w.add(rec(1005.0))  # bucket [1000, 1010)
+    w.add(rec(1012.0))  # bucket [1010, 1020)
     w.add(rec(995.0))  # bucket [990, 1000)
-    s = w.summary(1065.0, 60.0)  # now - 60 = 1005 -> bucket 1000 is included whole
-    assert s["requests"] == 1
-    assert s["covered_s"] == 65.0
+    s = w.summary(now, 60.0)
+    assert (s["requests"], s["covered_s"], s["from_ts"], s["to_ts"]) == (
+        requests, covered, start, now)
 
 
 def test_memory_is_bounded_and_old_buckets_are_archived() -> None:
@@ -171,3 +183,58 @@ def test_sketch_zeros_and_empty() -> None:
     s.add(10)
     assert s.quantile(0.5) == 0.0
     assert s.quantile(1.0) == pytest.approx(10, rel=0.01)
+
+
+def test_ttft_only_where_a_first_token_was_seen() -> None:
+    w = UsageWindows(bucket_s=1.0)
+    # non-streamed: the first byte is the last, its "TTFT" is its latency: not a TTFT
+    for _ in range(10):
+        w.add(rec(NOW, stream=False, ttft_ms=460.0, latency_ms=460.0))
+    s = w.summary(NOW, 60.0)
+    assert s["ttft"]["samples"] == 0 and s["ttft"]["p99_ms"] is None
+    assert s["latency"]["samples"] == 10
+    assert s["latency"]["p99_ms"] == pytest.approx(460.0, rel=0.02)
+    w.add(rec(NOW, stream=True, ttft_ms=20.0, latency_ms=500.0))
+    s = w.summary(NOW, 60.0)
+    assert s["ttft"]["samples"] == 1 and s["ttft"]["p99_ms"] == pytest.approx(20.0, rel=0.02)
+    assert s["latency"]["samples"] == 11
+
+
+def test_gateway_rejected_requests_are_not_a_replica() -> None:
+    w = UsageWindows(bucket_s=1.0)
+    w.add(rec(NOW, replica=None, status=503, prompt_tokens=None, cached_tokens=None))
+    w.add(rec(NOW, replica=None, status=400, prompt_tokens=None, cached_tokens=None))
+    w.add(rec(NOW, replica="none", status=200))  # a replica may be called anything
+    w.add(rec(NOW, replica="a", status=502))
+    s = w.summary(NOW, 60.0)
+    assert set(s["by_replica"]) == {"a", "none"}
+    assert s["by_replica"]["none"]["requests"] == 1
+    assert s["gateway_rejected"] == {"requests": 2, "by_status": {"400": 1, "503": 1}}
+    assert s["by_status"] == {"200": 1, "400": 1, "502": 1, "503": 1}
+    assert all(set(p["by_replica"]) == {"a", "none"} for p in w.series())
+
+
+def _finding(kind: str, severity: str, tokens: int, offset: int = 0) -> Finding:
+    return Finding(kind, severity, "pattern", 0, "system", offset, "<x>", tokens, None)  # type: ignore[arg-type]
+
+
+def test_hygiene_by_kind_model_and_tenant() -> None:
+    w = UsageWindows(bucket_s=1.0)
+    # two timestamps in one request break the prefix once: the larger cost counts
+    w.add(rec(NOW, model="m1", tenant="x", findings=(
+        _finding("timestamp", "warning", 900, 10), _finding("timestamp", "warning", 300, 2000),
+        _finding("uuid", "info", 50))))
+    w.add(rec(NOW, model="m2", tenant=None, findings=(_finding("timestamp", "warning", 700),)))
+    w.add(rec(NOW - 500, findings=(_finding("nonce", "warning", 999),)))  # outside the window
+    h = w.summary(NOW, 60.0)["hygiene"]
+    assert h["findings"] == 4 and h["tokens_at_risk"] == 1650
+    assert h["by_kind"] == [
+        {"kind": "timestamp", "severity": "warning", "findings": 3, "requests": 2,
+         "tokens_at_risk": 1600, "share_of_prompt_tokens": 0.8},
+        {"kind": "uuid", "severity": "info", "findings": 1, "requests": 1,
+         "tokens_at_risk": 50, "share_of_prompt_tokens": 0.025},
+    ]
+    assert [r["tokens_at_risk"] for r in h["by_model"]["m1"]] == [900, 50]
+    assert [r["tokens_at_risk"] for r in h["by_tenant"]["none"]] == [700]
+    assert [r["kind"] for r in w.summary(NOW, None)["hygiene"]["by_kind"]] == [
+        "timestamp", "nonce", "uuid"]

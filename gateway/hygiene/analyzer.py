@@ -20,15 +20,16 @@ Per request (`scan`):
    tool list costs a hash, not a scan.
 4. The new request becomes the entry's snapshot.
 
-`to_log` dedups/rate-limits findings for logging, `header_value` renders
-`x-gateway-hygiene`, `rewrite` applies the opt-in body rewrites. Pure: `now` is a parameter.
+`rewrite` applies the opt-in body rewrites. Findings are logged (deduplicated, summed up)
+by the usage recorder (gateway.hygiene.lograte) and shown to the client by
+gateway.proxy.headers. Pure: `now` is a parameter.
 """
 
 from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import xxhash
@@ -38,7 +39,6 @@ from gateway.hygiene.config import HygieneConfig
 from gateway.hygiene.conversations import MessageOwners
 from gateway.hygiene.drift import Divergence, Snapshot, diverge
 from gateway.hygiene.finding import Finding
-from gateway.hygiene.lograte import LogLimiter
 from gateway.hygiene.patterns import STRONG, WEAK, Hit, scan_text
 from gateway.hygiene.prompt import Part, Prompt, parse, validate
 
@@ -54,7 +54,6 @@ _TEMPLATE_CHARS = 256
 _MAX_VALUES = 512
 _MAX_FINDINGS = 16
 _SPAN_CHARS = 200
-_HEADER_ITEMS = 8
 _WS = re.compile(r"\s+")
 
 
@@ -67,9 +66,6 @@ class HygieneAnalyzer:
         self._owners = MessageOwners(_DIGESTS_PER_CONVERSATION * config.max_sessions)
         self._hits: OrderedDict[int, tuple[Hit, ...]] = OrderedDict()
         self._template_keys: OrderedDict[tuple[object, ...], int] = OrderedDict()
-        self._limiter = LogLimiter(
-            config.log_interval_s, config.log_max_per_s, config.max_sessions + config.max_templates
-        )
 
     def scan(
         self,
@@ -151,9 +147,6 @@ class HygieneAnalyzer:
             self._owners.record(conv, messages)
         return findings[:_MAX_FINDINGS]
 
-    def to_log(self, findings: Sequence[Finding], now: float) -> list[Finding]:
-        return self._limiter.admit(findings, now)
-
     def rewrite(self, body: dict[str, Any]) -> bool:
         changed = False
         if self.config.rewrite_schema_keys:
@@ -161,16 +154,6 @@ class HygieneAnalyzer:
         if self.config.rewrite_sort_tools:
             changed = rewrites.sort_tools(body) or changed
         return changed
-
-    def header_value(self, findings: Sequence[Finding]) -> str | None:
-        if not self.config.header:
-            return None
-        items = [
-            f"{f.kind}@{f.role if f.message_index is None else f.message_index}:{f.char_offset}"
-            for f in findings
-            if f.severity == "warning"
-        ][:_HEADER_ITEMS]
-        return ";".join(items) if items else None
 
     # -- internals -------------------------------------------------------------------
 

@@ -3,7 +3,9 @@
 Knobs:
 - `enabled`: run the analyzer at all.
 - `redact`: findings carry `<kind:N chars>` instead of the offending text.
-- `header`: answer with `x-gateway-hygiene` on proxied calls.
+- `header`: answer proxied calls with `x-gateway-cache` (route, predicted cached tokens,
+  the first finding with its cost) and `x-gateway-hygiene` (every warning's place); on by
+  default (gateway.proxy.headers).
 - `rewrite_sort_tools` / `rewrite_schema_keys`: opt-in body rewrites that keep the prefix
   stable (tools sorted by function name; JSON keys inside tool schemas sorted). Message
   content is never changed.
@@ -19,8 +21,10 @@ Knobs:
   defaults. 8 KiB covers the head of the prompt, where volatile values live.
 - `scan_cache_entries`: LRU of pattern-scan results keyed by content hash, so an unchanged
   system prompt or tool list is scanned once, not on every request.
-- `log_interval_s` / `log_max_per_s`: `to_log` emits the same kind at the same place for the
-  same session/template at most once per interval, and at most this many findings per second.
+- `log_interval_s` / `log_max_per_s`: the log gets the same kind at the same place for the
+  same session/template at most once per interval, and at most this many findings per
+  second; what is held back is logged as one summary line per interval
+  (gateway.hygiene.lograte).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from dataclasses import dataclass
 class HygieneConfig:
     enabled: bool = True
     redact: bool = True
-    header: bool = False
+    header: bool = True
     rewrite_sort_tools: bool = False
     rewrite_schema_keys: bool = False
     warn_min_tokens: int = 64

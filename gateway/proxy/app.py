@@ -33,6 +33,7 @@ from urllib.parse import parse_qs
 import orjson
 
 from gateway.hygiene.analyzer import HygieneAnalyzer
+from gateway.hygiene.lograte import LogLimiter
 from gateway.proxy.asgi import Receive, Scope, Send, respond, respond_error
 from gateway.proxy.auth import Authenticator
 from gateway.proxy.client import AiohttpUpstream, ClientLimits
@@ -116,8 +117,12 @@ class GatewayApp:
         tokens = await start_token_mode(settings, fleet, self.clock)
         router = Router(settings.routing, tokens.mode if tokens is not None else None)
         metrics = GatewayMetrics()
-        recorder = UsageRecorder(settings.usage, metrics, access_log=server.access_log,
-                                 started_at=self.clock())
+        hygiene = settings.hygiene
+        recorder = UsageRecorder(
+            settings.usage, metrics, access_log=server.access_log, started_at=self.clock(),
+            finding_log=LogLimiter(hygiene.log_interval_s, hygiene.log_max_per_s,
+                                   hygiene.max_sessions + hygiene.max_templates),
+            clock=self.clock)
         monitor = FleetMonitor(fleet, upstream, router, metrics, settings, self.clock,
                                recorder=recorder)
         services = Services(
@@ -242,6 +247,8 @@ class GatewayApp:
                 default_capacity_tokens=s.settings.routing.default_capacity_tokens,
                 fleet_warnings=[f"replica {r.name} ({r.url}) is unreachable: {r.failures} "
                                 "failed health probe(s)" for r in reps if not r.healthy])
+            for r in reps:  # what the fleet knows beside the last scrape
+                stats["replicas"][r.name].update(healthy=r.healthy, in_flight=r.in_flight)
             if s.feeds is not None:
                 stats["token_mode"] = s.feeds.status(s.clock())
             return 200, orjson.dumps(stats), json

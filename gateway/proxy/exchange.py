@@ -3,6 +3,9 @@ record at the end (pure: the caller passes the end time from the same timer as `
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from gateway.hygiene.finding import Finding
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.relay import RelayOutcome
 from gateway.usage.record import UsageRecord
@@ -30,7 +33,7 @@ class Exchange:
         self.model = ""
         self.stream = False
         self.session: str | None = None
-        self.findings = 0
+        self.findings: Sequence[Finding] = ()
         self.replica: str | None = None
         self.route: str | None = None
         self.moved: str | None = None
@@ -63,6 +66,6 @@ class Exchange:
             completion_tokens=u.completion_tokens if u else None,
             ttft_ms=(o.first_byte - self.t0) * 1000.0 if o.first_byte is not None else None,
             latency_ms=(end - self.t0) * 1000.0, session=self.session,
-            hygiene=self.findings, endpoint=self.endpoint, error=self.error, moved=self.moved,
-            method=self.method,
+            hygiene=len(self.findings), endpoint=self.endpoint, error=self.error, moved=self.moved,
+            method=self.method, findings=tuple(self.findings),
         )

@@ -47,9 +47,10 @@ from gateway.proxy.asgi import ClientGone, Headers, Receive, Scope, Send, read_b
 from gateway.proxy.auth import Authenticator
 from gateway.proxy.errors import GatewayError, UpstreamConnectError, UpstreamError, from_upstream
 from gateway.proxy.exchange import Exchange
+from gateway.proxy.headers import response_headers
 from gateway.proxy.inbound import Endpoint, inject_usage, parse_inbound, parse_json
 from gateway.proxy.relay import RelayOutcome, relay, shutting_down, upstream_request_headers
-from gateway.proxy.session import resolve_session
+from gateway.proxy.session import resolve_session, session_header
 from gateway.proxy.target import client_request_id, forwarded_headers, upstream_target
 from gateway.proxy.upstream import Timeouts, Upstream, UpstreamResponse
 from gateway.replicas.fleet import Fleet, Replica, no_healthy
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.proxy.handler")
 
-_WANTED = (b"x-request-id", b"authorization", b"x-session-id", b"content-length")
+_WANTED = (b"x-request-id", b"authorization", b"content-length")
 
 
 class Proxy:
@@ -95,6 +96,7 @@ class Proxy:
         self.max_body = server.max_body_bytes
         self.body_idle_s = server.client_body_timeout_s
         self.retries = server.retries
+        self.session_headers = tuple(h.lower().encode("latin-1") for h in server.session_headers)
         self.timeouts = Timeouts(connect_s=server.connect_timeout_s, read_s=server.read_timeout_s)
         # Request ids: a random per-process prefix and a counter (32 hex digits, like a
         # uuid4 hex, unique without a random draw per request).
@@ -107,7 +109,7 @@ class Proxy:
                      ) -> None:
         """One proxied call: `endpoint` for the routed inference routes, None for any other
         `/v1/*` call (forwarded to the least busy replica serving its model)."""
-        rid_h, auth_h, session_h, length_h = request_headers(scope, _WANTED)
+        rid_h, auth_h, length_h = request_headers(scope, _WANTED)
         rid = client_request_id(rid_h) or f"{self._rid_prefix}{next(self._rid_seq):016x}"
         ex = Exchange(rid, self.clock(), self.timer(), endpoint or scope["path"][:200],
                       scope["method"])
@@ -127,7 +129,7 @@ class Proxy:
             if endpoint is None:
                 await self._forward_other(scope, send, raw, ex, headers)
             else:
-                await self._inference(scope, send, raw, endpoint, session_h, ex, headers)
+                await self._inference(scope, send, raw, endpoint, ex, headers)
         except GatewayError as err:
             ex.fail(err)
             if not ex.outcome.started:
@@ -160,15 +162,16 @@ class Proxy:
             task.cancel()
 
     async def _inference(
-        self, scope: Scope, send: Send, raw: bytes, endpoint: Endpoint, session_h: bytes | None,
-        ex: Exchange, headers: Headers,
+        self, scope: Scope, send: Send, raw: bytes, endpoint: Endpoint, ex: Exchange,
+        headers: Headers,
     ) -> None:
         inbound = parse_inbound(raw, endpoint)
         body = inbound.body
         # A name no replica serves is recorded (so labelled) as "unknown": bounded series.
         ex.model = inbound.model if self.fleet.known_model(inbound.model) else UNKNOWN_MODEL
         ex.stream = inbound.stream
-        ex.session = resolve_session(session_h, body)
+        ex.session = resolve_session(session_header(scope["headers"], self.session_headers),
+                                     body)
         candidates = self.fleet.candidates(inbound.model)
         view = body
         kind: Literal["chat", "completions"] = (
@@ -184,19 +187,10 @@ class Proxy:
         # parse_inbound has checked a chat or completions body more strictly than the
         # analyzer would; a converted view is checked again
         findings = self.analyzer.scan(view, kind, ex.session, ex.ts, validated=view is body)
-        if findings:
-            ex.findings = len(findings)
-            for f in findings:
-                self.metrics.hygiene_finding(f.kind, f.severity)
-            for f in self.analyzer.to_log(findings, ex.ts):
-                # `info` findings (a break in front of a short tail) cost almost nothing:
-                # debug level, so they do not drown the warnings.
-                level = logging.WARNING if f.severity == "warning" else logging.DEBUG
-                log.log(level, "hygiene finding", extra={
-                    "request_id": ex.request_id, "model": ex.model, **f.to_dict()})
-            value = self.analyzer.header_value(findings)
-            if value is not None:
-                headers.append((b"x-gateway-hygiene", value.encode()))
+        # logged, summed up and shown in /stats from the usage record (UsageRecorder)
+        ex.findings = findings
+        for f in findings:
+            self.metrics.hygiene_finding(f.kind, f.severity)
         inject = inbound.stream and not inbound.client_wants_usage
         changed = inject
         if inject:
@@ -219,6 +213,8 @@ class Proxy:
         ex.route, ex.predicted, ex.best = (
             decision.reason, decision.predicted_cached_tokens, decision.best_available_tokens)
         headers.append((b"x-gateway-route", decision.reason.encode()))
+        headers.extend(response_headers(decision.reason, decision.predicted_cached_tokens,
+                                        findings, enabled=self.analyzer.config.header))
         try:
             await self._attempts(scope, send, payload, decision.ranked, plan, inject, ex,
                                  headers)

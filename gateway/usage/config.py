@@ -31,6 +31,10 @@ class UsageConfig:
     # When a replica comes up (models known), send it two tiny completions (max_tokens 1)
     # to learn whether it reports cached_tokens before any client request does.
     startup_probe: bool = True
+    # /stats warns when one kind of hygiene finding puts at least this share of the last
+    # hour's prompt tokens at risk (warnings only), and lists this many latest findings.
+    hygiene_warn_share: float = 0.05
+    hygiene_latest: int = 10
 
     def __post_init__(self) -> None:
         if self.redis_maxlen <= 0:
@@ -39,5 +43,8 @@ class UsageConfig:
             raise ValueError("usage.queue_size and usage.batch_size must be positive")
         if self.scrape_interval_s <= 0 or self.bucket_s <= 0 or self.sink_retry_s < 0:
             raise ValueError("usage intervals must be positive")
+        if not 0 < self.hygiene_warn_share <= 1 or not 1 <= self.hygiene_latest <= 1000:
+            raise ValueError("usage.hygiene_warn_share must be in (0, 1] and "
+                             "usage.hygiene_latest in [1, 1000]")
         if not 0 < self.kv_warn <= self.kv_critical <= 1:
             raise ValueError("usage.kv_warn/kv_critical must satisfy 0 < warn <= critical <= 1")

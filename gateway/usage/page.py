@@ -2,34 +2,54 @@
 the `/stats` JSON in, one self-contained HTML document out (inline SVG, no script, no
 external resource, so it works behind any proxy and under a strict CSP).
 
-What it shows: the headline, the cached-token ratio over time (overall and per replica,
-one point per stats bucket), the ratio per replica, the windows and the warnings. Every
-text from the stats (replica, model and tenant names, warnings) is HTML-escaped.
+What it shows: the headline and the warnings, the replicas (health, in flight, queued,
+KV usage), the cached-token ratio over time (overall and per replica, one point per stats
+bucket; a stretch without requests is a gap in the line, not a slope), the ratio per
+replica, the windows, errors by status, the hygiene findings and, where `/stats` has one,
+the admission queue (tables in gateway.usage.panels). It reloads itself every
+`REFRESH_S` seconds with a meta refresh (no script). Every text from the stats (replica,
+model and tenant names, warnings, spans) is HTML-escaped.
 """
 
 from __future__ import annotations
 
-import html
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
+from gateway.usage import panels
+from gateway.usage.panels import esc as _e
+from gateway.usage.panels import pct as _pct
+
+REFRESH_S: Final = 10
 _W, _H, _PAD = 720, 240, 36
 _COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
             "#7f7f7f", "#bcbd22", "#17becf")
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.1%}"
+def runs(points: Sequence[Mapping[str, Any]], key: str | None, gap_s: float
+         ) -> list[list[Mapping[str, Any]]]:
+    """The points with a value under `key` (None: overall `cached_ratio`), cut into runs of
+    consecutive buckets: a bucket more than `gap_s` after the previous one starts a new run,
+    so idle time is drawn as a gap, not as a line between the last value and the next."""
+    out: list[list[Mapping[str, Any]]] = []
+    last: float | None = None
+    for p in points:
+        value = p.get("cached_ratio") if key is None else p.get("by_replica", {}).get(key)
+        if value is None:
+            last = None
+            continue
+        if last is None or p["ts"] - last > gap_s:
+            out.append([])
+        out[-1].append(p)
+        last = p["ts"]
+    return out
 
 
-def _e(x: object) -> str:
-    return html.escape(str(x), quote=True)
-
-
-def _line_chart(series: Sequence[Mapping[str, Any]]) -> str:
+def _line_chart(series: Sequence[Mapping[str, Any]], bucket_s: float) -> str:
     """Cached-token ratio per bucket: a thick line overall, a thin one per replica."""
     points = [p for p in series if p.get("cached_ratio") is not None]
+    gap_s = bucket_s * 1.5
     if not points:
         return "<p class=empty>No requests with cached-token counts yet.</p>"
     t0, t1 = points[0]["ts"], points[-1]["ts"]
@@ -49,14 +69,15 @@ def _line_chart(series: Sequence[Mapping[str, Any]]) -> str:
                      f'stroke="#ddd"/><text x="2" y="{y + 4:.1f}" font-size="11">'
                      f'{frac:.0%}</text>')
     for i, name in enumerate(replicas):
-        pts = " ".join(xy(p["ts"], p["by_replica"][name]) for p in points
-                       if p.get("by_replica", {}).get(name) is not None)
         colour = _COLOURS[i % len(_COLOURS)]
-        parts.append(f'<polyline class=replica data-replica="{_e(name)}" fill="none" '
-                     f'stroke="{colour}" stroke-width="1.2" points="{pts}"/>')
-    overall = " ".join(xy(p["ts"], p["cached_ratio"]) for p in points)
-    parts.append(f'<polyline class=overall fill="none" stroke="#000" stroke-width="2.5" '
-                 f'points="{overall}"/>')
+        for run in runs(points, name, gap_s):
+            pts = " ".join(xy(p["ts"], p["by_replica"][name]) for p in run)
+            parts.append(f'<polyline class=replica data-replica="{_e(name)}" fill="none" '
+                         f'stroke="{colour}" stroke-width="1.2" points="{pts}"/>')
+    for run in runs(points, None, gap_s):
+        overall = " ".join(xy(p["ts"], p["cached_ratio"]) for p in run)
+        parts.append(f'<polyline class=overall fill="none" stroke="#000" stroke-width="2.5" '
+                     f'points="{overall}"/>')
     for p in points:  # a dot per bucket, so a single bucket still shows
         cx, cy = xy(p["ts"], p["cached_ratio"]).split(",")
         parts.append(f'<circle cx="{cx}" cy="{cy}" r="2.5" fill="#000"/>')
@@ -96,8 +117,10 @@ def render_page(stats: Mapping[str, Any]) -> bytes:
         f"<tr><td>{_e(name)}</td><td>{w.get('requests', 0)}</td>"
         f"<td>{_pct(w.get('cached_ratio'))}</td><td>{_pct(w.get('available'))}</td>"
         f"<td>{_pct(w.get('captured'))}</td><td>{_pct(w.get('delivered'))}</td>"
-        f"<td>{_e((w.get('ttft') or {}).get('p99_ms') or 'n/a')}</td>"
-        f"<td>{_e(w.get('covered_s') if w.get('covered_s') is not None else 'all')}</td></tr>"
+        f"<td>{panels.num((w.get('ttft') or {}).get('p99_ms'))}</td>"
+        f"<td>{panels.num((w.get('latency') or {}).get('p99_ms'))}</td>"
+        f"<td>{_e(w.get('covered_s') if w.get('covered_s') is not None else 'since start')}"
+        "</td></tr>"
         for name, w in windows.items())
     warnings = "".join(f"<li>{_e(w)}</li>" for w in stats.get("warnings", [])) or \
         "<li class=none>none</li>"
@@ -105,10 +128,12 @@ def render_page(stats: Mapping[str, Any]) -> bytes:
     doc = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="refresh" content="{REFRESH_S}">
 <title>gateway stats</title>
 <style>
 body {{ font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 780px }}
-h1 {{ font-size: 20px }} h2 {{ font-size: 16px; margin-top: 28px }}
+h1 {{ font-size: 20px }} h2 {{ font-size: 16px; margin-top: 28px }} h3 {{ font-size: 14px }}
+.down, .critical {{ color: #b00; font-weight: bold }} .warn {{ color: #b60 }}
 table {{ border-collapse: collapse }} td, th {{ padding: 3px 10px; border-bottom: 1px solid #eee;
 text-align: right }} td:first-child, th:first-child {{ text-align: left }}
 .headline {{ font-size: 16px; background: #f4f8fb; padding: 10px 14px; border-radius: 6px }}
@@ -116,14 +141,22 @@ text-align: right }} td:first-child, th:first-child {{ text-align: left }}
 </style></head><body>
 <h1>Cache-aware gateway</h1>
 <p class=headline id=headline>{_e(head.get("text", ""))}</p>
+<h2>Warnings</h2><ul id=warnings>{warnings}</ul>
+<h2>Replicas</h2>
+{panels.replicas(stats.get("replicas") or {})}
 <h2>Cached-token ratio over time</h2>
-{_line_chart(stats.get("series", []))}
+{_line_chart(stats.get("series", []), float(stats.get("bucket_s") or 10.0))}
 <h2>Cached-token ratio per replica (since start)</h2>
 {_replica_bars(by_replica)}
 <h2>Windows</h2>
 <table><tr><th>window</th><th>requests</th><th>cached</th><th>available</th><th>captured</th>
-<th>delivered</th><th>TTFT p99 ms</th><th>covered s</th></tr>{rows}</table>
-<h2>Warnings</h2><ul id=warnings>{warnings}</ul>
+<th>delivered</th><th>TTFT p99 ms (streamed)</th><th>latency p99 ms</th><th>covered s</th>
+</tr>{rows}</table>
+<h2>Errors</h2>
+{panels.errors(windows)}
+<h2>Hygiene: why prompts miss the cache</h2>
+{panels.hygiene(stats.get("hygiene"))}
+{panels.admission(stats.get("admission"))}
 <p class=empty>JSON: <a href="/stats">/stats</a> &middot;
 Prometheus: <a href="/metrics">/metrics</a></p>
 </body></html>

@@ -4,13 +4,16 @@ the sinks, the metrics and the stats windows.
 One record per proxied request, whatever its outcome: `status` is the HTTP status the
 client saw (or 499 when the client went away first). `cached_tokens` is exactly what the
 engine reported (`usage.prompt_tokens_details.cached_tokens`), `None` when it reported
-nothing; a reported 0 stays 0.
+nothing; a reported 0 stays 0. `hygiene` counts the request's hygiene findings and
+`findings` lists them (design.md section 4 schema).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any, Final
+
+from gateway.hygiene.finding import Finding
 
 ENDPOINT_KINDS: Final = frozenset({"chat", "completions", "responses", "messages"})
 
@@ -40,6 +43,9 @@ class UsageRecord:
     # (unavailable | evicted | load); None when it stayed or had none.
     moved: str | None = None
     method: str = "POST"  # the client's HTTP method (not POST only for forwarded calls)
+    # The findings themselves (at most 16, spans redacted unless configured otherwise):
+    # what /stats aggregates and what `gateway lint` reads back from a usage log.
+    findings: tuple[Finding, ...] = ()
 
     @property
     def endpoint_kind(self) -> str:

@@ -18,21 +18,33 @@ KV-usage levels (`kv_warn`/`kv_critical` of the config) and the capacity the rou
 with its source (`effective_capacity`: the engine's `cache_config_info`, else the replica's
 configured `capacity_tokens`, else the routing default), sink counters and a `warnings`
 list of plain sentences.
+
+Hygiene: each record's findings feed the windows (by kind, model, tenant; see
+gateway.usage.findings) and the ring of the latest few; `/stats` shows them in its
+`hygiene` section (over the last hour) and warns about every kind whose warnings put at
+least `hygiene_warn_share` of the hour's prompt tokens at risk. Findings are logged here,
+one line each as `LogLimiter` admits them, and what it held back as one summary line per
+`log_interval_s` (on the next record after it is due, and from a timer while the recorder
+runs, so a burst that stops is still summed up).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from gateway.extras import require
+from gateway.hygiene.lograte import LogLimiter
 from gateway.usage.access import log_access
 from gateway.usage.config import UsageConfig
 from gateway.usage.details import CachedTokensReporting, missing_cached_tokens_warning
+from gateway.usage.findings import LatestFindings, costly_kinds
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.record import UsageRecord
 from gateway.usage.sinks import FileSink, Sink, SinkPump, StdoutSink
@@ -40,6 +52,7 @@ from gateway.usage.snapshot import EngineSnapshot
 from gateway.usage.stats import UsageWindows
 
 log = logging.getLogger("gateway.usage")
+hygiene_log = logging.getLogger("gateway.hygiene")
 
 _ERROR_LOG_EVERY_S = 60.0
 
@@ -94,7 +107,11 @@ class UsageRecorder:
         sinks: list[Sink] | None = None,
         access_log: bool = False,
         started_at: float | None = None,
+        finding_log: LogLimiter | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """`finding_log`: the limiter hygiene log lines pass (None: findings are not
+        logged); `clock`: wall time for the summary timer (records carry their own)."""
         self._access_log = access_log
         self._started_at = started_at  # no stats window reaches back before this
         self._config = config
@@ -115,6 +132,10 @@ class UsageRecorder:
             tpot_target_ms=config.tpot_target_ms,
         )
         self._details = CachedTokensReporting()
+        self._latest = LatestFindings(config.hygiene_latest)
+        self._finding_log = finding_log
+        self._clock = clock
+        self._summary_task: asyncio.Task[None] | None = None
         self._record_errors = 0
         self._last_error_log = -_ERROR_LOG_EVERY_S
 
@@ -129,10 +150,43 @@ class UsageRecorder:
     async def start(self) -> None:
         for pump in self._pumps:
             pump.start()
+        if self._finding_log is not None and self._finding_log.interval_s > 0:
+            self._summary_task = asyncio.create_task(self._summaries(
+                self._finding_log.interval_s))
 
     async def aclose(self) -> None:
+        if self._summary_task is not None:
+            self._summary_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._summary_task
+            self._summary_task = None
+        self._log_summary(self._clock() + self._finding_log.interval_s
+                          if self._finding_log is not None else 0.0)
         for pump in self._pumps:
             await pump.aclose()
+
+    async def _summaries(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            self._log_summary(self._clock())
+
+    def _log_summary(self, now: float) -> None:
+        if self._finding_log is None:
+            return
+        summary = self._finding_log.summary(now)
+        if summary is not None:
+            warn = any(h.severity == "warning" for h in summary.held)
+            hygiene_log.log(logging.WARNING if warn else logging.INFO, "%s", summary.text(),
+                            extra={"suppressed": summary.findings})
+
+    def _log_findings(self, rec: UsageRecord) -> None:
+        assert self._finding_log is not None
+        for f in self._finding_log.admit(rec.findings, rec.ts):
+            # `info` findings (a break in front of a short tail) cost almost nothing:
+            # debug level, so they do not drown the warnings.
+            level = logging.WARNING if f.severity == "warning" else logging.DEBUG
+            hygiene_log.log(level, "hygiene finding", extra={
+                "request_id": rec.request_id, "model": rec.model, **f.to_dict()})
 
     def record(self, rec: UsageRecord) -> None:
         """Account one finished request. Never blocks, never raises to the caller."""
@@ -141,6 +195,11 @@ class UsageRecorder:
                 log_access(rec)
             self._metrics.observe(rec)
             self._windows.add(rec)
+            if rec.findings:
+                self._latest.add(rec)
+                if self._finding_log is not None:
+                    self._log_findings(rec)
+            self._log_summary(rec.ts)
             if self._details.add(rec):
                 log.warning("%s", missing_cached_tokens_warning(rec.replica or ""))
             if self._pumps:
@@ -194,6 +253,16 @@ class UsageRecorder:
             reps[name] = _replica_json(snap, level, self._details.reports(name), capacity)
         windows = self._windows.windows(now, self._started_at)
         recent = windows["5m"]
+        hour = windows["1h"]
+        hygiene = {"window": "1h", "covered_s": hour["covered_s"],
+                   "prompt_tokens": hour["prompt_tokens"], **hour["hygiene"],
+                   "warn_share": cfg.hygiene_warn_share, "latest": self._latest.rows()}
+        for row in costly_kinds(hour["hygiene"], cfg.hygiene_warn_share):
+            warnings.append(
+                f"hygiene: {row['kind']} findings put {row['share_of_prompt_tokens']:.0%} of "
+                f"the last hour's prompt tokens at risk ({row['tokens_at_risk']} of "
+                f"{hour['prompt_tokens']} tokens, {row['requests']} request(s)); the latest "
+                "are under hygiene.latest in /stats")
         for key, label in (("ttft", "TTFT"), ("tpot", "TPOT")):
             fig = recent[key]
             if fig["ok"] is False:
@@ -221,6 +290,8 @@ class UsageRecorder:
             "replicas": reps,
             "sinks": sinks,
             "warnings": warnings,
+            "hygiene": hygiene,
+            "bucket_s": self._windows.bucket_s,
             "series": self._windows.series(),
         }
 
@@ -233,7 +304,15 @@ def headline(now: float, started_at: float | None, windows: Mapping[str, Any],
     def pct(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.1%}"
 
+    # TTFT is measured on streamed answers only; without any, latency is what there is.
     ttft = recent["ttft"]["p99_ms"]
+    latency = recent["latency"]["p99_ms"]
+    if ttft is not None:
+        speed = f"TTFT p99 {ttft:.0f} ms (streamed, 5 min)"
+    elif latency is not None:
+        speed = f"latency p99 {latency:.0f} ms (5 min)"
+    else:
+        speed = "no answers in the last 5 min"
     return {
         "uptime_s": None if started_at is None else round(now - started_at, 1),
         "requests": total["requests"],
@@ -241,11 +320,12 @@ def headline(now: float, started_at: float | None, windows: Mapping[str, Any],
         "cached_ratio": total["cached_ratio"],
         "cached_ratio_last_5m": recent["cached_ratio"],
         "ttft_p99_ms_last_5m": ttft,
+        "latency_p99_ms_last_5m": latency,
         "replicas": len(replicas),
         "warnings": len(warnings),
         "text": (f"{total['requests']} requests, {pct(total['cached_ratio'])} of prompt "
                  f"tokens served from cache ({pct(recent['cached_ratio'])} in the last 5 min), "
-                 f"TTFT p99 {'n/a' if ttft is None else f'{ttft:.0f} ms'} (5 min), "
+                 f"{speed}, "
                  f"{len(warnings)} warning(s)"),
     }
 

@@ -10,9 +10,14 @@ prompt + completion length, TTFT, TPOT). Only the buckets of the last `horizon_s
 `archive` bucket, so "since start" = archive + live buckets and nothing grows with the
 number of requests (only with label cardinality and the sketches' bounded bucket count).
 
-Window `W` at `now` covers every bucket whose end lies after `now - W`: at least `W`
-seconds, at most `W + bucket_s`; each summary says which span it really covers
-(`covered_s`). Records stamped after `now` are included.
+Window `W` at `now` covers every bucket that starts at or after `now - W`: more than
+`W - bucket_s` seconds, never more than `W` (a "1m" window never reaches back further
+than a minute); each summary says which span it really covers (`covered_s`, `from_ts`,
+`to_ts`). Records stamped after `now` are included.
+
+Requests the gateway answered itself, before any replica was chosen (no healthy replica,
+unknown model, a malformed body: `replica` None), are counted in `gateway_rejected` by
+status, never as a replica of their own.
 
 Figures (all token-weighted sums over the window, never averages of per-request ratios):
 - cached_ratio = sum(cached) / sum(prompt), over records whose engine reported both.
@@ -25,10 +30,13 @@ Figures (all token-weighted sums over the window, never averages of per-request 
   made before tokenization can overshoot it) and predicted at best.
   Records with `cached_tokens` None are excluded from cached_ratio and delivered, and
   counted in `records_without_cached_tokens`.
-- Percentiles: prompt tokens P50/P95/P99; TTFT P99 (records with status < 400); TPOT P99,
+- Percentiles: prompt tokens P50/P95/P99; latency P50/P99 (every record with status <
+  400); TTFT P99 over streamed records only (status < 400): a non-streamed answer arrives
+  in one piece, its first byte is its last, so its "TTFT" would be its latency; TPOT P99,
   TPOT = (latency - ttft) / (completion_tokens - 1) for streamed requests with
-  completion_tokens > 1 (a non-streamed answer's first byte is its last: no TPOT). Sketch
-  accuracy is 1% relative.
+  completion_tokens > 1. Sketch accuracy is 1% relative.
+- Hygiene (gateway.usage.findings): findings by kind and severity with the prompt tokens
+  they put at risk and their share of the window's prompt tokens, by model and by tenant.
 - max_model_len_suggestion = ceil(P99(prompt + completion) * 1.2 / 1024) * 1024: room for
   99% of the observed requests plus 20% headroom, in the 1024-token steps operators use.
 """
@@ -38,6 +46,7 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
+from gateway.usage.findings import FindingTally
 from gateway.usage.record import UsageRecord
 from gateway.usage.sketch import QuantileSketch
 
@@ -140,11 +149,12 @@ def _ratio(num: int, den: int) -> float | None:
     return None if den <= 0 else num / den
 
 
-Key = tuple[str, str, str]  # model, replica, tenant
+Key = tuple[str, str | None, str]  # model, replica (None: the gateway answered), tenant
 
 
 class Bucket:
-    __slots__ = ("endpoints", "prompt", "total_len", "totals", "tpot", "ttft")
+    __slots__ = ("endpoints", "findings", "latency", "prompt", "total_len", "totals", "tpot",
+                 "ttft")
 
     def __init__(self) -> None:
         self.totals: dict[Key, Totals] = {}
@@ -153,9 +163,11 @@ class Bucket:
         self.total_len = QuantileSketch()
         self.ttft = QuantileSketch()
         self.tpot = QuantileSketch()
+        self.latency = QuantileSketch()
+        self.findings = FindingTally()
 
     def add(self, rec: UsageRecord) -> None:
-        key = (rec.model or NONE_KEY, rec.replica or NONE_KEY, rec.tenant or NONE_KEY)
+        key = (rec.model or NONE_KEY, rec.replica or None, rec.tenant or NONE_KEY)
         totals = self.totals.get(key)
         if totals is None:
             totals = self.totals[key] = Totals()
@@ -169,8 +181,11 @@ class Bucket:
             self.prompt.add(rec.prompt_tokens)
             self.total_len.add(rec.prompt_tokens + (rec.completion_tokens or 0))
         ttft = rec.ttft_ms
-        if ttft is not None and rec.status < 400:
-            self.ttft.add(ttft)
+        if rec.status < 400:
+            self.latency.add(rec.latency_ms)
+            if ttft is not None and rec.stream:
+                self.ttft.add(ttft)
+        self.findings.add(rec)
         completion = rec.completion_tokens
         if rec.stream and ttft is not None and completion is not None and completion > 1:
             self.tpot.add((rec.latency_ms - ttft) / (completion - 1))
@@ -190,6 +205,8 @@ class Bucket:
         self.total_len.merge(o.total_len)
         self.ttft.merge(o.ttft)
         self.tpot.merge(o.tpot)
+        self.latency.merge(o.latency)
+        self.findings.merge(o.findings)
 
 
 def max_model_len_suggestion(p99_total_tokens: float | None) -> int | None:
@@ -257,15 +274,20 @@ class UsageWindows:
         out = Bucket()
         if window_s is None:
             out.merge(self._archive)
-        start = None if window_s is None else now - window_s
+        start = None if window_s is None else self.covered_from(now, window_s)
         for idx, bucket in self._buckets.items():
-            if start is None or (idx + 1) * self._bucket_s > start:
+            if start is None or idx * self._bucket_s >= start:
                 out.merge(bucket)
         return out
 
     def covered_from(self, now: float, window_s: float) -> float:
-        """Start of the span window `window_s` really covers (a bucket boundary)."""
-        return math.floor((now - window_s) / self._bucket_s) * self._bucket_s
+        """Start of the span window `window_s` really covers: the first bucket boundary at
+        or after `now - window_s`."""
+        return math.ceil((now - window_s) / self._bucket_s) * self._bucket_s
+
+    @property
+    def bucket_s(self) -> float:
+        return self._bucket_s
 
     def summary(self, now: float, window_s: float | None, since: float | None = None
                 ) -> dict[str, Any]:
@@ -273,9 +295,14 @@ class UsageWindows:
         b = self.merged(now, window_s)
         overall = Totals()
         dims: dict[str, dict[str, Totals]] = {"model": {}, "replica": {}, "tenant": {}}
+        rejected = Totals()
         for (model, replica, tenant), t in b.totals.items():
             overall.merge(t)
+            if replica is None:
+                rejected.merge(t)
             for dim, name in (("model", model), ("replica", replica), ("tenant", tenant)):
+                if name is None:
+                    continue
                 agg = dims[dim].get(name)
                 if agg is None:
                     agg = dims[dim][name] = Totals()
@@ -286,7 +313,12 @@ class UsageWindows:
         if since is not None:
             start = since if start is None else max(start, since)
         out["covered_s"] = None if start is None else round(max(0.0, now - start), 3)
+        out["from_ts"] = start
+        out["to_ts"] = now
         out["by_status"] = {str(k): n for k, n in sorted(overall.status.items())}
+        out["gateway_rejected"] = {
+            "requests": rejected.requests,
+            "by_status": {str(k): n for k, n in sorted(rejected.status.items())}}
         for dim, groups in dims.items():
             out[f"by_{dim}"] = {name: groups[name].figures() for name in sorted(groups)}
         out["by_endpoint"] = {k: b.endpoints[k].figures() for k in sorted(b.endpoints)}
@@ -298,6 +330,11 @@ class UsageWindows:
         }
         out["total_tokens_p99"] = _round(p99_total, 1)
         out["max_model_len_suggestion"] = max_model_len_suggestion(p99_total)
+        out["latency"] = {
+            "p50_ms": _round(b.latency.quantile(0.50)),
+            "p99_ms": _round(b.latency.quantile(0.99)),
+            "samples": b.latency.count,
+        }
         ttft99, tpot99 = b.ttft.quantile(0.99), b.tpot.quantile(0.99)
         out["ttft"] = {
             "p99_ms": _round(ttft99),
@@ -311,6 +348,7 @@ class UsageWindows:
             "ok": None if tpot99 is None else tpot99 <= self._tpot_target,
             "samples": b.tpot.count,
         }
+        out["hygiene"] = b.findings.figures(overall.prompt)
         return out
 
     def windows(self, now: float, since: float | None = None) -> dict[str, dict[str, Any]]:
@@ -326,6 +364,8 @@ class UsageWindows:
             replicas: dict[str, Totals] = {}
             for (_, replica, _), t in bucket.totals.items():
                 overall.merge(t)
+                if replica is None:
+                    continue
                 agg = replicas.get(replica)
                 if agg is None:
                     agg = replicas[replica] = Totals()

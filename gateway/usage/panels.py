@@ -1,0 +1,168 @@
+"""The tables of the `/stats` page (gateway.usage.page), each a pure function of a part of
+the `/stats` JSON that returns an HTML fragment. Every text taken from the stats is
+HTML-escaped; a part that is absent or empty says so instead of drawing an empty table.
+
+- `replicas`: health, in-flight, running and waiting requests, KV-cache usage and level.
+- `errors`: answers by status of 400 and above per window, the gateway's own apart.
+- `hygiene`: findings by kind with the prompt tokens at risk and their share, by model and
+  tenant, and the latest few with their place (message index, character offset) and span.
+- `admission`: the gateway queue (queued per class, shed per reason, waits, admitted
+  tokens per tenant), only where `/stats` has an `admission` section.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+
+def esc(x: object) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def num(x: object) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        return f"{x:.1f}"
+    return esc(x)
+
+
+def _table(table_id: str, head: Sequence[str], rows: Iterable[str], empty: str) -> str:
+    body = "".join(rows)
+    if not body:
+        return f'<p class=empty id="{table_id}">{esc(empty)}</p>'
+    th = "".join(f"<th>{esc(h)}</th>" for h in head)
+    return f'<table id="{table_id}"><tr>{th}</tr>{body}</table>'
+
+
+def replicas(reps: Mapping[str, Mapping[str, Any]]) -> str:
+    rows = []
+    for name, r in sorted(reps.items()):
+        healthy = r.get("healthy")
+        state = "unknown" if healthy is None else "up" if healthy else "DOWN"
+        level = r.get("kv_level", "unknown")
+        rows.append(
+            f'<tr class="replica {esc(state.lower())}" data-replica="{esc(name)}">'
+            f"<td>{esc(name)}</td><td class=health>{esc(state)}</td>"
+            f"<td>{num(r.get('in_flight'))}</td><td>{num(r.get('requests_running'))}</td>"
+            f"<td>{num(r.get('requests_waiting'))}</td>"
+            f"<td class=kv>{pct(r.get('kv_cache_usage'))}</td>"
+            f'<td class="level {esc(level)}">{esc(level)}</td></tr>')
+    return _table("replicas", ("replica", "health", "in flight", "running", "waiting",
+                               "KV cache used", "KV level"), rows, "No replica configured.")
+
+
+def errors(windows: Mapping[str, Mapping[str, Any]]) -> str:
+    rows = []
+    for name, w in windows.items():
+        bad = {s: n for s, n in (w.get("by_status") or {}).items() if s.isdigit() and int(s) >= 400}
+        if not bad:
+            continue
+        own = (w.get("gateway_rejected") or {}).get("by_status") or {}
+        cells = ", ".join(f"{esc(s)}: {esc(n)}" + (f" ({esc(own[s])} by the gateway)"
+                                                  if own.get(s) else "")
+                          for s, n in sorted(bad.items()))
+        rows.append(f"<tr><td>{esc(name)}</td><td>{esc(sum(bad.values()))}</td>"
+                    f"<td>{w.get('requests', 0)}</td><td>{cells}</td></tr>")
+    return _table("errors", ("window", "errors", "requests", "by status"), rows,
+                  "No errors.")
+
+
+def _kind_rows(rows: Sequence[Mapping[str, Any]], share: bool) -> list[str]:
+    out = []
+    for r in rows:
+        extra = f"<td>{pct(r.get('share_of_prompt_tokens'))}</td>" if share else ""
+        out.append(f'<tr class=kind data-kind="{esc(r.get("kind"))}" '
+                   f'data-severity="{esc(r.get("severity"))}"><td>{esc(r.get("kind"))}</td>'
+                   f"<td>{esc(r.get('severity'))}</td><td>{esc(r.get('findings'))}</td>"
+                   f"<td>{esc(r.get('requests'))}</td><td>{esc(r.get('tokens_at_risk'))}</td>"
+                   f"{extra}</tr>")
+    return out
+
+
+def _grouped(groups: Mapping[str, Sequence[Mapping[str, Any]]], label: str, table_id: str
+             ) -> str:
+    rows = [f"<tr><td>{esc(name)}</td><td>{esc(r.get('kind'))}</td>"
+            f"<td>{esc(r.get('severity'))}</td><td>{esc(r.get('findings'))}</td>"
+            f"<td>{esc(r.get('tokens_at_risk'))}</td></tr>"
+            for name, kinds in sorted(groups.items()) for r in kinds]
+    return _table(table_id, (label, "kind", "severity", "findings", "tokens at risk"), rows,
+                  f"No findings by {label}.")
+
+
+def _latest_rows(latest: Sequence[Mapping[str, Any]]) -> list[str]:
+    out = []
+    for f in latest:
+        index = f.get("message_index")
+        place = f.get("role") if index is None else index
+        ts = f.get("ts")
+        when = time.strftime("%H:%M:%S", time.gmtime(ts)) if isinstance(ts, int | float) else ""
+        out.append(
+            f'<tr class=finding data-kind="{esc(f.get("kind"))}" data-message="{esc(place)}" '
+            f'data-offset="{esc(f.get("char_offset"))}" '
+            f'data-tokens="{esc(f.get("tokens_at_risk"))}"><td>{esc(when)}</td>'
+            f"<td>{esc(f.get('model'))}</td><td>{esc(f.get('kind'))}</td>"
+            f"<td>{esc(f.get('severity'))}</td><td>{esc(f.get('evidence'))}</td>"
+            f"<td>{esc(place)}</td><td>{esc(f.get('char_offset'))}</td>"
+            f"<td>{esc(f.get('tokens_at_risk'))}</td><td><code>{esc(f.get('span'))}</code>"
+            "</td></tr>")
+    return out
+
+
+def hygiene(section: Mapping[str, Any] | None) -> str:
+    if not section:
+        return '<p class=empty id="hygiene">No hygiene figures.</p>'
+    covered = section.get("covered_s")
+    head = (f'<p id="hygiene">{esc(section.get("findings", 0))} finding(s), '
+            f'{esc(section.get("tokens_at_risk", 0))} prompt tokens at risk of '
+            f'{esc(section.get("prompt_tokens", 0))} over the last '
+            f'{esc(section.get("window", ""))} ({num(covered)} s covered); a kind is a warning '
+            f"from {pct(section.get('warn_share'))} of the prompt tokens.</p>")
+    kinds = _table("hygiene-kinds", ("kind", "severity", "findings", "requests",
+                                     "tokens at risk", "share of prompt tokens"),
+                   _kind_rows(section.get("by_kind") or [], True), "No findings.")
+    latest = _table("hygiene-latest", ("time UTC", "model", "kind", "severity", "evidence",
+                                       "message", "offset", "tokens at risk", "span"),
+                    _latest_rows(section.get("latest") or []), "No findings yet.")
+    return (head + kinds + "<h3>Latest findings</h3>" + latest + "<h3>By model</h3>"
+            + _grouped(section.get("by_model") or {}, "model", "hygiene-models")
+            + "<h3>By tenant</h3>"
+            + _grouped(section.get("by_tenant") or {}, "tenant", "hygiene-tenants"))
+
+
+def admission(section: Mapping[str, Any] | None) -> str:
+    """The gateway queue; empty when `/stats` has no `admission` section."""
+    if section is None:
+        return ""
+    enabled = bool(section.get("enabled"))
+    queued: Mapping[str, Any] = section.get("queued") or {}
+    shed: Mapping[str, Any] = section.get("shed") or {}
+    waits: Mapping[str, Mapping[str, Any]] = section.get("wait_ms") or {}
+    tokens: Mapping[str, Any] = section.get("admitted_tokens") or {}
+    classes = sorted(set(queued) | set(waits))
+    rows = [f'<tr data-class="{esc(c)}"><td>{esc(c)}</td><td>{num(queued.get(c, 0))}</td>'
+            f"<td>{num((waits.get(c) or {}).get('p50'))}</td>"
+            f"<td>{num((waits.get(c) or {}).get('p99'))}</td></tr>" for c in classes]
+    shed_rows = [f'<tr data-reason="{esc(r)}"><td>{esc(r)}</td><td>{num(n)}</td></tr>'
+                 for r, n in sorted(shed.items())]
+    tenant_rows = [f"<tr><td>{esc(t)}</td><td>{num(n)}</td></tr>"
+                   for t, n in sorted(tokens.items())]
+    return (f'<h2>Admission</h2><p id="admission">Gateway queue '
+            f'{"enabled" if enabled else "disabled"}; {sum(_ints(queued.values()))} queued, '
+            f"{sum(_ints(shed.values()))} shed.</p>"
+            + _table("admission-queued", ("class", "queued", "wait p50 ms", "wait p99 ms"),
+                     rows, "Nothing queued.")
+            + _table("admission-shed", ("reason", "shed"), shed_rows, "Nothing shed.")
+            + _table("admission-tenants", ("tenant", "admitted tokens"), tenant_rows,
+                     "No tokens admitted yet."))
+
+
+def _ints(values: Iterable[Any]) -> Iterable[int]:
+    return (v for v in values if isinstance(v, int) and not isinstance(v, bool))
