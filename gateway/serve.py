@@ -7,8 +7,12 @@ Settings come from `--config FILE` (TOML), `GATEWAY_*` environment variables and
 that are no setting are logged once at start and otherwise ignored. `--backend URL`
 (repeatable) replaces the configured replicas. With no replica at all, an embedded
 simulator (`SimCluster`, 4 replicas on free loopback ports) is started in the same process
-and fronted: `gateway serve` alone is a working demo. Invalid settings, or a configured
-feature whose extra is not installed, print one line and exit with status 2.
+and fronted: `gateway serve` alone is a working demo; its replicas start as a vLLM
+deployment for agents does (`--enable-auto-tool-choice --tool-call-parser hermes`), so
+clients that send `tools` work as they would against that deployment. Invalid settings, a
+configured feature whose extra is not installed, or a listen address that cannot be bound
+(a port in use) print one line and exit with status 2: the gateway binds its socket
+itself, before anything else starts, and hands it to uvicorn.
 
 Shutdown (SIGTERM, SIGINT): the listening socket closes at once (new connections are
 refused), idle keep-alive connections close, requests in flight run on for up to
@@ -131,10 +135,37 @@ class DrainingServer(uvicorn.Server):
                 loop.remove_signal_handler(sig)
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The bound listening socket (as uvicorn binds one), or OSError."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 async def serve(settings: Settings) -> int:
+    host, port = settings.server.host, settings.server.port
+    try:
+        sock = listen_socket(host, port)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        print(f"gateway serve: cannot listen on {host}:{port}: {why} (server.port, --port)",
+              file=sys.stderr)
+        return 2
+    with sock:
+        return await _serve(settings, sock)
+
+
+async def _serve(settings: Settings, sock: socket.socket) -> int:
     cluster = None
     if not settings.replicas:
-        from gateway.sim.cluster import SimCluster, SimOptions
+        from gateway.sim.cluster import AGENT_TOOL_CALL_PARSER, SimCluster, SimOptions
         from gateway.sim.kvpublish import KVEventsOptions
 
         # With `[tokens] models = {"<model>" = "sim"}` the embedded replicas serve that
@@ -143,7 +174,8 @@ async def serve(settings: Settings) -> int:
         sim_models = [m for m, where in settings.tokens.models.items() if where == SIM]
         n = EMBEDDED_REPLICAS
         base = free_port_run(3 * n if sim_models else n)
-        options = SimOptions(replicas=n, port=base, block_size=settings.tokens.block_size)
+        options = SimOptions(replicas=n, port=base, block_size=settings.tokens.block_size,
+                             tool_call_parser=AGENT_TOOL_CALL_PARSER)
         if sim_models:
             options = dataclasses.replace(options, model=sim_models[0],
                                           kv_events=KVEventsOptions(port=base + n))
@@ -164,7 +196,7 @@ async def serve(settings: Settings) -> int:
             timeout_graceful_shutdown=settings.server.shutdown_grace_s,
         )
         server = DrainingServer(config)
-        serving = asyncio.ensure_future(server.serve())
+        serving = asyncio.ensure_future(server.serve(sockets=[sock]))
         # "Started" only once the port is bound (uvicorn sets `started` after the bind), so
         # an "address already in use" is never preceded by it.
         while not server.started and not serving.done():
@@ -172,7 +204,7 @@ async def serve(settings: Settings) -> int:
         if server.started:
             services = app.services
             log.info("gateway started", extra={
-                "listen": f"http://{settings.server.host}:{settings.server.port}",
+                "listen": f"http://{settings.server.host}:{sock.getsockname()[1]}",
                 "replicas": [r.name for r in settings.replicas],
                 "healthy": [r.name for r in services.fleet.healthy()] if services else [],
                 "policy": settings.routing.policy,

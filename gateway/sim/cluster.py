@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import uvicorn
 
@@ -26,6 +26,10 @@ from gateway.sim.replica import Replica
 from gateway.sim.responses import CURRENT, Contract
 from gateway.sim.steptime import StepTimeModel
 from gateway.sim.tokenizer import Tokenizer
+
+# The tool-call parser a vLLM deployment for agents names with --enable-auto-tool-choice:
+# hermes is vLLM's parser for the Qwen2.5 models the simulator impersonates by default.
+AGENT_TOOL_CALL_PARSER: Final = "hermes"
 
 
 @dataclass(frozen=True, kw_only=True)
