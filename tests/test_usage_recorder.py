@@ -223,3 +223,60 @@ def test_startup_probe_verdict_overrides_both_ways(caplog: pytest.LogCaptureFixt
     assert len(logged) == 2 and all("--enable-prompt-tokens-details" in x.getMessage()
                                     for x in logged)
     assert r.stats(5.0, {})["windows"]["all"]["requests"] == 1  # only the real record
+
+
+def _ts_finding(tokens: int = 800) -> Any:
+    from gateway.hygiene.finding import Finding
+
+    return Finding("timestamp", "warning", "pattern", 0, "system", 23, "<timestamp:19 chars>",
+                   tokens, None)
+
+
+async def test_findings_held_back_are_summed_up_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An agent sending the same timestamped prompt every 5 s: one line for the first, then
+    one summary a minute (on the next record once due, and from the timer while the
+    recorder runs), never silence."""
+    from gateway.hygiene.lograte import LogLimiter
+
+    wall = [1000.0]
+    r = UsageRecorder(UsageConfig(), GatewayMetrics(), finding_log=LogLimiter(60.0, 20, 100),
+                      clock=lambda: wall[0])
+    with caplog.at_level(logging.DEBUG, logger="gateway.hygiene"):
+        for i in range(13):  # 1000 .. 1060
+            r.record(rec(ts=1000.0 + 5 * i, findings=(_ts_finding(),)))
+        lines = [x.getMessage() for x in caplog.records]
+        # the first at 1000 and, its minute over, the same at 1060; the 11 between summed up
+        assert lines == ["hygiene finding", "hygiene finding",
+                         "11 more hygiene finding(s) in the last 60 s, not logged one by "
+                         "one: timestamp (warning) x11, 8800 tokens at risk"]
+        caplog.clear()
+        # three more, then the traffic stops: the timer sums them up
+        for i in range(3):
+            r.record(rec(ts=1061.0 + i, findings=(_ts_finding(),)))
+        await r.start()
+        wall[0] = 1200.0
+        r._log_summary(wall[0])  # what the timer calls; its period is log_interval_s
+        await r.aclose()
+    assert [x.getMessage() for x in caplog.records] == [
+        "3 more hygiene finding(s) in the last 140 s, not logged one by one: timestamp "
+        "(warning) x3, 2400 tokens at risk"]
+
+
+def test_stats_hygiene_section_and_warning() -> None:
+    r = UsageRecorder(UsageConfig(hygiene_warn_share=0.5, hygiene_latest=2), GatewayMetrics())
+    for i in range(3):
+        r.record(rec(ts=1000.0 + i, request_id=f"r{i}", prompt_tokens=1000,
+                     findings=(_ts_finding(800 - i),)))
+    s = r.stats(1010.0, {})
+    h = s["hygiene"]
+    assert [f["request_id"] for f in h["latest"]] == ["r2", "r1"]
+    assert h["latest"][0]["char_offset"] == 23 and h["latest"][0]["tokens_at_risk"] == 798
+    assert h["by_kind"][0]["share_of_prompt_tokens"] == pytest.approx(2397 / 3000, abs=1e-4)
+    assert [w for w in s["warnings"] if w.startswith("hygiene:")] == [
+        "hygiene: timestamp findings put 80% of the last hour's prompt tokens at risk (2397 of "
+        "3000 tokens, 3 request(s)); the latest are under hygiene.latest in /stats"]
+    quiet = UsageRecorder(UsageConfig(hygiene_warn_share=0.9), GatewayMetrics())
+    quiet.record(rec(ts=1000.0, prompt_tokens=1000, findings=(_ts_finding(800),)))
+    assert not any(w.startswith("hygiene:") for w in quiet.stats(1010.0, {})["warnings"])
