@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="wall seconds per workload second (e.g. 1/sim speed)")
     run.add_argument("--tokenize-url", type=base_url,
                      help="a vLLM replica whose /tokenize computes the cache bound (default: "
-                     "the base URL; a gateway does not serve /tokenize, so name a replica)")
+                     "a healthy replica the gateway names in its /stats, else the base URL)")
     _workload_flags(run)
 
     rep = sub.add_parser("replay", help="replay a Mooncake trace")
@@ -240,7 +240,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     workload = build_workload(preset.workload)
     try:
         facts = asyncio.run(probe(args.base_url, args.model, [args.tokenize_url or args.base_url],
-                                  sample=sample_body(workload)))
+                                  sample=sample_body(workload),
+                                  discover=args.tokenize_url is None))
     except _UNREACHABLE as e:
         print(f"gateway-bench run: {unreachable(args.base_url, e)}", file=sys.stderr)
         return 1
@@ -261,8 +262,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             ),
         )
     )
-    summary = analyse(result, tokenize_url=args.tokenize_url or args.base_url,
-                      block_size=facts.block_size or BLOCK_SIZE)
+    summary = analyse(result, tokenize_url=args.tokenize_url or facts.tokenize_url
+                      or args.base_url, block_size=facts.block_size or BLOCK_SIZE)
     print(summary_table({"run": summary}))
     if summary["timing"] != "sim":
         print("(latencies are wall-clock: the endpoint sent no simulator timing)")

@@ -11,8 +11,11 @@
   size estimates are right from the first turn (tokenizers differ by 2x and more).
 - Each replica's KV block size from `vllm:cache_config_info` in its `/metrics`, for the
   bound (hits come in whole blocks of the replica's size).
+- Behind this gateway (no replica URL given): the replicas it fronts, from its `/stats`
+  (`replicas.<name>.url`, healthy ones), since a gateway serves neither `/tokenize` nor
+  the engine's `/metrics`; the first of them tokenizes for the bound (`tokenize_url`).
 
-`probe()` does the I/O; `tool_refusal()` and `block_size_of()` are pure.
+`probe()` does the I/O; `tool_refusal()`, `block_size_of()` and `replica_urls()` are pure.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class ServerFacts:
     tool_choice: str | None = None  # None: send tools as the workload defines them
     block_size: int | None = None  # the smallest block size among the replicas read
     chars_per_token: float | None = None  # measured on a sample prompt, when /tokenize works
+    tokenize_url: str | None = None  # a replica behind the gateway, for the bound
     notes: tuple[str, ...] = field(default=())
 
 
@@ -49,6 +53,24 @@ def block_size_of(metrics_text: str) -> int | None:
     return parse_engine_metrics(metrics_text, now=0.0).block_size  # time plays no part here
 
 
+def replica_urls(stats: Any) -> list[str]:
+    """The healthy replicas' URLs a gateway's `/stats` names (none for anything else)."""
+    reps = stats.get("replicas") if isinstance(stats, dict) else None
+    if not isinstance(reps, dict):
+        return []
+    return [r["url"] for _, r in sorted(reps.items())
+            if isinstance(r, dict) and isinstance(r.get("url"), str)
+            and r["url"].startswith(("http://", "https://")) and r.get("healthy") is not False]
+
+
+async def _behind_gateway(http: aiohttp.ClientSession, base: str) -> list[str]:
+    try:
+        async with http.get(base + "/stats") as resp:
+            return replica_urls(orjson.loads(await resp.read())) if resp.ok else []
+    except (aiohttp.ClientError, orjson.JSONDecodeError):
+        return []
+
+
 def prompt_chars(body: dict[str, Any]) -> int:
     """The characters a session counts for a body (contents plus the tools' text)."""
     return sum(len(str(m.get("content") or "")) for m in body.get("messages") or ()) + len(
@@ -58,13 +80,19 @@ def prompt_chars(body: dict[str, Any]) -> int:
 
 async def probe(
     base_url: str, model: str | None = None, metrics_urls: Sequence[str] = (),
-    timeout_s: float = 30.0, sample: dict[str, Any] | None = None,
+    timeout_s: float = 30.0, sample: dict[str, Any] | None = None, discover: bool = False,
 ) -> ServerFacts:
     """`sample`: a request body whose prompt is tokenized (on the first metrics URL's
-    `/tokenize`, else the base URL's) to measure characters per token."""
+    `/tokenize`, else the base URL's) to measure characters per token. `discover`: when the
+    base URL is a gateway, use the replicas it names instead of `metrics_urls`."""
     base = base_url.rstrip("/")
     notes: list[str] = []
+    tokenize_url = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http:
+        if discover:
+            found = await _behind_gateway(http, base)
+            if found:
+                metrics_urls, tokenize_url = found, found[0]
         async with http.get(base + "/v1/models") as resp:
             cards = orjson.loads(await resp.read()).get("data") or []
         card: dict[str, Any] = next(
@@ -114,4 +142,5 @@ async def probe(
     return ServerFacts(
         model=name, max_model_len=max_model_len, tool_choice=tool_choice,
         block_size=min(sizes) if sizes else None, chars_per_token=ratio, notes=tuple(notes),
+        tokenize_url=tokenize_url,
     )

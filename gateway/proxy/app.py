@@ -248,7 +248,8 @@ class GatewayApp:
                 fleet_warnings=[f"replica {r.name} ({r.url}) is unreachable: {r.failures} "
                                 "failed health probe(s)" for r in reps if not r.healthy])
             for r in reps:  # what the fleet knows beside the last scrape
-                stats["replicas"][r.name].update(healthy=r.healthy, in_flight=r.in_flight)
+                stats["replicas"][r.name].update(url=r.url, healthy=r.healthy,
+                                                 in_flight=r.in_flight)
             if s.feeds is not None:
                 stats["token_mode"] = s.feeds.status(s.clock())
             return 200, orjson.dumps(stats), json
