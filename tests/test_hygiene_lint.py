@@ -143,3 +143,37 @@ def test_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     assert main(["lint", str(tmp_path / "nope.jsonl")]) == 2
     assert "nope.jsonl" in capfd.readouterr().err
+
+
+FOUND = {"kind": "timestamp", "severity": "warning", "evidence": "pattern",
+         "message_index": 0, "role": "system", "char_offset": 23,
+         "span": "<timestamp:20 chars>", "tokens_at_risk": 812, "session": None, "line": None}
+
+
+def record(**kw: object) -> str:
+    rec = {"ts": NOW, "request_id": "r1", "model": "m", "status": 200, "latency_ms": 5.0,
+           "hygiene": 1, "findings": [FOUND], **kw}
+    return json.dumps(rec)
+
+
+@pytest.mark.parametrize(("lines", "expected", "skipped"), [
+    # the gateway's usage records: their findings, with the record's line
+    ([record(), record(hygiene=0, findings=[]), record()],
+     [(1, "timestamp", 23, 812), (3, "timestamp", 23, 812)], 0),
+    # a record of a gateway that did not log findings yet: nothing to show, not an error
+    ([json.dumps({"ts": NOW, "request_id": "r", "latency_ms": 1.0, "hygiene": 2})], [], 0),
+    # records and request bodies in one file: each read as what it is
+    ([record(), json.dumps(body(f"Current time: {STAMP}. " + RULES, "hi"))],
+     [(1, "timestamp", 23, 812), (2, "timestamp", 14, None)], 0),
+    ([record(findings=[{"kind": "x"}]), record()], [(2, "timestamp", 23, 812)], 1),
+])  # fmt: skip
+def test_usage_records_are_read(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], lines: list[str],
+    expected: list[tuple[int, str, int, int | None]], skipped: int,
+) -> None:
+    rc, out, err = lint(tmp_path, capfd, lines)
+    assert rc == 0, err
+    got = [(f["line"], f["kind"], f["char_offset"], f["tokens_at_risk"]) for f in out]
+    assert [g if e[3] is not None else (*g[:3], None) for g, e in zip(got, expected,
+                                                                      strict=True)] == expected
+    assert err.count("skipped line") == skipped

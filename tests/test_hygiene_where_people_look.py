@@ -3,20 +3,23 @@ and time, sent twice as a new user would, through `gateway serve` in front of `g
 (real processes on loopback). The timestamp finding, the prompt tokens it costs and its
 place (message 0, the character offset of the timestamp) must show in `/stats` (the
 hygiene section and a warning), on the page as a headless browser renders it, and in the
-response headers; with the scanner switched off none of them does."""
+response headers, and in what `gateway lint` reads from the gateway's usage log; with the
+scanner switched off none of them does."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.servers import gateway, sim
+from tests.servers import gateway, script, sim
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PREFIX = "Current date and time: "
@@ -33,13 +36,15 @@ def body(t: float) -> dict[str, Any]:
 OFFSET = len(PREFIX)  # where the timestamp starts in message 0
 
 
-def send_twice(env: dict[str, str]) -> tuple[list[httpx.Response], dict[str, Any], str, str]:
+def send_twice(env: dict[str, str], tmp: Path
+               ) -> tuple[list[httpx.Response], dict[str, Any], str, str, list[dict[str, Any]]]:
     """(the two answers, /stats, the page's HTML, the page as chromium rendered it, or ""
-    without chromium)."""
+    without chromium, what `gateway lint` prints for the usage log)."""
     now = time.time()
+    usage = tmp / "usage.jsonl"
     with (
         sim(2, ["--model", "sim", "--speed", "50"]) as urls,
-        gateway(urls, env=env) as url,
+        gateway(urls, env={**env, "GATEWAY_USAGE__LOG_PATH": str(usage)}) as url,
         httpx.Client(timeout=30) as client,
     ):
         answers = [client.post(url + "/v1/chat/completions", json=body(now + dt))
@@ -55,11 +60,14 @@ def send_twice(env: dict[str, str]) -> tuple[list[httpx.Response], dict[str, Any
             assert done.returncode == 0, done.stderr[-2000:]
             dom = done.stdout
     assert [a.status_code for a in answers] == [200, 200]
-    return answers, stats, page, dom
+    lint = subprocess.run([*script("gateway"), "lint", str(usage)], capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert lint.stderr == ""
+    return answers, stats, page, dom, [json.loads(x) for x in lint.stdout.splitlines()]
 
 
-def test_the_timestamp_is_found_where_people_look() -> None:
-    answers, stats, page, dom = send_twice({})
+def test_the_timestamp_is_found_where_people_look(tmp_path: Path) -> None:
+    answers, stats, page, dom, linted = send_twice({}, tmp_path)
     hygiene = stats["hygiene"]
     latest = [f for f in hygiene["latest"] if f["kind"] == "timestamp"]
     assert len(latest) == 2, hygiene  # one per request, newest first
@@ -81,6 +89,10 @@ def test_the_timestamp_is_found_where_people_look() -> None:
         assert (f"findings=1, first=timestamp, severity=warning, message=0, offset={OFFSET}, "
                 f"tokens_at_risk={cost}") in cache
         assert answer.headers["x-gateway-hygiene"] == f"timestamp@0:{OFFSET}"
+    # gateway lint on the usage log: one finding per record, with the record's line
+    assert [(f["line"], f["kind"], f["message_index"], f["char_offset"], f["tokens_at_risk"])
+            for f in linted] == [(1, "timestamp", 0, OFFSET, cost), (2, "timestamp", 0, OFFSET,
+                                                                     cost)]
     # the page as the browser built it
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (apt-get install chromium; .ci/run does)")
@@ -94,10 +106,12 @@ def test_the_timestamp_is_found_where_people_look() -> None:
     assert 'http-equiv="refresh"' in page
 
 
-def test_with_the_scanner_off_nothing_is_found() -> None:
+def test_with_the_scanner_off_nothing_is_found(tmp_path: Path) -> None:
     """The same traffic with `[hygiene] enabled = false`: what the test above looks for is
     absent, so that test cannot pass without the scanner."""
-    answers, stats, page, _ = send_twice({"GATEWAY_HYGIENE__ENABLED": "false"})
+    answers, stats, page, _, linted = send_twice({"GATEWAY_HYGIENE__ENABLED": "false"},
+                                                 tmp_path)
+    assert linted == []
     assert stats["hygiene"]["latest"] == [] and stats["hygiene"]["by_kind"] == []
     assert not any(w.startswith("hygiene:") for w in stats["warnings"])
     for answer in answers:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 Severity = Literal["warning", "info"]
 Evidence = Literal["pattern", "drift"]
@@ -37,3 +37,35 @@ class Finding:
         if self.line is not None:
             d["line"] = self.line
         return d
+
+
+_INTS: Final = ("char_offset", "tokens_at_risk")
+
+
+def findings_from_json(value: Any) -> tuple[Finding, ...]:
+    """The findings of a usage record's `findings` list (None: none); ValueError names
+    what is wrong."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ValueError("field 'findings' must be a list")
+    out: list[Finding] = []
+    for f in value:
+        if not isinstance(f, dict) or not isinstance(f.get("kind"), str) \
+                or f.get("severity") not in ("warning", "info") \
+                or f.get("evidence") not in ("pattern", "drift"):
+            raise ValueError(f"a finding must name kind, severity and evidence: {f!r:.200}")
+        for key in _INTS:
+            v = f.get(key)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"finding field {key!r} must be an integer")
+        index = f.get("message_index")
+        out.append(Finding(
+            kind=f["kind"], severity=f["severity"], evidence=f["evidence"],
+            message_index=index if isinstance(index, int) and not isinstance(index, bool)
+            else None,
+            role=f["role"] if isinstance(f.get("role"), str) else None,
+            char_offset=f["char_offset"], span=str(f.get("span", "")),
+            tokens_at_risk=f["tokens_at_risk"],
+            session=f["session"] if isinstance(f.get("session"), str) else None))
+    return tuple(out)

@@ -9,6 +9,12 @@ timestamp in the prompt was "the current time"; without it, `--now` or the clock
 A request's session is, in order: wrapper `session`, header `x-session-id`, body
 `prompt_cache_key`, body `user` (design.md section 5).
 
+A line may also be a usage record, as the gateway writes them (`[usage] log_path`): it
+carries no prompt (the gateway never logs prompts) but the findings the gateway made on the
+request (`findings`); those are printed as they are, with the record's line. So
+`gateway lint usage.jsonl` shows what the gateway found, and `gateway lint bodies.jsonl`
+analyses request bodies a client kept itself.
+
 Output: one JSON finding per line (design.md section 4 schema plus the input `line`).
 An unreadable line (invalid JSON, not an object, `messages` not a list, ...) is skipped
 with a message on stderr naming it, and the skipped lines are counted at the end; later
@@ -25,14 +31,14 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import orjson
 
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.hygiene.config import HygieneConfig
-from gateway.hygiene.finding import Finding
+from gateway.hygiene.finding import Finding, findings_from_json
 from gateway.hygiene.prompt import validate
 
 _SEVERITY_RANK = {"info": 0, "warning": 1}
@@ -118,27 +124,50 @@ def lint_lines(
     for n, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
+        found: Sequence[Finding]
         try:
-            body, endpoint, session, ts = _read(n, raw, now)
+            obj = _object(n, raw)
+            if _is_usage_record(obj):
+                found = _recorded(n, obj)
+            else:
+                body, endpoint, session, ts = _read(n, obj, now)
+                found = analyzer.scan(body, endpoint, session, ts, validated=True)  # checked
         except LintInputError as err:
             if on_error is None:
                 raise
             on_error(err)
             continue
-        for f in analyzer.scan(body, endpoint, session, ts, validated=True):  # _read validated
+        for f in found:
             if _SEVERITY_RANK[f.severity] >= floor:
                 yield dataclasses.replace(f, line=n)
 
 
-def _read(
-    n: int, raw: bytes | str, now: float
-) -> tuple[Mapping[str, Any], Literal["chat", "completions"], str | None, float]:
+def _object(n: int, raw: bytes | str) -> dict[str, Any]:
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise LintInputError(n, f"invalid JSON ({e})") from None
     if not isinstance(obj, dict):
         raise LintInputError(n, "not a JSON object")
+    return obj
+
+
+def _is_usage_record(obj: Mapping[str, Any]) -> bool:
+    """A gateway usage record: its own fields, and no request body."""
+    return ("request_id" in obj and "latency_ms" in obj and "hygiene" in obj
+            and not any(k in obj for k in ("messages", "prompt", "body")))
+
+
+def _recorded(n: int, obj: Mapping[str, Any]) -> tuple[Finding, ...]:
+    try:
+        return findings_from_json(obj.get("findings"))
+    except ValueError as e:
+        raise LintInputError(n, str(e)) from None
+
+
+def _read(
+    n: int, obj: dict[str, Any], now: float
+) -> tuple[Mapping[str, Any], Literal["chat", "completions"], str | None, float]:
     wrapped = isinstance(obj.get("body"), dict)
     body: dict[str, Any] = obj["body"] if wrapped else obj
     if "body" in obj and not wrapped:

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from gateway.hygiene.finding import Finding
+from gateway.hygiene.finding import findings_from_json
 from gateway.usage.record import UsageRecord
 
 _INT_OR_NONE = (
@@ -67,7 +67,10 @@ def record_from_json(obj: Any, line: int) -> UsageRecord:
     if isinstance(hygiene, bool) or not isinstance(hygiene, int):
         raise LogError(line, "field 'hygiene' must be an integer")
     kwargs = {k: obj[k] for k in _FIELDS if k in obj}
-    kwargs["findings"] = _findings(obj.get("findings"), line)
+    try:
+        kwargs["findings"] = findings_from_json(obj.get("findings"))
+    except ValueError as e:
+        raise LogError(line, str(e)) from None
     kwargs.setdefault("request_id", "")
     kwargs["request_id"] = str(kwargs["request_id"])
     kwargs["stream"] = bool(obj.get("stream", False))
@@ -76,36 +79,6 @@ def record_from_json(obj: Any, line: int) -> UsageRecord:
                 "ttft_ms", "session"):  # fmt: skip
         kwargs.setdefault(key, None)
     return UsageRecord(**kwargs)
-
-
-_FINDING_INTS = ("char_offset", "tokens_at_risk")
-
-
-def _findings(value: Any, line: int) -> tuple[Finding, ...]:
-    """The record's `findings` (absent in logs of older gateways: none)."""
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise LogError(line, "field 'findings' must be a list")
-    out: list[Finding] = []
-    for f in value:
-        if not isinstance(f, dict) or not isinstance(f.get("kind"), str) \
-                or f.get("severity") not in ("warning", "info") \
-                or f.get("evidence") not in ("pattern", "drift"):
-            raise LogError(line, f"a finding must name kind, severity and evidence: {f!r:.200}")
-        for key in _FINDING_INTS:
-            v = f.get(key)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise LogError(line, f"finding field {key!r} must be an integer")
-        index = f.get("message_index")
-        out.append(Finding(
-            kind=f["kind"], severity=f["severity"], evidence=f["evidence"],
-            message_index=index if isinstance(index, int) else None,
-            role=f["role"] if isinstance(f.get("role"), str) else None,
-            char_offset=f["char_offset"], span=str(f.get("span", "")),
-            tokens_at_risk=f["tokens_at_risk"],
-            session=f["session"] if isinstance(f.get("session"), str) else None))
-    return tuple(out)
 
 
 def read_records(lines: Iterable[bytes],
