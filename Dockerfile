@@ -3,12 +3,16 @@
 # deploy/constraints.txt, on a slim Debian Python, running as a non-root user.
 #
 #   docker build -t cache-gateway .
-#   docker run --rm -p 8080:8080 -v $PWD/deploy/gateway/gateway.toml:/etc/gateway/gateway.toml:ro cache-gateway
+#   docker run --rm -p 8080:8080 -e GATEWAY_BACKENDS=http://10.0.0.5:8000,http://10.0.0.6:8000 \
+#       -v $PWD/config/gateway.docker.toml:/etc/gateway/gateway.toml:ro cache-gateway
 #
 # Settings come from outside: a TOML file mounted at /etc/gateway/gateway.toml (required;
 # the gateway exits with status 2 naming the problem when it is missing or invalid) and
-# GATEWAY_* environment variables. The listen address is forced to 0.0.0.0 by the command
-# below; the port is the file's (default 8080).
+# GATEWAY_* environment variables (GATEWAY_BACKENDS names the replicas without a file
+# listing them). deploy/gateway/gateway.toml is compose's: it names hosts (vllm-0, redis)
+# that exist only on compose's network. The listen address is forced to 0.0.0.0 by the
+# command below; the port is the file's or GATEWAY_SERVER__PORT (default 8080), and the
+# health check reads it the same way.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -45,8 +49,9 @@ WORKDIR /var/lib/gateway
 USER 10001:10001
 EXPOSE 8080
 # /health answers 200 while the process serves; readiness (a healthy replica) is /ready.
-# No curl in a slim image: the venv's Python does the probe.
+# No curl in a slim image: the venv's Python does the probe, on the port the settings
+# name (gateway/healthcheck.py reads the file and GATEWAY_* as `gateway serve` does).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
-  CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=2).status != 200)"]
+  CMD ["python", "-m", "gateway.healthcheck", "/etc/gateway/gateway.toml"]
 ENTRYPOINT ["gateway", "serve"]
 CMD ["--config", "/etc/gateway/gateway.toml", "--host", "0.0.0.0"]

@@ -7,33 +7,53 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gateway.bench.cli import build_parser, main
+from gateway.bench.cli import SHIPPED_TRACE, build_parser, main
 from gateway.bench.server import replica_urls
 from tests.servers import free_port, running, script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_run_against_the_embedded_fleet_has_a_bound(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
-) -> None:
+@pytest.fixture(scope="module")
+def demo() -> Iterator[str]:
+    """A plain `gateway serve` (the port from the environment, so runs do not collide)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with running([*script("gateway"), "serve"], [url + "/ready"],
                  env={"GATEWAY_SERVER__PORT": str(port)}):
-        rc = main(["run", "--base-url", url, "--preset", "tiny", "--time-scale", "0.005",
-                   "--sessions", "2", "--turns", "3", "--out", str(tmp_path), "--no-progress",
-                   "--max-wall-s", "120"])
+        yield url
+
+
+def test_run_against_the_embedded_fleet_has_a_bound(
+    demo: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    rc = main(["run", "--base-url", demo, "--preset", "tiny", "--time-scale", "0.005",
+               "--sessions", "2", "--turns", "3", "--out", str(tmp_path), "--no-progress",
+               "--max-wall-s", "120"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "no bound" not in out and "tool_choice" not in out, out
     summary = json.loads((tmp_path / "run.json").read_text())["summary"]
     assert "bound_error" not in summary
     assert summary["bound"]["cached_tokens"] > 0 and summary["bound"]["block_size"] == 16
+
+
+def test_replay_finds_the_shipped_trace(
+    demo: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert SHIPPED_TRACE.stat().st_size < 100_000  # a slice, well under a megabyte
+    assert (SHIPPED_TRACE.parent / "LICENSE-Apache-2.0.txt").exists()
+    rc = main(["replay", "--base-url", demo, "--limit", "6", "--speedup", "1000",
+               "--max-tokens-cap", "2", "--out", str(tmp_path), "--no-progress",
+               "--max-wall-s", "120"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "requests" in out and (tmp_path / "replay.json").exists(), out
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[str]:

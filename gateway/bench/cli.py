@@ -51,6 +51,9 @@ from gateway.bench.table import summary_table, turn_table
 from gateway.bench.trace import TraceError, parse_trace, select, trace_bound
 from gateway.bench.workload import build_workload
 
+# Public, Apache-2.0 (gateway/bench/traces/README.md), installed with the package.
+SHIPPED_TRACE = Path(__file__).resolve().parent / "traces" / "mooncake_conversation_1min.jsonl"
+
 POLICIES = ("prefix", "round_robin", "least_loaded", "session", "random")
 
 
@@ -148,8 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("replay", help="replay a Mooncake trace")
     rep.add_argument("--version", action="version", version=version)
-    rep.add_argument("trace", type=Path, help="Mooncake JSON-lines trace (e.g. "
-                     "../shared/traces/)")
+    rep.add_argument("trace", type=Path, nargs="?", default=SHIPPED_TRACE,
+                     help="Mooncake JSON-lines trace (default: the first minute of Mooncake's "
+                     "public conversation trace, shipped in gateway/bench/traces/)")
     rep.add_argument("--base-url", required=True, type=base_url,
                      help="the endpoint, with or without /v1")
     rep.add_argument("--model", help="default: the first model of /v1/models")
