@@ -96,10 +96,11 @@ class LogLimiter:
         row[0] += 1
         row[1] += f.tokens_at_risk
 
-    def summary(self, now: float) -> Summary | None:
-        """What was held back, once per interval (None: not due, or nothing held)."""
+    def summary(self, now: float, *, due: bool = False) -> Summary | None:
+        """What was held back, once per interval (None: not due, or nothing held);
+        `due=True` hands it over whatever the time (at shutdown)."""
         since = self._summary_at
-        if since is None or not self._held or now - since < self._interval:
+        if since is None or not self._held or (now - since < self._interval and not due):
             return None
         held = sorted((Held(k, s, n, t) for (k, s), (n, t) in self._held.items()),
                       key=lambda h: (-h.tokens_at_risk, h.kind, h.severity))

@@ -24,7 +24,8 @@ def access_fields(rec: UsageRecord) -> dict[str, Any]:
         "replica": rec.replica, "route": rec.route, "stream": rec.stream,
         "prompt_tokens": rec.prompt_tokens, "cached_tokens": rec.cached_tokens,
         "predicted_cached_tokens": rec.predicted_cached_tokens,
-        "ttft_ms": None if rec.ttft_ms is None else round(rec.ttft_ms, 1),
+        # a non-streamed answer's first byte is its last: its TTFT would be its latency
+        "ttft_ms": None if rec.ttft_ms is None or not rec.stream else round(rec.ttft_ms, 1),
         "latency_ms": round(rec.latency_ms, 1), "request_id": rec.request_id,
     }
     if rec.tenant is not None:

@@ -160,8 +160,7 @@ class UsageRecorder:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._summary_task
             self._summary_task = None
-        self._log_summary(self._clock() + self._finding_log.interval_s
-                          if self._finding_log is not None else 0.0)
+        self._log_summary(self._clock(), due=True)  # nothing held back is lost at shutdown
         for pump in self._pumps:
             await pump.aclose()
 
@@ -170,10 +169,10 @@ class UsageRecorder:
             await asyncio.sleep(every_s)
             self._log_summary(self._clock())
 
-    def _log_summary(self, now: float) -> None:
+    def _log_summary(self, now: float, *, due: bool = False) -> None:
         if self._finding_log is None:
             return
-        summary = self._finding_log.summary(now)
+        summary = self._finding_log.summary(now, due=due)
         if summary is not None:
             warn = any(h.severity == "warning" for h in summary.held)
             hygiene_log.log(logging.WARNING if warn else logging.INFO, "%s", summary.text(),
