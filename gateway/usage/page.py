@@ -131,7 +131,7 @@ def render_page(stats: Mapping[str, Any]) -> bytes:
 <meta http-equiv="refresh" content="{REFRESH_S}">
 <title>gateway stats</title>
 <style>
-body {{ font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 780px }}
+body {{ font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 980px }}
 h1 {{ font-size: 20px }} h2 {{ font-size: 16px; margin-top: 28px }} h3 {{ font-size: 14px }}
 .down, .critical {{ color: #b00; font-weight: bold }} .warn {{ color: #b60 }}
 table {{ border-collapse: collapse }} td, th {{ padding: 3px 10px; border-bottom: 1px solid #eee;
