@@ -43,12 +43,13 @@ from gateway.proxy.tokenmode import EventFeeds, start_token_mode
 
 if TYPE_CHECKING:
     from gateway.shared.redis_state import SharedState
-from gateway.proxy.upstream import Upstream
 from gateway.replicas.fleet import Fleet
 from gateway.replicas.monitor import FleetMonitor
 from gateway.routing.affinity import AffinityStore, ResponseAffinity
 from gateway.routing.router import Router
 from gateway.settings import Settings
+from gateway.upstream.counters import UpstreamCounters
+from gateway.upstream.seam import Upstream
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.page import render_page
 from gateway.usage.recorder import UsageRecorder
@@ -79,6 +80,7 @@ class Services:
     recorder: UsageRecorder
     auth: Authenticator
     monitor: FleetMonitor
+    probes: Upstream  # the health probes' own small pool (the client pool when one is given)
     # Responses API: which replica created each stored response (local; Redis later).
     affinity: AffinityStore = field(default_factory=ResponseAffinity)
     feeds: EventFeeds | None = None  # KV-event feeds, in token mode ([tokens])
@@ -111,7 +113,11 @@ class GatewayApp:
         server = settings.server
         upstream = self._given_upstream or AiohttpUpstream(ClientLimits(
             connections_per_replica=server.upstream_connections, idle_s=server.upstream_idle_s,
-            max_body_bytes=server.max_response_bytes))
+            pool_wait_s=server.upstream_pool_wait_s, max_body_bytes=server.max_response_bytes))
+        # Probes never wait behind client traffic: their own pool, a few connections each.
+        probes = self._given_upstream or AiohttpUpstream(ClientLimits(
+            connections_per_replica=server.probe_connections, idle_s=server.upstream_idle_s,
+            pool_wait_s=server.health_timeout_s, max_body_bytes=server.max_response_bytes))
         fleet = Fleet(settings.replicas, unhealthy_after=settings.server.unhealthy_after)
         tokens = await start_token_mode(settings, fleet, self.clock)
         router = Router(settings.routing, tokens.mode if tokens is not None else None)
@@ -119,11 +125,11 @@ class GatewayApp:
         recorder = UsageRecorder(settings.usage, metrics, access_log=server.access_log,
                                  started_at=self.clock())
         monitor = FleetMonitor(fleet, upstream, router, metrics, settings, self.clock,
-                               recorder=recorder)
+                               recorder=recorder, probes=probes)
         services = Services(
             settings=settings, clock=self.clock, upstream=upstream, fleet=fleet, router=router,
             analyzer=HygieneAnalyzer(settings.hygiene), metrics=metrics, recorder=recorder,
-            auth=Authenticator(settings.auth.keys), monitor=monitor,
+            auth=Authenticator(settings.auth.keys), monitor=monitor, probes=probes,
             feeds=tokens.feeds if tokens is not None else None,
         )
         await recorder.start()
@@ -137,7 +143,8 @@ class GatewayApp:
         self._proxy = Proxy(
             server=server, fleet=fleet, router=router, analyzer=services.analyzer,
             metrics=metrics, recorder=recorder, auth=services.auth, monitor=monitor,
-            upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer)
+            upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer,
+            counters=UpstreamCounters(metrics.registry))
         log.debug("gateway services started", extra={
             "replicas": [r.name for r in settings.replicas],
             "healthy": [r.name for r in fleet.healthy()]})
@@ -155,6 +162,7 @@ class GatewayApp:
         await services.recorder.aclose()
         if self._given_upstream is None:
             await services.upstream.aclose()
+            await services.probes.aclose()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[GatewayApp]:
