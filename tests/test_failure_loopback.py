@@ -241,7 +241,7 @@ async def _with_hole(down: Backend, good: Backend) -> AsyncIterator[Served]:
 async def test_a_full_pool_is_a_503_with_retry_after_and_sends_nothing() -> None:
     async with backends("hold", "ok") as (busy, good), serve(
         {"busy": f"http://127.0.0.1:{busy.port}", "good": f"http://127.0.0.1:{good.port}"},
-        upstream_connections=1, upstream_pool_wait_s=0.3,
+        upstream_connections=1, upstream_pool_wait_s=0.3, read_timeout_s=30,
     ) as gw, httpx.AsyncClient(timeout=10) as client:
         stream = asyncio.create_task(client.post(
             gw.url + "/v1/chat/completions", json={**CHAT, "stream": True}))  # turn 0: busy
@@ -259,3 +259,31 @@ async def test_a_full_pool_is_a_503_with_retry_after_and_sends_nothing() -> None
         assert (await stream).status_code == 200
         metrics = (await client.get(gw.url + "/metrics")).text
         assert 'gateway_upstream_pool_busy_total{replica="busy"} 1.0' in metrics
+
+
+async def test_a_replica_busier_than_its_pool_stays_healthy_and_keeps_its_index() -> None:
+    """Two streams fill the client pool to `hold`; a third waits, then gets the congestion
+    answer. Probes, on their own pool, still pass: no "down", nothing forgotten."""
+    async with backends("hold") as (busy,), serve(
+        {"busy": f"http://127.0.0.1:{busy.port}"},
+        upstream_connections=2, upstream_pool_wait_s=0.3, read_timeout_s=30,
+    ) as gw, httpx.AsyncClient(timeout=10) as client:
+        s = gw.app.services
+        assert s is not None
+        streams = [asyncio.create_task(client.post(
+            gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})) for _ in range(2)]
+        deadline = time.monotonic() + 5
+        while busy.received < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        held = s.router.indexed_blocks("busy")
+        assert held > 0
+        r = await client.post(gw.url + "/v1/chat/completions", json=CHAT)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "upstream_pool_busy"
+        for _ in range(s.fleet.unhealthy_after + 1):
+            await s.monitor.probe_all()
+        ready = (await client.get(gw.url + "/ready")).json()
+        assert ready == {"ready": True, "healthy": ["busy"]}
+        assert s.router.indexed_blocks("busy") == held
+        busy.release.set()
+        assert [(await t).status_code for t in streams] == [200, 200]
+        assert busy.received == 2  # the congested request never reached it
