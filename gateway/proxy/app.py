@@ -12,6 +12,9 @@ Routes:
     POST /v1/responses, POST /v1/messages             routed + recorded the same way
     GET  /v1/models                                   union of the healthy replicas' models
     *    /v1/...                                      forwarded to a replica serving `model`
+    POST /tokenize, /detokenize, /pooling, /score,    vLLM's own endpoints, forwarded the
+         /rerank, /classify, /v1/.../render           same way (by the body's `model`)
+    GET|DELETE /v1/responses/{id}, POST .../cancel    to the replica that stored it, if known
     GET  /health                                      200 while the gateway runs
     GET  /ready                                       200 with >= 1 healthy replica, else 503
     GET  /metrics                                     GatewayMetrics (Prometheus text 0.0.4)
@@ -66,6 +69,10 @@ _ROUTED: dict[str, Endpoint] = {
 # The gateway's own GET routes, and the prefix of GET /v1/models/{id}.
 _OWN_GET = frozenset({"/health", "/ready", "/metrics", "/stats", "/v1/models"})
 _MODEL_PREFIX = "/v1/models/"
+# vLLM's own endpoints outside /v1/ (routers and `vllm bench serve` call /tokenize through
+# whatever base URL they are given); forwarded by the body's model like /v1/* calls.
+_NATIVE = frozenset({"/tokenize", "/detokenize", "/pooling", "/score", "/rerank",
+                     "/classify"})
 
 
 @dataclass(slots=True, eq=False)
@@ -225,7 +232,7 @@ class GatewayApp:
                 body, content_type = render_page(orjson.loads(body)), HTML
             await respond(send, status, body, [], content_type)
             return
-        if path.startswith("/v1/"):
+        if path.startswith("/v1/") or path in _NATIVE:
             await proxy.handle(scope, receive, send, None)
             return
         await respond_error(send, GatewayError(404, f"No route {path}.", code="not_found"), [])

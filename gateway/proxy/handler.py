@@ -28,8 +28,11 @@ If that replica left the fleet or is unhealthy, the gateway answers 404/503 sayi
 instead of sending it where it can only fail. Each relayed Responses answer's id is
 remembered with the replica that made it (`Services.affinity`).
 
-Other `/v1/*` calls (`forward`) go to the least busy healthy replica serving the body's
-`model` (any healthy replica without one), relayed the same way, and are recorded too.
+Other `/v1/*` calls and vLLM's own endpoints (`forward`) go to the least busy healthy
+replica serving the body's `model` (any healthy replica without one), relayed the same way,
+and are recorded too. A call on one stored response (`GET`/`DELETE /v1/responses/{id}`,
+`POST /v1/responses/{id}/cancel`) goes to the replica that created it when the gateway knows
+it (404/503 as above when that replica is gone or down).
 """
 
 from __future__ import annotations
@@ -238,6 +241,11 @@ class Proxy:
         previous = body.get("previous_response_id")
         if not isinstance(previous, str):
             return None
+        return self._holder(previous, "previous_response_id")
+
+    def _holder(self, previous: str, param: str) -> str | None:
+        """The replica that stored response `previous`, None when the gateway does not
+        know it; raises when that replica left or is down (no other holds it)."""
         fleet = self.fleet.replicas
         where = place(self.affinity.lookup(previous),
                       {name: r.healthy for name, r in fleet.items()})
@@ -250,15 +258,17 @@ class Proxy:
                     404, f"Response '{shown}' was created on replica {where.replica}, which has "
                     "left the fleet; its stored state was lost with it. Start a new chain "
                     "without previous_response_id.", code="previous_response_lost",
-                    param="previous_response_id")
+                    param=param)
             raise GatewayError(
                 503, f"Response '{shown}' is stored on replica {where.replica}, which is "
                 "unhealthy; no other replica holds it. Retry later.",
-                code="previous_response_unavailable", param="previous_response_id")
+                code="previous_response_unavailable", param=param)
         return None
 
     async def _forward_other(self, scope: Scope, send: Send, raw: bytes, ex: Exchange,
                              headers: Headers) -> None:
+        stored = stored_response(scope["path"], scope["method"])
+        holder = self._holder(stored, "response_id") if stored is not None else None
         model = None
         if raw and scope["method"] != "GET":
             doc = parse_json(raw)
@@ -273,7 +283,9 @@ class Proxy:
                 raise no_healthy(None)
         ranked = tuple(r.name for r in sorted(candidates, key=lambda r: r.in_flight))
         ex.route = "forward"
-        headers.append((b"x-gateway-route", b"forward"))
+        if holder is not None:
+            ranked, ex.route = (holder,), "response"
+        headers.append((b"x-gateway-route", ex.route.encode()))
         await self._attempts(scope, send, raw or None, ranked, None, False, ex, headers)
 
     # forwarding -------------------------------------------------------------------------
@@ -381,6 +393,19 @@ class Proxy:
         ex.status = outcome.status
         if outcome.error is not None:
             ex.fail(outcome.error)
+
+
+def stored_response(path: str, method: str) -> str | None:
+    """The response id a call on one stored response names (GET/DELETE
+    /v1/responses/{id}, POST /v1/responses/{id}/cancel), else None (pure)."""
+    parts = path.split("/")
+    if len(parts) < 4 or parts[1:3] != ["v1", "responses"] or not parts[3]:
+        return None
+    if len(parts) == 4 and method in ("GET", "DELETE"):
+        return parts[3]
+    if len(parts) == 5 and parts[4] == "cancel" and method == "POST":
+        return parts[3]
+    return None
 
 
 async def _respond_error(send: Send, err: GatewayError, headers: Headers) -> None:
