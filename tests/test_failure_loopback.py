@@ -22,7 +22,7 @@ import contextlib
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -155,6 +155,15 @@ async def serve(urls: dict[str, str], **server: float) -> AsyncIterator[Served]:
         await asyncio.wait_for(task, 10)
 
 
+async def until(done: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Wait (bounded) for `done`: what the test waits on is another task's progress."""
+    for _ in range(int(timeout_s / 0.01)):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("timed out waiting")
+
+
 @contextlib.asynccontextmanager
 async def backends(*modes: str) -> AsyncIterator[list[Backend]]:
     started = [Backend(m) for m in modes]
@@ -207,9 +216,7 @@ async def test_not_delivered_goes_to_the_next_replica_once() -> None:
         assert gw.app.services is not None
         assert gw.app.services.router.indexed_blocks("good") > 0  # the move was told
         # its own probes (asked for at once, up to unhealthy_after) take it out
-        deadline = time.monotonic() + 5
-        while "gone" in gw.healthy() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await until(lambda: "gone" not in gw.healthy())
         assert gw.healthy() == {"good"}
 
 
@@ -245,9 +252,7 @@ async def test_a_full_pool_is_a_503_with_retry_after_and_sends_nothing() -> None
     ) as gw, httpx.AsyncClient(timeout=10) as client:
         stream = asyncio.create_task(client.post(
             gw.url + "/v1/chat/completions", json={**CHAT, "stream": True}))  # turn 0: busy
-        deadline = time.monotonic() + 5
-        while busy.received == 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await until(lambda: busy.received == 1)
         r = await client.post(gw.url + "/v1/chat/completions", json=CHAT)  # turn 1: good
         assert r.status_code == 200
         r = await client.post(gw.url + "/v1/chat/completions", json=CHAT)  # turn 2: busy
@@ -272,9 +277,7 @@ async def test_a_replica_busier_than_its_pool_stays_healthy_and_keeps_its_index(
         assert s is not None
         streams = [asyncio.create_task(client.post(
             gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})) for _ in range(2)]
-        deadline = time.monotonic() + 5
-        while busy.received < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await until(lambda: busy.received == 2)
         held = s.router.indexed_blocks("busy")
         assert held > 0
         r = await client.post(gw.url + "/v1/chat/completions", json=CHAT)

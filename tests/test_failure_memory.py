@@ -86,7 +86,7 @@ async def test_a_down_replica_keeps_its_memory_unless_restarted_or_gone_long(
         held = router.indexed_blocks("r")
         assert held > 0
         replica.health = health
-        for i in range(fleet.unhealthy_after):
+        for _ in range(fleet.unhealthy_after):
             assert fleet.replicas["r"].healthy  # not down before N failures in a row
             await monitor.probe(fleet.replicas["r"])
         assert not fleet.replicas["r"].healthy

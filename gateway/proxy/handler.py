@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 from collections.abc import Callable
@@ -107,10 +106,6 @@ class Proxy:
         self.body_idle_s = server.client_body_timeout_s
         self.retries = server.retries
         self.timeouts = Timeouts(connect_s=server.connect_timeout_s, read_s=server.read_timeout_s)
-        # Request ids: a random per-process prefix and a counter (32 hex digits, like a
-        # uuid4 hex, unique without a random draw per request).
-        self._rid_prefix = os.urandom(8).hex()
-        self._rid_seq = itertools.count(1)
 
     # the path ---------------------------------------------------------------------------
 
@@ -119,10 +114,16 @@ class Proxy:
         """One proxied call: `endpoint` for the routed inference routes, None for any other
         `/v1/*` call (forwarded to the least busy replica serving its model)."""
         rid_h, auth_h, session_h, length_h = request_headers(scope, _WANTED)
-        rid = client_request_id(rid_h) or f"{self._rid_prefix}{next(self._rid_seq):016x}"
+        # The engine's id is always the gateway's own random one (vLLM builds its request
+        # id from X-Request-Id: two clients choosing the same id must not collide there);
+        # the client's id, when it sent a usable one, names the request in records and logs.
+        own = os.urandom(16).hex()
+        rid = client_request_id(rid_h) or own
         ex = Exchange(rid, self.clock(), self.timer(), endpoint or scope["path"][:200],
                       scope["method"])
-        headers: Headers = [(b"x-request-id", rid.encode("latin-1"))]
+        ex.upstream_id = own
+        headers: Headers = [(b"x-request-id", rid.encode("latin-1")),
+                            (b"x-gateway-request-id", own.encode())]
         task = asyncio.current_task()
         assert task is not None
         watcher: asyncio.Task[None] | None = None
@@ -329,7 +330,7 @@ class Proxy:
         clean = False
         ex.outcome = outcome = RelayOutcome()
         try:
-            up_headers = upstream_request_headers(ex.up_headers, ex.request_id,
+            up_headers = upstream_request_headers(ex.up_headers, ex.upstream_id,
                                                   replica.upstream_headers)
             try:
                 resp = await self.upstream.send(scope["method"], replica.url + ex.target,
