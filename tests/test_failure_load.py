@@ -66,8 +66,7 @@ def test_600_long_streams_to_two_replicas_mark_none_down(tmp_path: Path) -> None
     statuses = [s for s, _ in results]
     assert statuses.count(200) == STREAMS, {s: statuses.count(s) for s in set(statuses)}
     assert all(done for _, done in results)
-    assert all(sorted(h) == ["127.0.0.1:%d" % (sim_port + i) for i in range(2)]
-               or len(h) == 2 for h in ready), ready
+    assert all(len(h) == 2 for h in ready), ready  # both replicas ready all along
     text = log.read_text()
     assert "replica down" not in text and "replica unreachable" not in text, text[-2000:]
     assert took < 300

@@ -19,17 +19,22 @@ def test_stored_responses_follow_their_creator_and_native_endpoints_are_routed()
     with sim(3, ["--speed", "50", "--responses-store"]) as sims, gateway(
         sims, ["--policy", "round_robin"], env=FAST
     ) as url, httpx.Client(timeout=10) as client:
-        r = client.post(url + "/v1/responses", json={
-            "model": MODEL, "input": "Say something short.", "max_output_tokens": 4})
-        assert r.status_code == 200, r.text
-        rid, creator = r.json()["id"], r.headers["x-gateway-replica"]
-        for _ in range(6):
-            got = client.get(f"{url}/v1/responses/{rid}")
-            assert got.status_code == 200, got.text
-            assert got.json()["id"] == rid and got.headers["x-gateway-replica"] == creator
-            cancel = client.post(f"{url}/v1/responses/{rid}/cancel")
-            assert cancel.status_code == 400 and cancel.headers["x-gateway-replica"] == creator
-            assert "synchronous" in cancel.json()["error"]["message"]
+        created = {}
+        for i in range(3):  # round robin: one on each replica
+            r = client.post(url + "/v1/responses", json={
+                "model": MODEL, "input": f"Say something short {i}.", "max_output_tokens": 4})
+            assert r.status_code == 200, r.text
+            created[r.json()["id"]] = r.headers["x-gateway-replica"]
+        assert len(set(created.values())) == 3
+        for _ in range(2):
+            for rid, creator in created.items():
+                got = client.get(f"{url}/v1/responses/{rid}")
+                assert got.status_code == 200, got.text
+                assert got.json()["id"] == rid and got.headers["x-gateway-replica"] == creator
+                cancel = client.post(f"{url}/v1/responses/{rid}/cancel")
+                assert cancel.status_code == 400, cancel.text
+                assert cancel.headers["x-gateway-replica"] == creator
+                assert "synchronous" in cancel.json()["error"]["message"]
         unknown = client.get(f"{url}/v1/responses/resp_unknown")
         assert unknown.status_code == 404  # the gateway does not know it: any replica says so
         tok = client.post(url + "/tokenize", json={"model": MODEL, "prompt": "hello world"})
