@@ -22,7 +22,7 @@ MODEL = "Qwen/Qwen3-0.6B"
 
 async def one_stream(port: int, i: int, results: list[tuple[int, bool]]) -> None:
     body = orjson.dumps({
-        "model": MODEL, "stream": True, "max_tokens": 40, "ignore_eos": True,
+        "model": MODEL, "stream": True, "max_tokens": 400, "ignore_eos": True,
         "messages": [{"role": "user", "content": f"stream {i} " + "long prompt " * 20}]})
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
