@@ -273,6 +273,22 @@ async def test_idle_close_is_seen_before_reuse() -> None:
             await client.aclose()
 
 
+async def test_a_server_closing_after_each_answer_never_gets_a_request_on_a_closed_one(
+) -> None:
+    """llama.cpp: closes right after each answer while advertising keep-alive. The next
+    request, sent at once, must not be written on that connection (it would be lost: a
+    502), nor sent twice."""
+    spec = Closer(close_after_s=0.0)
+    async with closing_server(spec) as url:
+        client = AiohttpUpstream()
+        try:
+            for _ in range(20):
+                await get_ok(client, url)
+            assert (spec.connections, spec.requests) == (20, 20)
+        finally:
+            await client.aclose()
+
+
 async def test_a_close_crossing_a_request_is_delivered_no_answer_and_not_resent() -> None:
     """The server read the second request on the reused connection, then closed: it may
     have started it, so it is not sent again (the old client re-sent it: two requests)."""

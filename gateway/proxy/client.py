@@ -15,10 +15,13 @@ replica, with the rules the relay path needs.
   Once a connection is handed out, any break is "delivered, no answer"
   (`UpstreamProtocolError`): the replica may have read the request, so nothing is re-sent,
   not even on a reused keep-alive connection. Stale connections are kept out of use
-  instead: connections idle longer than `idle_s` are closed by the connector, and
-  connections whose peer has closed (EOF seen) are never handed out; keep `idle_s` below
-  the replicas' keep-alive timeout (uvicorn, so vLLM: 5 s) so the gateway, not the engine,
-  closes idle connections.
+  instead: connections idle longer than `idle_s` are closed by the connector; keep `idle_s`
+  below the replicas' keep-alive timeout (uvicorn, so vLLM: 5 s) so the gateway, not the
+  engine, closes idle connections. And a pooled connection is handed out only after a
+  look at its socket (`recv(MSG_PEEK | MSG_DONTWAIT)`, `_PeekingConnector`) shows its peer
+  has not closed it: a server that closes after every answer while advertising keep-alive
+  (llama.cpp) has its FIN in the kernel before the next request, though asyncio may not
+  have read it yet. What is left is a close crossing the request on the wire: a 502.
 - Bytes as the engine wrote them: no Accept-Encoding or User-Agent is added and nothing is
   decompressed (`auto_decompress=False`); a streamed body is handed on as each read
   returns it (`iter_any`), never collected. aiohttp sets TCP_NODELAY on every connection.
@@ -32,11 +35,15 @@ replica, with the rules the relay path needs.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import aiohttp
+from aiohttp.client_reqrep import ConnectionKey
 from aiohttp.connector import Connection
+from aiohttp.tracing import Trace
 from yarl import URL
 
 from gateway.upstream.errors import (
@@ -70,6 +77,35 @@ class _NoUpgradeResponse(aiohttp.ClientResponse):
         if self.status < 200 and protocol is not None:
             protocol.close()
         return self
+
+
+class _PeekingConnector(aiohttp.TCPConnector):
+    """aiohttp's connector, handing out a pooled connection only while its peer has not
+    closed it (module docstring). Overrides aiohttp's `_get`, its one place where a pooled
+    connection is taken for reuse."""
+
+    async def _get(self, key: ConnectionKey, traces: list[Trace]) -> Connection | None:
+        while True:
+            conn = await super()._get(key, traces)
+            if conn is None or _peer_open(conn):
+                return conn
+            conn.close()  # the peer is gone: never write a request on it
+
+
+def _peer_open(conn: Connection) -> bool:
+    transport = conn.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return True
+    try:
+        # A duplicate descriptor: closing it leaves the transport's socket alone.
+        with socket.socket(fileno=os.dup(sock.fileno())) as peek:
+            peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return True  # nothing to read: open and idle, as a pooled connection should be
+    except OSError:
+        return False  # reset
+    return False  # EOF, or bytes nobody asked for: either way not reusable
 
 
 class AiohttpResponse:
@@ -136,7 +172,7 @@ class AiohttpUpstream:
     def _open(self) -> aiohttp.ClientSession:
         # Built on first use, inside the running loop (aiohttp binds its session to it).
         lim = self.limits
-        connector = aiohttp.TCPConnector(
+        connector = _PeekingConnector(
             limit=0, limit_per_host=lim.connections_per_replica,
             keepalive_timeout=lim.idle_s, ttl_dns_cache=60,
         )
