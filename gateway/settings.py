@@ -57,12 +57,18 @@ class ServerSettings:
     max_body_bytes: int = 32 * 1024 * 1024  # larger requests get 413
     connect_timeout_s: float = 5.0  # TCP connect to a replica
     read_timeout_s: float = 600.0  # longest silence from a replica (incl. prefill) -> 504
-    retries: int = 1  # extra replicas tried on connect error / 5xx before the first byte
+    retries: int = 1  # extra replicas tried when a request was not delivered (refused)
     health_interval_s: float = 5.0  # GET /health on every replica this often
     health_timeout_s: float = 2.0
-    unhealthy_after: int = 1  # consecutive failed probes that mark a replica down
+    unhealthy_after: int = 3  # consecutive failed probes that mark a replica down
+    # A replica down this long loses its routing memory (index, bindings) when it returns;
+    # one back sooner keeps it unless it is seen restarted (gateway.replicas.monitor).
+    forget_after_s: float = 600.0
+    probe_connections: int = 4  # the health probes' own pool, per replica
     models_refresh_s: float = 30.0  # re-read /v1/models this often
-    upstream_connections: int = 256  # keep-alive connections per replica, at most
+    upstream_connections: int = 1024  # keep-alive connections per replica, at most
+    # Longest wait for a free pooled connection; then 503 with Retry-After (congestion).
+    upstream_pool_wait_s: float = 5.0
     upstream_idle_s: float = 4.0  # idle upstream connections closed after (< vLLM's 5 s)
     max_response_bytes: int = 64 * 1024 * 1024  # a non-streamed answer larger -> 502
     log_level: LogLevel = "info"
@@ -90,7 +96,8 @@ class ServerSettings:
         for name in ("connect_timeout_s", "read_timeout_s", "health_interval_s",
                      "client_body_timeout_s", "max_head_bytes", "head_timeout_s",
                      "health_timeout_s", "models_refresh_s", "upstream_connections",
-                     "upstream_idle_s", "max_response_bytes"):
+                     "upstream_idle_s", "max_response_bytes", "upstream_pool_wait_s",
+                     "probe_connections", "forget_after_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"server.{name} must be positive")
         if self.shutdown_grace_s < 0:

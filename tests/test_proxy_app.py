@@ -50,7 +50,9 @@ async def test_non_streaming_relay_headers_and_record(records: list[UsageRecord]
         assert r.headers["content-type"] == "application/json"
     (sent,) = fake.inference_requests()
     assert sent.body == raw  # original bytes, untouched
-    assert sent.headers["x-request-id"] == "rid-1"
+    # the engine gets the gateway's own random id, never the client's (no collisions)
+    assert sent.headers["x-request-id"] == r.headers["x-gateway-request-id"] != "rid-1"
+    assert len(sent.headers["x-request-id"]) == 32
     assert "authorization" not in sent.headers
     (rec,) = records
     assert (rec.request_id, rec.status, rec.model, rec.session, rec.stream) == (

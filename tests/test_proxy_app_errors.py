@@ -166,30 +166,42 @@ async def test_replica_key_goes_upstream() -> None:
     assert fake.inference_requests()[0].headers["authorization"] == "Bearer up-secret"
 
 
-@pytest.mark.parametrize("failure", ["refuse", "500"])
-async def test_retry_on_next_replica_before_first_byte(
-    records: list[UsageRecord], failure: str
+async def test_not_delivered_moves_to_the_next_replica_which_stays_healthy(
+    records: list[UsageRecord],
 ) -> None:
     tried: list[str] = []
 
-    def first_fails(replica: str, req: MockRequest) -> MockReply:
+    def first_refused(replica: str, req: MockRequest) -> MockReply:
         tried.append(replica)
         if len(tried) == 1:
-            if failure == "refuse":
-                raise UpstreamConnectError("refused")
-            return MockReply(500, JSON_H, [b'{"error":{"message":"boom","code":500}}'])
+            raise UpstreamConnectError("refused")
         return MockReply(200, JSON_H, [COMPLETION])
 
-    app = create_app(settings(), upstream=Fake(first_fails).upstream)
+    app = create_app(settings(), upstream=Fake(first_refused).upstream)
     async for client in started(app, records):
         r = await client.post("/v1/chat/completions", json=chat())
         assert r.status_code == 200
         assert r.headers["x-gateway-replica"] == tried[1] != tried[0]
         assert app.services is not None
         assert all(x.in_flight == 0 for x in app.services.fleet.replicas.values())
+        # one refused request is not a verdict: its probe (the mock's /health answers) wins
         healthy = {x.name for x in app.services.fleet.healthy()}
-    assert healthy == ({"a", "b"} - {tried[0]} if failure == "refuse" else {"a", "b"})
+    assert healthy == {"a", "b"}
     assert len(records) == 1 and records[0].replica == tried[1]
+
+
+async def test_a_5xx_is_relayed_and_not_sent_elsewhere(records: list[UsageRecord]) -> None:
+    tried: list[str] = []
+
+    def first_500(replica: str, req: MockRequest) -> MockReply:
+        tried.append(replica)
+        return MockReply(500, JSON_H, [b'{"error":{"message":"boom","code":500}}'])
+
+    app = create_app(settings(), upstream=Fake(first_500).upstream)
+    async for client in started(app, records):
+        r = await client.post("/v1/chat/completions", json=chat())
+    assert r.status_code == 500 and r.content == b'{"error":{"message":"boom","code":500}}'
+    assert len(tried) == 1 and r.headers["x-gateway-replica"] == tried[0]
 
 
 async def test_last_upstream_5xx_passes_through(records: list[UsageRecord]) -> None:

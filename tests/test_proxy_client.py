@@ -1,7 +1,8 @@
 """AiohttpUpstream against a scripted raw HTTP/1.1 server on loopback: bodies by length, chunks
-and close; keep-alive reuse and stale-connection retry; limits on what comes back (head
-size, body size, upgrades); the per-replica connection bound and idle reaping; every
-failure mapped to its UpstreamError."""
+and close; keep-alive reuse, and a request the server read never sent again (not even on a
+reused connection); limits on what comes back (head size, body size, upgrades); the
+per-replica connection bound, its bounded wait and idle reaping; every failure mapped to its
+UpstreamError (its failure class: gateway.upstream.failure)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,13 @@ from dataclasses import dataclass, field
 import pytest
 
 from gateway.proxy.client import AiohttpUpstream, ClientLimits
-from gateway.proxy.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
-from gateway.proxy.upstream import Timeouts
+from gateway.upstream.errors import (
+    UpstreamConnectError,
+    UpstreamPoolBusy,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+)
+from gateway.upstream.seam import Timeouts
 from tests.servers import free_port
 
 FAST = Timeouts(connect_s=2.0, read_s=2.0)
@@ -120,7 +126,7 @@ async def test_bodies(server: tuple[str, Script], expected: bytes) -> None:
 
 
 @pytest.mark.parametrize(("server", "error", "method", "use"), [
-    (scripted(close=True), UpstreamConnectError, "POST", "read"),  # closed, no answer
+    (scripted(close=True), UpstreamProtocolError, "POST", "read"),  # read, closed: delivered
     (scripted(b"garbage\r\n\r\n"), UpstreamProtocolError, "POST", "read"),
     (scripted((OK_JSON, 1.0)), UpstreamTimeout, "POST", "read"),  # no head in time
     (scripted(CHUNKED, chunk(b"data: a\n\n"), (b"", 1.0)), UpstreamTimeout, "GET", "chunks"),
@@ -262,37 +268,87 @@ async def test_idle_close_is_seen_before_reuse() -> None:
             for _ in range(3):
                 await get_ok(client, url)
                 await asyncio.sleep(0.15)  # the server's close arrives meanwhile
-            assert (spec.connections, spec.requests) == (3, 3)
-            assert client.stale_retries == 0  # detected in the pool, not on use
+            assert (spec.connections, spec.requests) == (3, 3)  # none failed on use
         finally:
             await client.aclose()
 
 
-async def test_close_crossing_a_request_is_retried_on_a_fresh_connection() -> None:
+async def test_a_server_closing_after_each_answer_never_gets_a_request_on_a_closed_one(
+) -> None:
+    """llama.cpp: closes right after each answer while advertising keep-alive. The next
+    request, sent at once, must not be written on that connection (it would be lost: a
+    502), nor sent twice."""
+    spec = Closer(close_after_s=0.0)
+    async with closing_server(spec) as url:
+        client = AiohttpUpstream()
+        try:
+            for _ in range(20):
+                await get_ok(client, url)
+            assert (spec.connections, spec.requests) == (20, 20)
+        finally:
+            await client.aclose()
+
+
+async def test_a_close_crossing_a_request_is_delivered_no_answer_and_not_resent() -> None:
+    """The server read the second request on the reused connection, then closed: it may
+    have started it, so it is not sent again (the old client re-sent it: two requests)."""
     spec = Closer()  # answers once, closes when the second request arrives
     async with closing_server(spec) as url:
         client = AiohttpUpstream()
         try:
             await get_ok(client, url)
-            await get_ok(client, url)  # the reused connection fails: re-sent, succeeds
-            assert client.stale_retries == 1
-            assert (spec.connections, spec.requests) == (2, 3)
+            with pytest.raises(UpstreamProtocolError):
+                await get_ok(client, url)
+            assert (spec.connections, spec.requests) == (1, 2)
         finally:
             await client.aclose()
 
 
-async def test_retry_is_once_and_only_for_a_reused_connection() -> None:
+async def test_a_request_the_server_read_is_sent_once_reused_or_fresh() -> None:
     spec = Closer(answering=1)  # only the very first request is ever answered
     async with closing_server(spec) as url:
         client = AiohttpUpstream()
         try:
             await get_ok(client, url)
-            with pytest.raises(UpstreamConnectError):
-                await get_ok(client, url)  # reused fails, the fresh one fails too: give up
-            assert (client.stale_retries, spec.connections, spec.requests) == (1, 2, 3)
-            with pytest.raises(UpstreamConnectError):
-                await get_ok(client, url)  # nothing pooled: a fresh failure is not retried
-            assert (client.stale_retries, spec.connections, spec.requests) == (1, 3, 4)
+            with pytest.raises(UpstreamProtocolError):
+                await get_ok(client, url)  # reused connection, read then closed
+            assert (spec.connections, spec.requests) == (1, 2)
+            with pytest.raises(UpstreamProtocolError):
+                await get_ok(client, url)  # fresh connection, read then closed
+            assert (spec.connections, spec.requests) == (2, 3)  # one arrival per request
+        finally:
+            await client.aclose()
+
+
+async def test_a_full_pool_waits_a_bounded_time_and_sends_nothing() -> None:
+    got: list[bytes] = []
+    release = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                got.append(await reader.readuntil(b"\r\n\r\n"))
+                writer.write(CHUNKED + chunk(b"data: a\n\n"))
+                await release.wait()
+                writer.write(b"0\r\n\r\n")
+        writer.close()
+
+    port = free_port()
+    srv = await asyncio.start_server(handle, "127.0.0.1", port)
+    async with srv:
+        client = AiohttpUpstream(ClientLimits(connections_per_replica=1, pool_wait_s=0.2))
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        try:
+            held = await client.send("POST", url, [], b"{}", FAST)  # the one slot, streaming
+            with pytest.raises(UpstreamPoolBusy):
+                await client.send("POST", url, [], b"{}", FAST)
+            assert len(got) == 1  # the second request never left the gateway
+            release.set()
+            assert b"".join([c async for c in held.chunks()]) == b"data: a\n\n"
+            held.release()
+            resp = await client.send("POST", url, [], b"{}", FAST)  # the slot is free again
+            resp.abort()
+            assert len(got) == 2
         finally:
             await client.aclose()
 
@@ -304,7 +360,7 @@ async def test_connection_close_from_the_server_is_honoured() -> None:
         try:
             await get_ok(client, url)
             await get_ok(client, url)
-            assert (spec.connections, spec.requests, client.stale_retries) == (2, 2, 0)
+            assert (spec.connections, spec.requests) == (2, 2)
         finally:
             await client.aclose()
 

@@ -29,7 +29,7 @@ def test_a_retry_moves_the_request_to_the_replica_that_served_it() -> None:
     plan = router.decide(BODY, "chat", "m", None, STATES, 0.0)
     first = plan.decision.replica
     other = "b" if first == "a" else "a"
-    plan.outcome.replica = other  # the first choice refused the connection: retried
+    router.retried(plan, other, 0.1)  # the first choice refused the connection
     assert router.indexed_blocks(first) == 0 and router.queued_tokens(first) == 0
     assert router.indexed_blocks(other) > 0 and router.queued_tokens(other) > 0
     o = plan.outcome

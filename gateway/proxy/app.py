@@ -12,6 +12,9 @@ Routes:
     POST /v1/responses, POST /v1/messages             routed + recorded the same way
     GET  /v1/models                                   union of the healthy replicas' models
     *    /v1/...                                      forwarded to a replica serving `model`
+    POST /tokenize, /detokenize, /pooling, /score,    vLLM's own endpoints, forwarded the
+         /rerank, /classify, /v1/.../render           same way (by the body's `model`)
+    GET|DELETE /v1/responses/{id}, POST .../cancel    to the replica that stored it, if known
     GET  /health                                      200 while the gateway runs
     GET  /ready                                       200 with >= 1 healthy replica, else 503
     GET  /metrics                                     GatewayMetrics (Prometheus text 0.0.4)
@@ -44,12 +47,13 @@ from gateway.proxy.tokenmode import EventFeeds, start_token_mode
 
 if TYPE_CHECKING:
     from gateway.shared.redis_state import SharedState
-from gateway.proxy.upstream import Upstream
 from gateway.replicas.fleet import Fleet
 from gateway.replicas.monitor import FleetMonitor
 from gateway.routing.affinity import AffinityStore, ResponseAffinity
 from gateway.routing.router import Router
 from gateway.settings import Settings
+from gateway.upstream.counters import UpstreamCounters
+from gateway.upstream.seam import Upstream
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.page import render_page
 from gateway.usage.recorder import UsageRecorder
@@ -66,6 +70,10 @@ _ROUTED: dict[str, Endpoint] = {
 # The gateway's own GET routes, and the prefix of GET /v1/models/{id}.
 _OWN_GET = frozenset({"/health", "/ready", "/metrics", "/stats", "/v1/models"})
 _MODEL_PREFIX = "/v1/models/"
+# vLLM's own endpoints outside /v1/ (routers and `vllm bench serve` call /tokenize through
+# whatever base URL they are given); forwarded by the body's model like /v1/* calls.
+_NATIVE = frozenset({"/tokenize", "/detokenize", "/pooling", "/score", "/rerank",
+                     "/classify"})
 
 
 @dataclass(slots=True, eq=False)
@@ -80,6 +88,7 @@ class Services:
     recorder: UsageRecorder
     auth: Authenticator
     monitor: FleetMonitor
+    probes: Upstream  # the health probes' own small pool (the client pool when one is given)
     # Responses API: which replica created each stored response (local; Redis later).
     affinity: AffinityStore = field(default_factory=ResponseAffinity)
     feeds: EventFeeds | None = None  # KV-event feeds, in token mode ([tokens])
@@ -112,7 +121,11 @@ class GatewayApp:
         server = settings.server
         upstream = self._given_upstream or AiohttpUpstream(ClientLimits(
             connections_per_replica=server.upstream_connections, idle_s=server.upstream_idle_s,
-            max_body_bytes=server.max_response_bytes))
+            pool_wait_s=server.upstream_pool_wait_s, max_body_bytes=server.max_response_bytes))
+        # Probes never wait behind client traffic: their own pool, a few connections each.
+        probes = self._given_upstream or AiohttpUpstream(ClientLimits(
+            connections_per_replica=server.probe_connections, idle_s=server.upstream_idle_s,
+            pool_wait_s=server.health_timeout_s, max_body_bytes=server.max_response_bytes))
         fleet = Fleet(settings.replicas, unhealthy_after=settings.server.unhealthy_after)
         tokens = await start_token_mode(settings, fleet, self.clock)
         router = Router(settings.routing, tokens.mode if tokens is not None else None)
@@ -124,11 +137,11 @@ class GatewayApp:
                                    hygiene.max_sessions + hygiene.max_templates),
             clock=self.clock)
         monitor = FleetMonitor(fleet, upstream, router, metrics, settings, self.clock,
-                               recorder=recorder)
+                               recorder=recorder, probes=probes)
         services = Services(
             settings=settings, clock=self.clock, upstream=upstream, fleet=fleet, router=router,
             analyzer=HygieneAnalyzer(settings.hygiene), metrics=metrics, recorder=recorder,
-            auth=Authenticator(settings.auth.keys), monitor=monitor,
+            auth=Authenticator(settings.auth.keys), monitor=monitor, probes=probes,
             feeds=tokens.feeds if tokens is not None else None,
         )
         await recorder.start()
@@ -142,7 +155,8 @@ class GatewayApp:
         self._proxy = Proxy(
             server=server, fleet=fleet, router=router, analyzer=services.analyzer,
             metrics=metrics, recorder=recorder, auth=services.auth, monitor=monitor,
-            upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer)
+            upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer,
+            counters=UpstreamCounters(metrics.registry))
         log.debug("gateway services started", extra={
             "replicas": [r.name for r in settings.replicas],
             "healthy": [r.name for r in fleet.healthy()]})
@@ -160,6 +174,7 @@ class GatewayApp:
         await services.recorder.aclose()
         if self._given_upstream is None:
             await services.upstream.aclose()
+            await services.probes.aclose()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[GatewayApp]:
@@ -222,7 +237,7 @@ class GatewayApp:
                 body, content_type = render_page(orjson.loads(body)), HTML
             await respond(send, status, body, [], content_type)
             return
-        if path.startswith("/v1/"):
+        if path.startswith("/v1/") or path in _NATIVE:
             await proxy.handle(scope, receive, send, None)
             return
         await respond_error(send, GatewayError(404, f"No route {path}.", code="not_found"), [])

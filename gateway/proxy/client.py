@@ -1,17 +1,27 @@
-"""The production `Upstream` (gateway.proxy.upstream): aiohttp's client, one session for every
+"""The production `Upstream` (gateway.upstream.seam): aiohttp's client, one session for every
 replica, with the rules the relay path needs.
 
 - Pool: keep-alive connections per replica (aiohttp's connector keys them by host and port),
-  at most `connections_per_replica` of them; a request over that waits for a free one
-  (bounded by the read timeout). Connections idle longer than `idle_s` are closed by the
-  connector's own reaper; keep `idle_s` below the replicas' keep-alive timeout (uvicorn, so
-  vLLM: 5 s) so the gateway, not the engine, closes idle connections.
-- Stale connections: a server may close an idle keep-alive connection just as the next
-  request is written on it. aiohttp retries that only for idempotent methods; inference is a
-  POST. A request that fails on a *reused* connection before any response byte
-  (ServerDisconnectedError / ClientOSError, seen through a TraceConfig that marks reuse) is
-  sent once more, on a fresh connection to the same replica: the engine never saw it, and
-  retrying elsewhere would lose the prefix cache.
+  at most `connections_per_replica` of them. A request over that waits for a free slot at
+  most `pool_wait_s`, then fails with `UpstreamPoolBusy` (nothing was sent: the gateway's
+  own congestion, answered 503 with Retry-After; never the replica's fault). The slots are
+  one `asyncio.Semaphore` per replica origin (so the map is bounded by the configured
+  fleet), taken before aiohttp is asked for a connection and given back when the response
+  is released or aborted: the wait for a slot is bounded on its own, apart from the
+  connect timeout, and aiohttp's own per-host limit (the same number) never queues.
+- Delivery: only a failure to open the connection (refused, DNS, socket-connect timeout:
+  `ClientConnectorError`, `ConnectionTimeoutError`) is `UpstreamConnectError`, "not
+  delivered", which the caller may retry on another replica.
+  Once a connection is handed out, any break is "delivered, no answer"
+  (`UpstreamProtocolError`): the replica may have read the request, so nothing is re-sent,
+  not even on a reused keep-alive connection. Stale connections are kept out of use
+  instead: connections idle longer than `idle_s` are closed by the connector; keep `idle_s`
+  below the replicas' keep-alive timeout (uvicorn, so vLLM: 5 s) so the gateway, not the
+  engine, closes idle connections. And a pooled connection is handed out only after a
+  look at its socket (`recv(MSG_PEEK | MSG_DONTWAIT)`, `_PeekingConnector`) shows its peer
+  has not closed it: a server that closes after every answer while advertising keep-alive
+  (llama.cpp) has its FIN in the kernel before the next request, though asyncio may not
+  have read it yet. What is left is a close crossing the request on the wire: a 502.
 - Bytes as the engine wrote them: no Accept-Encoding or User-Agent is added and nothing is
   decompressed (`auto_decompress=False`); a streamed body is handed on as each read
   returns it (`iter_any`), never collected. aiohttp sets TCP_NODELAY on every connection.
@@ -19,30 +29,36 @@ replica, with the rules the relay path needs.
   aiohttp's parser (`max_line_size`, `max_field_size`, `max_headers`), a body read whole
   by `max_body_bytes`; an informational or upgrade answer (1xx, e.g. `101 Switching
   Protocols`) is refused as a protocol error and its connection closed.
-- Errors: aiohttp's exceptions are translated here, once, into `gateway.proxy.errors`:
-  nothing reached the engine -> UpstreamConnectError (the caller may try another replica),
-  no answer in time -> UpstreamTimeout, anything malformed or cut -> UpstreamProtocolError.
+- Errors: aiohttp's exceptions are translated here, once, into `gateway.upstream.errors`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import Any
 
 import aiohttp
+from aiohttp.client_reqrep import ConnectionKey
 from aiohttp.connector import Connection
+from aiohttp.tracing import Trace
+from yarl import URL
 
-from gateway.proxy.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
-from gateway.proxy.upstream import RawHeaders, Timeouts
-
-_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+from gateway.upstream.errors import (
+    UpstreamConnectError,
+    UpstreamPoolBusy,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+)
+from gateway.upstream.seam import RawHeaders, Timeouts
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClientLimits:
     connections_per_replica: int = 256
+    pool_wait_s: float = 10.0  # longest wait for a free connection, then UpstreamPoolBusy
     idle_s: float = 4.0
     max_body_bytes: int = 64 * 1024 * 1024  # a non-streamed answer read whole
     max_line_size: int = 8190  # status line and each header line
@@ -63,14 +79,45 @@ class _NoUpgradeResponse(aiohttp.ClientResponse):
         return self
 
 
+class _PeekingConnector(aiohttp.TCPConnector):
+    """aiohttp's connector, handing out a pooled connection only while its peer has not
+    closed it (module docstring). Overrides aiohttp's `_get`, its one place where a pooled
+    connection is taken for reuse."""
+
+    async def _get(self, key: ConnectionKey, traces: list[Trace]) -> Connection | None:
+        while True:
+            conn = await super()._get(key, traces)
+            if conn is None or _peer_open(conn):
+                return conn
+            conn.close()  # the peer is gone: never write a request on it
+
+
+def _peer_open(conn: Connection) -> bool:
+    transport = conn.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return True
+    try:
+        # A duplicate descriptor: closing it leaves the transport's socket alone.
+        with socket.socket(fileno=os.dup(sock.fileno())) as peek:
+            peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return True  # nothing to read: open and idle, as a pooled connection should be
+    except OSError:
+        return False  # reset
+    return False  # EOF, or bytes nobody asked for: either way not reusable
+
+
 class AiohttpResponse:
     """One upstream answer: read whole or relayed chunk by chunk, then released or aborted."""
 
-    __slots__ = ("_limit", "_resp", "headers", "status")
+    __slots__ = ("_limit", "_resp", "_slot", "headers", "status")
 
-    def __init__(self, resp: aiohttp.ClientResponse, limit: int) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, limit: int,
+                 slot: asyncio.Semaphore | None = None) -> None:
         self._resp = resp
         self._limit = limit
+        self._slot = slot  # the pool slot this response holds until released or aborted
         self.status = resp.status
         self.headers: RawHeaders = resp.raw_headers
 
@@ -104,23 +151,28 @@ class AiohttpResponse:
 
     def release(self) -> None:
         self._resp.release()
+        self._free()
 
     def abort(self) -> None:
         self._resp.close()  # drops the connection: the engine sees the client go
+        self._free()
+
+    def _free(self) -> None:
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.release()
 
 
 class AiohttpUpstream:
     def __init__(self, limits: ClientLimits | None = None) -> None:
         self.limits = limits or ClientLimits()
-        self.stale_retries = 0  # requests re-sent after a stale keep-alive connection
         self._session: aiohttp.ClientSession | None = None
+        self._slots: dict[str, asyncio.Semaphore] = {}  # per replica origin (module docstring)
 
     def _open(self) -> aiohttp.ClientSession:
         # Built on first use, inside the running loop (aiohttp binds its session to it).
         lim = self.limits
-        trace = aiohttp.TraceConfig()
-        trace.on_connection_reuseconn.append(_mark_reused)
-        connector = aiohttp.TCPConnector(
+        connector = _PeekingConnector(
             limit=0, limit_per_host=lim.connections_per_replica,
             keepalive_timeout=lim.idle_s, ttl_dns_cache=60,
         )
@@ -128,7 +180,7 @@ class AiohttpUpstream:
             connector=connector, auto_decompress=False,
             skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
             max_line_size=lim.max_line_size, max_field_size=lim.max_field_size,
-            max_headers=lim.max_headers, trace_configs=[trace],
+            max_headers=lim.max_headers,
             cookie_jar=aiohttp.DummyCookieJar(), response_class=_NoUpgradeResponse,
         )
 
@@ -139,46 +191,59 @@ class AiohttpUpstream:
         session = self._session
         if session is None:
             session = self._session = self._open()
+        slot = await self._slot(url)
+        try:
+            resp = await self._request(session, method, url, headers, body, timeouts)
+        except BaseException:
+            slot.release()
+            raise
+        return AiohttpResponse(resp, self.limits.max_body_bytes, slot)
+
+    async def _slot(self, url: str) -> asyncio.Semaphore:
+        origin = str(URL(url).origin())
+        slot = self._slots.get(origin)
+        if slot is None:
+            slot = self._slots[origin] = asyncio.Semaphore(self.limits.connections_per_replica)
+        try:
+            async with asyncio.timeout(self.limits.pool_wait_s):
+                await slot.acquire()
+        except TimeoutError:
+            raise UpstreamPoolBusy(
+                f"no free connection within {self.limits.pool_wait_s:g} s") from None
+        return slot
+
+    async def _request(
+        self, session: aiohttp.ClientSession, method: str, url: str,
+        headers: Sequence[tuple[str, str]], body: bytes | None, timeouts: Timeouts,
+    ) -> aiohttp.ClientResponse:
         timeout = aiohttp.ClientTimeout(
-            total=timeouts.total_s, connect=timeouts.read_s,
+            total=timeouts.total_s, connect=timeouts.connect_s,
             sock_connect=timeouts.connect_s, sock_read=timeouts.read_s,
         )
-        for attempt in (0, 1):
-            ctx = SimpleNamespace(reused=False)
-            try:
-                resp = await session.request(
-                    method, url, headers=list(headers), data=body, timeout=timeout,
-                    allow_redirects=False, trace_request_ctx=ctx,
-                )
-            except _STALE as exc:
-                if ctx.reused and attempt == 0:
-                    self.stale_retries += 1
-                    continue
-                raise UpstreamConnectError(_describe(exc)) from None
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-                raise UpstreamConnectError(_describe(exc)) from None
-            except TimeoutError:
-                raise UpstreamTimeout("no response head within the timeout") from None
-            except aiohttp.ClientResponseError as exc:  # malformed or oversized head
-                raise UpstreamProtocolError(f"invalid response head: {exc.message}") from None
-            except (aiohttp.ClientError, ValueError) as exc:
-                raise UpstreamProtocolError(_describe(exc)) from None
-            if resp.status < 200:  # 101 Switching Protocols or another 1xx: never relayed
-                resp.close()
-                raise UpstreamProtocolError(f"refused an informational answer ({resp.status})")
-            return AiohttpResponse(resp, self.limits.max_body_bytes)
-        raise AssertionError("unreachable")  # the loop returns or raises
+        try:
+            resp = await session.request(
+                method, url, headers=list(headers), data=body, timeout=timeout,
+                allow_redirects=False,
+            )
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            # refused, DNS, connect timeout: nothing was written
+            raise UpstreamConnectError(_describe(exc)) from None
+        except TimeoutError:
+            raise UpstreamTimeout("no response head within the timeout") from None
+        except aiohttp.ClientResponseError as exc:  # malformed or oversized head
+            raise UpstreamProtocolError(f"invalid response head: {exc.message}") from None
+        except (aiohttp.ClientError, ValueError) as exc:
+            # The connection was handed out and the request (maybe) written: delivered.
+            raise UpstreamProtocolError(_describe(exc)) from None
+        if resp.status < 200:  # 101 Switching Protocols or another 1xx: never relayed
+            resp.close()
+            raise UpstreamProtocolError(f"refused an informational answer ({resp.status})")
+        return resp
 
     async def aclose(self) -> None:
         session, self._session = self._session, None
         if session is not None:
             await session.close()
-
-
-async def _mark_reused(session: aiohttp.ClientSession, ctx: SimpleNamespace,
-                       params: Any) -> None:
-    if ctx.trace_request_ctx is not None:
-        ctx.trace_request_ctx.reused = True
 
 
 def _describe(exc: BaseException) -> str:

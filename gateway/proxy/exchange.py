@@ -19,12 +19,13 @@ class Exchange:
     __slots__ = (
         "best", "disconnected", "done", "endpoint", "error", "findings", "method", "model", "moved",
         "outcome", "predicted", "replica", "request_id", "route", "session", "status", "stream",
-        "t0", "target", "tenant", "ts", "up_headers",
+        "t0", "target", "tenant", "ts", "up_headers", "upstream_id",
     )
 
     def __init__(self, request_id: str, ts: float, t0: float, endpoint: str,
                  method: str = "POST") -> None:
-        self.request_id = request_id
+        self.request_id = request_id  # the client's id if usable, else upstream_id
+        self.upstream_id = request_id  # the gateway's own random id, sent as X-Request-Id
         self.method = method
         self.ts = ts
         self.t0 = t0

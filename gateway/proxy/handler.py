@@ -2,7 +2,7 @@
 
     auth -> read body (bounded) -> parse + check once -> session -> candidates (404/503)
     -> hygiene scan/log/rewrite -> route -> forward (original bytes unless changed)
-    -> relay (retry once on the next ranked replica if nothing reached the client yet)
+    -> relay (retry on the next ranked healthy replica only what never reached a replica)
     -> finally: one UsageRecord, one Router.report of the plan's outcome (with the reply
        text of a non-streamed answer, so the router indexes the answer the next turn
        repeats), in-flight released
@@ -12,10 +12,13 @@ client goes, it cancels the request task, which closes the upstream connection a
 (the engine aborts the request and frees its KV blocks) and records status 499. The
 in-flight count is released in a `finally`, never in a background task.
 
-Retry rule: a connect error, or a 5xx answer, from a replica before anything was sent to
-the client moves the request to the next replica of `Decision.ranked` (at most
-`server.retries` times). A timeout is not retried: the engine may still be working on it.
-When every attempt failed, the last upstream 5xx is relayed as is, else a 502/504.
+Retry rule (gateway.upstream.failure, one table): only a request that provably never
+reached its replica (not delivered: refused, DNS, connect timeout) moves to the next healthy
+replica of `Decision.ranked` (at most `server.retries` times), and the router is told of the
+move (`Router.retried`). Anything delivered is never sent again: a replica's 4xx or 5xx is
+relayed as is, a broken connection is a 502, a timeout a 504, a full connection pool (the
+gateway's own congestion) a 503 with `Retry-After`. A not-delivered failure asks the monitor
+to probe that replica now (`FleetMonitor.suspect`); only probes mark a replica down.
 
 Responses (`/v1/responses`) and Messages (`/v1/messages`) bodies are routed and scanned as
 the chat request vLLM renders from them (gateway.routing.responses_api / messages_api).
@@ -25,15 +28,17 @@ If that replica left the fleet or is unhealthy, the gateway answers 404/503 sayi
 instead of sending it where it can only fail. Each relayed Responses answer's id is
 remembered with the replica that made it (`Services.affinity`).
 
-Other `/v1/*` calls (`forward`) go to the least busy healthy replica serving the body's
-`model` (any healthy replica without one), relayed the same way, and are recorded too.
+Other `/v1/*` calls and vLLM's own endpoints (`forward`) go to the least busy healthy
+replica serving the body's `model` (any healthy replica without one), relayed the same way,
+and are recorded too. A call on one stored response (`GET`/`DELETE /v1/responses/{id}`,
+`POST /v1/responses/{id}/cancel`) goes to the replica that created it when the gateway knows
+it (404/503 as above when that replica is gone or down).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 from collections.abc import Callable
@@ -45,14 +50,13 @@ import orjson
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.proxy.asgi import ClientGone, Headers, Receive, Scope, Send, read_body, request_headers
 from gateway.proxy.auth import Authenticator
-from gateway.proxy.errors import GatewayError, UpstreamConnectError, UpstreamError, from_upstream
+from gateway.proxy.errors import GatewayError, UpstreamError, from_upstream
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import response_headers
 from gateway.proxy.inbound import Endpoint, inject_usage, parse_inbound, parse_json
 from gateway.proxy.relay import RelayOutcome, relay, shutting_down, upstream_request_headers
 from gateway.proxy.session import resolve_session, session_header
 from gateway.proxy.target import client_request_id, forwarded_headers, upstream_target
-from gateway.proxy.upstream import Timeouts, Upstream, UpstreamResponse
 from gateway.replicas.fleet import Fleet, Replica, no_healthy
 from gateway.replicas.monitor import FleetMonitor
 from gateway.routing import messages_api, responses_api
@@ -60,6 +64,9 @@ from gateway.routing.affinity import AffinityStore, Lost, Pinned, place
 from gateway.routing.normalize import NormalizeError
 from gateway.routing.router import Router
 from gateway.settings import ServerSettings
+from gateway.upstream.counters import UpstreamCounters
+from gateway.upstream.failure import answered, client_error, happened, verdict
+from gateway.upstream.seam import Timeouts, Upstream, UpstreamResponse
 from gateway.usage.metrics import UNKNOWN_MODEL, GatewayMetrics
 from gateway.usage.recorder import UsageRecorder
 
@@ -81,6 +88,7 @@ class Proxy:
         analyzer: HygieneAnalyzer, metrics: GatewayMetrics, recorder: UsageRecorder,
         auth: Authenticator, monitor: FleetMonitor, upstream: Upstream,
         affinity: AffinityStore, clock: Callable[[], float], timer: Callable[[], float],
+        counters: UpstreamCounters,
     ) -> None:
         self.affinity = affinity  # Responses API: which replica created which response
         self.fleet = fleet
@@ -93,15 +101,13 @@ class Proxy:
         self.upstream = upstream
         self.clock = clock
         self.timer = timer
+        self.counters = counters
+        self.retry_after_s = max(1, round(server.upstream_pool_wait_s))
         self.max_body = server.max_body_bytes
         self.body_idle_s = server.client_body_timeout_s
         self.retries = server.retries
         self.session_headers = tuple(h.lower().encode("latin-1") for h in server.session_headers)
         self.timeouts = Timeouts(connect_s=server.connect_timeout_s, read_s=server.read_timeout_s)
-        # Request ids: a random per-process prefix and a counter (32 hex digits, like a
-        # uuid4 hex, unique without a random draw per request).
-        self._rid_prefix = os.urandom(8).hex()
-        self._rid_seq = itertools.count(1)
 
     # the path ---------------------------------------------------------------------------
 
@@ -110,10 +116,16 @@ class Proxy:
         """One proxied call: `endpoint` for the routed inference routes, None for any other
         `/v1/*` call (forwarded to the least busy replica serving its model)."""
         rid_h, auth_h, length_h = request_headers(scope, _WANTED)
-        rid = client_request_id(rid_h) or f"{self._rid_prefix}{next(self._rid_seq):016x}"
+        # The engine's id is always the gateway's own random one (vLLM builds its request
+        # id from X-Request-Id: two clients choosing the same id must not collide there);
+        # the client's id, when it sent a usable one, names the request in records and logs.
+        own = os.urandom(16).hex()
+        rid = client_request_id(rid_h) or own
         ex = Exchange(rid, self.clock(), self.timer(), endpoint or scope["path"][:200],
                       scope["method"])
-        headers: Headers = [(b"x-request-id", rid.encode("latin-1"))]
+        ex.upstream_id = own
+        headers: Headers = [(b"x-request-id", rid.encode("latin-1")),
+                            (b"x-gateway-request-id", own.encode())]
         task = asyncio.current_task()
         assert task is not None
         watcher: asyncio.Task[None] | None = None
@@ -226,6 +238,11 @@ class Proxy:
         previous = body.get("previous_response_id")
         if not isinstance(previous, str):
             return None
+        return self._holder(previous, "previous_response_id")
+
+    def _holder(self, previous: str, param: str) -> str | None:
+        """The replica that stored response `previous`, None when the gateway does not
+        know it; raises when that replica left or is down (no other holds it)."""
         fleet = self.fleet.replicas
         where = place(self.affinity.lookup(previous),
                       {name: r.healthy for name, r in fleet.items()})
@@ -238,15 +255,17 @@ class Proxy:
                     404, f"Response '{shown}' was created on replica {where.replica}, which has "
                     "left the fleet; its stored state was lost with it. Start a new chain "
                     "without previous_response_id.", code="previous_response_lost",
-                    param="previous_response_id")
+                    param=param)
             raise GatewayError(
                 503, f"Response '{shown}' is stored on replica {where.replica}, which is "
                 "unhealthy; no other replica holds it. Retry later.",
-                code="previous_response_unavailable", param="previous_response_id")
+                code="previous_response_unavailable", param=param)
         return None
 
     async def _forward_other(self, scope: Scope, send: Send, raw: bytes, ex: Exchange,
                              headers: Headers) -> None:
+        stored = stored_response(scope["path"], scope["method"])
+        holder = self._holder(stored, "response_id") if stored is not None else None
         model = None
         if raw and scope["method"] != "GET":
             doc = parse_json(raw)
@@ -261,7 +280,9 @@ class Proxy:
                 raise no_healthy(None)
         ranked = tuple(r.name for r in sorted(candidates, key=lambda r: r.in_flight))
         ex.route = "forward"
-        headers.append((b"x-gateway-route", b"forward"))
+        if holder is not None:
+            ranked, ex.route = (holder,), "response"
+        headers.append((b"x-gateway-route", ex.route.encode()))
         await self._attempts(scope, send, raw or None, ranked, None, False, ex, headers)
 
     # forwarding -------------------------------------------------------------------------
@@ -270,75 +291,60 @@ class Proxy:
         self, scope: Scope, send: Send, payload: bytes | None, ranked: tuple[str, ...],
         plan: RoutePlan | None, strip: bool, ex: Exchange, headers: Headers,
     ) -> None:
-        url_path = ex.target
+        """Try the ranked replicas in turn while a try was not delivered."""
         failure: GatewayError | None = None
         fleet = self.fleet.replicas
-        spare = [n for n in ranked[1:] if n in fleet and fleet[n].healthy]
-        targets = [ranked[0], *spare[: self.retries]]
-        for i, name in enumerate(targets):
+        tries = 0
+        for i, name in enumerate(ranked):
             replica = fleet.get(name)
+            # A retry goes only to a replica still healthy now (the first was chosen so).
             if replica is None or (i and not replica.healthy):
                 continue
+            if tries > self.retries:
+                break
+            tries += 1
+            if i and plan is not None:
+                self.router.retried(plan, name, self.clock())
+            if i:
+                self.counters.retried(name)
             ex.replica = name
-            outcome = await self._attempt(scope, send, payload, url_path, replica, plan, strip,
-                                          ex, headers, i == len(targets) - 1)
-            if outcome is None:
+            failure = await self._attempt(scope, send, payload, replica, plan, strip, ex, headers)
+            if failure is None:
                 return
-            failure = outcome
-        if failure is None:
-            failure = no_healthy(ex.model or None)
-        raise failure
+        raise failure if failure is not None else no_healthy(ex.model or None)
 
     async def _attempt(
-        self, scope: Scope, send: Send, payload: bytes | None, url_path: str, replica: Replica,
-        plan: RoutePlan | None, strip: bool, ex: Exchange, headers: Headers, last: bool,
+        self, scope: Scope, send: Send, payload: bytes | None, replica: Replica,
+        plan: RoutePlan | None, strip: bool, ex: Exchange, headers: Headers,
     ) -> GatewayError | None:
-        """One try on one replica; returns the error to fall back on if another may try."""
+        """One try on one replica: None when it answered the client, the error to answer
+        when nothing reached the replica (the caller may try another), else raises."""
         name = replica.name
         replica.in_flight += 1
-        if plan is not None:
-            plan.outcome.replica = name  # a retry moves the request (Router._settle)
         resp: UpstreamResponse | None = None
         ok = False
         clean = False
         ex.outcome = outcome = RelayOutcome()
         try:
-            up_headers = upstream_request_headers(ex.up_headers, ex.request_id,
+            up_headers = upstream_request_headers(ex.up_headers, ex.upstream_id,
                                                   replica.upstream_headers)
             try:
-                resp = await self.upstream.send(scope["method"], replica.url + url_path, up_headers,
-                                             payload, self.timeouts)
-            except UpstreamConnectError as exc:
-                self.monitor.report_connect_failure(replica)
-                return from_upstream(exc, name)
-            except UpstreamError as exc:  # timeout: the engine may be busy with it, no retry
-                raise from_upstream(exc, name) from None
-            if resp.status >= 500 and not last:
-                log.warning("upstream error, retrying", extra={
-                    "request_id": ex.request_id, "replica": name, "status": resp.status})
-                return GatewayError(resp.status, f"Replica {name} answered {resp.status}.",
-                                    code="upstream_error")
-            extra = [*headers, (b"x-gateway-replica", name.encode())]
-
-            def first_byte() -> None:
-                if plan is not None:
-                    plan.outcome.first_token_at = self.clock()
-
-            def created(response_id: str) -> None:
-                self.affinity.remember(response_id, name)
-
-            responses = ex.endpoint == "responses"
-
-            try:
-                await relay(resp, send, extra, strip_usage=strip, replica=name, outcome=outcome,
-                            on_first_byte=first_byte, timer=self.timer,
-                            on_response_id=created if responses else None,
-                            first_token=b'"response.output_text.delta"' if responses else None)
+                resp = await self.upstream.send(scope["method"], replica.url + ex.target,
+                                                up_headers, payload, self.timeouts)
             except UpstreamError as exc:
-                raise from_upstream(exc, name) from None
-            ex.status = outcome.status
-            if outcome.error is not None:
-                ex.fail(outcome.error)
+                what = happened(exc)
+                self.counters.failure(name, what)
+                rule = verdict(what)
+                if rule.suspect:
+                    self.monitor.suspect(replica)
+                error = client_error(exc, name, self.retry_after_s)
+                if rule.retry:
+                    return error
+                raise error from None
+            status_class = answered(resp.status)
+            if status_class is not None:
+                self.counters.failure(name, status_class)  # relayed as is (the table)
+            await self._relay(send, resp, replica, plan, strip, ex, headers, outcome)
             ok = ex.status < 400
             clean = outcome.error is None
             return None
@@ -358,10 +364,50 @@ class Proxy:
                 o.completion_tokens = u.completion_tokens if u else None
                 o.reply_text = outcome.reply_text  # non-streamed answers only (RelayOutcome)
 
+    async def _relay(
+        self, send: Send, resp: UpstreamResponse, replica: Replica, plan: RoutePlan | None,
+        strip: bool, ex: Exchange, headers: Headers, outcome: RelayOutcome,
+    ) -> None:
+        name = replica.name
+        extra = [*headers, (b"x-gateway-replica", name.encode())]
+
+        def first_byte() -> None:
+            if plan is not None:
+                plan.outcome.first_token_at = self.clock()
+
+        def created(response_id: str) -> None:
+            self.affinity.remember(response_id, name)
+
+        responses = ex.endpoint == "responses"
+        try:
+            await relay(resp, send, extra, strip_usage=strip, replica=name, outcome=outcome,
+                        on_first_byte=first_byte, timer=self.timer,
+                        on_response_id=created if responses else None,
+                        first_token=b'"response.output_text.delta"' if responses else None)
+        except UpstreamError as exc:  # before the head: delivered, no usable answer
+            self.counters.failure(name, happened(exc))
+            raise from_upstream(exc, name) from None
+        ex.status = outcome.status
+        if outcome.error is not None:
+            ex.fail(outcome.error)
+
+
+def stored_response(path: str, method: str) -> str | None:
+    """The response id a call on one stored response names (GET/DELETE
+    /v1/responses/{id}, POST /v1/responses/{id}/cancel), else None (pure)."""
+    parts = path.split("/")
+    if len(parts) < 4 or parts[1:3] != ["v1", "responses"] or not parts[3]:
+        return None
+    if len(parts) == 4 and method in ("GET", "DELETE"):
+        return parts[3]
+    if len(parts) == 5 and parts[4] == "cancel" and method == "POST":
+        return parts[3]
+    return None
+
 
 async def _respond_error(send: Send, err: GatewayError, headers: Headers) -> None:
     body = err.body()
     await send({"type": "http.response.start", "status": err.status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        *headers]})
+        *err.headers(), *headers]})
     await send({"type": "http.response.body", "body": body})

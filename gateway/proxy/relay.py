@@ -30,7 +30,7 @@ from collections.abc import Callable
 from gateway.proxy.asgi import Headers, Send
 from gateway.proxy.errors import GatewayError, UpstreamError, from_upstream
 from gateway.proxy.target import HOP_BY_HOP
-from gateway.proxy.upstream import RawHeaders, UpstreamResponse
+from gateway.upstream.seam import RawHeaders, UpstreamResponse
 from gateway.usage.extract import Usage, parse_answer
 from gateway.usage.sse import SseUsageTap
 

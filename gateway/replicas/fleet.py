@@ -5,10 +5,16 @@ No I/O here: `gateway.replicas.monitor` probes and scrapes, then reports through
 `probe_result`, `set_models` and `set_snapshot`; the request path asks `candidates(model)`
 and moves in-flight counts with `acquire`/`release`.
 
-Health rule: a replica starts down, goes up on its first successful probe, and goes down
-after `unhealthy_after` consecutive failed probes, or at once when a request could not
-connect to it (`connect_failed`); only a probe brings it back. A restart is detected when a
-cumulative engine counter goes backwards between two scrapes (`counters_reset`).
+Health rule: from probes alone. A replica starts down, goes up on its first successful
+probe, and goes down after `unhealthy_after` consecutive failed probes. What a client request
+meets never marks a replica down by itself: a request that could not be delivered only asks
+for a probe now (gateway.replicas.monitor), and a busy replica, whose pool of client
+connections is full, is not probed through that pool.
+
+Memory rule (`memory_verdict`, pure): a replica that went down keeps its routing memory
+(index, session bindings) while it is down; it is cleared once, when the replica is seen
+restarted (its `/metrics` process start time changed, or a cumulative engine counter went
+backwards: `counters_reset`) or when it comes back after more than `forget_after_s` down.
 """
 
 from __future__ import annotations
@@ -17,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gateway.proxy.errors import GatewayError
 from gateway.routing.decision import ReplicaState
 from gateway.settings import ReplicaSettings
+from gateway.upstream.errors import GatewayError
 from gateway.usage.snapshot import EngineSnapshot
 
 Transition = Literal["up", "down"] | None
@@ -35,6 +41,8 @@ class Replica:
     model_cards: tuple[dict[str, object], ...] = ()  # /v1/models entries, as served
     snapshot: EngineSnapshot | None = None
     upstream_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    down_since: float | None = None  # when probes last marked it down (None: up or never up)
+    start_time: float | None = None  # the engine process's start time (/metrics), if shown
 
     @property
     def name(self) -> str:
@@ -69,6 +77,17 @@ def counters_reset(prev: EngineSnapshot | None, cur: EngineSnapshot) -> bool:
         (prev.generation_tokens_total, cur.generation_tokens_total),
     )
     return any(a is not None and b is not None and b < a for a, b in pairs)
+
+
+def restarted(known: float | None, seen: float | None) -> bool:
+    """True when the engine's process start time changed: a new process, an empty cache."""
+    return known is not None and seen is not None and seen != known
+
+
+def memory_verdict(down_since: float | None, now: float, forget_after_s: float) -> bool:
+    """True when a replica coming back up must lose its routing memory: it was down longer
+    than `forget_after_s` (whatever it holds now cannot be told from what it held)."""
+    return down_since is not None and now - down_since > forget_after_s
 
 
 def not_found(model: str) -> GatewayError:
@@ -125,7 +144,7 @@ class Fleet:
             raise no_healthy(model)
         raise not_found(model)
 
-    def probe_result(self, name: str, ok: bool) -> Transition:
+    def probe_result(self, name: str, ok: bool, now: float) -> Transition:
         r = self.replicas[name]
         if ok:
             r.failures = 0
@@ -136,16 +155,17 @@ class Fleet:
         r.failures += 1
         if r.healthy and r.failures >= self.unhealthy_after:
             r.healthy = False
+            r.down_since = now
             return "down"
         return None
 
-    def connect_failed(self, name: str) -> Transition:
+    def set_start_time(self, name: str, start_time: float | None) -> bool:
+        """Store the engine's process start time; True when it shows a restart."""
         r = self.replicas[name]
-        r.failures = max(r.failures, self.unhealthy_after)
-        if r.healthy:
-            r.healthy = False
-            return "down"
-        return None
+        fresh = restarted(r.start_time, start_time)
+        if start_time is not None:
+            r.start_time = start_time
+        return fresh
 
     def set_models(self, name: str, cards: Sequence[dict[str, object]]) -> None:
         r = self.replicas[name]

@@ -1,15 +1,25 @@
 """Background I/O that keeps the `Fleet` current: health probes, model discovery and engine
-metrics scrapes, each on its own timer, all through the app's `Upstream`.
+metrics scrapes, each on its own timer, all through the probes' own `Upstream` (a small pool
+apart from client traffic, `server.probe_connections` per replica, so a replica whose client
+pool is full is still probed at once).
 
 - health, every `server.health_interval_s` (timeout `server.health_timeout_s`): `GET /health`
-  on every replica; 200 is up. A replica going up is added to the router with its configured
-  `capacity_tokens` (if any) and has its models and metrics read at once; one going down is
-  removed from the router.
+  on every replica; 200 is up, `server.unhealthy_after` failures in a row are down (the
+  fleet's rule). A replica going up is added to the router with its configured
+  `capacity_tokens` (if any) and has its models and metrics read at once. One going down
+  keeps its routing memory (index, bindings): it is routed around, not forgotten.
+- suspect: a request that could not be delivered to a replica (`suspect`) starts a quick
+  probe run on it (up to `unhealthy_after` probes, `SUSPECT_SPACING_S` apart, stopping at
+  the first success); at most one run per replica at a time.
+- memory: cleared once (`Router.replica_restarted`) when the replica is seen restarted (a
+  new `process_start_time_seconds` in `/metrics`, or engine counters gone backwards), or
+  when it comes back after more than `server.forget_after_s` down. After a failed probe
+  the next good one reads `/metrics` at once, so a quick restart is seen at once too.
 - models, every `server.models_refresh_s`: `GET /v1/models` on the healthy replicas.
 - scrape, every `usage.scrape_interval_s`: `GET /metrics`, parsed by
   `parse_engine_metrics`; feeds `Router.set_capacity` (reported capacity, else the
   configured `capacity_tokens`, also when the scrape fails or `/metrics` is off),
-  `Router.replica_restarted` when counters went backwards, and `GatewayMetrics.replica_state`.
+  `Router.replica_restarted` when the engine restarted, and `GatewayMetrics.replica_state`.
 
 - details probe (`usage.startup_probe`, default on): once a replica is up and its models
   known, a background task sends it `POST /v1/completions` with a fixed ~40-token prompt
@@ -32,12 +42,12 @@ from collections.abc import Callable
 
 import orjson
 
-from gateway.proxy.errors import UpstreamError
-from gateway.proxy.upstream import Timeouts, Upstream
-from gateway.replicas.fleet import Fleet, Replica
-from gateway.replicas.scrape import parse_engine_metrics
+from gateway.replicas.fleet import Fleet, Replica, memory_verdict
+from gateway.replicas.scrape import parse_engine_metrics, process_start_time
 from gateway.routing.router import Router
 from gateway.settings import Settings
+from gateway.upstream.errors import UpstreamError
+from gateway.upstream.seam import Timeouts, Upstream
 from gateway.usage.extract import usage_from_body
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.recorder import UsageRecorder
@@ -51,6 +61,7 @@ DETAILS_PROBE_PROMPT = (
     "prompt tokens are reported."
 )
 DETAILS_PROBE_TIMEOUT_S = 30.0
+SUSPECT_SPACING_S = 0.5  # between the probes of a suspect run
 
 
 def warning_due(failures: int) -> bool:
@@ -63,10 +74,12 @@ class FleetMonitor:
     def __init__(
         self, fleet: Fleet, upstream: Upstream, router: Router, metrics: GatewayMetrics,
         settings: Settings, clock: Callable[[], float], recorder: UsageRecorder | None = None,
+        probes: Upstream | None = None,
     ) -> None:
         self.fleet = fleet
         self.recorder = recorder if settings.usage.startup_probe else None
-        self.upstream = upstream
+        self.upstream = upstream  # the client pool: the details probe is an inference
+        self.probes = probes if probes is not None else upstream
         self.router = router
         self.metrics = metrics
         self.clock = clock
@@ -74,6 +87,7 @@ class FleetMonitor:
         self.health_interval = server.health_interval_s
         self.models_interval = server.models_refresh_s
         self.scrape_interval = settings.usage.scrape_interval_s
+        self.forget_after_s = server.forget_after_s
         self.timeouts = Timeouts(
             connect_s=server.health_timeout_s, read_s=server.health_timeout_s,
             total_s=server.health_timeout_s,
@@ -84,6 +98,7 @@ class FleetMonitor:
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._details_probes: set[asyncio.Task[None]] = set()
+        self._suspects: dict[str, asyncio.Task[None]] = {}  # at most one per replica
 
     async def start(self) -> None:
         await self.probe_all()
@@ -94,12 +109,13 @@ class FleetMonitor:
         ]
 
     async def aclose(self) -> None:
-        tasks = [*self._tasks, *self._details_probes]
+        tasks = [*self._tasks, *self._details_probes, *self._suspects.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
         self._details_probes.clear()
+        self._suspects.clear()
 
     async def _every(self, interval: float, action: Callable[[], object]) -> None:
         while True:
@@ -109,7 +125,7 @@ class FleetMonitor:
                 await result
 
     async def _get(self, replica: Replica, path: str) -> tuple[int, bytes]:
-        resp = await self.upstream.send(
+        resp = await self.probes.send(
             "GET", replica.url + path, replica.upstream_headers, None, self.timeouts
         )
         try:
@@ -125,7 +141,8 @@ class FleetMonitor:
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(r) for r in self.fleet.replicas.values()))
 
-    async def probe(self, replica: Replica) -> None:
+    async def probe(self, replica: Replica) -> bool:
+        """One health probe; True when it succeeded."""
         reason = ""
         try:
             status, _ = await self._get(replica, "/health")
@@ -134,7 +151,8 @@ class FleetMonitor:
         except UpstreamError as exc:
             ok = False
             reason = str(exc) or type(exc).__name__
-        transition = self.fleet.probe_result(replica.name, ok)
+        failed_before = replica.failures > 0
+        transition = self.fleet.probe_result(replica.name, ok, self.clock())
         if transition is not None:
             await self.on_transition(replica, transition)
         elif not ok and warning_due(replica.failures):
@@ -143,32 +161,46 @@ class FleetMonitor:
                 "replica": replica.name, "url": replica.url, "reason": reason,
                 "failed_probes": replica.failures,
                 "next_warning_in_s": replica.failures * self.health_interval})
+        elif ok and failed_before:
+            await self.scrape(replica)  # back after a hiccup: restarted meanwhile?
         self.publish(replica)
+        return ok
 
     async def on_transition(self, replica: Replica, transition: str) -> None:
         level = logging.INFO if transition == "up" else logging.WARNING
         log.log(level, "replica %s", transition,
                 extra={"replica": replica.name, "url": replica.url})
-        if transition == "up":
-            self.router.add_replica(replica.name)
-            # The configured capacity holds from the start: a replica without /metrics
-            # (llama.cpp's default) never gets a scrape that would set it.
-            self.apply_capacity(replica)
-            await asyncio.gather(self.refresh_model(replica), self.scrape(replica))
-            if self.recorder is not None:
-                task = asyncio.create_task(self.probe_details(replica, self.recorder))
-                self._details_probes.add(task)
-                task.add_done_callback(self._details_probes.discard)
-        else:
-            self.router.remove_replica(replica.name)
+        if transition != "up":
+            return  # routed around (fleet.candidates), its memory kept until it returns
+        down_since, replica.down_since = replica.down_since, None
+        if memory_verdict(down_since, self.clock(), self.forget_after_s):
+            log.warning("replica memory cleared", extra={
+                "replica": replica.name, "reason": "down too long"})
+            self.router.replica_restarted(replica.name)
+        self.router.add_replica(replica.name)
+        # The configured capacity holds from the start: a replica without /metrics
+        # (llama.cpp's default) never gets a scrape that would set it.
+        self.apply_capacity(replica)
+        await asyncio.gather(self.refresh_model(replica), self.scrape(replica))
+        if self.recorder is not None:
+            task = asyncio.create_task(self.probe_details(replica, self.recorder))
+            self._details_probes.add(task)
+            task.add_done_callback(self._details_probes.discard)
 
-    def report_connect_failure(self, replica: Replica) -> None:
-        """The request path could not connect: take the replica out until a probe succeeds."""
-        if self.fleet.connect_failed(replica.name) == "down":
-            log.warning("replica down", extra={"replica": replica.name, "url": replica.url,
-                                               "reason": "connect failed"})
-            self.router.remove_replica(replica.name)
-            self.publish(replica)
+    def suspect(self, replica: Replica) -> None:
+        """A request could not be delivered to `replica`: probe it now (module docstring)."""
+        if replica.name in self._suspects or not replica.healthy:
+            return
+        task = asyncio.create_task(self._probe_suspect(replica))
+        self._suspects[replica.name] = task
+        task.add_done_callback(lambda _: self._suspects.pop(replica.name, None))
+
+    async def _probe_suspect(self, replica: Replica) -> None:
+        for i in range(self.fleet.unhealthy_after):
+            if i:
+                await asyncio.sleep(SUSPECT_SPACING_S)
+            if await self.probe(replica) or not replica.healthy:
+                return
 
     def publish(self, replica: Replica) -> None:
         self.metrics.replica_state(
@@ -203,8 +235,10 @@ class FleetMonitor:
         if status != 200:
             self.apply_capacity(replica)  # no engine figure this time: keep the last/configured
             return
-        snapshot = parse_engine_metrics(body.decode("utf-8", "replace"), self.clock())
-        if self.fleet.set_snapshot(replica.name, snapshot):
+        text = body.decode("utf-8", "replace")
+        snapshot = parse_engine_metrics(text, self.clock())
+        new_process = self.fleet.set_start_time(replica.name, process_start_time(text))
+        if self.fleet.set_snapshot(replica.name, snapshot) or new_process:
             log.warning("replica restarted", extra={"replica": replica.name})
             self.router.replica_restarted(replica.name)
         self.apply_capacity(replica, snapshot.block_size)

@@ -171,3 +171,20 @@ def parse_engine_metrics(text: str, now: float) -> EngineSnapshot:
         num_gpu_blocks=num_gpu_blocks,
         block_size=block_size,
     )
+
+
+_START_TIME = re.compile(r"^process_start_time_seconds(?:\{[^}\n]*\})?[ \t]+(\S+)", re.M)
+
+
+def process_start_time(text: str) -> float | None:
+    """The engine process's start time (unix seconds; prometheus_client's process
+    collector, which vLLM's `/metrics` carries), None when absent or not a number. A new
+    value means a new process: the replica restarted with an empty cache."""
+    found = _START_TIME.search(text)
+    if found is None:
+        return None
+    try:
+        value = float(found.group(1))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None

@@ -12,9 +12,14 @@ schedules it, not when it finishes, and the request's uncached tokens count as q
 prefill there.
 
 The plan carries an `Outcome` the request path fills in as it goes. Each decision first
-settles the outcomes of requests still in flight: a first token ends its queued prefill; a
-retry that moved it to another replica moves its bookkeeping (its blocks leave the replica
-that never scheduled it).
+settles the outcomes of requests still in flight: a first token ends its queued prefill. A
+retry is told explicitly (`retried`): the request never reached the replica first chosen, so
+its queued work and the blocks it alone added there move to the replica now trying it.
+
+A request that failed before its first token was never scheduled: the blocks it alone added
+are dropped (`_drop_own`: not those it found there, nor those another request in flight on
+that replica shares with it). Once a first token came, vLLM has its blocks (an aborted
+request's blocks stay cached): they are kept whatever happens next.
 
 `report`: usage arrived (or the request failed). prompt_tokens teaches the bytes/token ratio
 and sets an anchor; cached_tokens vs the prediction drives the feedback (feedback.py). With
@@ -75,6 +80,9 @@ class Router:
         self._limits: dict[str, Limits] = {}
         self._engine_block: dict[str, int] = {}
         self._pending: dict[str, dict[RoutePlan, tuple[float, float]]] = {}
+        # Requests in flight per replica (plan -> sent at), queued or past their first token;
+        # bounded like `_pending`: removed at report, by a retry, or by the sweep.
+        self._live: dict[str, dict[RoutePlan, float]] = {}
         self._queued: dict[str, float] = {}
         self._sessions = SessionLoad(config.session_active_s, config.session_capacity)
         self._conversations = Conversations(config.conversation_capacity,
@@ -113,11 +121,29 @@ class Router:
 
     def report(self, plan: RoutePlan, now: float) -> None:
         """The request is over: its outcome (replica, usage, reply) is final."""
-        self._settle_one(plan, now)
         o = plan.outcome
         self._unqueue(plan, o.replica)
         self._completed(plan, o.replica, o.prompt_tokens, o.cached_tokens, o.ok, now,
                         o.reply_text, o.completion_tokens)
+        live = self._live.get(o.replica)
+        if live is not None:
+            live.pop(plan, None)
+
+    def retried(self, plan: RoutePlan, replica: str, now: float) -> None:
+        """The request path moved `plan` to `replica`: the replica tried before never
+        received it (not delivered), so nothing of it was scheduled there."""
+        old = plan.outcome.replica
+        plan.outcome.replica = replica
+        if old == replica:
+            return
+        if old:
+            self._unqueue(plan, old)
+            live = self._live.get(old)
+            if live is not None:
+                live.pop(plan, None)
+            if old in self._limits:
+                self._drop_own(plan, old)
+        self._sent(plan, replica, now)
 
     # the decision ---------------------------------------------------------------------
     def _route(
@@ -212,30 +238,11 @@ class Router:
     # what happened to it ----------------------------------------------------------------
     def _settle(self, now: float) -> None:
         """Apply what in-flight outcomes say since the last decision (O(requests in
-        flight)): first tokens end queued prefill, retries move a request."""
+        flight)): first tokens end queued prefill."""
         self._last_settle = now
-        moved: list[RoutePlan] = []
         for replica, pend in self._pending.items():
-            for plan in list(pend):
-                if plan.outcome.replica != replica:
-                    moved.append(plan)
-                elif plan.outcome.first_token_at is not None:
-                    self._unqueue(plan, replica)
-        for plan in moved:
-            self._settle_one(plan, now)
-
-    def _settle_one(self, plan: RoutePlan, now: float) -> None:
-        o = plan.outcome
-        old = next((r for r, pend in self._pending.items() if r != o.replica and plan in pend),
-                   None)
-        if old is not None:
-            # Tried there first and failed before any byte: never scheduled there.
-            self._unqueue(plan, old)
-            self._drop(old, plan.hashes, plan.matched.get(old, 0))
-            if o.replica:
-                self._sent(plan, o.replica, now)
-        if o.first_token_at is not None and o.replica:
-            self._unqueue(plan, o.replica)
+            for plan in [p for p in pend if p.outcome.first_token_at is not None]:
+                self._unqueue(plan, replica)
 
     def _sent(self, plan: RoutePlan, replica: str, now: float) -> None:
         if replica not in self._limits:
@@ -243,6 +250,7 @@ class Router:
         uncached = max(0.0, plan.estimated_tokens - plan.predicted.get(replica, 0))
         self._unqueue(plan, replica)
         self._pending.setdefault(replica, {})[plan] = (uncached, now)
+        self._live.setdefault(replica, {})[plan] = now
         self._queued[replica] = self._queued.get(replica, 0.0) + uncached
         self._index.record(replica, plan.hashes, len(plan.hashes), plan.matched.get(replica, 0))
         if self._publish is not None:
@@ -273,9 +281,10 @@ class Router:
             return  # removed meanwhile
         est = self._estimator
         if not ok and prompt_tokens is None:
-            # Never scheduled (rejected, connection refused): the blocks recorded at
-            # `sent` are not there.
-            self._drop(replica, plan.hashes, plan.matched.get(replica, 0))
+            if plan.outcome.first_token_at is None:
+                # Never scheduled (rejected, cut before its first token): the blocks it
+                # alone added at `sent` are not there.
+                self._drop_own(plan, replica)
             return
         if prompt_tokens is not None and prompt_tokens > 0:
             est.observe(plan.model, len(plan.data), prompt_tokens)
@@ -312,14 +321,18 @@ class Router:
         self._index.set_capacity(replica, nominal)
 
     def remove_replica(self, replica: str) -> None:
+        """The replica left the fleet: everything about it goes."""
         self._index.remove_replica(replica)
         self._sessions.forget_replica(replica)
         for table in (self._limits, self._capacity_tokens, self._engine_block, self._pending,
-                      self._queued):
+                      self._queued, self._live):
             table.pop(replica, None)
 
     def replica_restarted(self, replica: str) -> None:
+        """The replica's cache is empty (a new process, or down too long to tell): its
+        index and the sessions bound to it are forgotten, its capacity figures kept."""
         self._index.clear(replica)
+        self._sessions.forget_replica(replica)
 
     def share(self, publish: Callable[[Fact], None] | None) -> None:
         """Publish every fact this router learns to `publish` (shared state), or stop."""
@@ -412,6 +425,9 @@ class Router:
         for replica, pend in self._pending.items():
             for plan in [p for p, (_, at) in pend.items() if at < cutoff]:
                 self._unqueue(plan, replica)
+        for live in self._live.values():
+            for plan in [p for p, at in live.items() if at < cutoff]:
+                del live[plan]
 
     def _feedback(self, plan: RoutePlan, replica: str, delivered: int) -> None:
         cfg = self.config
@@ -429,6 +445,17 @@ class Router:
         self._index.set_capacity(replica, limits.limit)
         if self._publish is not None and limits.nominal:
             self._publish(Trust(replica, min(1.0, limits.limit / limits.nominal)))
+
+    def _drop_own(self, plan: RoutePlan, replica: str) -> None:
+        """Drop the blocks `plan` alone added on `replica`: past those it found there and
+        past those any other request in flight there shares with it."""
+        keep = plan.matched.get(replica, 0)
+        hashes = plan.hashes
+        for other in self._live.get(replica, {}):
+            if other is not plan and keep < len(hashes):
+                keep = max(keep, shared_prefix(hashes, other.hashes))
+        if keep < len(hashes):
+            self._drop(replica, hashes, keep)
 
     def _drop(self, replica: str, hashes: Sequence[int], keep: int) -> None:
         self._index.drop_from(replica, hashes, keep)
@@ -453,3 +480,16 @@ class Router:
         # prompt + generated - 1 tokens of this conversation.
         self._estimator.set_anchor(extended, hashes, prompt_tokens + generated - 1, ratio)
 
+
+
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Leading blocks two chains share. Chained hashes: equal at i means equal up to i, so
+    the matches form a prefix and bisection finds its end."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[mid - 1] == b[mid - 1]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -151,7 +151,8 @@ class ApiRoutes:
                 rapi.usage(req.num_prompt_tokens, req.num_output_tokens, req.num_cached_tokens),
                 incomplete)
             if self.store is not None and params.store:
-                self.store.put(rid, [*params.history, {"role": "assistant", "content": text}])
+                self.store.put(rid, [*params.history, {"role": "assistant", "content": text}],
+                               response)
             if chat.gen.stream:
                 await send({"type": "http.response.body", "more_body": False,
                             "body": self._timing_comment(pending)
@@ -159,6 +160,18 @@ class ApiRoutes:
             else:
                 await respond(send, 200, orjson.dumps(response),
                               [*headers, *self._timing_header(pending)])
+
+    async def stored(self, scope: Scope, receive: Receive, send: Send, response_id: str,
+                     action: str) -> None:
+        """`GET /v1/responses/{id}` (the stored response object) and `POST .../cancel`
+        (vLLM cancels background responses only: a stored one is a 400), 404 for an id this
+        replica does not hold or while the store is off."""
+        found = self.store.response(response_id) if self.store is not None else None
+        if found is None:
+            raise rapi.not_found(response_id)
+        if action == "cancel":
+            raise rapi.cannot_cancel()
+        await respond(send, 200, orjson.dumps(found))
 
     # -- Messages -----------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """The HTTP face of one simulated vLLM replica: a raw ASGI app (no framework on the hot path).
 
 Routes (contract section 6): POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
-POST /v1/responses, POST /v1/messages (gateway.sim.api_routes),
+POST /v1/responses, GET /v1/responses/{id}, POST /v1/responses/{id}/cancel, POST
+/v1/messages (gateway.sim.api_routes),
 POST /tokenize, POST /detokenize, GET /health, GET|POST /ping, GET /version, GET /load,
 GET /metrics, POST /reset_prefix_cache. Unknown paths answer FastAPI's ``{"detail": ...}``.
 
@@ -29,6 +30,7 @@ from typing import Any, Literal
 import orjson
 
 from gateway.sim import protocol
+from gateway.sim import responses_api as rapi
 from gateway.sim.api_routes import ApiRoutes
 from gateway.sim.asgi import (
     Receive,
@@ -89,7 +91,8 @@ class SimApp:
             block_size=replica.engine.config.block_size,
         )
         self.created = int(time.time())
-        apis = ApiRoutes(self, store=config.responses_store)
+        self.started = time.time()  # process_start_time_seconds, as vLLM's /metrics has it
+        apis = self._apis = ApiRoutes(self, store=config.responses_store)
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
@@ -122,6 +125,14 @@ class SimApp:
                 await lifespan(receive, send)
             return
         handler = self._routes.get((scope["method"], scope["path"]))
+        stored = rapi.stored_call(scope["path"]) if handler is None else None
+        if stored is not None and (scope["method"], stored[1]) in (("GET", "get"),
+                                                                   ("POST", "cancel")):
+            try:
+                await self._apis.stored(scope, receive, send, *stored)
+            except ApiError as e:
+                await respond(send, e.status, e.body())
+            return
         if handler is None:
             if scope["path"] in self._paths:
                 await respond(send, 405, b'{"detail":"Method Not Allowed"}')
@@ -424,7 +435,9 @@ class SimApp:
         engine = self.replica.engine
         text = engine.metrics.render(
             self.config.model, engine.gauges(), self.config.deprecated_metrics
-        )
+        ) + ("# HELP process_start_time_seconds Start time of the process since unix epoch "
+             "in seconds.\n# TYPE process_start_time_seconds gauge\n"
+             f"process_start_time_seconds {self.started:.2f}\n")
         await respond(
             send,
             200,

@@ -49,17 +49,46 @@ class ResponsesParams:
 
 
 class ResponseStore:
+    """The newest `capacity` stored responses: the conversation each continues, and the
+    response object `GET /v1/responses/{id}` returns."""
+
     def __init__(self, capacity: int = 10_000) -> None:
         self.capacity = capacity
         self._items: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._objects: dict[str, dict[str, Any]] = {}
 
     def get(self, response_id: str) -> list[dict[str, Any]] | None:
         return self._items.get(response_id)
 
-    def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
+    def response(self, response_id: str) -> dict[str, Any] | None:
+        return self._objects.get(response_id)
+
+    def put(self, response_id: str, messages: list[dict[str, Any]],
+            response: dict[str, Any] | None = None) -> None:
         self._items[response_id] = messages
+        if response is not None:
+            self._objects[response_id] = response
         while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+            old, _ = self._items.popitem(last=False)
+            self._objects.pop(old, None)
+
+
+def stored_call(path: str) -> tuple[str, str] | None:
+    """(response id, "get" | "cancel") for `/v1/responses/{id}[/cancel]`, else None."""
+    parts = path.split("/")
+    if len(parts) < 4 or parts[1:3] != ["v1", "responses"] or not parts[3]:
+        return None
+    if len(parts) == 4:
+        return parts[3], "get"
+    if len(parts) == 5 and parts[4] == "cancel":
+        return parts[3], "cancel"
+    return None
+
+
+def cannot_cancel() -> ApiError:
+    """vLLM's answer to cancelling a response that is not running in the background."""
+    return TypedError(400, "Cannot cancel a synchronous response.", "response_id",
+                      "invalid_request_error")
 
 
 def not_found(response_id: str) -> ApiError:
