@@ -1,0 +1,34 @@
+"""Settings of `gateway epp`, the endpoint picker (TOML section `[epp]`, env
+`GATEWAY_EPP__*`, flags `--host`/`--port`). Every other setting (replicas, routing,
+hygiene, usage, tokens, redis) is the one `gateway serve` reads from the same file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# What the EPP reads of each response: "headers" = status and served endpoint only (the
+# usage record has no token counts); "body" = also the body, for the usage and the
+# cached-tokens self-check (a JSON answer arrives once, whole; a stream chunk by chunk).
+ResponseRead = Literal["headers", "body"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EppSettings:
+    host: str = "127.0.0.1"  # the gRPC listener (ext_proc + grpc.health.v1)
+    port: int = 9002  # the port GIE's examples give the EPP
+    response: ResponseRead = "body"
+    # Shedding: with every candidate replica holding this many requests the EPP routed and
+    # that are not finished, a new request is answered 429 (0 = never shed).
+    shed_in_flight: int = 0
+    # Concurrent ext_proc streams (one per request in flight through Envoy); more wait
+    # in gRPC's queue. A bound on the EPP's per-request state.
+    max_streams: int = 4096
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"epp.port must be 0..65535, got {self.port}")
+        if self.shed_in_flight < 0:
+            raise ValueError("epp.shed_in_flight must be >= 0")
+        if self.max_streams <= 0:
+            raise ValueError("epp.max_streams must be positive")

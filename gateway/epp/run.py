@@ -1,0 +1,106 @@
+"""`gateway epp`: the gateway's router as a Gateway API Inference Extension endpoint
+picker, an Envoy ext_proc gRPC service (gateway.epp.server).
+
+Same settings as `gateway serve` (`--config FILE`, `GATEWAY_*`, `--backend URL`...), and
+the same collaborators built from them by `gateway serve`'s own factory
+(`gateway.proxy.app.GatewayApp.startup`): replica fleet and health monitor, router, hygiene
+analyzer, metrics, usage recorder and its sinks, token mode and shared Redis state where
+configured. `--host`/`--port` are the gRPC listener's (`[epp] host/port`, default
+127.0.0.1:9002). Replicas are required: the EPP picks among them, it starts no simulator.
+
+Shutdown (SIGTERM, SIGINT): health turns NOT_SERVING, the listener stops taking streams
+and the ones open run on for up to `server.shutdown_grace_s`; exit status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import time
+
+import uvloop
+
+from gateway.coerce import SettingsError
+from gateway.extras import MissingExtra, require
+from gateway.logs import configure_logging
+from gateway.proxy.app import GatewayApp
+from gateway.proxy.tokenmode import TokenModelError
+from gateway.serve import add_arguments as serve_arguments
+from gateway.serve import check_extras, load_settings
+from gateway.settings import Settings, scan_env
+
+log = logging.getLogger("gateway.epp")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    serve_arguments(parser)
+
+
+def epp_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
+    """`gateway serve`'s settings, with `--host`/`--port` naming the gRPC listener."""
+    rest = argparse.Namespace(**{**vars(args), "host": None, "port": None})
+    settings = load_settings(rest, env)
+    changes = {k: getattr(args, k) for k in ("host", "port") if getattr(args, k) is not None}
+    if changes:
+        try:
+            settings = dataclasses.replace(
+                settings, epp=dataclasses.replace(settings.epp, **changes))
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+    if not settings.replicas:
+        raise SettingsError("no replicas: give --backend URL (repeatable), [[replicas]] "
+                            "in --config, or GATEWAY_BACKENDS")
+    return settings
+
+
+async def serve_epp(settings: Settings) -> int:
+    from gateway.epp.picker import Picker
+    from gateway.epp.server import EppServer
+
+    app = GatewayApp(settings)
+    await app.startup()
+    try:
+        assert app.services is not None
+        picker = Picker(app.services, settings.epp, time.perf_counter)
+        epp = settings.epp
+        try:
+            server = EppServer(picker, epp.host, epp.port, epp.max_streams)
+        except (OSError, RuntimeError) as exc:
+            log.error("cannot listen", extra={"listen": f"{epp.host}:{epp.port}",
+                                               "error": str(exc)})
+            return 1
+        await server.start()
+        log.info("endpoint picker started", extra={
+            "listen": f"{epp.host}:{server.port}", "replicas": list(picker.endpoints.values()),
+            "policy": settings.routing.policy, "response": epp.response})
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("endpoint picker stopping")
+        await server.stop(settings.server.shutdown_grace_s)
+        return 0
+    finally:
+        await app.shutdown()
+
+
+def run(args: argparse.Namespace) -> int:
+    env = dict(os.environ)
+    try:
+        require("grpc", extra="epp", feature="the endpoint picker (gateway epp)")
+        settings = epp_settings(args, env)
+        check_extras(settings)
+    except (SettingsError, MissingExtra, TokenModelError) as exc:
+        print(f"gateway epp: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.server.log_level, settings.server.log_format)
+    for level, message in scan_env(env).notes():
+        log.log(logging.getLevelNamesMapping()[level.upper()], message)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(serve_epp(settings))
