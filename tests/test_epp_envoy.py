@@ -174,20 +174,20 @@ def test_a_killed_replica_is_avoided(tmp_path: Path) -> None:
 @pytest.mark.parametrize("fail_open", [True, False])
 def test_a_stopped_epp_fails_open_or_closed(tmp_path: Path, fail_open: bool) -> None:
     env = {"GATEWAY_USAGE__STARTUP_PROBE": "false"}
-    with replicas(2) as pool:
-        with epp([r.url for r in pool], env=env) as (port, proc):
-            with envoy(port, pool, fail_open=fail_open, workdir=tmp_path) as url:
-                ok = client(url).chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-                assert ok.choices
-                proc.terminate()
-                proc.wait(timeout=30)
-                before = counts(pool)
-                body = {"model": MODEL, "max_tokens": 2,
-                        "messages": [{"role": "user", "content": "hello"}]}
-                statuses = [httpx.post(url + "/v1/chat/completions", json=body,
-                                       timeout=10).status_code for _ in range(4)]
-                got = delta(before, pool)
+    with (replicas(2) as pool,
+          epp([r.url for r in pool], env=env) as (port, proc),
+          envoy(port, pool, fail_open=fail_open, workdir=tmp_path) as url):
+        ok = client(url).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert ok.choices
+        proc.terminate()
+        proc.wait(timeout=30)
+        before = counts(pool)
+        body = {"model": MODEL, "max_tokens": 2,
+                "messages": [{"role": "user", "content": "hello"}]}
+        statuses = [httpx.post(url + "/v1/chat/completions", json=body,
+                               timeout=10).status_code for _ in range(4)]
+        got = delta(before, pool)
     if fail_open:
         assert statuses == [200] * 4
         assert got == [2, 2], got  # round robin over the pool
