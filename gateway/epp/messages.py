@@ -44,7 +44,7 @@ def subset_values(request: ext.ProcessingRequest) -> list[object] | None:
         return None
     value = fields[decision.SUBSET]
     if value.WhichOneof("kind") != "list_value":
-        return []
+        return [None]  # a hint that cannot be read allows nothing (not everything)
     return [v.string_value if v.WhichOneof("kind") == "string_value" else None
             for v in value.list_value.values[: decision.MAX_HINT_ENDPOINTS]]
 
