@@ -98,6 +98,18 @@ def test_served_endpoint(meta: dict[str, object], attrs: dict[str, object],
     assert decision.served_endpoint(meta, attrs) == want
 
 
+@pytest.mark.parametrize(("status", "details", "want"), [
+    (503, "upstream_reset_before_response_started{remote_connection_failure}", True),
+    (503, "upstream_reset_before_response_started{connection_failure}", True),
+    (200, "via_upstream", False),
+    (503, "via_upstream", False),  # the replica itself answered 503
+    (500, "ext_proc_error_gRPC_error_14", False),  # the EPP failed, not the replica
+    (503, None, False),
+])
+def test_unreachable(status: int, details: object, want: bool) -> None:
+    assert decision.unreachable(status, details) is want
+
+
 def test_routed_sets_the_header_and_the_same_metadata() -> None:
     for body_phase in (True, False):
         out = messages.routed("10.0.0.1:80,10.0.0.2:80", body_phase=body_phase)

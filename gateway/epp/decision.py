@@ -33,6 +33,10 @@ LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 # Envoy's attribute for the upstream host a response came from (ip:port).
 UPSTREAM_ADDRESS = "upstream.address"
+# ... and for why Envoy answered as it did ("via_upstream", or
+# "upstream_reset_before_response_started{connection_failure...}" when no upstream could
+# be reached).
+CODE_DETAILS = "response.code_details"
 # A subset hint longer than this is cut: candidates are configured replicas, so no hint
 # needs more, and what the data plane sends never grows the EPP's memory unbounded.
 MAX_HINT_ENDPOINTS = 1024
@@ -111,6 +115,11 @@ def served_endpoint(metadata: Mapping[str, object] | None,
         if isinstance(value, str) and 0 < len(value) <= MAX_ENDPOINT_CHARS:
             return value.split(",", 1)[0].strip()
     return None
+
+
+def unreachable(status: int, details: object) -> bool:
+    """Envoy answered itself because it could not connect to the upstream (every try)."""
+    return status >= 500 and isinstance(details, str) and "connection_failure" in details
 
 
 def replica_for(endpoint: str | None, by_endpoint: Mapping[str, str]) -> str | None:

@@ -51,7 +51,7 @@ def subset_values(request: ext.ProcessingRequest) -> list[object] | None:
 
 def served_values(request: ext.ProcessingRequest) -> tuple[dict[str, object], dict[str, object]]:
     """(the `envoy.lb` metadata, the ext_proc attributes) that may name the served
-    endpoint, as plain strings."""
+    endpoint and why Envoy answered, as plain strings."""
     meta: dict[str, object] = {}
     lb = request.metadata_context.filter_metadata
     if decision.LB_NAMESPACE in lb:
@@ -61,8 +61,9 @@ def served_values(request: ext.ProcessingRequest) -> tuple[dict[str, object], di
     attrs: dict[str, object] = {}
     if ATTRIBUTES_NAMESPACE in request.attributes:
         fields = request.attributes[ATTRIBUTES_NAMESPACE].fields
-        if decision.UPSTREAM_ADDRESS in fields:
-            attrs[decision.UPSTREAM_ADDRESS] = fields[decision.UPSTREAM_ADDRESS].string_value
+        for key in (decision.UPSTREAM_ADDRESS, decision.CODE_DETAILS):
+            if key in fields:
+                attrs[key] = fields[key].string_value[: decision.MAX_ENDPOINT_CHARS * 4]
     return meta, attrs
 
 

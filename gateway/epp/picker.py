@@ -217,23 +217,26 @@ class Picker:
     # response --------------------------------------------------------------------------
 
     def response_started(self, flow: Flow, status: int, served: str | None,
-                         content_type: str) -> Headers:
+                         content_type: str, *, unreachable: bool = False) -> Headers:
         """The response headers arrived; returns the headers to add to them. Sets whether
-        the body is wanted (`flow.wants_body`)."""
+        the body is wanted (`flow.wants_body`). `unreachable`: Envoy could reach no
+        upstream it tried (it says so in the response's code details)."""
         ex = flow.ex
         ex.status = status
         flow.responded = True
         name = decision.replica_for(served, self.by_endpoint)
-        if name is not None and flow.replica is not None and name != flow.replica.name:
+        if flow.replica is not None and unreachable:
+            # the pick (and the last one tried) are out until a probe brings them back, as
+            # in `gateway serve` when it cannot connect
+            self.s.monitor.report_connect_failure(flow.replica)
+            last = self.s.fleet.replicas.get(name) if name is not None else None
+            if last is not None and last is not flow.replica:
+                self.s.monitor.report_connect_failure(last)
+        elif name is not None and flow.replica is not None and name != flow.replica.name:
             # Envoy retried on a fallback, which its retry policy does only when the pick
             # could not be reached: the pick is out until a probe brings it back.
             self.s.monitor.report_connect_failure(flow.replica)
             self._moved(flow, name)
-        if status >= 500 and served is None and flow.replica is not None:
-            # Envoy answered itself (no upstream answered): a connection failure on the
-            # pick and every fallback; the monitor takes the pick out until a probe
-            # brings it back, as `gateway serve` does when it cannot connect.
-            self.s.monitor.report_connect_failure(flow.replica)
         if flow.replica is not None:
             flow.added.append(("x-gateway-replica", flow.replica.name))
         flow.sse = content_type.startswith("text/event-stream")

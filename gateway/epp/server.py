@@ -81,7 +81,9 @@ class ExternalProcessor:
                     status = int(headers.get(":status", "0") or 0)
                     added = picker.response_started(
                         flow, status, decision.served_endpoint(meta, attrs),
-                        headers.get("content-type", ""))
+                        headers.get("content-type", ""),
+                        unreachable=decision.unreachable(status,
+                                                         attrs.get(decision.CODE_DETAILS)))
                     body = None
                     if flow.wants_body and not request.response_headers.end_of_stream:
                         body = "streamed" if flow.sse else "buffered"
