@@ -58,7 +58,9 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("epp")
     usage = work / "usage.jsonl"
+    # every chunk of a stream read too (the default reads JSON answers only)
     env = {"GATEWAY_USAGE__LOG_PATH": str(usage), "GATEWAY_HYGIENE__HEADER": "true",
+           "GATEWAY_EPP__RESPONSE": "body",
            "GATEWAY_USAGE__STARTUP_PROBE": "false"}
     with (replicas(3) as pool,
           epp([r.url for r in pool], env=env, log_path=work / "epp.log") as (port, _),

@@ -102,9 +102,10 @@ def body(content: str, hint: list[str] | None = None) -> ext.ProcessingRequest:
     return req
 
 
-def response_headers(status: int, served: str | None = None) -> ext.ProcessingRequest:
+def response_headers(status: int, served: str | None = None,
+                     content_type: str = "application/json") -> ext.ProcessingRequest:
     req = ext.ProcessingRequest()
-    for k, v in ((":status", str(status)), ("content-type", "application/json")):
+    for k, v in ((":status", str(status)), ("content-type", content_type)):
         req.response_headers.headers.headers.add(key=k, raw_value=v.encode())
     if served is not None:
         s = struct_pb2.Struct()
@@ -225,3 +226,39 @@ async def test_the_served_endpoint_moves_a_retried_request(urls: list[str]) -> N
         assert [r.healthy for r in fleet.values()] == [
             decision.endpoint_of(r.url) != first for r in fleet.values()]
     assert epp.records[-1].replica == added["x-gateway-replica"]
+
+
+BUFFERED, STREAMED, NONE = 2, 1, 0  # ProcessingMode.BodySendMode
+
+
+@pytest.mark.parametrize(("mode", "content_type", "status", "want"), [
+    ("json", "application/json", 200, BUFFERED),
+    ("json", "text/event-stream", 200, None),  # a stream's chunks are not read
+    ("json", "application/json", 500, None),
+    ("body", "text/event-stream", 200, STREAMED),
+    ("body", "application/json", 200, BUFFERED),
+    ("headers", "application/json", 200, None),
+])
+async def test_what_of_the_response_is_read(urls: list[str], mode: str, content_type: str,
+                                            status: int, want: int | None) -> None:
+    async with running_epp(urls, response=mode) as epp:
+        s = Stream(epp)
+        await s.ask(headers("/v1/chat/completions"))
+        await s.ask(body("which body"))
+        answer = await s.ask(response_headers(status, content_type=content_type))
+        if want is None:
+            assert not answer.HasField("mode_override")
+        else:
+            assert answer.mode_override.response_body_mode == want
+            chunk = ext.ProcessingRequest()
+            chunk.response_body.body = (b'{"usage": {"prompt_tokens": 7, "completion_tokens": 1,'
+                                        b' "prompt_tokens_details": {"cached_tokens": 5}}}'
+                                        if want == BUFFERED else
+                                        b'data: {"choices":[],"usage":{"prompt_tokens":7,'
+                                        b'"completion_tokens":1,"prompt_tokens_details":'
+                                        b'{"cached_tokens":5}}}\n\ndata: [DONE]\n\n')
+            chunk.response_body.end_of_stream = True
+            await s.ask(chunk)
+        await s.close()
+    (rec,) = epp.records
+    assert (rec.prompt_tokens, rec.cached_tokens) == ((7, 5) if want else (None, None))

@@ -7,17 +7,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-# What the EPP reads of each response: "headers" = status and served endpoint only (the
-# usage record has no token counts); "body" = also the body, for the usage and the
-# cached-tokens self-check (a JSON answer arrives once, whole; a stream chunk by chunk).
-ResponseRead = Literal["headers", "body"]
+# What the EPP reads of each response (bench/RESULTS.md has what each costs):
+#   "json"    (default) the headers, and the body of a JSON answer (one message, whole:
+#             usage, the cached-tokens self-check, the reply text the router indexes); of
+#             a stream the headers only (its records have no token counts)
+#   "body"    also every chunk of a stream (its usage chunk, when the client asked for it):
+#             one gRPC message per chunk Envoy reads, about twice the EPP's CPU per stream
+#   "headers" status and served endpoint only
+ResponseRead = Literal["json", "body", "headers"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EppSettings:
     host: str = "127.0.0.1"  # the gRPC listener (ext_proc + grpc.health.v1)
     port: int = 9002  # the port GIE's examples give the EPP
-    response: ResponseRead = "body"
+    response: ResponseRead = "json"
     # Shedding: with every candidate replica holding this many requests the EPP routed and
     # that are not finished, a new request is answered 429 (0 = never shed).
     shed_in_flight: int = 0

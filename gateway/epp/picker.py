@@ -15,8 +15,9 @@ chunk is not asked for (`stream_options.include_usage` is the client's choice: a
 would need the EPP to strip it from the stream again, chunk by chunk); a hygiene rewrite
 is not applied (it would change the body Envoy forwards); a Responses API continuation is
 routed like any request (its creator is not remembered: that needs every answer's id).
-With `response = "headers"` a record's latency ends at the response headers and it has
-no token counts.
+A record whose body the EPP does not read (`[epp] response`: a stream under "json", the
+default; everything under "headers") ends at the response headers and has no token
+counts.
 """
 
 from __future__ import annotations
@@ -240,7 +241,9 @@ class Picker:
         if flow.replica is not None:
             flow.added.append(("x-gateway-replica", flow.replica.name))
         flow.sse = content_type.startswith("text/event-stream")
-        flow.wants_body = self.epp.response == "body" and status == 200
+        mode = self.epp.response
+        flow.wants_body = status == 200 and (
+            mode == "body" or (mode == "json" and not flow.sse))
         if flow.wants_body and flow.sse:
             flow.tap = SseUsageTap(strip=False)
         else:
