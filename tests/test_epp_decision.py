@@ -181,3 +181,14 @@ def test_envoy_template_renders_to_a_valid_configuration(fail_open: bool) -> Non
     ports = [e["endpoint"]["address"]["socket_address"]["port_value"]
              for e in pool["load_assignment"]["endpoints"][0]["lb_endpoints"]]
     assert ports == [2001, 2002]
+
+
+@pytest.mark.parametrize(("url", "want"), [
+    ("http://10.0.0.7:8000", {"10.0.0.7:8000"}),  # an address stays as it is
+    ("http://[fd00::7]:8000", {"[fd00::7]:8000"}),
+    ("http://localhost:8000", {"127.0.0.1:8000", "[::1]:8000"}),  # a name is resolved
+])
+async def test_replica_hosts_are_resolved_to_addresses(url: str, want: set[str]) -> None:
+    from gateway.epp.run import resolve_endpoints
+
+    assert (await resolve_endpoints({"r": url}))["r"] in want

@@ -82,12 +82,18 @@ class Picker:
         self.epp = epp
         self.timer = timer
         self.retries = services.settings.server.retries
-        # replica name <-> endpoint (ip:port), from the configured URLs
-        self.endpoints = {name: decision.endpoint_of(r.url)
-                          for name, r in services.fleet.replicas.items()}
-        self.by_endpoint = {ep: name for name, ep in self.endpoints.items()}
+        # replica name <-> endpoint (ip:port), from the configured URLs; a host name is
+        # replaced by its address (`set_endpoints`, gateway.epp.run resolves them)
+        self.endpoints: dict[str, str] = {}
+        self.by_endpoint: dict[str, str] = {}
+        self.set_endpoints({name: decision.endpoint_of(r.url)
+                            for name, r in services.fleet.replicas.items()})
         self._rid_prefix = os.urandom(8).hex()
         self._rid_seq = itertools.count(1)
+
+    def set_endpoints(self, endpoints: Mapping[str, str]) -> None:
+        self.endpoints = dict(endpoints)
+        self.by_endpoint = {ep: name for name, ep in self.endpoints.items()}
 
     # request ---------------------------------------------------------------------------
 

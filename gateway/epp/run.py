@@ -17,15 +17,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import ipaddress
 import logging
 import os
 import signal
+import socket
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import uvloop
 
 from gateway.coerce import SettingsError
+from gateway.epp.decision import endpoint_of
 from gateway.extras import MissingExtra, require
 from gateway.logs import configure_logging
 from gateway.proxy.app import GatewayApp
@@ -33,6 +37,9 @@ from gateway.proxy.tokenmode import TokenModelError
 from gateway.serve import add_arguments as serve_arguments
 from gateway.serve import check_extras, load_settings
 from gateway.settings import Settings, scan_env
+
+if TYPE_CHECKING:
+    from gateway.epp.picker import Picker
 
 log = logging.getLogger("gateway.epp")
 
@@ -58,6 +65,41 @@ def epp_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
     return settings
 
 
+async def resolve_endpoints(urls: dict[str, str]) -> dict[str, str]:
+    """Replica name -> `ip:port`: Envoy names hosts by address, a replica URL may name a
+    host (a StatefulSet pod's `vllm-0.vllm`); one that does not resolve keeps its name."""
+    loop = asyncio.get_running_loop()
+    out = {}
+    for name, url in urls.items():
+        endpoint = endpoint_of(url)
+        host, _, port = endpoint.rpartition(":")
+        if not _is_address(host.strip("[]")):
+            try:
+                infos = await loop.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+                address = str(infos[0][4][0])
+                endpoint = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+            except OSError as exc:
+                log.warning("cannot resolve a replica's host", extra={
+                    "replica": name, "host": host, "error": str(exc)})
+        out[name] = endpoint
+    return out
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+async def keep_resolving(picker: Picker, urls: dict[str, str], every_s: float) -> None:
+    """Pods come back with new addresses: resolve again every health interval."""
+    while True:
+        await asyncio.sleep(every_s)
+        picker.set_endpoints(await resolve_endpoints(urls))
+
+
 async def serve_epp(settings: Settings) -> int:
     from gateway.epp.picker import Picker
     from gateway.epp.server import EppServer
@@ -67,6 +109,10 @@ async def serve_epp(settings: Settings) -> int:
     try:
         assert app.services is not None
         picker = Picker(app.services, settings.epp, time.perf_counter)
+        urls = {r.name: r.url for r in settings.replicas}
+        picker.set_endpoints(await resolve_endpoints(urls))
+        resolving = asyncio.create_task(
+            keep_resolving(picker, urls, settings.server.health_interval_s))
         epp = settings.epp
         try:
             server = EppServer(picker, epp.host, epp.port, epp.max_streams)
@@ -85,6 +131,7 @@ async def serve_epp(settings: Settings) -> int:
         await stop.wait()
         log.info("endpoint picker stopping")
         await server.stop(settings.server.shutdown_grace_s)
+        resolving.cancel()
         return 0
     finally:
         await app.shutdown()
