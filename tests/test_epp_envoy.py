@@ -154,6 +154,19 @@ def test_the_epp_answers_bad_requests_itself(stack: Stack) -> None:
     assert delta(before, stack.pool) == [0, 0, 0]
 
 
+def test_a_large_prompt_passes_envoy(stack: Stack) -> None:
+    """2 MiB of prompt: over Envoy's 1 MiB default buffer, under the configured 32 MiB; the
+    engine (its context length) refuses it, not Envoy."""
+    before = counts(stack.pool)
+    body = {"model": MODEL, "max_tokens": 2,
+            "messages": [{"role": "user", "content": "word " * (2 * 1024 * 1024 // 5)}]}
+    r = httpx.post(stack.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text[:300]
+    assert "x-gateway-replica" in r.headers  # picked, sent, answered by the replica
+    assert r.headers.get("server") == "envoy"
+    assert sum(delta(before, stack.pool)) == 0  # refused by the engine: nothing finished
+
+
 def test_a_killed_replica_is_avoided(tmp_path: Path) -> None:
     env = {"GATEWAY_USAGE__STARTUP_PROBE": "false", "GATEWAY_SERVER__HEALTH_INTERVAL_S": "30"}
     with (replicas(3) as pool,

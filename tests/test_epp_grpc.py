@@ -228,7 +228,7 @@ async def test_the_served_endpoint_moves_a_retried_request(urls: list[str]) -> N
     assert epp.records[-1].replica == added["x-gateway-replica"]
 
 
-BUFFERED, STREAMED, NONE = 2, 1, 0  # ProcessingMode.BodySendMode
+BUFFERED, STREAMED, NONE = 3, 1, 0  # ProcessingMode.BodySendMode: BUFFERED_PARTIAL, ...
 
 
 @pytest.mark.parametrize(("mode", "content_type", "status", "want"), [
@@ -262,3 +262,22 @@ async def test_what_of_the_response_is_read(urls: list[str], mode: str, content_
         await s.close()
     (rec,) = epp.records
     assert (rec.prompt_tokens, rec.cached_tokens) == ((7, 5) if want else (None, None))
+
+
+async def test_a_json_answer_over_envoys_buffer_is_recorded_once(urls: list[str]) -> None:
+    """BUFFERED_PARTIAL: the first part only (no usage in it); the record ends there."""
+    async with running_epp(urls) as epp:
+        s = Stream(epp)
+        await s.ask(headers("/v1/chat/completions"))
+        await s.ask(body("a long answer"))
+        await s.ask(response_headers(200))
+        part = ext.ProcessingRequest()
+        part.response_body.body = b'{"id": "x", "choices": [{"text": "' + b"y" * 1000
+        part.response_body.end_of_stream = False
+        await s.ask(part)
+        assert len(epp.records) == 1
+        await s.close()
+        assert epp.app.services is not None
+        assert not any(r.in_flight for r in epp.app.services.fleet.replicas.values())
+    (rec,) = epp.records
+    assert (rec.status, rec.prompt_tokens) == (200, None)

@@ -94,13 +94,15 @@ def request_headers_continue() -> ext.ProcessingResponse:
 
 def response_headers(added: Sequence[tuple[str, str]], body: str | None,
                      ) -> ext.ProcessingResponse:
-    """The gateway's headers on the answer; `body` = "streamed" / "buffered" asks Envoy
-    for the response body in that mode (None: no body, as configured)."""
+    """The gateway's headers on the answer; `body` = "streamed" asks Envoy for every chunk
+    of the response body, "buffered" for the body in one message (BUFFERED_PARTIAL: an
+    answer larger than Envoy's buffer limit comes as its first part, and the rest flows
+    on instead of failing the response); None: no body, as configured."""
     out = ext.ProcessingResponse(response_headers=ext.HeadersResponse(
         response=ext.CommonResponse(header_mutation=_set(added))))
     if body is not None:
         out.mode_override.response_body_mode = (
-            _MODE.STREAMED if body == "streamed" else _MODE.BUFFERED)
+            _MODE.STREAMED if body == "streamed" else _MODE.BUFFERED_PARTIAL)
     return out
 
 

@@ -283,10 +283,15 @@ class Picker:
             if end:
                 flow.tap.finish()
                 flow.ex.outcome.usage = flow.tap.usage
-        elif end and chunk:
-            answer = parse_answer(chunk)
-            flow.ex.outcome.usage = answer.usage
-            flow.ex.outcome.reply_text = answer.text
+        else:
+            # A JSON answer comes once: whole, or (larger than Envoy's buffer limit) its
+            # first part only, which holds no usage to read; either way the record ends here.
+            if end and chunk:
+                answer = parse_answer(chunk)
+                flow.ex.outcome.usage = answer.usage
+                flow.ex.outcome.reply_text = answer.text
+            self.finish(flow)
+            return
         if end:
             self.finish(flow)
 
