@@ -16,8 +16,9 @@ would need the EPP to strip it from the stream again, chunk by chunk); a hygiene
 is not applied (it would change the body Envoy forwards); a Responses API continuation is
 routed like any request (its creator is not remembered: that needs every answer's id).
 A record whose body the EPP does not read (`[epp] response`: a stream under "json", the
-default; everything under "headers") ends at the response headers and has no token
-counts.
+default; everything under "headers") has no token counts; it still ends, and releases its
+in-flight count, when the response does: Envoy closes the ext_proc stream then
+(`finish(cut=True)`).
 """
 
 from __future__ import annotations
