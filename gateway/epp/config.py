@@ -25,6 +25,12 @@ class EppSettings:
     # Shedding: with every candidate replica holding this many requests the EPP routed and
     # that are not finished, a new request is answered 429 (0 = never shed).
     shed_in_flight: int = 0
+    # Candidates from an InferencePool's pods instead of [[replicas]]: the pool's name ("" =
+    # none) and namespace ("" = the picker's own pod's, else "default"); the `kubernetes`
+    # extra. In a cluster the pod's service account is used (it may get and watch
+    # inferencepools and pods), elsewhere the kubeconfig.
+    pool: str = ""
+    pool_namespace: str = ""
     # Concurrent ext_proc streams (one per request in flight through Envoy); more wait
     # in gRPC's queue. A bound on the EPP's per-request state.
     max_streams: int = 4096

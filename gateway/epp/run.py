@@ -6,7 +6,8 @@ the same collaborators built from them by `gateway serve`'s own factory
 (`gateway.proxy.app.GatewayApp.startup`): replica fleet and health monitor, router, hygiene
 analyzer, metrics, usage recorder and its sinks, token mode and shared Redis state where
 configured. `--host`/`--port` are the gRPC listener's (`[epp] host/port`, default
-127.0.0.1:9002). Replicas are required: the EPP picks among them, it starts no simulator.
+127.0.0.1:9002). Replicas are required (the EPP picks among them, it starts no simulator):
+configured, or the pods of an InferencePool (`[epp] pool`, gateway.epp.pool).
 
 Shutdown (SIGTERM, SIGINT): health turns NOT_SERVING, the listener stops taking streams
 and the ones open run on for up to `server.shutdown_grace_s`; exit status 0.
@@ -24,7 +25,8 @@ import signal
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.epp")
 
+NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve_arguments(parser)
@@ -59,10 +63,33 @@ def epp_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
                 settings, epp=dataclasses.replace(settings.epp, **changes))
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
+    if settings.epp.pool:
+        # the pool's pods are the candidates (gateway.epp.pool)
+        return dataclasses.replace(settings, replicas=())
     if not settings.replicas:
         raise SettingsError("no replicas: give --backend URL (repeatable), [[replicas]] "
-                            "in --config, or GATEWAY_BACKENDS")
+                            "in --config, GATEWAY_BACKENDS, or [epp] pool")
     return settings
+
+
+def kube_api() -> Any:
+    """A Kubernetes API client: the pod's service account in a cluster, else kubeconfig."""
+    from kubernetes import client, config
+
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    else:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+def pool_namespace(configured: str) -> str:
+    if configured:
+        return configured
+    try:
+        return NAMESPACE_FILE.read_text().strip() or "default"
+    except OSError:
+        return "default"
 
 
 async def resolve_endpoints(urls: dict[str, str]) -> dict[str, str]:
@@ -108,12 +135,24 @@ async def serve_epp(settings: Settings) -> int:
     await app.startup()
     try:
         assert app.services is not None
-        picker = Picker(app.services, settings.epp, time.perf_counter)
-        urls = {r.name: r.url for r in settings.replicas}
-        picker.set_endpoints(await resolve_endpoints(urls))
-        resolving = asyncio.create_task(
-            keep_resolving(picker, urls, settings.server.health_interval_s))
+        services = app.services
+        picker = Picker(services, settings.epp, time.perf_counter)
         epp = settings.epp
+        watch = None
+        if epp.pool:
+            from gateway.epp.pool import Members, PoolWatch
+
+            members = Members(services.fleet, services.router, services.monitor,
+                              picker.set_endpoints)
+            watch = PoolWatch(kube_api(), pool_namespace(epp.pool_namespace), epp.pool,
+                              members.apply, asyncio.get_running_loop())
+            watch.start()
+            resolving = None
+        else:
+            urls = {r.name: r.url for r in settings.replicas}
+            picker.set_endpoints(await resolve_endpoints(urls))
+            resolving = asyncio.create_task(
+                keep_resolving(picker, urls, settings.server.health_interval_s))
         try:
             server = EppServer(picker, epp.host, epp.port, epp.max_streams)
         except (OSError, RuntimeError) as exc:
@@ -131,7 +170,10 @@ async def serve_epp(settings: Settings) -> int:
         await stop.wait()
         log.info("endpoint picker stopping")
         await server.stop(settings.server.shutdown_grace_s)
-        resolving.cancel()
+        if resolving is not None:
+            resolving.cancel()
+        if watch is not None:
+            watch.stop()
         return 0
     finally:
         await app.shutdown()
@@ -142,6 +184,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         require("grpc", extra="epp", feature="the endpoint picker (gateway epp)")
         settings = epp_settings(args, env)
+        if settings.epp.pool:
+            require("kubernetes", extra="kubernetes",
+                    feature="the InferencePool pod watch ([epp] pool)")
         check_extras(settings)
     except (SettingsError, MissingExtra, TokenModelError) as exc:
         print(f"gateway epp: {exc}", file=sys.stderr)
