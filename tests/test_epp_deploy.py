@@ -18,7 +18,8 @@ def docs() -> dict[str, dict[str, Any]]:
     out = {}
     for path in sorted(EPP.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
-            out[doc["kind"]] = doc
+            if "kind" in doc and doc["kind"] != "Kustomization":
+                out[doc["kind"]] = doc
     return out
 
 
@@ -45,8 +46,15 @@ def test_pool_names_the_picker() -> None:
 def test_picker_settings_and_pod() -> None:
     d = docs()
     settings = parse_settings(d["ConfigMap"]["data"]["gateway.toml"], {})
-    assert settings.replicas and settings.epp.host == "0.0.0.0"
+    assert settings.epp.pool == d["InferencePool"]["metadata"]["name"]
+    assert settings.epp.host == "0.0.0.0"
     pod = d["Deployment"]["spec"]["template"]["spec"]
+    # the service account may read the pool and watch its pods, nothing more
+    assert pod["serviceAccountName"] == d["ServiceAccount"]["metadata"]["name"]
+    rules = {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"])
+             for r in d["Role"]["rules"]}
+    assert rules == {("inference.networking.k8s.io", "inferencepools"): {"get"},
+                     ("", "pods"): {"get", "list", "watch"}}
     (container,) = pod["containers"]
     assert container["command"][:2] == ["gateway", "epp"]
     assert container["readinessProbe"]["grpc"]["port"] == settings.epp.port
