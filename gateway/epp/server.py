@@ -6,8 +6,9 @@ Per stream, in the order Envoy sends them:
 
     request_headers  -> (GET and friends, no body) the pick, or "continue"
     request_body     -> the pick (the body comes whole: BUFFERED), or an immediate answer
-    response_headers -> the gateway's headers; with `[epp] response = "body"` a mode
-                        override asks for the body (BUFFERED for JSON, STREAMED for SSE)
+    response_headers -> the gateway's headers; a mode override asks for the body when
+                        `[epp] response` reads it (BUFFERED_PARTIAL for JSON under "json"
+                        and "body", STREAMED for SSE under "body")
     response_body    -> "continue" per chunk; the last one ends the record
 
 The stream ending earlier (client gone, EPP-side error, headers-only reading) ends the
@@ -134,6 +135,3 @@ class EppServer:
     async def stop(self, grace_s: float) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
-
-    async def wait(self) -> None:
-        await self.server.wait_for_termination()
