@@ -13,6 +13,8 @@ from gateway import __version__
 # name -> (module exposing add_arguments(parser) and run(args) -> int, help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gateway.serve", "run the gateway in front of vLLM replicas (or the simulator)"),
+    "epp": ("gateway.epp.run", "pick endpoints for Envoy (Gateway API Inference Extension, "
+            "ext_proc gRPC)"),
     "sim": ("gateway.sim.cli", "run simulated vLLM replicas on 127.0.0.1"),
     "lint": ("gateway.hygiene.lint", "find prefix-breaking content in logged request bodies"),
     "report": ("gateway.usage.report", "summarise a usage log"),
@@ -36,6 +38,12 @@ config/gateway.example.toml for every setting.
 Logs: one JSON object per line on stderr (--log-format text for a terminal), an access
 line per request, level --log-level. Endpoints: /v1/* (proxied), /health, /ready,
 /metrics (Prometheus), /stats (JSON; /stats?format=html for a page).""",
+    "epp": """Run the gateway's router as a Kubernetes endpoint picker: an Envoy ext_proc gRPC
+service (Gateway API Inference Extension protocol) that reads each request, picks the
+replica most likely to hold its prompt prefix, and names it to Envoy in
+x-gateway-destination-endpoint. Same settings file, routing, hygiene and usage records as
+`gateway serve`; --host/--port are the gRPC listener's (default 127.0.0.1:9002).
+Needs the `epp` extra: pip install 'cache-gateway[epp]'.""",
     "sim": """Run N simulated vLLM replicas (vLLM 0.32's HTTP contract, prefix cache, scheduler
 and timing model) on 127.0.0.1:PORT..PORT+N-1, with no GPU and no model download.""",
 }

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from gateway.coerce import SettingsError, build, coerce, field_types
+from gateway.epp.config import EppSettings
 from gateway.events.config import TokenSettings
 from gateway.hygiene.config import HygieneConfig
 from gateway.logs import LogFormat
@@ -167,6 +168,7 @@ class Settings:
     usage: UsageConfig = field(default_factory=UsageConfig)
     tokens: TokenSettings = field(default_factory=TokenSettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
+    epp: EppSettings = field(default_factory=EppSettings)  # `gateway epp` only
 
 
 # table sections: name -> dataclass (replicas, an array of tables, is handled apart)
@@ -178,6 +180,7 @@ SECTIONS: dict[str, type[Any]] = {
     "usage": UsageConfig,
     "tokens": TokenSettings,
     "redis": RedisSettings,
+    "epp": EppSettings,
 }
 
 

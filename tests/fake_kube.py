@@ -1,0 +1,137 @@
+"""A fake Kubernetes API server on loopback for the InferencePool watch test (no real API
+server can run here): one InferencePool, and pods that the test changes, served as the
+official client reads them: GET the pool, list pods (with a resourceVersion), and watch
+pods (`?watch=true`: one JSON event per line, kept open). aiohttp, in its own thread and
+event loop; stopped (and its thread joined) on exit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from tests.servers import free_port
+
+
+def pod(name: str, ip: str, ready: bool, labels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ns", "labels": labels,
+                         "resourceVersion": "1"},
+            "status": {"podIP": ip, "phase": "Running", "conditions": [
+                {"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+class FakeKube:
+    def __init__(self, pool: dict[str, Any]) -> None:
+        self.pool = pool
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.version = 1
+        self.watchers: list[asyncio.Queue[dict[str, Any]]] = []
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.requests: list[str] = []
+
+    # the test's side (any thread) -----------------------------------------------------------
+
+    def put(self, p: dict[str, Any]) -> None:
+        kind = "MODIFIED" if p["metadata"]["name"] in self.pods else "ADDED"
+        self._call(self._event, kind, p)
+
+    def delete(self, name: str) -> None:
+        self._call(self._event, "DELETED", self.pods[name])
+
+    def _call(self, fn: Any, *args: Any) -> None:
+        assert self.loop is not None
+        done = threading.Event()
+
+        def run() -> None:
+            fn(*args)
+            done.set()
+
+        self.loop.call_soon_threadsafe(run)
+        assert done.wait(5)
+
+    def _event(self, kind: str, p: dict[str, Any]) -> None:
+        self.version += 1
+        p = {**p, "metadata": {**p["metadata"], "resourceVersion": str(self.version)}}
+        if kind == "DELETED":
+            self.pods.pop(p["metadata"]["name"], None)
+        else:
+            self.pods[p["metadata"]["name"]] = p
+        for q in self.watchers:
+            q.put_nowait({"type": kind, "object": p})
+
+    # the API server's side ------------------------------------------------------------------
+
+    async def get_pool(self, request: web.Request) -> web.Response:
+        self.requests.append(request.path_qs)
+        if request.match_info["name"] != self.pool["metadata"]["name"]:
+            return web.json_response({"kind": "Status", "code": 404}, status=404)
+        return web.json_response(self.pool)
+
+    async def pods_view(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append(request.path_qs)
+        if request.query.get("watch") not in ("true", "True", "1"):
+            return web.json_response({
+                "apiVersion": "v1", "kind": "PodList",
+                "metadata": {"resourceVersion": str(self.version)},
+                "items": list(self.pods.values())})
+        resp = web.StreamResponse(headers={"content-type": "application/json"})
+        await resp.prepare(request)
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.watchers.append(q)
+        try:
+            while True:
+                event = await q.get()
+                await resp.write(json.dumps(event).encode() + b"\n")
+        finally:
+            self.watchers.remove(q)
+
+    def kubeconfig(self, path: Path) -> Path:
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": "fake"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake",
+                                                      "namespace": "ns"}}]}))
+        return path
+
+
+@contextlib.contextmanager
+def fake_kube(pool: dict[str, Any]) -> Iterator[FakeKube]:
+    kube = FakeKube(pool)
+    ready = threading.Event()
+    stop: asyncio.Event | None = None
+
+    async def main() -> None:
+        nonlocal stop
+        stop = asyncio.Event()
+        kube.loop = asyncio.get_running_loop()
+        app = web.Application()
+        app.router.add_get(
+            "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools/{name}",
+            kube.get_pool)
+        app.router.add_get("/api/v1/namespaces/{ns}/pods", kube.pods_view)
+        runner = web.AppRunner(app, shutdown_timeout=1)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", kube.port).start()
+        ready.set()
+        await stop.wait()
+        await runner.cleanup()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield kube
+    finally:
+        assert kube.loop is not None and stop is not None
+        kube.loop.call_soon_threadsafe(stop.set)
+        thread.join(10)
