@@ -1,6 +1,6 @@
 """The gateway's KV-event feeds: per replica, find where it publishes, subscribe, stay
 subscribed, and check parity once. I/O; the decisions live in source.py, kvindex.py and
-tokens/parity.py.
+events/parity.py.
 
 Per replica, one task: wait until the replica's models are known and one has a renderer;
 take its event sources from `[[replicas]] kv_events_endpoint` or `GET /kv_event_sources`
@@ -26,11 +26,11 @@ import aiohttp
 from gateway.events.config import TokenSettings
 from gateway.events.discovery import discover
 from gateway.events.kvindex import KVIndex
+from gateway.events.parity import Parity
 from gateway.events.probe import probe
 from gateway.events.source import EventSource, SourceError
 from gateway.events.subscriber import KVSubscriber
 from gateway.tasks import cancel_all
-from gateway.tokens.parity import Parity
 from gateway.tokens.render import TokenRenderer
 
 log = logging.getLogger("gateway.events")
