@@ -41,7 +41,7 @@ def test_extras_by_role() -> None:
     assert set(extras["redis"]) == {"redis"}
     assert "matplotlib" in extras["bench"]
     assert {"xllamacpp", "gguf", "tokenizers"} <= set(extras["realengine"])
-    assert {"pyzmq", "msgpack", "jinja2", "tokenizers"} <= set(extras["kv"])
+    assert {"pyzmq", "msgspec", "msgpack", "jinja2", "tokenizers"} <= set(extras["kv"])
     # the test extra pulls the redis, bench and kv extras, never the real engines
     assert ("cache-gateway[redis,bench,kv]"
             in PYPROJECT["project"]["optional-dependencies"]["test"])

@@ -54,7 +54,7 @@ def require_token_mode(settings: TokenSettings) -> None:
     """Raise MissingExtra, naming the `kv` extra, when token mode is configured without it."""
     if not settings.enabled:
         return
-    for module in ("zmq", "msgpack"):
+    for module in ("zmq", "msgspec"):
         require(module, extra="kv", feature="token mode (KV events)")
     if any(where != SIM for where in settings.models.values()):
         for module in ("tokenizers", "jinja2"):
