@@ -53,6 +53,7 @@ from gateway.settings import (
     scan_env,
     with_replicas,
 )
+from gateway.tokens.render import TokenRenderer
 from gateway.usage.recorder import require_redis
 
 log = logging.getLogger("gateway.serve")
@@ -184,7 +185,7 @@ async def _serve(settings: Settings, sock: socket.socket) -> int:
         settings = with_replicas(settings, [replica_from_url(u) for u in cluster.urls])
         log.info("embedded simulator started", extra={"urls": cluster.urls})
     try:
-        app = create_app(settings)
+        app = create_app(settings, sim_renderer=sim_renderer)
         config = uvicorn.Config(
             app, host=settings.server.host, port=settings.server.port,
             http=bounded_protocol(settings.server.max_head_bytes, settings.server.head_timeout_s),
@@ -216,6 +217,14 @@ async def _serve(settings: Settings, sock: socket.socket) -> int:
             await cluster.stop()
 
 
+def sim_renderer(model: str, block_size: int, max_pieces: int) -> TokenRenderer:
+    """`[tokens] models = {"<model>" = "sim"}`: the simulator's template and tokenizer,
+    handed to the proxy from here so that the proxy never imports the simulator."""
+    from gateway.sim.render import sim_renderer as build
+
+    return build(model, block_size, max_pieces)
+
+
 def check_extras(settings: Settings) -> None:
     """Fail before start-up, with the install command, when a configured feature's
     optional package is missing (raises `MissingExtra`)."""
@@ -225,7 +234,7 @@ def check_extras(settings: Settings) -> None:
         require("redis", extra="redis", feature="shared routing state ([redis] url)")
     if settings.tokens.enabled:
         require_token_mode(settings.tokens)
-        load_renderers(settings.tokens)  # a missing tokenizer or template fails here
+        load_renderers(settings.tokens, sim_renderer)  # a missing tokenizer or template fails here
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,11 +22,10 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.epp import decision
-from gateway.epp.config import EppSettings
 from gateway.epp.picker import Picker
 from gateway.epp.server import SERVICE_NAME, EppServer
 from gateway.proxy.app import GatewayApp
-from gateway.settings import parse_settings
+from gateway.settings import EppSettings, parse_settings
 from gateway.usage.record import UsageRecord
 from tests.servers import sim
 

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.proxy.app import GatewayApp, create_app
 from gateway.replicas.fleet import memory_verdict, restarted
-from gateway.replicas.scrape import process_start_time
+from gateway.replicas.scrape import parse_engine_metrics
 from gateway.settings import ReplicaSettings, ServerSettings, Settings
 from gateway.upstream.errors import UpstreamTimeout
 from gateway.usage.config import UsageConfig
@@ -127,7 +127,7 @@ async def test_a_restart_between_probes_is_seen_after_one_failed_probe() -> None
     ("process_start_time_seconds_x 4\n", None),
 ])
 def test_process_start_time(text: str, value: float | None) -> None:
-    assert process_start_time(text) == value
+    assert parse_engine_metrics(text, 0.0).process_start_time_seconds == value
 
 
 @pytest.mark.parametrize(("known", "seen", "fresh"), [

@@ -72,21 +72,29 @@ def pack(events: list[object]) -> bytes:
 
 @pytest.mark.parametrize(("payload", "match"), [
     (b"\xc1", "msgpack"),
-    (msgpack.packb({"x": 1}), r"\[ts"),
-    (msgpack.packb(["now", []]), "timestamp"),
-    (pack([{"type": "Nope"}]), "unknown event"),
-    (pack([["Nope"]]), "unknown event"),
+    (msgpack.packb({"x": 1}), "Expected `array`, got `object`"),
+    (msgpack.packb(["now", []]), r"Expected `float`, got `str` - at `\$\[0\]`"),
+    (pack([{"type": "Nope"}]), r"event 0: Invalid value 'Nope' - at `\$.type`"),
+    (pack([["Nope"]]), r"event 0: Invalid value 'Nope'"),
     (pack([42]), "neither"),
     (pack([{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
             "token_ids": [1, 2], "block_size": 4}]), "2 tokens for 1 blocks"),
     (pack([{"type": "BlockStored", "block_hashes": [1.5], "parent_block_hash": None,
-            "token_ids": [1], "block_size": 1}]), "neither int nor bytes"),
+            "token_ids": [1], "block_size": 1}]),
+     r"Expected `int \| bytes`, got `float` - at `\$.block_hashes\[0\]`"),
     (pack([{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
-            "token_ids": ["a"], "block_size": 1}]), "list of ints"),
+            "token_ids": ["a"], "block_size": 1}]),
+     r"Expected `int`, got `str` - at `\$.token_ids\[0\]`"),
     (pack([{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
-            "token_ids": [1], "block_size": 0}]), "positive"),
-    (pack([["BlockStored", [1]]]), "too short"),
-    (pack([{"type": "BlockRemoved", "block_hashes": 7}]), "not a list"),
+            "token_ids": [1], "block_size": 0}]), r"Expected `int` >= 1"),
+    (pack([["BlockStored", [1]]]), "Expected `array` of at least length 5, got 2"),
+    (pack([{"type": "BlockRemoved", "block_hashes": 7}]), r"got `int` - at `\$.block_hashes`"),
+    (pack([{"type": "BlockStored", "block_hashes": [True], "parent_block_hash": None,
+            "token_ids": [1], "block_size": 1}]), "got `bool`"),
+    (pack([{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
+            "token_ids": [1], "block_size": 1, "lora_name": 5}]), r"at `\$.lora_name`"),
+    (msgpack.packb([1.0, [], "rank"]), r"Expected `int \| null`, got `str` - at `\$\[2\]`"),
+    (msgpack.packb([1.0, [{"type": "AllBlocksCleared"}]])[:-3], "truncated"),
 ])
 def test_malformed_payloads(payload: bytes, match: str) -> None:
     with pytest.raises(EventDecodeError, match=match):
@@ -113,7 +121,7 @@ def test_bytes_hashes_and_short_frames() -> None:
 
 def test_core_imports_without_the_kv_extra() -> None:
     """The simulator and the router import the event types; the `kv` extra's libraries
-    (msgpack, pyzmq, jinja2, tokenizers) load only when token mode is used."""
+    (msgpack, msgspec, pyzmq, jinja2, tokenizers) load only when token mode is used."""
     import subprocess
     import sys
 
@@ -121,7 +129,7 @@ def test_core_imports_without_the_kv_extra() -> None:
         "import builtins\n"
         "real = builtins.__import__\n"
         "def guard(name, *a, **k):\n"
-        "    if name.split('.')[0] in ('msgpack', 'zmq', 'jinja2', 'tokenizers'):\n"
+        "    if name.split('.')[0] in ('msgpack', 'msgspec', 'zmq', 'jinja2', 'tokenizers'):\n"
         "        raise ImportError('blocked ' + name)\n"
         "    return real(name, *a, **k)\n"
         "builtins.__import__ = guard\n"
@@ -131,3 +139,26 @@ def test_core_imports_without_the_kv_extra() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_mixed_encodings_unknown_fields_and_trailing_elements() -> None:
+    """Fields a later vLLM adds to a map, and elements a later version appends to an
+    array, are ignored; both encodings may share a batch."""
+    batch = decode_payload(9, pack([
+        {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
+         "token_ids": [5, 6], "block_size": 2, "lora_id": None, "medium": "GPU",
+         "lora_name": None, "extra_keys": [["salt"]], "group_idx": 1,
+         "kv_cache_spec_kind": "full", "session_id": "s"},
+        ["BlockStored", [2], 1, [7, 8], 2, None, "CPU", "adapter", "appended"],
+        ["BlockRemoved", [2], "CPU", "appended"],
+        {"type": "BlockRemoved", "block_hashes": [1], "medium": None, "group_idx": 3},
+        ["AllBlocksCleared"],
+    ]))
+    assert batch.events == (
+        BlockStored((1,), None, (5, 6), 2, None, (("salt",),), "GPU", 1),
+        BlockStored((2,), 1, (7, 8), 2, "adapter", None, "CPU"),
+        BlockRemoved((2,), "CPU"),
+        BlockRemoved((1,), None, 3),
+        AllBlocksCleared(),
+    )
+    assert (batch.seq, batch.ts, batch.data_parallel_rank) == (9, 1.0, 0)

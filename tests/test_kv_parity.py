@@ -11,7 +11,7 @@ import msgpack
 import pytest
 
 from gateway.events.decode import BlockStored, decode_message
-from gateway.tokens.parity import check
+from gateway.events.parity import check
 from gateway.tokens.render import TokenRenderer
 from gateway.tokens.template import load_template
 from gateway.tokens.tokenize import TokenizerCache

@@ -78,3 +78,16 @@ def test_serve_refuses_a_model_directory_without_a_tokenizer(tmp_path: Path) -> 
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
         f"gateway serve: tokens.models['m']: no tokenizer.json in {tmp_path}"]
+
+
+def test_the_simulator_renderer_comes_from_serve() -> None:
+    """`gateway.proxy` never imports the simulator: `serve.py` hands its renderer in."""
+    from gateway.events.config import TokenSettings
+    from gateway.proxy.tokenmode import TokenModelError, load_renderers
+    from gateway.serve import sim_renderer
+
+    settings = TokenSettings(models={"sim": "sim"}, block_size=32)
+    with pytest.raises(TokenModelError, match="renderer was not supplied"):
+        load_renderers(settings)
+    renderer = load_renderers(settings, sim_renderer)["sim"]
+    assert renderer.block_size == 32

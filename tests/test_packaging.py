@@ -41,7 +41,7 @@ def test_extras_by_role() -> None:
     assert set(extras["redis"]) == {"redis"}
     assert "matplotlib" in extras["bench"]
     assert {"xllamacpp", "gguf", "tokenizers"} <= set(extras["realengine"])
-    assert {"pyzmq", "msgpack", "jinja2", "tokenizers"} <= set(extras["kv"])
+    assert {"pyzmq", "msgspec", "msgpack", "jinja2", "tokenizers"} <= set(extras["kv"])
     assert set(extras["epp"]) == {"grpcio", "grpcio-health-checking", "xds-protos"}
     assert set(extras["kubernetes"]) == {"kubernetes"}
     # the test extra pulls the redis, bench, kv and epp extras (and a real Envoy for the

@@ -11,11 +11,10 @@ from typing import Any
 
 import pytest
 
-from gateway.epp.config import EppSettings
 from gateway.events.config import TokenSettings
 from gateway.hygiene.config import HygieneConfig
 from gateway.routing.config import RoutingConfig
-from gateway.settings import AuthSettings, ReplicaSettings, ServerSettings
+from gateway.settings import AuthSettings, EppSettings, ReplicaSettings, ServerSettings
 from gateway.shared.config import RedisSettings
 from gateway.usage.config import UsageConfig
 from tests.servers import ROOT

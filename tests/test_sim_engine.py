@@ -307,8 +307,8 @@ def test_metrics_counters_track_queries_hits_tokens() -> None:
     assert (c.prompt_tokens, c.prompt_tokens_cached, c.generation_tokens) == (2000, 992, 10)
     assert c.success["length"] == 2
     text = engine.metrics.render("m", engine.gauges())
-    assert 'vllm:prefix_cache_hits_total{model_name="m",engine="0"} 992.0' in text
-    assert 'vllm:time_to_first_token_seconds_count{model_name="m",engine="0"} 2.0' in text
+    assert 'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 992.0' in text
+    assert 'vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 2.0' in text
 
 
 def test_virtual_clock_idle_wake_and_steps() -> None:

@@ -121,7 +121,7 @@ def test_force_include_usage(old: str) -> None:
 
 
 def test_metrics_names_and_labels(old: str) -> None:
-    labels = f'{{model_name="{MODEL}",engine="0"}}'
+    labels = f'{{engine="0",model_name="{MODEL}"}}'
     m = scrape(old)
     for name in (
         "vllm:num_requests_running",
@@ -149,7 +149,7 @@ def test_metrics_names_and_labels(old: str) -> None:
         for k in m
     )
     assert (
-        f'vllm:request_success_total{{model_name="{MODEL}",engine="0",finished_reason="length"}}'
+        f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{MODEL}"}}'
         in m
     )
 
@@ -167,7 +167,7 @@ def _raw_request(base: str, body: dict[str, Any]) -> socket.socket:
 
 
 def _wait_idle(base: str) -> dict[str, float]:
-    labels = f'{{model_name="{MODEL}",engine="0"}}'
+    labels = f'{{engine="0",model_name="{MODEL}"}}'
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         m = scrape(base)
@@ -182,7 +182,7 @@ def _wait_idle(base: str) -> dict[str, float]:
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_disconnect_aborts_and_frees_blocks(old: str, stream: bool) -> None:
-    labels = f'{{model_name="{MODEL}",engine="0"}}'
+    labels = f'{{engine="0",model_name="{MODEL}"}}'
     s = _raw_request(
         old,
         {
@@ -204,7 +204,7 @@ def test_client_disconnect_aborts_and_frees_blocks(old: str, stream: bool) -> No
         s.close()
     m = _wait_idle(old)
     assert (
-        m[f'vllm:request_success_total{{model_name="{MODEL}",engine="0",finished_reason="abort"}}']
+        m[f'vllm:request_success_total{{engine="0",finished_reason="abort",model_name="{MODEL}"}}']
         >= 1
     )
     assert httpx.get(old + "/load").json() == {"server_load": 0}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,11 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.backoff import Backoff, Retrier
 from gateway.usage.config import UsageConfig
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.recorder import UsageRecorder
-from gateway.usage.sinks import FileSink, SinkPump, StdoutSink
+from gateway.usage.sinks import FileSink, SinkError, SinkPump, StdoutSink
 from gateway.usage.snapshot import EngineSnapshot
 from tests.records import usage_record as rec
 
@@ -280,3 +282,45 @@ def test_stats_hygiene_section_and_warning() -> None:
     quiet = UsageRecorder(UsageConfig(hygiene_warn_share=0.9), GatewayMetrics())
     quiet.record(rec(ts=1000.0, prompt_tokens=1000, findings=(_ts_finding(800),)))
     assert not any(w.startswith("hygiene:") for w in quiet.stats(1010.0, {})["warnings"])
+
+
+class FlakySink:
+    """Fails the writes whose number (from 0) is in `failing`; records the rest."""
+
+    name = "flaky"
+
+    def __init__(self, failing: set[int]) -> None:
+        self.failing = failing
+        self.calls = 0
+        self.lines: list[bytes] = []
+
+    async def write(self, lines: Sequence[bytes]) -> None:
+        n, self.calls = self.calls, self.calls + 1
+        if n in self.failing:
+            raise SinkError(f"write {n} refused")
+        self.lines.extend(lines)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_pump_backs_off_while_failing_and_resets_after_a_write() -> None:
+    slept: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        slept.append(delay)
+
+    sink = FlakySink({0, 1, 2, 4})
+    retrier = Retrier(Backoff(base_s=1.0, cap_s=3.0), rand=lambda: 0.0, sleep=sleep)
+    pump = SinkPump(sink, GatewayMetrics(), batch_size=1, retrier=retrier)
+    for i in range(6):
+        pump.offer(b"%d\n" % i)
+    pump.start()
+    for _ in range(1000):  # the sleeps return at once: the pump drains in a few turns
+        if sink.calls == 6:
+            break
+        await asyncio.sleep(0)
+    await pump.aclose()
+    assert sink.calls == 6 and sink.lines == [b"3\n", b"5\n"]
+    assert slept == [1.0, 2.0, 3.0, 1.0]  # doubling, capped; back to the base after write 3
+    assert pump.dropped == 4 and pump.errors == 4

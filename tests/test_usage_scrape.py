@@ -4,7 +4,11 @@ parallel engines, llama.cpp, and garbage."""
 # ruff: noqa: E501  (real exposition lines are long)
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.replicas.scrape import parse_engine_metrics
 from gateway.usage.snapshot import EngineSnapshot
@@ -114,7 +118,8 @@ vllm:num_requests_waiting{engine="0",model_name="a \\"quoted\\", name"} 2
 vllm:kv_cache_usage_perc{engine="0"} NaN
 vllm:kv_cache_usage_perc 0.5 1761234567000
 \x00\xff binary junk
-vllm:generation_tokens_total{engine="0"} 12 # trailing comment
+vllm:prompt_tokens_total{engine="0"} 12 # not a timestamp: the line is skipped
+vllm:generation_tokens_total{engine="0"} 12
 """
 
 
@@ -192,3 +197,41 @@ def test_capacity_from_cache_config() -> None:
 
 def test_snapshot_carries_now() -> None:
     assert parse_engine_metrics(VLLM_CURRENT, now=1234.5).ts == 1234.5
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_recorded_real_vllm_032() -> None:
+    """`/metrics` of a real vLLM 0.32 CPU replica (tests/realvllm's tiny model, after two
+    chat requests), recorded whole: 667 lines, histograms, the process collector."""
+    text = (DATA / "vllm032_metrics.txt").read_text()
+    assert parse_engine_metrics(text, now=100.0) == snap(
+        kv_cache_usage=0.0, num_requests_running=0.0, num_requests_waiting=0.0,
+        prefix_cache_queries_total=236.0, prefix_cache_hits_total=96.0,
+        prompt_tokens_total=236.0, generation_tokens_total=16.0,
+        num_gpu_blocks=32768, block_size=32, process_start_time_seconds=1.79553583429e9,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "start"),
+    [
+        ("process_start_time_seconds 1.7e+09\n", 1.7e9),
+        ("# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 12.5\n", 12.5),
+        ("process_start_time_seconds{pid=\"1\"} 3\nprocess_start_time_seconds{pid=\"2\"} 9\n", 9.0),
+        ("process_start_time_seconds NaN\n", None),
+        ("process_start_time_seconds\n", None),
+        (LLAMACPP, None),
+    ],
+)
+def test_process_start_time(text: str, start: float | None) -> None:
+    assert parse_engine_metrics(text, now=1.0).process_start_time_seconds == start
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([*VLLM_CURRENT.splitlines(), *GARBAGE.splitlines()])
+                | st.text(max_size=60)))
+def test_any_text_parses(lines: list[str]) -> None:
+    """Whatever the lines, a scrape yields a snapshot (never an exception)."""
+    assert parse_engine_metrics("\n".join(lines), now=1.0).ts == 1.0

@@ -30,7 +30,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 from gateway.epp import decision
-from gateway.epp.config import EppSettings
 from gateway.proxy.app import Services
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.exchange import Exchange
@@ -42,6 +41,7 @@ from gateway.replicas.fleet import Replica, no_healthy
 from gateway.routing import messages_api, responses_api
 from gateway.routing.normalize import NormalizeError
 from gateway.routing.plan import RoutePlan
+from gateway.settings import EppSettings
 from gateway.usage.extract import parse_answer
 from gateway.usage.metrics import UNKNOWN_MODEL
 from gateway.usage.sse import SseUsageTap

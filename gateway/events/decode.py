@@ -2,7 +2,9 @@
 
 A ZMQ message is three frames: topic, an 8-byte big-endian sequence number, a msgpack
 payload. The payload is an array `[ts, [event, ...], data_parallel_rank?]` (msgspec
-`array_like`). Each event is encoded one of two ways, and both are decoded:
+`array_like`), decoded by vLLM's own definitions as msgspec structs (`wire.py`, the `kv`
+extra) and handed on as the frozen dataclasses below, which the simulator and the router
+use without the extra. Each event is encoded one of two ways, and both are decoded:
 
 - vLLM >= 0.11 (0.32 measured): a map with a `type` tag, e.g.
   `{"type": "BlockStored", "block_hashes": [...], "parent_block_hash": h, "token_ids":
@@ -13,7 +15,8 @@ payload. The payload is an array `[ts, [event, ...], data_parallel_rank?]` (msgs
 
 Block hashes are 64-bit ints by default and bytes with other hash functions; both are kept
 as opaque keys (the gateway recomputes its own hashes from `token_ids`, so vLLM's hash
-function and seed never matter). Malformed input raises `EventDecodeError`.
+function and seed never matter). Malformed input raises `EventDecodeError`, whose
+message carries msgspec's path to the bad value.
 """
 
 from __future__ import annotations
@@ -84,93 +87,27 @@ def decode_message(frames: Sequence[bytes]) -> EventBatch:
 
 
 def decode_payload(seq: int, payload: bytes) -> EventBatch:
-    import msgpack  # the `kv` extra; the simulator imports the event types without it
+    # the `kv` extra; the simulator imports the event types without it
+    import msgspec
+
+    from gateway.events import wire
 
     try:
-        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=True)
-    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
+        ts, events, rank = wire.decode_batch(payload)
+    except msgspec.ValidationError as exc:
+        raise EventDecodeError(f"malformed event batch: {exc}") from exc
+    except msgspec.DecodeError as exc:
         raise EventDecodeError(f"payload is not msgpack: {exc}") from exc
-    if isinstance(raw, dict):  # a map-encoded batch (not sent by vLLM today; cheap to accept)
-        raw = [raw.get("ts", 0.0), raw.get("events"), raw.get("data_parallel_rank")]
-    if not isinstance(raw, list) or len(raw) < 2 or not isinstance(raw[1], list):
-        raise EventDecodeError("payload is not [ts, [events], dp_rank?]")
-    ts = raw[0]
-    if not isinstance(ts, int | float):
-        raise EventDecodeError("batch timestamp is not a number")
-    rank = raw[2] if len(raw) > 2 and isinstance(raw[2], int) else None
-    return EventBatch(seq, float(ts), tuple(decode_event(e) for e in raw[1]), rank)
-
-
-def decode_event(raw: object) -> Event:
-    if isinstance(raw, dict):
-        return _from_map(raw)
-    if isinstance(raw, list) and raw and isinstance(raw[0], str):
-        return _from_array(raw)
-    raise EventDecodeError(f"event is neither a tagged map nor a tagged array: {raw!r:.80}")
-
-
-def _from_map(m: dict[Any, Any]) -> Event:
-    kind = m.get("type")
-    if kind == "BlockStored":
-        return _stored(m.get("block_hashes"), m.get("parent_block_hash"), m.get("token_ids"),
-                       m.get("block_size"), m.get("lora_name"), m.get("extra_keys"),
-                       m.get("medium"), m.get("group_idx"))
-    if kind == "BlockRemoved":
-        return BlockRemoved(_keys(m.get("block_hashes")), _opt_str(m.get("medium")),
-                            _opt_int(m.get("group_idx")))
-    if kind == "AllBlocksCleared":
-        return AllBlocksCleared()
-    raise EventDecodeError(f"unknown event type {kind!r:.40}")
-
-
-def _from_array(a: list[Any]) -> Event:
-    kind, rest = a[0], a[1:]
-    rest += [None] * (8 - len(rest))
-    if kind == "BlockStored":
-        if len(a) < 5:
-            raise EventDecodeError("BlockStored array too short")
-        # [tag, hashes, parent, token_ids, block_size, lora_id, medium, lora_name]
-        return _stored(rest[0], rest[1], rest[2], rest[3], rest[6], None, rest[5], None)
-    if kind == "BlockRemoved":
-        return BlockRemoved(_keys(rest[0]), _opt_str(rest[1]))
-    if kind == "AllBlocksCleared":
-        return AllBlocksCleared()
-    raise EventDecodeError(f"unknown event type {kind!r:.40}")
-
-
-def _stored(hashes: object, parent: object, tokens: object, block_size: object,
-            lora_name: object, extra: object, medium: object, group: object) -> BlockStored:
-    keys = _keys(hashes)
-    if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
-        raise EventDecodeError("BlockStored token_ids is not a list of ints")
-    if type(block_size) is not int or block_size <= 0:
-        raise EventDecodeError("BlockStored block_size is not a positive int")
-    if len(tokens) != len(keys) * block_size:
-        raise EventDecodeError(
-            f"BlockStored carries {len(tokens)} tokens for {len(keys)} blocks of {block_size}")
-    extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
-    if isinstance(extra, list):
-        extra_keys = tuple(tuple(e) if isinstance(e, list) else None for e in extra)
-    return BlockStored(keys, None if parent is None else _key(parent), tuple(tokens),
-                       block_size, _opt_str(lora_name), extra_keys, _opt_str(medium),
-                       _opt_int(group))
-
-
-def _keys(raw: object) -> tuple[BlockKey, ...]:
-    if not isinstance(raw, list):
-        raise EventDecodeError("block_hashes is not a list")
-    return tuple(_key(h) for h in raw)
-
-
-def _key(raw: object) -> BlockKey:
-    if isinstance(raw, bool) or not isinstance(raw, int | bytes):
-        raise EventDecodeError(f"block hash is neither int nor bytes: {raw!r:.40}")
-    return raw
-
-
-def _opt_str(raw: object) -> str | None:
-    return raw if isinstance(raw, str) else None
-
-
-def _opt_int(raw: object) -> int | None:
-    return raw if type(raw) is int else None
+    out: list[Event] = []
+    for e in events:
+        if isinstance(e, wire.Stored):
+            extra, group = (e.extra_keys, e.group_idx) if isinstance(e, wire.StoredMap) else (
+                None, None)
+            out.append(BlockStored(e.block_hashes, e.parent_block_hash, e.token_ids,
+                                   e.block_size, e.lora_name, extra, e.medium, group))
+        elif isinstance(e, wire.Removed):
+            group = e.group_idx if isinstance(e, wire.RemovedMap) else None
+            out.append(BlockRemoved(e.block_hashes, e.medium, group))
+        else:
+            out.append(AllBlocksCleared())
+    return EventBatch(seq, ts, tuple(out), rank)

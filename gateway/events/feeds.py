@@ -1,6 +1,6 @@
 """The gateway's KV-event feeds: per replica, find where it publishes, subscribe, stay
 subscribed, and check parity once. I/O; the decisions live in source.py, kvindex.py and
-tokens/parity.py.
+events/parity.py.
 
 Per replica, one task: wait until the replica's models are known and one has a renderer;
 take its event sources from `[[replicas]] kv_events_endpoint` or `GET /kv_event_sources`
@@ -23,19 +23,21 @@ from typing import Any
 
 import aiohttp
 
+from gateway.backoff import Backoff, Retrier
 from gateway.events.config import TokenSettings
 from gateway.events.discovery import discover
 from gateway.events.kvindex import KVIndex
+from gateway.events.parity import Parity
 from gateway.events.probe import probe
 from gateway.events.source import EventSource, SourceError
 from gateway.events.subscriber import KVSubscriber
 from gateway.tasks import cancel_all
-from gateway.tokens.parity import Parity
 from gateway.tokens.render import TokenRenderer
 
 log = logging.getLogger("gateway.events")
 
-_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+# A failed subscriber is restarted after 1, 2, 4, ... up to 30 s, less up to a fifth.
+_RESUBSCRIBE = Backoff(base_s=1.0, cap_s=30.0, jitter=0.2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +170,7 @@ class EventFeeds:
 
     async def _subscribe(self, target: FeedTarget, state: FeedState,
                          source: EventSource) -> None:
-        failures = 0
+        retrier = Retrier(_RESUBSCRIBE)
         while True:
             sub = KVSubscriber(target.name, source, self._index, self._ctx, self._clock,
                                self._settings.replay_timeout_s)
@@ -178,11 +180,10 @@ class EventFeeds:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a broken socket: resubscribe, never crash the gateway
-                delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
-                failures += 1
-                log.warning("replica %s: KV event feed %s failed (%s); resubscribing in %g s",
+                delay = retrier.failed()
+                log.warning("replica %s: KV event feed %s failed (%s); resubscribing in %.2g s",
                             target.name, source.endpoint, exc, delay)
-                await asyncio.sleep(delay)
+                await retrier.sleep(delay)
             finally:
                 state.subscribers.remove(sub)
 

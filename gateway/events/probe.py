@@ -1,5 +1,5 @@
 """Parity probe for one replica (I/O): send a probe's messages to the replica's
-`/tokenize` and compare with the gateway's rendering (tokens/parity.py decides). Run at
+`/tokenize` and compare with the gateway's rendering (events/parity.py decides). Run at
 start-up and on demand for `/stats`; the first `BlockStored` the probe causes, when the
 caller has it, is compared too.
 """
@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 
 from gateway.events.decode import BlockStored
-from gateway.tokens.parity import Parity, check
+from gateway.events.parity import Parity, check
 from gateway.tokens.render import TokenRenderer, chat_messages
 
 MAX_BODY = 4 * 1024 * 1024

@@ -43,7 +43,7 @@ from gateway.proxy.client import AiohttpUpstream, ClientLimits
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.handler import Proxy
 from gateway.proxy.inbound import Endpoint
-from gateway.proxy.tokenmode import EventFeeds, start_token_mode
+from gateway.proxy.tokenmode import EventFeeds, SimRenderer, start_token_mode
 
 if TYPE_CHECKING:
     from gateway.shared.redis_state import SharedState
@@ -100,9 +100,11 @@ class GatewayApp:
         self, settings: Settings, *, upstream: Upstream | None = None,
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
+        sim_renderer: SimRenderer | None = None,
     ) -> None:
         self.settings = settings
         self._given_upstream = upstream
+        self._sim_renderer = sim_renderer  # for [tokens] models = "sim" (serve.py's)
         self.clock = clock  # wall time: record timestamps, routing and stats windows
         self.timer = timer  # monotonic: latencies
         self.services: Services | None = None
@@ -127,7 +129,7 @@ class GatewayApp:
             connections_per_replica=server.probe_connections, idle_s=server.upstream_idle_s,
             pool_wait_s=server.health_timeout_s, max_body_bytes=server.max_response_bytes))
         fleet = Fleet(settings.replicas, unhealthy_after=settings.server.unhealthy_after)
-        tokens = await start_token_mode(settings, fleet, self.clock)
+        tokens = await start_token_mode(settings, fleet, self.clock, self._sim_renderer)
         router = Router(settings.routing, tokens.mode if tokens is not None else None)
         metrics = GatewayMetrics()
         hygiene = settings.hygiene
@@ -317,5 +319,7 @@ def _authorization(scope: Scope) -> bytes | None:
 def create_app(
     settings: Settings, *, upstream: Upstream | None = None,
     clock: Callable[[], float] = time.time, timer: Callable[[], float] = time.perf_counter,
+    sim_renderer: SimRenderer | None = None,
 ) -> GatewayApp:
-    return GatewayApp(settings, upstream=upstream, clock=clock, timer=timer)
+    return GatewayApp(settings, upstream=upstream, clock=clock, timer=timer,
+                      sim_renderer=sim_renderer)

@@ -2,7 +2,9 @@
 router's `TokenMode` seam and the event feeds, built at start-up.
 
 Renderers read files (tokenizer, chat template): they are built off the event loop, once.
-A model value of `sim` is the simulator's own template and tokenizer.
+A model value of `sim` is the simulator's own template and tokenizer, built by a
+`SimRenderer` the composition root (`serve.py`) hands in: the proxy never imports the
+simulator.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from gateway.tokens.tokenize import TokenizerCache
 
 __all__ = [
     "EventFeeds",
+    "SimRenderer",
     "TokenModeParts",
     "TokenModelError",
     "load_renderers",
@@ -37,6 +40,10 @@ class TokenModelError(ValueError):
     pass
 
 
+# (model, block_size, tokenizer cache pieces) -> the simulator's renderer for that model.
+SimRenderer = Callable[[str, int, int], TokenRenderer]
+
+
 @dataclass(frozen=True, slots=True)
 class TokenModeParts:
     mode: TokenMode
@@ -47,19 +54,21 @@ def require_token_mode(settings: TokenSettings) -> None:
     """Raise MissingExtra, naming the `kv` extra, when token mode is configured without it."""
     if not settings.enabled:
         return
-    for module in ("zmq", "msgpack"):
+    for module in ("zmq", "msgspec"):
         require(module, extra="kv", feature="token mode (KV events)")
     if any(where != SIM for where in settings.models.values()):
         for module in ("tokenizers", "jinja2"):
             require(module, extra="kv", feature="token mode")
 
 
-def load_renderers(settings: TokenSettings) -> dict[str, TokenRenderer]:
+def load_renderers(settings: TokenSettings, sim_renderer: SimRenderer | None = None
+                   ) -> dict[str, TokenRenderer]:
     out: dict[str, TokenRenderer] = {}
     for model, where in settings.models.items():
         if where == SIM:
-            from gateway.sim.render import sim_renderer
-
+            if sim_renderer is None:
+                raise TokenModelError(f"tokens.models[{model!r}] = {SIM!r}: the simulator's "
+                                      "renderer was not supplied")
             out[model] = sim_renderer(model, settings.block_size,
                                       settings.tokenizer_cache_pieces)
             continue
@@ -78,15 +87,15 @@ def load_renderers(settings: TokenSettings) -> dict[str, TokenRenderer]:
     return out
 
 
-async def start_token_mode(settings: Settings, fleet: Fleet, clock: Callable[[], float]
-                           ) -> TokenModeParts | None:
+async def start_token_mode(settings: Settings, fleet: Fleet, clock: Callable[[], float],
+                           sim_renderer: SimRenderer | None = None) -> TokenModeParts | None:
     """The token-mode parts for `settings.tokens`, or None when it is off. The feeds are
     built, not started: the caller starts them once the fleet's models are being read."""
     cfg = settings.tokens
     if not cfg.enabled:
         return None
     require_token_mode(cfg)
-    renderers = await asyncio.to_thread(load_renderers, cfg)
+    renderers = await asyncio.to_thread(load_renderers, cfg, sim_renderer)
     index = KVIndex(KVConfig(predict_ttl_s=cfg.predict_ttl_s, stale_after_s=cfg.stale_after_s,
                              stale_requests=cfg.stale_requests))
     targets = [FeedTarget(r.name, r.url, r.api_key, r.kv_events_endpoint,

@@ -43,7 +43,7 @@ from collections.abc import Callable
 import orjson
 
 from gateway.replicas.fleet import Fleet, Replica, memory_verdict
-from gateway.replicas.scrape import parse_engine_metrics, process_start_time
+from gateway.replicas.scrape import parse_engine_metrics
 from gateway.routing.router import Router
 from gateway.settings import Settings
 from gateway.upstream.errors import UpstreamError
@@ -237,7 +237,8 @@ class FleetMonitor:
             return
         text = body.decode("utf-8", "replace")
         snapshot = parse_engine_metrics(text, self.clock())
-        new_process = self.fleet.set_start_time(replica.name, process_start_time(text))
+        new_process = self.fleet.set_start_time(replica.name,
+                                               snapshot.process_start_time_seconds)
         if self.fleet.set_snapshot(replica.name, snapshot) or new_process:
             log.warning("replica restarted", extra={"replica": replica.name})
             self.router.replica_restarted(replica.name)

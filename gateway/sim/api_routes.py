@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
@@ -30,19 +30,17 @@ from gateway.sim.asgi import (
 )
 from gateway.sim.errors import ApiError
 from gateway.sim.hashing import salt_key
+from gateway.sim.host import RouteHost, timing
 from gateway.sim.replica import Pending
 from gateway.sim.template import render_chat
 from gateway.sim.tokenizer import IM_END_ID
-
-if TYPE_CHECKING:
-    from gateway.sim.app import SimApp
 
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 _ABORTED = ApiError(503, "The request was aborted (simulator shutting down).")
 
 
 class ApiRoutes:
-    def __init__(self, app: SimApp, *, store: bool) -> None:
+    def __init__(self, app: RouteHost, *, store: bool) -> None:
         self.app = app
         self.store = rapi.ResponseStore() if store else None
 
@@ -75,9 +73,7 @@ class ApiRoutes:
         """`--timing-comments`: the simulated latencies, as the chat routes report them."""
         if not self.app.config.timing_comments:
             return None
-        from gateway.sim.app import _timing  # app imports this module at load time
-
-        return _timing(pending.request)
+        return timing(pending.request)
 
     def _timing_header(self, pending: Pending) -> list[tuple[bytes, bytes]]:
         timing = self._timing(pending)

@@ -44,8 +44,8 @@ from gateway.sim.asgi import (
 )
 from gateway.sim.errors import ApiError, bad_request
 from gateway.sim.hashing import salt_key
+from gateway.sim.host import timing as _timing
 from gateway.sim.replica import Pending, Replica
-from gateway.sim.request import SimRequest
 from gateway.sim.responses import (
     CURRENT,
     ChunkWriter,
@@ -434,10 +434,7 @@ class SimApp:
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         engine = self.replica.engine
         text = engine.metrics.render(
-            self.config.model, engine.gauges(), self.config.deprecated_metrics
-        ) + ("# HELP process_start_time_seconds Start time of the process since unix epoch "
-             "in seconds.\n# TYPE process_start_time_seconds gauge\n"
-             f"process_start_time_seconds {self.started:.2f}\n")
+            self.config.model, engine.gauges(), self.config.deprecated_metrics, self.started)
         await respond(
             send,
             200,
@@ -452,17 +449,3 @@ class SimApp:
             await respond(send, 200, b"", content_type=None)
         else:
             await respond(send, 200, orjson.dumps({"success": ok}))
-
-
-def _timing(req: SimRequest) -> dict[str, Any]:
-    first = req.first_token if req.first_token is not None else req.arrival
-    sched = req.first_scheduled if req.first_scheduled is not None else req.arrival
-    end = req.finished if req.finished is not None else first
-    return {
-        "arrival_s": round(req.arrival, 6),
-        "queue_ms": round((sched - req.arrival) * 1000, 3),
-        "ttft_ms": round((first - req.arrival) * 1000, 3),
-        "e2e_ms": round((end - req.arrival) * 1000, 3),
-        "prompt_tokens": req.num_prompt_tokens,
-        "cached_tokens": req.num_cached_tokens,
-    }

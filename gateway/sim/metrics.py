@@ -1,18 +1,27 @@
-"""Prometheus state of one simulated engine, rendered by hand in vLLM's exposition.
+"""Prometheus state of one simulated engine, exposed as vLLM exposes it.
 
 Names, types and labels follow vLLM V1's ``PrometheusStatLogger`` (contract section 3):
 every series carries ``model_name`` and ``engine="0"``; counters are exposed with the
 ``_total`` suffix as prometheus_client does; histograms use vLLM's bucket boundaries.
 ``deprecated=True`` also exports the names hidden in 0.10/0.11 (``vllm:gpu_cache_usage_perc``,
 ``vllm:gpu_prefix_cache_queries/hits``) for gateways that still read them.
-Hand rendering keeps a scrape cheap and avoids any global registry.
+A scrape is rendered by prometheus_client from a private `CollectorRegistry` holding
+one collector that builds the families from the engine's counters, histograms and gauges
+at that moment (the global registry is never touched); the engine's own bookkeeping stays
+plain counters and bucket lists, updated on its hot path without locks.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 TTFT_BUCKETS = (
     0.001,
@@ -144,147 +153,113 @@ class EngineMetrics:
         self.prompt_len = Histogram(tokens)
         self.generation_len = Histogram(tokens)
 
-    def render(self, model: str, gauges: Gauges, deprecated: bool = False) -> str:
-        labels = f'model_name="{_escape(model)}",engine="0"'
+    def render(self, model: str, gauges: Gauges, deprecated: bool = False,
+               started: float | None = None) -> str:
+        """The exposition text of one scrape, from a private registry (never the global).
+        `started`: the process start time (unix seconds), exported as vLLM's process
+        collector does, so a gateway sees a restarted replica."""
+        registry = CollectorRegistry(auto_describe=False)
+        families = self._families(model, gauges, deprecated)
+        if started is not None:
+            families.append(GaugeMetricFamily(
+                "process_start_time_seconds",
+                "Start time of the process since unix epoch in seconds.", value=started))
+        registry.register(_Scrape(families))
+        return generate_latest(registry).decode()
+
+    def _families(self, model: str, gauges: Gauges, deprecated: bool) -> list[Metric]:
+        values = [model, "0"]
         c = self.counters
-        out: list[str] = []
+        out: list[Metric] = []
 
-        def metric(name: str, kind: str, help_text: str, value: float, extra: str = "") -> None:
-            out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
-            sample = name + ("_total" if kind == "counter" else "")
-            out.append(f"{sample}{{{labels}{extra}}} {_num(value)}\n")
+        def gauge(name: str, help_text: str, value: float) -> None:
+            family = GaugeMetricFamily(name, help_text, labels=_LABELS)
+            family.add_metric(values, value)
+            out.append(family)
 
-        metric(
-            "vllm:num_requests_running",
-            "gauge",
-            "Number of requests in model execution batches.",
-            gauges.running,
-        )
-        metric(
-            "vllm:num_requests_waiting",
-            "gauge",
-            "Number of requests waiting to be processed.",
-            gauges.waiting,
-        )
-        metric(
-            "vllm:kv_cache_usage_perc",
-            "gauge",
-            "KV-cache usage. 1 means 100 percent usage.",
-            gauges.kv_usage,
-        )
+        def counter(name: str, help_text: str, value: float) -> None:
+            family = CounterMetricFamily(name, help_text, labels=_LABELS)
+            family.add_metric(values, value)
+            out.append(family)
+
+        gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+              gauges.running)
+        gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+              gauges.waiting)
+        gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+              gauges.kv_usage)
         if deprecated:
-            metric(
-                "vllm:gpu_cache_usage_perc",
-                "gauge",
-                "GPU KV-cache usage. 1 means 100 percent usage.",
-                gauges.kv_usage,
-            )
-            metric(
-                "vllm:gpu_prefix_cache_queries",
-                "counter",
-                "GPU prefix cache queries, in terms of number of queried tokens.",
-                c.prefix_queries,
-            )
-            metric(
-                "vllm:gpu_prefix_cache_hits",
-                "counter",
-                "GPU prefix cache hits, in terms of number of cached tokens.",
-                c.prefix_hits,
-            )
-        metric(
-            "vllm:prefix_cache_queries",
-            "counter",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            c.prefix_queries,
-        )
-        metric(
-            "vllm:prefix_cache_hits",
-            "counter",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            c.prefix_hits,
-        )
-        metric(
-            "vllm:num_preemptions",
-            "counter",
-            "Cumulative number of preemption from the engine.",
-            c.preemptions,
-        )
-        metric(
-            "vllm:prompt_tokens", "counter", "Number of prefill tokens processed.", c.prompt_tokens
-        )
-        metric(
-            "vllm:prompt_tokens_cached",
-            "counter",
-            "Number of cached prompt tokens (local + external).",
-            c.prompt_tokens_cached,
-        )
-        metric(
-            "vllm:generation_tokens",
-            "counter",
-            "Number of generation tokens processed.",
-            c.generation_tokens,
-        )
-        out.append(
-            "# HELP vllm:request_success_total Count of successfully processed requests.\n"
-            "# TYPE vllm:request_success_total counter\n"
-        )
+            gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.",
+                  gauges.kv_usage)
+            counter("vllm:gpu_prefix_cache_queries",
+                    "GPU prefix cache queries, in terms of number of queried tokens.",
+                    c.prefix_queries)
+            counter("vllm:gpu_prefix_cache_hits",
+                    "GPU prefix cache hits, in terms of number of cached tokens.", c.prefix_hits)
+        counter("vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.", c.prefix_queries)
+        counter("vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.", c.prefix_hits)
+        counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                c.preemptions)
+        counter("vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens)
+        counter("vllm:prompt_tokens_cached",
+                "Number of cached prompt tokens (local + external).", c.prompt_tokens_cached)
+        counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                c.generation_tokens)
+        success = CounterMetricFamily("vllm:request_success",
+                                      "Count of successfully processed requests.",
+                                      labels=[*_LABELS, "finished_reason"])
         for reason, n in c.success.items():
-            out.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {n}\n')
+            success.add_metric([*values, reason], n)
+        out.append(success)
         for name, help_text, h in (
-            (
-                "vllm:time_to_first_token_seconds",
-                "Histogram of time to first token in seconds.",
-                self.ttft,
-            ),
-            (
-                "vllm:inter_token_latency_seconds",
-                "Histogram of inter-token latency in seconds.",
-                self.itl,
-            ),
-            (
-                "vllm:e2e_request_latency_seconds",
-                "Histogram of e2e request latency in seconds.",
-                self.e2e,
-            ),
-            (
-                "vllm:request_queue_time_seconds",
-                "Histogram of time spent in WAITING phase for request.",
-                self.queue,
-            ),
-            ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", self.prompt_len),
-            (
-                "vllm:request_generation_tokens",
-                "Number of generation tokens processed.",
-                self.generation_len,
-            ),
+            ("vllm:time_to_first_token_seconds",
+             "Histogram of time to first token in seconds.", self.ttft),
+            ("vllm:inter_token_latency_seconds",
+             "Histogram of inter-token latency in seconds.", self.itl),
+            ("vllm:e2e_request_latency_seconds",
+             "Histogram of e2e request latency in seconds.", self.e2e),
+            ("vllm:request_queue_time_seconds",
+             "Histogram of time spent in WAITING phase for request.", self.queue),
+            ("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+             self.prompt_len),
+            ("vllm:request_generation_tokens", "Number of generation tokens processed.",
+             self.generation_len),
         ):
-            out.append(_histogram(name, help_text, labels, h))
-        out.append(
-            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
-            "# TYPE vllm:cache_config_info gauge\n"
-            f'vllm:cache_config_info{{block_size="{gauges.block_size}",cache_dtype="auto",'
-            f'enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",'
-            f'num_cpu_blocks="None",num_gpu_blocks="{gauges.num_gpu_blocks}",'
-            f'prefix_caching_hash_algo="xxhash"}} 1.0\n'
-        )
-        return "".join(out)
+            family = HistogramMetricFamily(name, help_text, labels=_LABELS)
+            family.add_metric(values, _buckets(h), h.total)
+            out.append(family)
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+            labels=["block_size", "cache_dtype", "enable_prefix_caching", "engine",
+                    "gpu_memory_utilization", "num_cpu_blocks", "num_gpu_blocks",
+                    "prefix_caching_hash_algo"])
+        info.add_metric([str(gauges.block_size), "auto", "True", "0", "0.9", "None",
+                         str(gauges.num_gpu_blocks), "xxhash"], 1.0)
+        out.append(info)
+        return out
 
 
-def _histogram(name: str, help_text: str, labels: str, h: Histogram) -> str:
-    lines = [f"# HELP {name} {help_text}\n# TYPE {name} histogram\n"]
+_LABELS = ["model_name", "engine"]
+
+
+class _Scrape(Collector):
+    """The families of one scrape, built from the engine's state when it is asked."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def _buckets(h: Histogram) -> list[tuple[str, float]]:
+    """Cumulative (le, count) pairs, `+Inf` last, as prometheus_client's Histogram."""
+    out: list[tuple[str, float]] = []
     cumulative = 0
     for bound, n in zip(h.buckets, h.counts, strict=False):
         cumulative += n
-        lines.append(f'{name}_bucket{{{labels},le="{bound}"}} {cumulative}.0\n')
-    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {h.count}.0\n')
-    lines.append(f"{name}_count{{{labels}}} {h.count}.0\n")
-    lines.append(f"{name}_sum{{{labels}}} {_num(h.total)}\n")
-    return "".join(lines)
-
-
-def _num(v: float) -> str:
-    return repr(float(v))
-
-
-def _escape(s: str) -> str:
-    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        out.append((floatToGoString(bound), cumulative))  # type: ignore[no-untyped-call]
+    out.append(("+Inf", h.count))
+    return out

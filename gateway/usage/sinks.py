@@ -10,8 +10,10 @@ memory or blocking requests.
 
 Failures: a sink translates its library's errors into `SinkError` (or lets `OSError`
 through); the pump counts them (`gateway_usage_sink_errors_total{sink}`), drops that
-batch (counted), logs at most once per `LOG_EVERY_S` per sink, and pauses `retry_s`
-before the next attempt so a dead Redis is not hammered. Redis reconnects by itself on
+batch (counted), logs at most once per `LOG_EVERY_S` per sink, and pauses before the next
+attempt so a dead Redis is not hammered: `retry_s`, doubling with each failure in a row up
+to `RETRY_CAP_S` (less up to a fifth, drawn at random), back to `retry_s` after a write
+succeeds (gateway/backoff.py). Redis reconnects by itself on
 the next command (the client's pool opens a new connection). Nothing reaches the caller.
 
 The Redis sink lives in `gateway.usage.redis_sink` (the `redis` package is an extra).
@@ -30,11 +32,13 @@ from collections import deque
 from collections.abc import Sequence
 from typing import IO, Final, Protocol
 
+from gateway.backoff import Backoff, Retrier
 from gateway.usage.metrics import GatewayMetrics
 
 log = logging.getLogger("gateway.usage")
 
 LOG_EVERY_S: Final = 60.0
+RETRY_CAP_S: Final = 10.0  # the longest pause between failed writes
 
 
 class SinkError(Exception):
@@ -117,12 +121,14 @@ class SinkPump:
         capacity: int = 10_000,
         batch_size: int = 512,
         retry_s: float = 1.0,
+        retrier: Retrier | None = None,  # tests pass one with a recording sleep
     ) -> None:
         self.sink = sink
         self._metrics = metrics
         self._capacity = capacity
         self._batch_size = batch_size
-        self._retry_s = retry_s
+        self._retrier = retrier or Retrier(
+            Backoff(base_s=retry_s, cap_s=max(retry_s, RETRY_CAP_S), jitter=0.2))
         self._buf: deque[bytes] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -165,9 +171,10 @@ class SinkPump:
             except (OSError, SinkError) as e:
                 self._failed(len(batch), e)
                 if not self._closing:
-                    await asyncio.sleep(self._retry_s)
+                    await self._retrier.wait()
             else:
                 self.written += len(batch)
+                self._retrier.reset()
 
     def _failed(self, lost: int, error: BaseException) -> None:
         self.errors += 1

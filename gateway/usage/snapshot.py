@@ -22,6 +22,9 @@ class EngineSnapshot:
     generation_tokens_total: float | None
     num_gpu_blocks: int | None  # from vllm:cache_config_info
     block_size: int | None  # from vllm:cache_config_info
+    # When the engine's server process started (unix seconds; prometheus_client's process
+    # collector, which vLLM exports): a new value means the replica restarted.
+    process_start_time_seconds: float | None = None
 
     @property
     def capacity_tokens(self) -> int | None:
