@@ -57,6 +57,7 @@ async def test_non_streaming_relay_headers_and_record(records: list[UsageRecord]
     (rec,) = records
     assert (rec.request_id, rec.status, rec.model, rec.session, rec.stream) == (
         "rid-1", 200, MODEL, "alice", False)
+    assert rec.engine_request_id == sent.headers["x-request-id"]  # found in vLLM's logs
     assert (rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens) == (40, 32, 2)
     assert rec.replica == r.headers["x-gateway-replica"]
     assert rec.route == r.headers["x-gateway-route"]

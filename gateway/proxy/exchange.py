@@ -69,4 +69,5 @@ class Exchange:
             latency_ms=(end - self.t0) * 1000.0, session=self.session,
             hygiene=len(self.findings), endpoint=self.endpoint, error=self.error, moved=self.moved,
             method=self.method, findings=tuple(self.findings),
+            engine_request_id=self.upstream_id if self.replica is not None else None,
         )

@@ -24,7 +24,7 @@ _INT_OR_NONE = (
     "best_available_tokens",
     "completion_tokens",
 )
-_STR_OR_NONE = ("tenant", "replica", "route", "session", "error")
+_STR_OR_NONE = ("tenant", "replica", "route", "session", "error", "engine_request_id")
 _FIELDS = tuple(f.name for f in fields(UsageRecord))
 
 

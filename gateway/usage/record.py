@@ -46,6 +46,9 @@ class UsageRecord:
     # The findings themselves (at most 16, spans redacted unless configured otherwise):
     # what /stats aggregates and what `gateway lint` reads back from a usage log.
     findings: tuple[Finding, ...] = ()
+    # The id the engine got as X-Request-Id (the gateway's own random one, never the
+    # client's), to find this request in a replica's logs; None for records made before.
+    engine_request_id: str | None = None
 
     @property
     def endpoint_kind(self) -> str:
