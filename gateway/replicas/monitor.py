@@ -206,7 +206,7 @@ class FleetMonitor:
         snapshot = parse_engine_metrics(body.decode("utf-8", "replace"), self.clock())
         if self.fleet.set_snapshot(replica.name, snapshot):
             log.warning("replica restarted", extra={"replica": replica.name})
-            self.router.replica_restarted(replica.name)
+            self.router.replica_restarted(replica.name, self.clock())
         self.apply_capacity(replica, snapshot.block_size)
         self.publish(replica)
 

@@ -3,31 +3,41 @@ other instances'. I/O only; the facts and their wire form are gateway/routing/fa
 their effect is `Router.apply`.
 
 Why these Redis mechanisms:
-- One capped stream, `<prefix>:routing` (`XADD MAXLEN ~ stream_maxlen`): every instance
-  appends and every instance reads everything in order, so all routers replay the same
-  history; the cap bounds Redis's memory, and it is exactly the catch-up a (re)starting
-  instance needs: it reads the stream from the start, i.e. the latest `stream_maxlen`
-  facts, which cover what the replicas can still hold. Bindings (sessions, implicit
-  conversations, Responses API ids) travel as facts in the same stream rather than as
-  expiring keys: a key would have to be read on the request path, and reads must stay
-  local; the stream's cap plays the role of the expiry.
+- One stream, `<prefix>:routing`: every instance appends and every instance reads
+  everything in order, so all routers replay the same history. Bindings (sessions,
+  implicit conversations, Responses API ids) travel as facts in the same stream rather
+  than as expiring keys: a key would have to be read on the request path, and reads must
+  stay local.
+- Bounded in bytes (`stream_max_bytes`): Redis trims a stream by count (MAXLEN) or by id
+  (MINID), not by size, so each batch's XADDs carry `MAXLEN ~ n` with n = the bound over
+  the bytes per fact this instance has measured on what it wrote (a fact's fields plus
+  Redis's per-entry overhead, `ENTRY_OVERHEAD`, measured with MEMORY USAGE), and one
+  `XTRIM MINID ~` drops what is older than `replay_s`, which nobody applies any more.
+- Facts are sized by what is new (gateway/shared/chains.py): a follow-up carries only the
+  blocks its conversation added since this instance's last fact about it.
+- Catch-up: a (re)starting instance reads from `replay_s` ago (XREAD from that time's id),
+  not from the start, and skips facts older than that (applied at their own time they
+  would weigh nothing anyway); `start` returns once the stream is read up to where it
+  ended at start-up, or after `catch_up_s`: the instance serves with what it has.
 - Consumer groups are not used: each instance must see every fact, not a share of them.
 - Writes are fire-and-forget: `publish` appends to a bounded local queue (O(1), on the
-  request path) and a background task pipelines batches with `XADD`. Reads are one
-  background `XREAD BLOCK` loop from the last id seen. Redis is therefore never on a
-  request's path; a slow or dead Redis costs nothing but staleness.
+  request path) and a background task encodes and pipelines batches with `XADD`. Reads
+  are one background `XREAD BLOCK` loop from the last id seen. Redis is therefore never
+  on a request's path; a slow or dead Redis costs nothing but staleness.
 
 Failure: a command that fails or takes longer than `timeout_s` marks Redis down (one
 warning, `gateway_shared_state_up` 0); the failed batch is dropped and counted, new facts
 queue (the oldest dropped once `queue_size` is reached), and both loops retry with
-backoff. Back up: one info line, the queue is flushed, and the reader resumes from the
-last id it applied, catching up on whatever the stream still holds.
+backoff; the next facts go whole (receivers never saw the chains a delta would name).
+Back up: one info line, the queue is flushed, and the reader resumes from the last id it
+applied, catching up on whatever the stream still holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections import deque
@@ -37,13 +47,40 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gateway.routing.affinity import AffinityStore
-from gateway.routing.facts import Fact, FactError, Response, decode, encode
+from gateway.routing.facts import Base, Fact, FactError, Reply, Response, Sent, decode, encode
+from gateway.shared.chains import Chains, Published
 from gateway.shared.config import RedisSettings
 from gateway.tasks import cancel_all
 
 log = logging.getLogger("gateway.shared")
 
 _MAX_RETRY_S = 10.0
+# Redis's memory per stream entry beyond its fields' bytes (entry header, per-field
+# lengths, the radix tree's share), measured with MEMORY USAGE (bench/bench_shared.py).
+ENTRY_OVERHEAD = 40
+
+
+def entry_bytes(fields: dict[bytes, bytes]) -> int:
+    """Redis memory one stream entry takes, as the byte bound counts it."""
+    return ENTRY_OVERHEAD + sum(len(k) + len(v) for k, v in fields.items())
+
+
+def stream_maxlen(max_bytes: int, cap: int, written_bytes: int, written: int) -> int:
+    """How many facts the stream may keep: the byte bound over the mean bytes per fact
+    measured so far (no measurement yet: the count cap)."""
+    if written <= 0 or written_bytes <= 0:
+        return cap
+    return max(1, min(cap, max_bytes * written // written_bytes))
+
+
+def stream_id(at: float) -> bytes:
+    """The first stream id at or after unix time `at` (ids are milliseconds)."""
+    return f"{max(0, int(at * 1000))}-0".encode()
+
+
+def _id_key(entry_id: bytes) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq or 0)
 
 
 class SharedState:
@@ -62,7 +99,13 @@ class SharedState:
         self._queue: deque[tuple[Fact, float]] = deque(maxlen=settings.queue_size)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._last_id = b"0"  # from the start of the stream: catch up first
+        self._last_id = b"0"  # set at start: replay_s ago
+        self._caught_up = asyncio.Event()
+        self._catch_up_to: tuple[int, int] | None = None
+        self._published = Published(settings.published_capacity, settings.rebase_s)
+        self._chains = Chains(settings.chains_budget)
+        self.written_bytes = 0  # bytes (as counted against the bound) of facts written
+        self.written = 0
         self._up: bool | None = None
         self._writer: Any = None
         self._reader: Any = None
@@ -76,7 +119,10 @@ class SharedState:
             "gateway_shared_fact_delay_seconds",
             "From another instance's publish to this instance applying the fact.",
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 5.0), registry=r)
+        self._m_bytes = Counter("gateway_shared_fact_bytes",
+                                "Bytes of routing facts written to Redis.", registry=r)
         self.applied = 0  # facts from other instances applied (tests, bench)
+        self.caught_up_s: float | None = None  # start-up: seconds until caught up
 
     # the request path's side ------------------------------------------------------------
 
@@ -104,12 +150,51 @@ class SharedState:
         # would pause the reader for retry_s).
         self._reader = Redis.from_url(s.url, socket_connect_timeout=s.timeout_s,
                                       socket_timeout=s.timeout_s + s.block_ms / 1000.0 + 1.0)
+        started = self._clock()
+        self._last_id = stream_id(started - s.replay_s)
+        self._catch_up_to = await self._stream_end()
+        if self._catch_up_to is None:
+            self._caught_up.set()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._write_loop(), name="shared-state writer"),
                        loop.create_task(self._read_loop(), name="shared-state reader")]
+        t0 = loop.time()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._caught_up.wait(), s.catch_up_s)
+        self.caught_up_s = loop.time() - t0
+        if not self._caught_up.is_set():
+            log.warning("shared state: catch-up not done at start, serving meanwhile",
+                        extra={"waited_s": s.catch_up_s})
+
+    async def _stream_end(self) -> tuple[int, int] | None:
+        """The id of the stream's last entry now (what catching up means), or None when
+        the stream is empty or Redis does not answer (nothing to wait for)."""
+        from redis.exceptions import RedisError
+
+        try:
+            last = await asyncio.wait_for(
+                self._writer.xrevrange(self.stream, count=1), self.settings.timeout_s * 2)
+        except (TimeoutError, RedisError, OSError):
+            return None
+        if not last or _id_key(last[0][0]) < _id_key(self._last_id):
+            return None
+        return _id_key(last[0][0])
+
+    @property
+    def caught_up(self) -> bool:
+        return self._caught_up.is_set()
 
     async def aclose(self) -> None:
         tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            # redis-py reads under a timeout context; a cancel that lands as that timeout
+            # fires comes back as a TimeoutError (Python 3.11), which the loop takes for
+            # a Redis outage and goes on: cancel again until the task ends (bounded).
+            for _ in range(50):
+                if task.done():
+                    break
+                task.cancel()
+                await asyncio.wait({task}, timeout=0.2)
         await cancel_all(tasks)
         from redis.exceptions import RedisError
 
@@ -147,21 +232,40 @@ class SharedState:
                 self._wake.clear()
                 await self._wake.wait()
             batch = [self._queue.popleft() for _ in range(min(s.batch_size, len(self._queue)))]
+            entries = [self._entry(fact, at) for fact, at in batch]
+            size = sum(map(entry_bytes, entries))
+            maxlen = stream_maxlen(s.stream_max_bytes, s.stream_maxlen,
+                                   self.written_bytes + size, self.written + len(entries))
             try:
                 async with self._writer.pipeline(transaction=False) as pipe:
-                    for fact, at in batch:
-                        pipe.xadd(self.stream, encode(fact, self.instance, at),
-                                  maxlen=s.stream_maxlen, approximate=True)
+                    for fields in entries:
+                        pipe.xadd(self.stream, fields, maxlen=maxlen, approximate=True)
+                    pipe.xtrim(self.stream, minid=stream_id(self._clock() - s.replay_s),
+                               approximate=True)
                     await asyncio.wait_for(pipe.execute(), s.timeout_s * 2)
             except (TimeoutError, RedisError, OSError) as exc:
                 self._m_facts.labels("out", "dropped").inc(len(batch))
+                # Receivers never saw these chains: build no delta on them.
+                self._published = Published(s.published_capacity, s.rebase_s)
                 self._state(False, exc)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, _MAX_RETRY_S)
                 continue
             pause = s.retry_s
+            self.written_bytes += size
+            self.written += len(entries)
+            self._m_bytes.inc(size)
             self._m_facts.labels("out", "ok").inc(len(batch))
             self._state(True)
+
+    def _entry(self, fact: Fact, at: float) -> dict[bytes, bytes]:
+        """The stream entry for a fact: a Sent or Reply as a delta on a chain this
+        instance published before, when there is one."""
+        base: Base | None = None
+        if isinstance(fact, (Sent, Reply)):
+            base = self._published.base(fact.hashes, at)
+            self._published.sent(fact.hashes, base, at)
+        return encode(fact, self.instance, at, base)
 
     async def _read_loop(self) -> None:
         from redis.exceptions import RedisError
@@ -183,6 +287,10 @@ class SharedState:
                 for entry_id, fields in entries:
                     self._last_id = entry_id
                     self._receive(fields)
+            target = self._catch_up_to
+            if target is not None and (not got or _id_key(self._last_id) >= target):
+                self._catch_up_to = None
+                self._caught_up.set()
 
     def _receive(self, fields: dict[bytes, bytes]) -> None:
         try:
@@ -194,10 +302,26 @@ class SharedState:
         if env.origin == self.instance:
             return
         now = self._clock()
-        if isinstance(env.fact, Response):
-            self._affinity.remember(env.fact.response_id, env.fact.replica)
+        if env.at < now - self.settings.replay_s:
+            self._m_facts.labels("in", "old").inc()
+            return
+        fact = env.fact
+        if isinstance(fact, (Sent, Reply)):
+            if env.base is not None:
+                whole = self._chains.resolve(env.base, fact.hashes)
+                if whole is None:
+                    # The chain it extends is unknown here (it came before this instance
+                    # started, or was evicted): the next whole chain repairs it.
+                    self._m_facts.labels("in", "unresolved").inc()
+                    return
+                fact = dataclasses.replace(fact, hashes=whole)
+            else:
+                self._chains.learn(fact.hashes)
+        if isinstance(fact, Response):
+            self._affinity.remember(fact.response_id, fact.replica)
         else:
-            self._apply(env.fact, now)
+            # Applied when it happened (a clock ahead of this one: now).
+            self._apply(fact, min(env.at, now))
         self.applied += 1
         self._m_facts.labels("in", "ok").inc()
         self._m_delay.observe(max(0.0, now - env.at))
