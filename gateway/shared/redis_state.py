@@ -56,13 +56,16 @@ log = logging.getLogger("gateway.shared")
 
 _MAX_RETRY_S = 10.0
 # Redis's memory per stream entry beyond its fields' bytes (entry header, per-field
-# lengths, the radix tree's share), measured with MEMORY USAGE (bench/bench_shared.py).
-ENTRY_OVERHEAD = 40
+# lengths, the radix tree's share, the allocator's size classes: up to a quarter more),
+# fitted on MEMORY USAGE of streams of facts of 0 to 2,000 blocks (redis 7): it errs
+# high for small facts, within 3% low for 4 KiB ones (bench/RESULTS.md).
+ENTRY_OVERHEAD = 16
+ENTRY_FACTOR = 1.3
 
 
 def entry_bytes(fields: dict[bytes, bytes]) -> int:
     """Redis memory one stream entry takes, as the byte bound counts it."""
-    return ENTRY_OVERHEAD + sum(len(k) + len(v) for k, v in fields.items())
+    return ENTRY_OVERHEAD + int(ENTRY_FACTOR * sum(len(k) + len(v) for k, v in fields.items()))
 
 
 def stream_maxlen(max_bytes: int, cap: int, written_bytes: int, written: int) -> int:
