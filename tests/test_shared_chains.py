@@ -179,6 +179,7 @@ async def test_the_stream_stays_within_its_byte_bound() -> None:
         length = await client.xlen(a.stream)
         await client.aclose()
     assert a.written_bytes > 7 * bound
+    assert used is not None
     # MAXLEN ~ trims whole stream nodes only: one node's worth over, at most.
     assert used <= bound * 1.1, (used, length)
     assert used >= bound * 0.7, (used, length)  # and keeps what the bound allows
