@@ -27,9 +27,9 @@ class RedisSettings:
     rebase_s: float = 120.0
     chains_budget: int = 8_000_000  # blocks of chains kept to resolve deltas (8 B each)
     published_capacity: int = 65_536  # chain ends this instance may build deltas on
-    # Start-up waits for the catch-up (reading the stream up to its end as of start) at
-    # most this long before the instance serves.
-    catch_up_s: float = 10.0
+    # Start-up applies at most the newest catch_up_facts facts of the last replay_s
+    # before it serves: a few seconds at 32k-token agent traffic (bench/RESULTS.md).
+    catch_up_facts: int = 5_000
     queue_size: int = 20_000  # facts waiting to be written; the oldest go when full
     batch_size: int = 256  # facts per pipelined write
     block_ms: int = 100  # XREAD BLOCK: how long a read waits for new facts
@@ -43,11 +43,11 @@ class RedisSettings:
             raise ValueError("redis.prefix must be a non-empty word")
         if not 0 < self.rebase_s <= self.replay_s:
             raise ValueError("redis.rebase_s must be positive and at most redis.replay_s")
-        for name in ("timeout_s", "retry_s", "catch_up_s"):
+        for name in ("timeout_s", "retry_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"redis.{name} must be positive")
         for name in ("stream_maxlen", "stream_max_bytes", "queue_size", "batch_size",
-                     "block_ms", "chains_budget", "published_capacity"):
+                     "block_ms", "chains_budget", "published_capacity", "catch_up_facts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"redis.{name} must be >= 1")
 

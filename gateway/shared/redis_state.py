@@ -15,10 +15,13 @@ Why these Redis mechanisms:
   `XTRIM MINID ~` drops what is older than `replay_s`, which nobody applies any more.
 - Facts are sized by what is new (gateway/shared/chains.py): a follow-up carries only the
   blocks its conversation added since this instance's last fact about it.
-- Catch-up: a (re)starting instance reads from `replay_s` ago (XREAD from that time's id),
-  not from the start, and skips facts older than that (applied at their own time they
-  would weigh nothing anyway); `start` returns once the stream is read up to where it
-  ended at start-up, or after `catch_up_s`: the instance serves with what it has.
+- Catch-up: a (re)starting instance applies, before it serves, the newest
+  `catch_up_facts` facts of the last `replay_s` (XREVRANGE pages from the end, applied
+  oldest first), not the whole stream: start-up takes a bounded time however full the
+  stream is (bench/RESULTS.md). Facts older than `replay_s` are skipped at any time
+  (applied at their own time they would weigh nothing anyway). A delta whose chain came
+  before what was read is counted `unresolved` and skipped; its conversation's next
+  whole chain (within `rebase_s`) brings it back.
 - Consumer groups are not used: each instance must see every fact, not a share of them.
 - Writes are fire-and-forget: `publish` appends to a bounded local queue (O(1), on the
   request path) and a background task encodes and pipelines batches with `XADD`. Reads
@@ -81,11 +84,6 @@ def stream_id(at: float) -> bytes:
     return f"{max(0, int(at * 1000))}-0".encode()
 
 
-def _id_key(entry_id: bytes) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition(b"-")
-    return int(ms), int(seq or 0)
-
-
 class SharedState:
     def __init__(self, settings: RedisSettings, apply: Callable[[Fact, float], None],
                  affinity: AffinityStore, clock: Callable[[], float],
@@ -104,7 +102,6 @@ class SharedState:
         self._tasks: list[asyncio.Task[None]] = []
         self._last_id = b"0"  # set at start: replay_s ago
         self._caught_up = asyncio.Event()
-        self._catch_up_to: tuple[int, int] | None = None
         self._published = Published(settings.published_capacity, settings.rebase_s)
         self._chains = Chains(settings.chains_budget)
         self.written_bytes = 0  # bytes (as counted against the bound) of facts written
@@ -153,35 +150,44 @@ class SharedState:
         # would pause the reader for retry_s).
         self._reader = Redis.from_url(s.url, socket_connect_timeout=s.timeout_s,
                                       socket_timeout=s.timeout_s + s.block_ms / 1000.0 + 1.0)
-        started = self._clock()
-        self._last_id = stream_id(started - s.replay_s)
-        self._catch_up_to = await self._stream_end()
-        if self._catch_up_to is None:
-            self._caught_up.set()
         loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await self._catch_up()
+        self.caught_up_s = loop.time() - t0
         self._tasks = [loop.create_task(self._write_loop(), name="shared-state writer"),
                        loop.create_task(self._read_loop(), name="shared-state reader")]
-        t0 = loop.time()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._caught_up.wait(), s.catch_up_s)
-        self.caught_up_s = loop.time() - t0
-        if not self._caught_up.is_set():
-            log.warning("shared state: catch-up not done at start, serving meanwhile",
-                        extra={"waited_s": s.catch_up_s})
 
-    async def _stream_end(self) -> tuple[int, int] | None:
-        """The id of the stream's last entry now (what catching up means), or None when
-        the stream is empty or Redis does not answer (nothing to wait for)."""
+    async def _catch_up(self) -> None:
+        """Apply the newest facts of the last replay_s, at most catch_up_facts of them
+        (read newest first in pages, applied oldest first), so that start-up takes a
+        bounded time however full the stream is; the reader goes on from the newest.
+        Redis down: the reader starts from replay_s ago once it is back."""
         from redis.exceptions import RedisError
 
+        s = self.settings
+        since = stream_id(self._clock() - s.replay_s)
+        self._last_id = since
+        newest: list[tuple[bytes, dict[bytes, bytes]]] = []
+        cursor = b"+"
         try:
-            last = await asyncio.wait_for(
-                self._writer.xrevrange(self.stream, count=1), self.settings.timeout_s * 2)
-        except (TimeoutError, RedisError, OSError):
-            return None
-        if not last or _id_key(last[0][0]) < _id_key(self._last_id):
-            return None
-        return _id_key(last[0][0])
+            while len(newest) < s.catch_up_facts:
+                # Pages of 200: a page of whole 100k-token chains is 10 MB.
+                page = await asyncio.wait_for(self._reader.xrevrange(
+                    self.stream, max=cursor, min=since,
+                    count=min(200, s.catch_up_facts - len(newest))), s.timeout_s * 4)
+                newest += page
+                if len(page) < 200:
+                    break
+                cursor = b"(" + page[-1][0]
+        except (TimeoutError, RedisError, OSError) as exc:
+            self._state(False, exc)
+            return
+        for _id, fields in reversed(newest):
+            self._receive(fields)
+        if newest:
+            self._last_id = newest[0][0]
+        self._state(True)
+        self._caught_up.set()
 
     @property
     def caught_up(self) -> bool:
@@ -290,9 +296,7 @@ class SharedState:
                 for entry_id, fields in entries:
                     self._last_id = entry_id
                     self._receive(fields)
-            target = self._catch_up_to
-            if target is not None and (not got or _id_key(self._last_id) >= target):
-                self._catch_up_to = None
+            if not got:
                 self._caught_up.set()
 
     def _receive(self, fields: dict[bytes, bytes]) -> None:
