@@ -49,7 +49,9 @@ from gateway.shared.redis_state import SharedState  # noqa: E402
 
 # 1,000 live 32k-token conversations need ~32 replicas of 1M tokens of KV cache each.
 REPLICAS = [f"r{i}" for i in range(32)]
-WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega", "file", "line", "function", "returns", "value", "error", "test", "build", "module", "import", "class", "method"]
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda",
+         "sigma", "omega", "file", "line", "function", "returns", "value", "error", "test",
+         "build", "module", "import", "class", "method"]
 
 
 def free_port() -> int:
