@@ -114,7 +114,7 @@ async def sizes(url: str, ktokens: int, conversations: int = 20, turns: int = 5
     n0 = 2 * conversations
     await written(shared, n0)
     whole = await client.memory_usage("gateway:routing", samples=0) or 0
-    first = await client.xrange("gateway:routing", count=1)
+    first: Any = await client.xrange("gateway:routing", count=1)
     whole_fact = sum(len(k) + len(v) for k, v in first[0][1].items())
     for _ in range(turns):
         for msgs in convs:
