@@ -12,7 +12,7 @@ import pytest
 from gateway.proxy.app import create_app
 from gateway.routing.config import RoutingConfig
 from gateway.routing.decision import ReplicaState
-from gateway.routing.facts import Fact
+from gateway.routing.facts import Fact, decode, encode
 from gateway.routing.router import Router
 from gateway.routing.sessions import scoped
 from gateway.settings import AuthSettings
@@ -61,8 +61,8 @@ def test_one_tenants_session_cannot_move_anothers(named: bool, across: bool) -> 
     seen = a
     if across:
         seen = router()
-        for i, fact in enumerate(published):
-            seen.apply(fact, 1.0 + i)
+        for i, fact in enumerate(published):  # through the wire form, as Redis carries it
+            seen.apply(decode(encode(fact, "a", 1.0 + i)).fact, 1.0 + i)
     if named:
         assert seen.session_replica(scoped("s1", "A")) == home
         assert seen.session_replica(scoped("s1", "B")) == elsewhere[0].name
