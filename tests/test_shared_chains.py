@@ -183,3 +183,37 @@ async def test_the_stream_stays_within_its_byte_bound() -> None:
     # MAXLEN ~ trims whole stream nodes only: one node's worth over, at most.
     assert used <= bound * 1.1, (used, length)
     assert used >= bound * 0.7, (used, length)  # and keeps what the bound allows
+
+
+@needs_redis
+@pytest.mark.parametrize("catch_up_facts", [8, 1000])
+async def test_start_up_applies_the_newest_facts_and_resolves_their_deltas(
+        catch_up_facts: int) -> None:
+    """One conversation of 30 turns (a whole chain, then deltas): an instance that starts
+    afterwards applies only the newest catch_up_facts facts, yet resolves every one of
+    them (it learned the chains the earlier facts built) and indexes the conversation."""
+    port = free_port()
+    with redis_server(port):
+        url = f"redis://127.0.0.1:{port}/0"
+        a = SharedState(RedisSettings(url=url), lambda f, t: None, ResponseAffinity(),
+                        time.time, instance="A")
+        await a.start()
+        rng = random.Random(2)
+        chain = [rng.getrandbits(64) for _ in range(100)]
+        for _ in range(30):
+            chain += [rng.getrandbits(64) for _ in range(5)]
+            a.publish(Sent("r1", list(chain), "s"))
+        deadline = time.monotonic() + 20
+        while a.written < 30:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        await a.aclose()
+        b_router = router()
+        b = SharedState(RedisSettings(url=url, catch_up_facts=catch_up_facts),
+                        b_router.apply, ResponseAffinity(), time.time, instance="B")
+        await b.start()
+        await b.aclose()
+    assert b.caught_up
+    assert b.applied == min(30, catch_up_facts)
+    assert b._m_facts.labels("in", "unresolved")._value.get() == 0
+    assert b_router.indexed_blocks("r1") == len(chain)

@@ -99,31 +99,45 @@ class Chains:
         got = self._tips.get(base[0])
         if got is None or got[1] != base[1]:
             return None
-        run, length = got
-        whole = run.blocks[:length].tolist()
+        whole = got[0].blocks[:base[1]].tolist()
         whole.extend(after)
-        self._learn(whole, run, length)
+        self.extend(base, after)
         return whole
+
+    def extend(self, base: Base, after: Sequence[int]) -> bool:
+        """Remember the chain `base` names followed by `after` (False: base unknown)
+        without building it (a catch-up that only learns chains)."""
+        got = self._tips.get(base[0])
+        if got is None or got[1] != base[1]:
+            return False
+        if not after:
+            self._tips.move_to_end(base[0])
+            return True
+        run, length = got
+        if len(run.blocks) == length:
+            # The chain grows at its end: extend the shared run in place.
+            run.blocks.extend(after)
+            self.held += len(after)
+        else:
+            run = _Run(run.blocks[:length])
+            run.blocks.extend(after)
+            self.held += len(run.blocks)
+        self._put(after[-1], run, length + len(after))
+        return True
 
     def learn(self, hashes: Sequence[int]) -> None:
         """A whole chain arrived: later references may name it."""
         if hashes:
-            self._learn(hashes, None, 0)
-
-    def _learn(self, hashes: Sequence[int], run: _Run | None, length: int) -> None:
-        tip = hashes[-1]
-        if run is not None and len(run.blocks) == length:
-            # The chain grows at its end: extend the shared run in place.
-            run.blocks.extend(hashes[length:])
-            self.held += len(hashes) - length
-        else:
             run = _Run(array("Q", hashes))
             self.held += len(hashes)
+            self._put(hashes[-1], run, len(hashes))
+
+    def _put(self, tip: int, run: _Run, length: int) -> None:
         old = self._tips.pop(tip, None)
         if old is not None:
             self._release(old[0])
         run.refs += 1
-        self._tips[tip] = (run, len(hashes))
+        self._tips[tip] = (run, length)
         while len(self._tips) > 1 and self.held > self.budget:
             _, (gone, _) = self._tips.popitem(last=False)
             self._release(gone)

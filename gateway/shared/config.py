@@ -30,6 +30,9 @@ class RedisSettings:
     # Start-up applies at most the newest catch_up_facts facts of the last replay_s
     # before it serves: a few seconds at 32k-token agent traffic (bench/RESULTS.md).
     catch_up_facts: int = 5_000
+    # ... after learning (not applying) the chains of the facts before those, so that
+    # their deltas resolve, for at most this long.
+    catch_up_s: float = 5.0
     queue_size: int = 20_000  # facts waiting to be written; the oldest go when full
     batch_size: int = 256  # facts per pipelined write
     block_ms: int = 100  # XREAD BLOCK: how long a read waits for new facts
@@ -43,7 +46,7 @@ class RedisSettings:
             raise ValueError("redis.prefix must be a non-empty word")
         if not 0 < self.rebase_s <= self.replay_s:
             raise ValueError("redis.rebase_s must be positive and at most redis.replay_s")
-        for name in ("timeout_s", "retry_s"):
+        for name in ("timeout_s", "retry_s", "catch_up_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"redis.{name} must be positive")
         for name in ("stream_maxlen", "stream_max_bytes", "queue_size", "batch_size",

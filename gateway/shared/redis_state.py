@@ -17,8 +17,9 @@ Why these Redis mechanisms:
   blocks its conversation added since this instance's last fact about it.
 - Catch-up: a (re)starting instance applies, before it serves, the newest
   `catch_up_facts` facts of the last `replay_s` (XREVRANGE pages from the end, applied
-  oldest first), not the whole stream: start-up takes a bounded time however full the
-  stream is (bench/RESULTS.md). Facts older than `replay_s` are skipped at any time
+  oldest first), not the whole stream, after learning (not applying) the chains the
+  facts before them built, for at most `catch_up_s`: start-up takes a bounded time
+  however full the stream is (bench/RESULTS.md). Facts older than `replay_s` are skipped at any time
   (applied at their own time they would weigh nothing anyway). A delta whose chain came
   before what was read is counted `unresolved` and skipped; its conversation's next
   whole chain (within `rebase_s`) brings it back.
@@ -58,6 +59,7 @@ from gateway.tasks import cancel_all
 log = logging.getLogger("gateway.shared")
 
 _MAX_RETRY_S = 10.0
+_PAGE = 200  # stream entries per read at start-up
 # Redis's memory per stream entry beyond its fields' bytes (entry header, per-field
 # lengths, the radix tree's share, the allocator's size classes: up to a quarter more),
 # fitted on MEMORY USAGE of streams of facts of 0 to 2,000 blocks (redis 7): it errs
@@ -158,10 +160,12 @@ class SharedState:
                        loop.create_task(self._read_loop(), name="shared-state reader")]
 
     async def _catch_up(self) -> None:
-        """Apply the newest facts of the last replay_s, at most catch_up_facts of them
-        (read newest first in pages, applied oldest first), so that start-up takes a
-        bounded time however full the stream is; the reader goes on from the newest.
-        Redis down: the reader starts from replay_s ago once it is back."""
+        """Before serving: apply the newest facts of the last replay_s, at most
+        catch_up_facts of them (read newest first in pages, applied oldest first), after
+        learning, within catch_up_s, the chains the facts before them built (so that the
+        deltas among the newest resolve), so that start-up takes a bounded time however
+        full the stream is; the reader goes on from the newest. Redis down: the reader
+        starts from replay_s ago once it is back."""
         from redis.exceptions import RedisError
 
         s = self.settings
@@ -171,14 +175,13 @@ class SharedState:
         cursor = b"+"
         try:
             while len(newest) < s.catch_up_facts:
-                # Pages of 200: a page of whole 100k-token chains is 10 MB.
-                page = await asyncio.wait_for(self._reader.xrevrange(
-                    self.stream, max=cursor, min=since,
-                    count=min(200, s.catch_up_facts - len(newest))), s.timeout_s * 4)
+                page = await self._page(cursor, since, s.catch_up_facts - len(newest), True)
                 newest += page
-                if len(page) < 200:
+                if len(page) < _PAGE:
                     break
                 cursor = b"(" + page[-1][0]
+            if len(newest) == s.catch_up_facts:
+                await self._learn_chains(since, b"(" + newest[-1][0])
         except (TimeoutError, RedisError, OSError) as exc:
             self._state(False, exc)
             return
@@ -188,6 +191,48 @@ class SharedState:
             self._last_id = newest[0][0]
         self._state(True)
         self._caught_up.set()
+
+    async def _page(self, start: bytes, end: bytes, count: int, backwards: bool
+                    ) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        # Pages of _PAGE: a page of whole 100k-token chains is 10 MB.
+        count = min(_PAGE, count)
+        reader, wait = self._reader, self.settings.timeout_s * 4
+        if backwards:
+            got = await asyncio.wait_for(
+                reader.xrevrange(self.stream, max=start, min=end, count=count), wait)
+        else:
+            got = await asyncio.wait_for(
+                reader.xrange(self.stream, min=start, max=end, count=count), wait)
+        return list(got)
+
+    async def _learn_chains(self, since: bytes, before: bytes) -> None:
+        """Learn the chains of the facts from `since` to `before` (oldest first) without
+        applying them, until done or catch_up_s has passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.catch_up_s
+        cursor = since
+        while loop.time() < deadline:
+            page = await self._page(cursor, before, _PAGE, False)
+            for _id, fields in page:
+                self._learn(fields)
+            if len(page) < _PAGE:
+                return
+            cursor = b"(" + page[-1][0]
+        log.warning("shared state: start-up catch-up cut short",
+                    extra={"catch_up_s": self.settings.catch_up_s})
+
+    def _learn(self, fields: dict[bytes, bytes]) -> None:
+        try:
+            env = decode(fields)
+        except FactError:
+            return
+        fact = env.fact
+        if not isinstance(fact, (Sent, Reply)) or env.at < self._clock() - self.settings.replay_s:
+            return
+        if env.base is None:
+            self._chains.learn(fact.hashes)
+        else:
+            self._chains.extend(env.base, fact.hashes)
 
     @property
     def caught_up(self) -> bool:
