@@ -81,6 +81,14 @@ def stream_maxlen(max_bytes: int, cap: int, written_bytes: int, written: int) ->
     return max(1, min(cap, max_bytes * written // written_bytes))
 
 
+def _at(fields: dict[bytes, bytes]) -> float:
+    """A stream entry's fact time, or 0 when it has none that reads."""
+    try:
+        return float(fields.get(b"a", b"0"))
+    except ValueError:
+        return 0.0
+
+
 def stream_id(at: float) -> bytes:
     """The first stream id at or after unix time `at` (ids are milliseconds)."""
     return f"{max(0, int(at * 1000))}-0".encode()
@@ -162,9 +170,9 @@ class SharedState:
     async def _catch_up(self) -> None:
         """Before serving: apply the newest facts of the last replay_s, at most
         catch_up_facts of them (read newest first in pages, applied oldest first), after
-        learning, within catch_up_s, the chains the facts before them built (so that the
-        deltas among the newest resolve), so that start-up takes a bounded time however
-        full the stream is; the reader goes on from the newest. Redis down: the reader
+        learning, within catch_up_s, the chains the rebase_s of facts before them built
+        (so that the deltas among the newest resolve), so that start-up takes a bounded
+        time however full the stream is; the reader goes on from the newest. Redis down: the reader
         starts from replay_s ago once it is back."""
         from redis.exceptions import RedisError
 
@@ -181,7 +189,8 @@ class SharedState:
                     break
                 cursor = b"(" + page[-1][0]
             if len(newest) == s.catch_up_facts:
-                await self._learn_chains(since, b"(" + newest[-1][0])
+                await self._learn_chains(since, b"(" + newest[-1][0],
+                                         _at(newest[-1][1]) - s.rebase_s)
         except (TimeoutError, RedisError, OSError) as exc:
             self._state(False, exc)
             return
@@ -205,21 +214,26 @@ class SharedState:
                 reader.xrange(self.stream, min=start, max=end, count=count), wait)
         return list(got)
 
-    async def _learn_chains(self, since: bytes, before: bytes) -> None:
-        """Learn the chains of the facts from `since` to `before` (oldest first) without
-        applying them, until done or catch_up_s has passed."""
+    async def _learn_chains(self, since: bytes, before: bytes, after: float) -> None:
+        """Learn the chains of the facts before `before` (and from `since`) without
+        applying them: those back to `after` (a delta's chain went whole within
+        rebase_s), read newest first for at most catch_up_s, learnt oldest first."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.catch_up_s
-        cursor = since
-        while loop.time() < deadline:
-            page = await self._page(cursor, before, _PAGE, False)
-            for _id, fields in page:
-                self._learn(fields)
-            if len(page) < _PAGE:
-                return
+        older: list[tuple[bytes, dict[bytes, bytes]]] = []
+        cursor = before
+        while True:
+            if loop.time() > deadline:
+                log.warning("shared state: start-up catch-up cut short",
+                            extra={"catch_up_s": self.settings.catch_up_s})
+                break
+            page = await self._page(cursor, since, _PAGE, True)
+            older += page
+            if len(page) < _PAGE or _at(page[-1][1]) < after:
+                break
             cursor = b"(" + page[-1][0]
-        log.warning("shared state: start-up catch-up cut short",
-                    extra={"catch_up_s": self.settings.catch_up_s})
+        for _id, fields in reversed(older):
+            self._learn(fields)
 
     def _learn(self, fields: dict[bytes, bytes]) -> None:
         try:
