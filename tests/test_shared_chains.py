@@ -20,7 +20,7 @@ from gateway.routing.facts import Fact, Reply, Sent, decode, encode
 from gateway.routing.router import Router
 from gateway.shared.chains import Chains, Published
 from gateway.shared.config import RedisSettings
-from gateway.shared.redis_state import SharedState, entry_bytes
+from gateway.shared.redis_state import SharedState, entry_bytes, stream_maxlen
 from tests.redis_server import needs_redis, redis_server
 from tests.servers import free_port
 
@@ -217,3 +217,15 @@ async def test_start_up_applies_the_newest_facts_and_resolves_their_deltas(
     assert b.applied == min(30, catch_up_facts)
     assert b._m_facts.labels("in", "unresolved")._value.get() == 0
     assert b_router.indexed_blocks("r1") == len(chain)
+
+
+@pytest.mark.parametrize(("max_bytes", "cap", "written_bytes", "written", "maxlen"), [
+    (1000, 50, 0, 0, 50),  # nothing measured yet: the count cap
+    (1000, 50, 500, 10, 20),  # 50 B a fact: 20 fit
+    (1000, 10, 500, 10, 10),  # the count cap still holds
+    (10, 50, 5000, 10, 1),  # facts larger than the bound: keep the last one
+])
+def test_the_stream_keeps_what_its_byte_bound_allows(max_bytes: int, cap: int,
+                                                     written_bytes: int, written: int,
+                                                     maxlen: int) -> None:
+    assert stream_maxlen(max_bytes, cap, written_bytes, written) == maxlen
