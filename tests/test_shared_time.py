@@ -138,6 +138,10 @@ async def test_a_replica_restart_voids_earlier_facts_on_every_instance(redis_url
     ([(Restarted("r1"), 20.0), (Sent("r1", [1, 2, 3]), 19.0)], 0),
     ([(Restarted("r1"), 20.0), (Sent("r1", [1, 2, 3]), 21.0)], 3),
     ([(Restarted("r2"), 20.0), (Sent("r1", [1, 2, 3]), 19.0)], 3),
+    # One restart seen by two instances, 5 s apart: what came in between is kept.
+    ([(Restarted("r1"), 20.0), (Sent("r1", [1, 2, 3]), 22.0), (Restarted("r1"), 25.0)], 3),
+    # Another restart, later: cleared again.
+    ([(Restarted("r1"), 20.0), (Sent("r1", [1, 2, 3]), 22.0), (Restarted("r1"), 200.0)], 0),
 ])
 def test_restart_voids_older_block_facts(facts: list[tuple[Sent | Restarted, float]],
                                          blocks: int) -> None:

@@ -63,6 +63,10 @@ from gateway.routing.sessions import SessionKey, SessionLoad, scoped, tenant_sco
 if TYPE_CHECKING:
     from gateway.events.tokenmode import TokenMode
 
+# Restarts of one replica seen this close together are one restart seen by several
+# instances (each detects it at its own next scrape, usage.scrape_interval_s apart at most).
+SAME_RESTART_S = 60.0
+
 
 class Router:
     def __init__(self, config: RoutingConfig, tokens: TokenMode | None = None,
@@ -339,13 +343,19 @@ class Router:
         """The replica restarted at about `now` (its counters went backwards): its cache
         is empty, and so are the facts about it from before, here and, through the
         `Restarted` fact, on every other instance."""
-        self._restart(replica, now)
-        if self._publish is not None:
+        if self._restart(replica, now) and self._publish is not None:
             self._publish(Restarted(replica))
 
-    def _restart(self, replica: str, now: float) -> None:
+    def _restart(self, replica: str, at: float) -> bool:
+        """False when this is a restart already known: every instance sees it, each at
+        its own next scrape, and a second clear would drop what was learnt in between."""
+        last = self._restarted.get(replica)
+        if last is not None and abs(at - last) < SAME_RESTART_S:
+            self._restarted[replica] = min(at, last)  # the first sight is the nearest
+            return False
         self._index.clear(replica)
-        self._restarted[replica] = max(now, self._restarted.get(replica, now))
+        self._restarted[replica] = at if last is None else max(at, last)
+        return True
 
     def share(self, publish: Callable[[Fact], None] | None) -> None:
         """Publish every fact this router learns to `publish` (shared state), or stop."""
