@@ -150,11 +150,20 @@ class AuthSettings:
     # With keys set, /metrics and /stats need a key too (they name tenants and models);
     # true leaves them open, for a scraper inside a trusted network.
     public_metrics: bool = False
+    # Tenants whose keys have the admin role: only they read /stats' per-tenant
+    # breakdowns (`by_tenant`); other keys see the totals only.
+    admin_tenants: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # An empty key would match a request without any key.
         if any(not key.strip() for key in self.keys):
             raise ValueError("auth.keys: a key must not be empty")
+        # A tenant scopes session ids as "tenant\x1fid" (routing/sessions.py).
+        if any(not t or not t.isprintable() for t in self.keys.values()):
+            raise ValueError("auth.keys: a tenant name must be printable and not empty")
+        unknown = set(self.admin_tenants) - set(self.keys.values())
+        if unknown:
+            raise ValueError(f"auth.admin_tenants: no key names tenant(s) {sorted(unknown)}")
 
 
 

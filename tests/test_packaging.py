@@ -38,7 +38,7 @@ def test_core_dependencies_are_only_what_serve_needs() -> None:
 
 def test_extras_by_role() -> None:
     extras = {k: _names(v) for k, v in PYPROJECT["project"]["optional-dependencies"].items()}
-    assert set(extras["redis"]) == {"redis"}
+    assert set(extras["redis"]) == {"redis", "hiredis"}  # hiredis: the C reply parser
     assert "matplotlib" in extras["bench"]
     assert {"xllamacpp", "gguf", "tokenizers"} <= set(extras["realengine"])
     assert {"pyzmq", "msgspec", "msgpack", "jinja2", "tokenizers"} <= set(extras["kv"])
@@ -130,7 +130,7 @@ def test_image_constraints_pin_the_core() -> None:
             name, sep, version = line.partition("==")
             assert sep and version, line
             pins[re.sub(r"[-_.]+", "-", name).lower()] = version
-    needed = set(_names(PYPROJECT["project"]["dependencies"])) | {"redis"}
+    needed = set(_names(PYPROJECT["project"]["dependencies"])) | {"redis", "hiredis"}
     assert needed <= set(pins)
     assert not {"matplotlib", "numpy", "pillow"} & set(pins)
 

@@ -161,7 +161,7 @@ def test_restart_clears_and_failure_forgets() -> None:
     plan = router.decide(body, "chat", "m", None, states, 1.0)
     again = router.decide(body, "chat", "m", None, states, 2.0)
     assert again.decision.replica == "a" and again.decision.reason == "prefix"
-    router.replica_restarted("a")
+    router.replica_restarted("a", 2.5)
     assert router.decide(body, "chat", "m", None, states, 3.0).decision.reason == "cold"
     router.remove_replica("a")
     assert router.indexed_blocks("a") == 0

@@ -18,6 +18,7 @@ from gateway.routing.facts import (
     FactError,
     Reply,
     Response,
+    Restarted,
     Sent,
     Trust,
     decode,
@@ -30,10 +31,12 @@ FACTS: list[Fact] = [
     Sent("r1", [1, 2, 2**64 - 1], "sess-é", False),
     Sent("r1", [5], None, True),
     Sent("r2", [], None, False),
+    Sent("r2", [4, 5], "s", False, "tenant-ü"),
     Reply("r1", [7, 8, 9], 2),
-    Dropped("r2", [3, 4], 1),
+    Dropped("r2", [3, 4], 0),
     Trust("r1", 0.625),
     Response("resp_abc", "r2"),
+    Restarted("r1"),
 ]
 
 
@@ -44,8 +47,24 @@ def test_round_trip(fact: Fact) -> None:
     got = env.fact
     if isinstance(got, (Sent, Reply, Dropped)):  # hashes come back as a list
         got = dataclasses.replace(got, hashes=tuple(got.hashes))
-        fact = dataclasses.replace(fact, hashes=tuple(fact.hashes))  # type: ignore[type-var]
+        assert isinstance(fact, (Sent, Reply, Dropped))
+        fact = dataclasses.replace(fact, hashes=tuple(fact.hashes))
     assert got == fact
+
+
+def test_dropped_carries_only_what_it_drops() -> None:
+    got = decode(encode(Dropped("r1", [1, 2, 3, 4], 3), "i", 1.0)).fact
+    assert isinstance(got, Dropped) and (list(got.hashes), got.keep) == ([4], 0)
+
+
+@pytest.mark.parametrize("fact", [Sent("r1", [1, 2, 3, 4, 5], "s"),
+                                  Reply("r1", [1, 2, 3, 4, 5], 4)])
+def test_a_delta_carries_its_base_and_the_blocks_after_it(fact: Sent | Reply) -> None:
+    env = decode(encode(fact, "i", 1.0, (3, 3)))
+    assert env.base == (3, 3)
+    assert list(env.fact.hashes) == [4, 5]  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="not a prefix"):
+        encode(fact, "i", 1.0, (2, 3))
 
 
 GOOD = encode(Sent("r1", [1, 2], "s"), "i", 1.0)
@@ -62,6 +81,12 @@ GOOD = encode(Sent("r1", [1, 2], "s"), "i", 1.0)
     ({b"k": b"t", b"f": b"1.5"}, "out of"),
     ({b"k": b"t", b"f": b"x"}, "not a number"),
     ({b"k": b"d", b"n": b"-1"}, "not a count"),
+    ({b"a": b"inf"}, "field a"),
+    ({b"b": b"\x01" * 8, b"l": b"0"}, "bad base"),
+    ({b"b": b"\x01" * 16, b"l": b"2"}, "bad base"),
+    ({b"b": b"\x01" * 8}, "not a count"),
+    ({b"k": b"t", b"f": b"0.5", b"b": b"\x01" * 8, b"l": b"2"}, "takes none"),
+    ({b"b": b"\x01" * 8, b"l": b"131071"}, "bad block hashes"),
 ])
 def test_malformed_entries_are_refused(change: dict[bytes, bytes | None], reason: str) -> None:
     fields = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
@@ -70,7 +95,7 @@ def test_malformed_entries_are_refused(change: dict[bytes, bytes | None], reason
 
 
 @given(st.dictionaries(st.sampled_from([b"o", b"a", b"k", b"r", b"h", b"s", b"c", b"n", b"f",
-                                        b"i", b"x"]),
+                                        b"i", b"x", b"t", b"b", b"l"]),
                        st.binary(max_size=64), max_size=10))
 def test_decode_never_fails_otherwise(fields: dict[bytes, bytes]) -> None:
     with contextlib.suppress(FactError):

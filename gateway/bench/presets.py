@@ -6,6 +6,7 @@
 | default | 48       | 8     | 4        | half WS   | 5     | 16          | ~20 s per policy  |
 | large   | 96       | 10    | 4        | half WS   | 20    | 32          | minutes/policy    |
 | xl      | 256      | 16    | 8        | half WS   | 10    | 64          | bigger machines   |
+| agent32k| 16       | 8     | 4        | half WS   | 20    | 8           | 32k-token convs.  |
 
 `default`, `large` and `xl` size each replica's KV cache (`--kv-blocks`) from the
 workload's working set (shared agent prompts + every session's final history, estimated
@@ -21,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from gateway.bench.workload import DEFAULT_AGENT_TYPES, WorkloadConfig
+from gateway.bench.workload import DEFAULT_AGENT_TYPES, AgentType, WorkloadConfig
 
 BLOCK_SIZE = 16
 
@@ -105,6 +106,24 @@ PRESETS: dict[str, Preset] = {
         replicas=8, speed=10, concurrency=64,
     ),
 }
+
+# Agent-sized prompts: a 9k-token agent prompt (instructions and 20 tool schemas) and a
+# 2k-token task, then tool results of ~2.4k tokens a turn: conversations end near 32k
+# tokens, the size that shared routing state must carry cheaply (gateway/shared/).
+AGENT_32K_TYPES: tuple[AgentType, ...] = (
+    AgentType(name="coder", system_tokens=6000, tools=20, tool_tokens=150, weight=0.6),
+    AgentType(name="researcher", system_tokens=5000, tools=16, tool_tokens=150, weight=0.4),
+)
+PRESETS["agent32k"] = _preset(
+    "agent32k",
+    WorkloadConfig(
+        sessions=16, turns=8, agent_types=AGENT_32K_TYPES, task_tokens=2000,
+        think_time_s=1.0, idle_prob=0.1, idle_s=6.0, tool_result_tokens=2400,
+        large_tool_result_tokens=6000, large_tool_result_prob=0.05, reply_tokens=96,
+        fanout=1, fanout_prob=0.0, compaction_every=0, arrival_interval_s=1.0,
+    ),
+    replicas=4, speed=20, concurrency=8,
+)
 
 
 def with_overrides(preset: Preset, **workload_changes: object) -> Preset:

@@ -156,7 +156,8 @@ class Picker:
         if decision.should_shed(states, self.epp.shed_in_flight):
             raise decision.shed_error()
         try:
-            plan = s.router.decide(view, kind, inbound.model, ex.session, states, ex.ts)
+            plan = s.router.decide(view, kind, inbound.model, ex.session, states, ex.ts,
+                                   tenant=ex.tenant)
         except ValueError as exc:  # NormalizeError: a body shape the engine would refuse too
             raise GatewayError(400, str(exc), code="invalid_request") from None
         d = plan.decision

@@ -15,6 +15,12 @@ to be cached); they expire after `predict_ttl_s`, so a burst of sibling requests
 before the first event arrives, and a wrong guess does not outlive the events that should
 have confirmed it.
 
+Data-parallel ranks are indexed apart: a replica served by several engine cores (vLLM
+`--data-parallel-size`) has one event stream per rank, and each rank's engine hashes are
+kept under that rank (`rank`: the subscriber's source). A rank's `AllBlocksCleared`, or a
+gap its subscriber cannot fill, forgets that rank's blocks only; a block two ranks hold
+stays held while one of them does.
+
 A replica is live while its events are flowing: the subscriber marks it connected, and
 it goes stale when requests were sent there `stale_after_s` ago and at least
 `stale_requests` of them were never followed by any event. A stale or disconnected replica
@@ -23,7 +29,7 @@ is routed in text mode until events arrive again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from itertools import filterfalse, islice, takewhile
 
@@ -42,7 +48,8 @@ from gateway.tokens.chain import chain_token_hashes, namespace
 class ReplicaBlocks:
     model: str
     block_size: int | None = None
-    engine_to_own: dict[BlockKey, int] = field(default_factory=dict)
+    # (rank, engine hash) -> own hash; ranks apart (module docstring)
+    engine_to_own: dict[tuple[Hashable, BlockKey], int] = field(default_factory=dict)
     held: dict[int, int] = field(default_factory=dict)  # own hash -> engine hashes naming it
     # Shape of `held`, so a lookup can bisect instead of walking: each held block's parent
     # (absent for a chain's first block), how many held blocks each block is the parent
@@ -104,7 +111,9 @@ class KVIndex:
         return len(overdue) < cfg.stale_requests
 
     # events -------------------------------------------------------------------------------
-    def apply(self, replica: str, events: Sequence[Event], now: float) -> None:
+    def apply(self, replica: str, events: Sequence[Event], now: float,
+              rank: Hashable = None) -> None:
+        """`rank`: the data-parallel rank (event stream) the events come from."""
         state = self._replicas.get(replica)
         if state is None:
             return
@@ -112,24 +121,33 @@ class KVIndex:
         state.unconfirmed.clear()
         for event in events:
             if isinstance(event, BlockStored):
-                self._store(state, event)
+                self._store(state, event, rank)
             elif isinstance(event, BlockRemoved):
-                self._remove(state, event.block_hashes)
+                self._remove(state, [(rank, h) for h in event.block_hashes])
             elif isinstance(event, AllBlocksCleared):
-                self.clear(replica)
+                self.clear(replica, rank)
 
-    def clear(self, replica: str) -> None:
+    def clear(self, replica: str, rank: Hashable = None) -> None:
+        """Forget what the replica holds: every rank's blocks and the predictions, or, of
+        a replica with several ranks, `rank`'s blocks only (the others still hold theirs)."""
         state = self._replicas.get(replica)
-        if state is not None:
-            state.engine_to_own.clear()
-            state.held.clear()
-            state.parent.clear()
-            state.children.clear()
-            state.holes = 0
-            state.predicted.clear()
+        if state is None:
+            return
+        ranks = {r for r, _ in state.engine_to_own}
+        if rank is not None and ranks - {rank}:
+            self._remove(state, [k for k in state.engine_to_own if k[0] == rank],
+                         counted=False)
             state.cleared += 1
+            return
+        state.engine_to_own.clear()
+        state.held.clear()
+        state.parent.clear()
+        state.children.clear()
+        state.holes = 0
+        state.predicted.clear()
+        state.cleared += 1
 
-    def _store(self, state: ReplicaBlocks, event: BlockStored) -> None:
+    def _store(self, state: ReplicaBlocks, event: BlockStored, rank: Hashable) -> None:
         if event.group_idx not in (None, 0):
             return  # hybrid models: the full-attention group (0) decides prefix hits
         if state.block_size is None:
@@ -140,7 +158,7 @@ class KVIndex:
         if event.parent_block_hash is None:
             seed = namespace(state.model, event.lora_name, _salt(event))
         else:
-            known = state.engine_to_own.get(event.parent_block_hash)
+            known = state.engine_to_own.get((rank, event.parent_block_hash))
             if known is None:
                 state.unresolved += len(event.block_hashes)
                 return
@@ -151,8 +169,9 @@ class KVIndex:
         parent: int | None = None if event.parent_block_hash is None else seed
         held = state.held
         for engine, mine in zip(event.block_hashes, own, strict=True):
-            if engine not in state.engine_to_own:
-                state.engine_to_own[engine] = mine
+            key = (rank, engine)
+            if key not in state.engine_to_own:
+                state.engine_to_own[key] = mine
                 count = held.get(mine, 0)
                 held[mine] = count + 1
                 if count == 0:
@@ -161,10 +180,11 @@ class KVIndex:
             parent = mine
         state.stored += len(own)
 
-    def _remove(self, state: ReplicaBlocks, hashes: Sequence[BlockKey]) -> None:
+    def _remove(self, state: ReplicaBlocks, keys: Sequence[tuple[Hashable, BlockKey]],
+                counted: bool = True) -> None:
         held = state.held
-        for engine in hashes:
-            mine = state.engine_to_own.pop(engine, None)
+        for key in keys:
+            mine = state.engine_to_own.pop(key, None)
             if mine is None:
                 continue
             left = held.get(mine, 0) - 1
@@ -173,7 +193,7 @@ class KVIndex:
             else:
                 held.pop(mine, None)
                 self._gone(state, mine)
-            state.removed += 1
+            state.removed += counted
 
     @staticmethod
     def _held_now(state: ReplicaBlocks, mine: int, parent: int | None) -> None:

@@ -88,7 +88,7 @@ class KVSubscriber:
                 if action != "apply":
                     if action == "restart":
                         self.stats.restarts += 1
-                        self._index.clear(self.replica)
+                        self._index.clear(self.replica, self.source.endpoint)
                         log.warning("replica %s: KV event sequence restarted (%s after %s)",
                                     self.replica, batch.seq, expected)
                         expected = None
@@ -107,7 +107,7 @@ class KVSubscriber:
     def _apply(self, batch: EventBatch) -> None:
         self.stats.batches += 1
         self.stats.last_seq = batch.seq
-        self._index.apply(self.replica, batch.events, self._clock())
+        self._index.apply(self.replica, batch.events, self._clock(), self.source.endpoint)
 
     async def _catch_up(self, expected: int | None, seq: int) -> int:
         """Replay from `expected` (0 when nothing was seen); returns the next sequence
@@ -119,7 +119,7 @@ class KVSubscriber:
         if expected is not None and seq > start and not (got and got[0].seq <= start):
             # Batches from `start` on are gone: whatever they removed is still indexed.
             self.stats.lost += 1
-            self._index.clear(self.replica)
+            self._index.clear(self.replica, self.source.endpoint)
             log.warning("replica %s: KV events from %s lost, index cleared", self.replica,
                         start)
         for batch in got:

@@ -38,7 +38,7 @@ import orjson
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.hygiene.lograte import LogLimiter
 from gateway.proxy.asgi import Receive, Scope, Send, respond, respond_error
-from gateway.proxy.auth import Authenticator
+from gateway.proxy.auth import Authenticator, without_tenants
 from gateway.proxy.client import AiohttpUpstream, ClientLimits
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.handler import Proxy
@@ -143,7 +143,8 @@ class GatewayApp:
         services = Services(
             settings=settings, clock=self.clock, upstream=upstream, fleet=fleet, router=router,
             analyzer=HygieneAnalyzer(settings.hygiene), metrics=metrics, recorder=recorder,
-            auth=Authenticator(settings.auth.keys), monitor=monitor, probes=probes,
+            auth=Authenticator(settings.auth.keys, settings.auth.admin_tenants), monitor=monitor,
+            probes=probes,
             feeds=tokens.feeds if tokens is not None else None,
         )
         await recorder.start()
@@ -235,6 +236,8 @@ class GatewayApp:
                     await respond_error(send, err, [])
                     return
             status, body, content_type = self._simple_get(services, path)
+            if path == "/stats" and not services.auth.admin(_authorization(scope)):
+                body = orjson.dumps(without_tenants(orjson.loads(body)))  # admins only
             if path == "/stats" and _wants_html(scope):
                 body, content_type = render_page(orjson.loads(body)), HTML
             await respond(send, status, body, [], content_type)

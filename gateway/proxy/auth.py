@@ -6,20 +6,26 @@ digests with `hmac.compare_digest`, against every configured key whatever matche
 taken reveals neither which key matched nor how much of one, nor a key's length
 (`compare_digest` returns at once on inputs of different lengths; digests all have one).
 Only the digests are kept.
+
+Roles: a key's tenant may be an admin (`[auth] admin_tenants`); only admins read what
+names other tenants (`/stats` per-tenant breakdowns). Without keys there are no tenants
+and every caller is the operator.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from typing import Any
 
 from gateway.proxy.errors import GatewayError
 
 
 class Authenticator:
-    def __init__(self, keys: Mapping[str, str]) -> None:
+    def __init__(self, keys: Mapping[str, str], admin_tenants: Collection[str] = ()) -> None:
         self._keys = [(_digest(k.encode()), tenant) for k, tenant in keys.items()]
+        self._admins = frozenset(admin_tenants)
 
     @property
     def enabled(self) -> bool:
@@ -46,6 +52,24 @@ class Authenticator:
                 code="invalid_api_key",
             )
         return found
+
+    def admin(self, authorization: bytes | None) -> bool:
+        """Whether the request's key has the admin role (never raises: False)."""
+        if not self._keys:
+            return True
+        try:
+            return self.tenant(authorization) in self._admins
+        except GatewayError:
+            return False
+
+
+def without_tenants(stats: Any) -> Any:
+    """`stats` (a /stats document) less every `by_tenant` breakdown, at any depth."""
+    if isinstance(stats, dict):
+        return {k: without_tenants(v) for k, v in stats.items() if k != "by_tenant"}
+    if isinstance(stats, list):
+        return [without_tenants(v) for v in stats]
+    return stats
 
 
 def _digest(key: bytes) -> bytes:

@@ -214,7 +214,8 @@ class Proxy:
 
         try:
             plan = self.router.decide(view, kind, inbound.model, ex.session,
-                                      [r.state() for r in candidates], ex.ts, pin=pinned)
+                                      [r.state() for r in candidates], ex.ts, pin=pinned,
+                                      tenant=ex.tenant)
         except ValueError as exc:  # NormalizeError: a body shape the engine would refuse too
             raise GatewayError(400, str(exc), code="invalid_request") from None
         decision = plan.decision

@@ -176,7 +176,7 @@ class FleetMonitor:
         if memory_verdict(down_since, self.clock(), self.forget_after_s):
             log.warning("replica memory cleared", extra={
                 "replica": replica.name, "reason": "down too long"})
-            self.router.replica_restarted(replica.name)
+            self.router.replica_restarted(replica.name, self.clock())
         self.router.add_replica(replica.name)
         # The configured capacity holds from the start: a replica without /metrics
         # (llama.cpp's default) never gets a scrape that would set it.
@@ -241,7 +241,7 @@ class FleetMonitor:
                                                snapshot.process_start_time_seconds)
         if self.fleet.set_snapshot(replica.name, snapshot) or new_process:
             log.warning("replica restarted", extra={"replica": replica.name})
-            self.router.replica_restarted(replica.name)
+            self.router.replica_restarted(replica.name, self.clock())
         self.apply_capacity(replica, snapshot.block_size)
         self.publish(replica)
 

@@ -31,6 +31,10 @@ forks from, on that one's replica while its cache holds. Content that several
 conversations sent (an agent's prompt, after its second conversation) is SHARED and
 identifies nobody, so a new conversation of a popular agent is placed, and capped, as new.
 
+Tenants (API keys' tenants) have conversations of their own: a tenant's tips and samples
+are stored XOR-ed with a per-tenant `scope` (0 without one), so another tenant's request
+with the same content finds none of them and cannot join, or move, the conversation.
+
 Memory is bounded: at most `capacity` conversations, least recently active forgotten first
 together with their tips, and at most `sample_capacity` samples (LRU). Pure: no clock, no
 I/O; ids are increasing ints.
@@ -71,12 +75,14 @@ class Conversations:
     def __len__(self) -> int:
         return len(self._conversations)
 
-    def find(self, hashes: Sequence[int]) -> Found | None:
+    def find(self, hashes: Sequence[int], scope: int = 0) -> Found | None:
         """The conversation whose recent prompt `hashes` extends (deepest tip: "follows"),
-        else the one alone to have sent its deepest remembered sample ("forks"), or None."""
+        else the one alone to have sent its deepest remembered sample ("forks"), or None.
+        `scope`: the tenant's (module docstring)."""
         tips = self._tips
         if tips:
-            hit = next(filter(tips.__contains__, reversed(hashes)), None)
+            tail = reversed(hashes) if not scope else map(scope.__xor__, reversed(hashes))
+            hit = next(filter(tips.__contains__, tail), None)
             if hit is not None:
                 return Found(tips[hit], "follows")
         samples = self._samples
@@ -84,7 +90,7 @@ class Conversations:
         if not every:
             return None
         for i in range(len(hashes) // every * every - 1, -1, -every):
-            owner = samples.get(hashes[i])
+            owner = samples.get(hashes[i] ^ scope)
             if owner is not None:
                 if owner == SHARED or owner not in self._conversations:
                     return None
@@ -102,13 +108,13 @@ class Conversations:
         self._next += 1
         return conv
 
-    def advance(self, conv: int, hashes: Sequence[int]) -> None:
+    def advance(self, conv: int, hashes: Sequence[int], scope: int = 0) -> None:
         """`conv` sent the prompt chained as `hashes`: its tip joins the conversation's."""
         if not hashes:
             return
-        self._sample(conv, hashes)
+        self._sample(conv, hashes, scope)
         self._length[conv] = len(hashes)
-        tip = hashes[-1]
+        tip = hashes[-1] ^ scope
         owner = self._tips.get(tip)
         if owner is not None and owner != conv:
             # The same prompt again from another conversation (two clients sending the
@@ -134,13 +140,13 @@ class Conversations:
                 if self._tips.get(old) == gone:
                     del self._tips[old]
 
-    def _sample(self, conv: int, hashes: Sequence[int]) -> None:
+    def _sample(self, conv: int, hashes: Sequence[int], scope: int) -> None:
         samples = self._samples
         every = self._every
         if not every:
             return
         for i in range(every - 1, len(hashes), every):
-            h = hashes[i]
+            h = hashes[i] ^ scope
             was = samples.get(h)
             samples[h] = conv if was is None or was == conv else SHARED
             samples.move_to_end(h)

@@ -13,11 +13,20 @@ to its own router, so every decision still reads local memory only.
 - `Trust`: the fraction of its nominal capacity the feedback trusts a replica's index with
   (a capacity correction).
 - `Response`: the replica that stored a Responses API response.
+- `Restarted`: a replica restarted (its cache is empty): facts about it from before no
+  longer hold.
+
+Every fact is applied at the time it happened (the envelope's `at`), not when it arrives:
+a session last seen an hour ago weighs what an hour-old session weighs.
 
 Wire form: a Redis stream entry, a flat map of short byte keys; hashes are packed as
-little-endian uint64. `decode` validates everything: an entry written by another version,
-or by anyone with access to the key, must never crash or corrupt a router, so anything
-malformed raises `FactError`.
+little-endian uint64. Sized by what is new: a `Sent` or `Reply` whose chain extends one
+its publisher sent before carries only the blocks after it, plus a reference (`base`: the
+earlier chain's last hash and its length) the receiver resolves against the chains it
+has seen (gateway/shared/chains.py); a `Dropped` carries only the blocks it drops.
+`decode` validates everything: an entry written by another version, or by anyone with
+access to the key, must never crash or corrupt a router, so anything malformed raises
+`FactError`.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ class Sent:
     hashes: Sequence[int]
     session: str | None = None  # the client's session id
     implicit: bool = False  # no session id: an implicit conversation
+    tenant: str | None = None  # the API key's tenant: sessions and conversations are its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +79,12 @@ class Response:
     replica: str
 
 
-Fact = Sent | Reply | Dropped | Trust | Response
+@dataclass(frozen=True, slots=True)
+class Restarted:
+    replica: str
+
+
+Fact = Sent | Reply | Dropped | Trust | Response | Restarted
 
 
 def _pack(hashes: Sequence[int]) -> bytes:
@@ -89,30 +104,50 @@ def _unpack(raw: bytes) -> list[int]:
     return a.tolist()
 
 
+# A reference to a chain published before: (hash of its last block, its length in blocks).
+Base = tuple[int, int]
+
+
 @dataclass(frozen=True, slots=True)
 class Envelope:
     origin: str  # the instance that learned it
-    at: float  # when it was published (unix seconds; propagation delay = now - at)
-    fact: Fact
+    at: float  # when it happened (unix seconds; propagation delay = now - at)
+    fact: Fact  # with `base`: a Sent/Reply whose `hashes` are those after the base's
+    base: Base | None = None
 
 
-def encode(fact: Fact, origin: str, at: float) -> dict[bytes, bytes]:
-    """The stream entry for `fact`, published by instance `origin` at `at`."""
+def encode(fact: Fact, origin: str, at: float, base: Base | None = None
+           ) -> dict[bytes, bytes]:
+    """The stream entry for `fact`, published by instance `origin` at `at`. With `base`
+    (a Sent or Reply whose hashes extend that chain) only the hashes after it are sent."""
     out: dict[bytes, bytes] = {b"o": origin.encode(), b"a": repr(at).encode()}
-    if isinstance(fact, Sent):
-        out |= {b"k": b"s", b"r": fact.replica.encode(), b"h": _pack(fact.hashes)}
-        if fact.session is not None:
-            out[b"s"] = fact.session.encode("utf-8", "surrogatepass")
-        if fact.implicit:
-            out[b"c"] = b"1"
-    elif isinstance(fact, Reply):
-        out |= {b"k": b"r", b"r": fact.replica.encode(), b"h": _pack(fact.hashes),
-                b"n": str(fact.held).encode()}
+    if isinstance(fact, (Sent, Reply)):
+        hashes = fact.hashes
+        if base is not None:
+            tip, length = base
+            if not 0 < length <= len(hashes) or hashes[length - 1] != tip:
+                raise ValueError("base is not a prefix of the fact's chain")
+            out |= {b"b": _pack((tip,)), b"l": str(length).encode()}
+            hashes = hashes[length:]
+        out |= {b"r": fact.replica.encode(), b"h": _pack(hashes)}
+        if isinstance(fact, Reply):
+            out |= {b"k": b"r", b"n": str(fact.held).encode()}
+        else:
+            out[b"k"] = b"s"
+            if fact.session is not None:
+                out[b"s"] = fact.session.encode("utf-8", "surrogatepass")
+            if fact.implicit:
+                out[b"c"] = b"1"
+            if fact.tenant is not None:
+                out[b"t"] = fact.tenant.encode("utf-8", "surrogatepass")
     elif isinstance(fact, Dropped):
-        out |= {b"k": b"d", b"r": fact.replica.encode(), b"h": _pack(fact.hashes),
-                b"n": str(fact.keep).encode()}
+        # drop_from forgets hashes[keep:] only: the rest is not sent.
+        out |= {b"k": b"d", b"r": fact.replica.encode(),
+                b"h": _pack(fact.hashes[max(0, fact.keep):]), b"n": b"0"}
     elif isinstance(fact, Trust):
         out |= {b"k": b"t", b"r": fact.replica.encode(), b"f": repr(fact.fraction).encode()}
+    elif isinstance(fact, Restarted):
+        out |= {b"k": b"x", b"r": fact.replica.encode()}
     else:
         out |= {b"k": b"p", b"r": fact.replica.encode(), b"i": fact.response_id.encode()}
     return out
@@ -144,16 +179,28 @@ def decode(fields: Mapping[bytes, bytes]) -> Envelope:
         at = float(fields.get(b"a", b""))
     except ValueError:
         raise FactError("field a is not a time") from None
-    if at != at:  # NaN
+    if at != at or at in (float("inf"), float("-inf")):
         raise FactError("field a is not a time")
-    return Envelope(origin, at, _fact(fields))
+    base: Base | None = None
+    if b"b" in fields:
+        if fields.get(b"k") not in (b"s", b"r"):
+            raise FactError("a base on a fact that takes none")
+        tip = _unpack(fields[b"b"])
+        length = _int(fields, b"l")
+        if len(tip) != 1 or length < 1:
+            raise FactError("bad base")
+        base = (tip[0], length)
+    return Envelope(origin, at, _fact(fields, base[1] if base else 0), base)
 
 
-def _fact(fields: Mapping[bytes, bytes]) -> Fact:
+def _fact(fields: Mapping[bytes, bytes], before: int) -> Fact:
+    """`before`: blocks the base stands for (the hashes field holds those after it)."""
     kind = fields.get(b"k")
     if kind == b"p":
         return Response(_text(fields, b"i"), _text(fields, b"r"))
     replica = _text(fields, b"r")
+    if kind == b"x":
+        return Restarted(replica)
     if kind == b"t":
         try:
             fraction = float(fields.get(b"f", b""))
@@ -163,11 +210,14 @@ def _fact(fields: Mapping[bytes, bytes]) -> Fact:
             raise FactError("trust fraction out of [0, 1]")
         return Trust(replica, fraction)
     hashes = _unpack(fields.get(b"h", b""))
+    if before + len(hashes) > MAX_BLOCKS:
+        raise FactError("bad block hashes")
     if kind == b"s":
         session = _text(fields, b"s") if b"s" in fields else None
-        return Sent(replica, hashes, session, fields.get(b"c") == b"1")
+        tenant = _text(fields, b"t") if b"t" in fields else None
+        return Sent(replica, hashes, session, fields.get(b"c") == b"1", tenant)
     if kind == b"r":
-        return Reply(replica, hashes, min(_int(fields, b"n"), len(hashes)))
+        return Reply(replica, hashes, min(_int(fields, b"n"), before + len(hashes)))
     if kind == b"d":
         return Dropped(replica, hashes, _int(fields, b"n"))
     raise FactError(f"unknown fact kind {kind!r:.20}")

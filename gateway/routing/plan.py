@@ -29,6 +29,7 @@ class RoutePlan:
     predicted: Mapping[str, int]  # predicted cached tokens, per candidate
     estimated_tokens: float  # prompt tokens (unrounded)
     tokens: TokenLookup | None = None  # token mode: exact tokens and blocks held, if live
+    tenant: str | None = None  # the API key's tenant: its sessions and conversations
     outcome: Outcome = field(default_factory=Outcome)  # filled in by the request path
 
 

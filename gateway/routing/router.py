@@ -28,6 +28,15 @@ too, as vLLM caches generated tokens and the next turn of the conversation repea
 
 `set_capacity`, `add_replica`, `remove_replica`, `replica_restarted`: fleet changes.
 
+Tenants: with API keys, a session id and an implicit conversation belong to the key's
+tenant (`decide(tenant=...)`): one tenant's session id or identical prompt cannot bind,
+join or move another's (sessions.scoped, conversations' scope). The replicas' caches are
+shared, so block matching is not scoped.
+
+Shared state: `apply` takes another instance's fact at the time it happened. A replica's
+restart (`replica_restarted`, published as a `Restarted` fact) empties its index and
+voids block facts about it from before, whichever instance learns them later.
+
 Token mode (optional, `tokens`): where a model has a renderer and a replica's KV events
 flow, the prediction on that replica is exact (its events' blocks, events/tokenmode.py)
 instead of the text guess, and `sent` adds short-lived predicted blocks there.
@@ -48,16 +57,20 @@ from gateway.routing.config import RoutingConfig
 from gateway.routing.conversations import Conversations
 from gateway.routing.decision import Decision, ReplicaState
 from gateway.routing.estimate import TokenEstimator
-from gateway.routing.facts import Dropped, Fact, Reply, Response, Sent, Trust
+from gateway.routing.facts import Dropped, Fact, Reply, Response, Restarted, Sent, Trust
 from gateway.routing.feedback import Limits, adjust, verdict
 from gateway.routing.index import BlockIndex
 from gateway.routing.normalize import END, canonical_bytes, chain_seed
 from gateway.routing.plan import RoutePlan, engine_cap
 from gateway.routing.policy import Candidate, cache_fill, choose, move_reason
-from gateway.routing.sessions import SessionKey, SessionLoad
+from gateway.routing.sessions import SessionKey, SessionLoad, scoped, tenant_scope
 
 if TYPE_CHECKING:
     from gateway.events.tokenmode import TokenMode
+
+# Restarts of one replica seen this close together are one restart seen by several
+# instances (each detects it at its own next scrape, usage.scrape_interval_s apart at most).
+SAME_RESTART_S = 60.0
 
 
 class Router:
@@ -90,6 +103,8 @@ class Router:
                                             config.conversation_sample_every)
         self._last_sweep = float("-inf")
         self._last_settle = 0.0
+        # replica -> when it last restarted (cache empty since): older block facts void
+        self._restarted: dict[str, float] = {}
 
     # the protocol -----------------------------------------------------------------------
     def decide(
@@ -102,14 +117,16 @@ class Router:
         now: float,
         *,
         pin: str | None = None,
+        tenant: str | None = None,
     ) -> RoutePlan:
         """Rank `candidates` and count the request as sent to the first. `pin` names the
         one replica the request may go to (a Responses API continuation must reach the
         replica that stored its previous response): the decision says so (reason
-        `response`), predictions are still made. Raises NormalizeError (a ValueError) for a
-        body that cannot be rendered and ValueError for an empty candidate list."""
+        `response`), predictions are still made. `tenant`: the API key's, whose sessions
+        and conversations these are. Raises NormalizeError (a ValueError) for a body that
+        cannot be rendered and ValueError for an empty candidate list."""
         self._settle(now)
-        plan = self._route(body, endpoint, model, session, candidates, now)
+        plan = self._route(body, endpoint, model, session, candidates, now, tenant)
         if pin is not None:
             plan = dataclasses.replace(plan, decision=dataclasses.replace(
                 plan.decision, replica=pin, reason="response", ranked=(pin,),
@@ -154,6 +171,7 @@ class Router:
         session: str | None,
         candidates: Sequence[ReplicaState],
         now: float,
+        tenant: str | None = None,
     ) -> RoutePlan:
         """Rank `candidates` for this request. Raises NormalizeError (a ValueError) for a
         body that cannot be rendered and ValueError for an empty candidate list."""
@@ -178,11 +196,11 @@ class Router:
         default_block = self.config.engine_block_size
         sessions = self._sessions
         conversation: int | None = None
-        skey: SessionKey | None = session
+        skey: SessionKey | None = None if session is None else scoped(session, tenant)
         bound: str | None = None
         own = 0.0
         if session is None and hashes:
-            found = self._conversations.find(hashes)
+            found = self._conversations.find(hashes, tenant_scope(tenant))
             if found is not None and found.how == "follows":
                 conversation = found.conversation
             else:
@@ -219,7 +237,8 @@ class Router:
             ))
         policy = self.config.policy
         # The `session` policy hashes what the client named; the others see conversations.
-        choice = choose(policy, views, prompt_tokens, skey if policy != "session" else session,
+        named = None if session is None else skey
+        choice = choose(policy, views, prompt_tokens, skey if policy != "session" else named,
                         bound, self.config, self._rng, self._turn)
         self._turn += 1
         chosen = views[choice.ranked[0]].name
@@ -233,7 +252,7 @@ class Router:
         return RoutePlan(decision=decision, model=model, session=session,
                          conversation=conversation, data=data,
                          seed=seed, hashes=hashes, matched=matched, predicted=predicted,
-                         estimated_tokens=prompt_tokens, tokens=lookup)
+                         estimated_tokens=prompt_tokens, tokens=lookup, tenant=tenant)
 
     # what happened to it ----------------------------------------------------------------
     def _settle(self, now: float) -> None:
@@ -254,14 +273,16 @@ class Router:
         self._queued[replica] = self._queued.get(replica, 0.0) + uncached
         self._index.record(replica, plan.hashes, len(plan.hashes), plan.matched.get(replica, 0))
         if self._publish is not None:
-            self._publish(Sent(replica, plan.hashes, plan.session, plan.conversation is not None))
+            self._publish(Sent(replica, plan.hashes, plan.session, plan.conversation is not None,
+                               plan.tenant))
         if plan.tokens is not None and self._tokens is not None:
             self._tokens.sent(plan.tokens, replica, now)
         if plan.session is not None:
-            self._sessions.touch(plan.session, replica, now)
+            self._sessions.touch(scoped(plan.session, plan.tenant), replica, now)
         elif plan.conversation is not None:
             self._sessions.touch(plan.conversation, replica, now)
-            self._conversations.advance(plan.conversation, plan.hashes)
+            self._conversations.advance(plan.conversation, plan.hashes,
+                                        tenant_scope(plan.tenant))
 
     def _completed(
         self,
@@ -328,24 +349,43 @@ class Router:
                       self._queued, self._live):
             table.pop(replica, None)
 
-    def replica_restarted(self, replica: str) -> None:
-        """The replica's cache is empty (a new process, or down too long to tell): its
-        index and the sessions bound to it are forgotten, its capacity figures kept."""
+    def replica_restarted(self, replica: str, now: float) -> None:
+        """The replica restarted at about `now` (a new process, its counters gone
+        backwards, or down too long to tell): its cache is empty, and so are the facts
+        about it from before, here and, through the `Restarted` fact, on every other
+        instance; the sessions bound to it are forgotten, its capacity figures kept."""
+        if self._restart(replica, now) and self._publish is not None:
+            self._publish(Restarted(replica))
+
+    def _restart(self, replica: str, at: float) -> bool:
+        """False when this is a restart already known: every instance sees it, each at
+        its own next scrape, and a second clear would drop what was learnt in between."""
+        last = self._restarted.get(replica)
+        if last is not None and abs(at - last) < SAME_RESTART_S:
+            self._restarted[replica] = min(at, last)  # the first sight is the nearest
+            return False
         self._index.clear(replica)
         self._sessions.forget_replica(replica)
+        self._restarted[replica] = at if last is None else max(at, last)
+        return True
 
     def share(self, publish: Callable[[Fact], None] | None) -> None:
         """Publish every fact this router learns to `publish` (shared state), or stop."""
         self._publish = publish
 
-    def apply(self, fact: Fact, now: float) -> None:
-        """A fact another gateway instance published (facts.py): the same bookkeeping as
-        if this one had routed it, but no queued work (that load is the other's, and the
-        replica's own metrics show it to everyone). Replicas this router does not know
-        (not in its fleet, or not up yet) are left alone."""
+    def apply(self, fact: Fact, at: float) -> None:
+        """A fact another gateway instance published (facts.py), applied at `at`, when it
+        happened: the same bookkeeping as if this one had routed it then, but no queued
+        work (that load is the other's, and the replica's own metrics show it to everyone).
+        Replicas this router does not know (not in its fleet, or not up yet) are left
+        alone; blocks a replica held before its last restart are not put back."""
         if isinstance(fact, Response) or fact.replica not in self._limits:
             return
         replica, index = fact.replica, self._index
+        if isinstance(fact, Restarted):
+            self._restart(replica, at)
+            return
+        stale = at < self._restarted.get(replica, at)
         if isinstance(fact, Trust):
             nominal = self._limits[replica].nominal
             limit = max(1 if nominal else 0, int(nominal * fact.fraction))
@@ -354,21 +394,24 @@ class Router:
         elif isinstance(fact, Dropped):
             index.drop_from(replica, fact.hashes, fact.keep)
         else:
-            index.record(replica, fact.hashes, len(fact.hashes),
-                         index.matched(replica, fact.hashes))
+            if not stale:
+                index.record(replica, fact.hashes, len(fact.hashes),
+                             index.matched(replica, fact.hashes))
             if isinstance(fact, Sent):
-                self._bind(fact, now)
+                # The binding holds across the restart, as it does for this instance's own.
+                self._bind(fact, at)
 
     def _bind(self, fact: Sent, now: float) -> None:
         if fact.session is not None:
-            self._sessions.touch(fact.session, fact.replica, now)
+            self._sessions.touch(scoped(fact.session, fact.tenant), fact.replica, now)
         elif fact.implicit and fact.hashes:
             convs = self._conversations
-            found = convs.find(fact.hashes)
+            scope = tenant_scope(fact.tenant)
+            found = convs.find(fact.hashes, scope)
             conv = found.conversation if found is not None and found.how == "follows" \
                 else convs.open()
             self._sessions.touch(conv, fact.replica, now)
-            convs.advance(conv, fact.hashes)
+            convs.advance(conv, fact.hashes, scope)
 
     # introspection (stats, tests): each settles in-flight outcomes first, like a decision,
     # so it reads the state the next decision would see ----------------------------------

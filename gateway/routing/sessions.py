@@ -21,6 +21,11 @@ gateway-bench's default preset, where about one request in ten moves).
 Sessions are explicit (a client's id, a str) or implicit (a conversation recognised by
 its content, an int from conversations.py): both are placed and counted alike.
 
+Times may come out of order: another gateway instance's fact (gateway/shared/) is applied
+at the time it happened, which can be before the latest local request. A request older
+than the session's binding changes nothing (the binding is newer news); an older
+contribution is added to a replica's sum decayed to the sum's own time.
+
 Bindings are an LRU of at most `capacity` sessions; the oldest is forgotten first.
 """
 
@@ -28,6 +33,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+
+import xxhash
 
 # An explicit session id (str) or an implicit conversation (int, conversations.py).
 SessionKey = str | int
@@ -66,6 +73,9 @@ class SessionLoad:
 
     def touch(self, session: SessionKey, replica: str, now: float) -> None:
         """`session` sent a request to `replica` at `now` (binds or moves it there)."""
+        old = self._bound.get(session)
+        if old is not None and old[1] > now:
+            return  # older than what the binding already knows
         old = self._bound.pop(session, None)
         if old is not None:
             # Same replica: its share is renewed; moved: its old share stays there to fade.
@@ -88,8 +98,19 @@ class SessionLoad:
         return math.exp(-max(0.0, elapsed) / self._tau)
 
     def _add(self, replica: str, amount: float, now: float) -> None:
-        self._sum[replica] = (self.load(replica, now) + amount, now)
+        self._shift(replica, amount, now)
         self._count[replica] = self._count.get(replica, 0) + 1
+
+    def _shift(self, replica: str, amount: float, now: float) -> float:
+        """Add `amount` (as of `now`) to the replica's sum, kept as of the later time."""
+        value, at = self._sum.get(replica, (0.0, now))
+        if now >= at:
+            value, at = value * self._decay(now - at) + amount, now
+        else:
+            value += amount * self._decay(at - now)
+        value = max(0.0, value)
+        self._sum[replica] = (value, at)
+        return value
 
     def _take(self, replica: str, amount: float, now: float) -> None:
         count = self._count.get(replica, 0) - 1
@@ -97,10 +118,20 @@ class SessionLoad:
             self._count[replica] = count
         else:
             self._count.pop(replica, None)
-        value = max(0.0, self.load(replica, now) - amount)
+        value = self._shift(replica, -amount, now)
         if count <= 0 and value < 1e-9:
             # No float residue once a replica has no session left (shares of sessions that
             # moved away keep fading until then).
             self._sum.pop(replica, None)
-        else:
-            self._sum[replica] = (value, now)
+
+
+def scoped(session: str, tenant: str | None) -> str:
+    """The binding key of a client's session id: its tenant's own (two tenants may pick
+    the same id; neither may move the other's session). \\x1f cannot be in a tenant name
+    from config's table, so keys of different tenants never collide."""
+    return session if tenant is None else f"{tenant}\x1f{session}"
+
+
+def tenant_scope(tenant: str | None) -> int:
+    """The tenant's scope for implicit conversations (conversations.py); 0 without one."""
+    return 0 if tenant is None else xxhash.xxh3_64_intdigest(tenant.encode()) or 1
