@@ -94,7 +94,9 @@ async def test_catch_up_gap_loss_and_restart(encoding: Encoding) -> None:
 
     # Published before anyone listens: only the replay socket has it.
     pub.publish(0.0, [stored(tokens[:4], 100, None)])
-    sub = KVSubscriber("r", EventSource(ep, rep, "kv"), index, ctx, time.monotonic)
+    restarted: list[str] = []
+    sub = KVSubscriber("r", EventSource(ep, rep, "kv"), index, ctx, time.monotonic,
+                       on_restart=lambda name, now: restarted.append(name))
     task = asyncio.create_task(sub.run())
     try:
         await until(lambda: index.live("r", time.monotonic()))
@@ -124,6 +126,7 @@ async def test_catch_up_gap_loss_and_restart(encoding: Encoding) -> None:
         await asyncio.sleep(0.5)  # the SUB reconnects by itself
         pub.publish(0.0, [stored(tokens[4:8], 201, 200)])  # parent unknown
         await until(lambda: sub.stats.restarts == 1)
+        assert restarted == ["r"]  # the router is told once: it forgets the replica's memory
         assert m() == 0
         pub.publish(0.0, [AllBlocksCleared(), stored(tokens[:4], 300, None)])
         await until(lambda: m() == 1)

@@ -75,9 +75,14 @@ class EventFeeds:
         self._tasks: list[asyncio.Task[None]] = []
         self._ctx: Any = None
         self._http: aiohttp.ClientSession | None = None
+        self._on_restart: Callable[[str, float], None] | None = None
 
-    async def start(self) -> None:
+    async def start(self, on_restart: Callable[[str, float], None] | None = None) -> None:
+        """`on_restart(replica, now)`: a replica's event sequence restarted (a new engine
+        process with an empty cache; the router's `replica_restarted`)."""
         import zmq.asyncio
+
+        self._on_restart = on_restart
 
         self._ctx = zmq.asyncio.Context()
         self._http = aiohttp.ClientSession()
@@ -173,7 +178,7 @@ class EventFeeds:
         retrier = Retrier(_RESUBSCRIBE)
         while True:
             sub = KVSubscriber(target.name, source, self._index, self._ctx, self._clock,
-                               self._settings.replay_timeout_s)
+                               self._settings.replay_timeout_s, on_restart=self._on_restart)
             state.subscribers.append(sub)
             try:
                 await sub.run()

@@ -45,8 +45,12 @@ class FeedStats:
 
 class KVSubscriber:
     def __init__(self, replica: str, source: EventSource, index: KVIndex, ctx: Any,
-                 clock: Callable[[], float], replay_timeout_s: float = 2.0) -> None:
+                 clock: Callable[[], float], replay_timeout_s: float = 2.0, *,
+                 on_restart: Callable[[str, float], None] | None = None) -> None:
         self.replica = replica
+        # told (replica, now) when the publisher restarted: a new engine process, whose
+        # cache is empty (the router forgets what it held, session bindings included)
+        self._on_restart = on_restart
         self.source = source
         self.stats = FeedStats()
         self._index = index
@@ -91,6 +95,8 @@ class KVSubscriber:
                         self._index.clear(self.replica, self.source.endpoint)
                         log.warning("replica %s: KV event sequence restarted (%s after %s)",
                                     self.replica, batch.seq, expected)
+                        if self._on_restart is not None:
+                            self._on_restart(self.replica, self._clock())
                         expected = None
                     expected = await self._catch_up(expected, batch.seq)
                     floor = batch.seq + 1  # live batches after this one may repeat

@@ -150,7 +150,7 @@ class GatewayApp:
         await recorder.start()
         await monitor.start()
         if services.feeds is not None:
-            await services.feeds.start()
+            await services.feeds.start(on_restart=router.replica_restarted)
         if settings.redis.enabled:
             services.shared = await start_shared_state(settings, router, services, metrics,
                                                       self.clock)
