@@ -11,8 +11,10 @@ next delay (or `failed()` decides it, for a log line, and `sleep(delay)` waits i
 `reset()` after a success starts the schedule over. Its random source and
 its sleep are collaborators (defaults: `random.random`, `asyncio.sleep`).
 
-Loops that use it: the KV-event subscriber restart (`events/feeds.py`) and the usage sink
-pump (`usage/sinks.py`).
+Loops that use it: the KV-event subscriber restart (`events/feeds.py`), the usage sink
+pump (`usage/sinks.py`) and the shared state's Redis reader and writer
+(`shared/redis_state.py`). The upstream client retries nothing (a request reaches each
+engine at most once; gateway.upstream.failure).
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gateway.backoff import Backoff, Retrier
 from gateway.routing.affinity import AffinityStore
 from gateway.routing.facts import Base, Fact, FactError, Reply, Response, Sent, decode, encode
 from gateway.shared.chains import Chains, Published
@@ -58,7 +59,7 @@ from gateway.tasks import cancel_all
 
 log = logging.getLogger("gateway.shared")
 
-_MAX_RETRY_S = 10.0
+_MAX_RETRY_S = 10.0  # the longest pause between reconnection attempts
 _PAGE = 200  # stream entries per read at start-up
 # Redis's memory per stream entry beyond its fields' bytes (entry header, per-field
 # lengths, the radix tree's share, the allocator's size classes: up to a quarter more),
@@ -109,6 +110,10 @@ class SharedState:
         self._clock = clock
         self._queue: deque[tuple[Fact, float]] = deque(maxlen=settings.queue_size)
         self._wake = asyncio.Event()
+        # both loops pause retry_s, doubling up to 10 s, less up to a fifth at random, so
+        # instances that lost Redis together do not reconnect in step
+        self._backoff = Backoff(base_s=settings.retry_s, cap_s=max(_MAX_RETRY_S, settings.retry_s),
+                                jitter=0.2)
         self._tasks: list[asyncio.Task[None]] = []
         self._last_id = b"0"  # set at start: replay_s ago
         self._caught_up = asyncio.Event()
@@ -294,7 +299,7 @@ class SharedState:
         from redis.exceptions import RedisError
 
         s = self.settings
-        pause = s.retry_s
+        retrier = Retrier(self._backoff)
         while True:
             if not self._queue:
                 self._wake.clear()
@@ -316,10 +321,9 @@ class SharedState:
                 # Receivers never saw these chains: build no delta on them.
                 self._published = Published(s.published_capacity, s.rebase_s)
                 self._state(False, exc)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, _MAX_RETRY_S)
+                await retrier.wait()
                 continue
-            pause = s.retry_s
+            retrier.reset()
             self.written_bytes += size
             self.written += len(entries)
             self._m_bytes.inc(size)
@@ -339,17 +343,16 @@ class SharedState:
         from redis.exceptions import RedisError
 
         s = self.settings
-        pause = s.retry_s
+        retrier = Retrier(self._backoff)
         while True:
             try:
                 got = await self._reader.xread({self.stream: self._last_id}, count=1000,
                                                block=s.block_ms)
             except (TimeoutError, RedisError, OSError) as exc:
                 self._state(False, exc)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, _MAX_RETRY_S)
+                await retrier.wait()
                 continue
-            pause = s.retry_s
+            retrier.reset()
             self._state(True)
             for _stream, entries in got or ():
                 for entry_id, fields in entries:
