@@ -29,6 +29,7 @@ _TYPES: dict[int, str] = {
     405: "invalid_request_error",
     408: "timeout",
     413: "invalid_request_error",
+    429: "rate_limit_exceeded",
     414: "invalid_request_error",
     431: "invalid_request_error",
     499: "client_closed_request",
@@ -50,6 +51,8 @@ class GatewayError(Exception):
         self.message = message
         self.code = code
         self.param = param
+        # Headers the answer carries besides the body's (e.g. Retry-After on a 429).
+        self.headers: list[tuple[bytes, bytes]] = []
 
     @property
     def type(self) -> str:

@@ -111,6 +111,21 @@ class Router:
         self._sent(plan, chosen, now)
         return plan
 
+    def preview(
+        self,
+        body: Mapping[str, Any],
+        endpoint: Literal["chat", "completions"],
+        model: str,
+        session: str | None,
+        candidates: Sequence[ReplicaState],
+        now: float,
+    ) -> RoutePlan:
+        """What `decide` would predict now, without counting anything as sent or opening a
+        conversation (the admission queue asks it for each waiting request once, to know
+        which replica holds its prefix; `decide` is called when it goes)."""
+        self._settle(now)
+        return self._route(body, endpoint, model, session, candidates, now, commit=False)
+
     def report(self, plan: RoutePlan, now: float) -> None:
         """The request is over: its outcome (replica, usage, reply) is final."""
         self._settle_one(plan, now)
@@ -128,8 +143,10 @@ class Router:
         session: str | None,
         candidates: Sequence[ReplicaState],
         now: float,
+        commit: bool = True,
     ) -> RoutePlan:
-        """Rank `candidates` for this request. Raises NormalizeError (a ValueError) for a
+        """Rank `candidates` for this request (`commit`: a decision, not a preview: a new
+        conversation is opened, round robin advances). Raises NormalizeError (a ValueError) for a
         body that cannot be rendered and ValueError for an empty candidate list."""
         if not candidates:
             raise ValueError("no candidate replica")
@@ -159,7 +176,7 @@ class Router:
             found = self._conversations.find(hashes)
             if found is not None and found.how == "follows":
                 conversation = found.conversation
-            else:
+            elif commit:
                 conversation = self._conversations.open()
                 if found is not None:  # a fork: placed as a follow-up of its origin
                     bound = sessions.replica(found.conversation)
@@ -195,7 +212,7 @@ class Router:
         # The `session` policy hashes what the client named; the others see conversations.
         choice = choose(policy, views, prompt_tokens, skey if policy != "session" else session,
                         bound, self.config, self._rng, self._turn)
-        self._turn += 1
+        self._turn += commit
         chosen = views[choice.ranked[0]].name
         decision = Decision(
             replica=chosen, reason=choice.reason, predicted_cached_tokens=predicted[chosen],
