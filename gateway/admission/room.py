@@ -12,12 +12,14 @@ misjudge cannot block the queue for ever.
 Late binding (`bind`): a waiting request goes when some candidate has room. If the
 replicas holding the longest prefix of its prompt (its "own" replica: a follow-up's
 history) are full while others have room, it waits for its own only while the estimated
-wait there is below the prefill it would redo elsewhere
-(`prefill_s_per_token x tokens lost`) and it has not waited `own_replica_max_wait_s`;
-otherwise it goes to the replicas with room, where the router chooses as always.
+wait there is below what going elsewhere costs (the prefix it would redo there plus that
+replica's queued prefill, at `prefill_s_per_token`) and it has not waited
+`own_replica_max_wait_s`; otherwise it goes to the replicas with room, where the router
+chooses as always.
 
 The wait estimate is deliberately rough: the queued prefill in front of it at the
-routing cost model's rate, plus `in_flight_s` per request over the in-flight limit.
+routing cost model's rate (it waits behind all of it, in the gateway or in the engine),
+plus `in_flight_s` per request over the in-flight limit.
 """
 
 from __future__ import annotations
@@ -84,7 +86,9 @@ def bind(loads: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: 
         return Binding(True, names, "room")
     wait = min(wait_estimate(ld, limits, prefill_s_per_token, in_flight_s)
                for ld in loads if ld.predicted_tokens == best)
-    recompute = prefill_s_per_token * (best - best_roomy)
-    if wait < recompute and waited_s + wait <= own_max_wait_s:
+    # elsewhere: the prefix it lacks there, behind that replica's own queued prefill
+    elsewhere = min(prefill_s_per_token * (best - ld.predicted_tokens + ld.queued_prefill_tokens)
+                    for ld in roomy)
+    if wait < elsewhere and waited_s + wait <= own_max_wait_s:
         return Binding(False, (), "own")
     return Binding(True, names, "elsewhere")
