@@ -43,7 +43,7 @@ class AdmissionConfig:
     # Room on a replica: below these it takes another request at once. A replica with
     # nothing in flight always has room.
     replica_max_in_flight: int = 64
-    replica_max_queued_prefill_tokens: int = 16_384  # two steps of vLLM's 8192-token budget
+    replica_max_queued_prefill_tokens: int = 8192  # one step of vLLM's prefill budget
     kv_usage_limit: float = 0.97  # last scraped vllm:kv_cache_usage_perc
     # Late binding: a request waits for the replica holding most of its prefix, while
     # others have room, only while the estimated wait is below the prefill it saves, and
@@ -51,7 +51,7 @@ class AdmissionConfig:
     own_replica_max_wait_s: float = 2.0
     # How often waiters are re-examined besides the wake-ups from finished requests (a
     # first token frees queued prefill without a call into the gate).
-    recheck_s: float = 0.02
+    recheck_s: float = 0.005
     # Replicas started with `--scheduling-policy priority`: requests to them carry the
     # class as vLLM's `priority` (only when every replica the request may try has it;
     # vLLM refuses a non-zero priority otherwise).

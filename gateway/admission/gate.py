@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -76,6 +77,7 @@ class Ticket:
     replica: str | None  # where the gate counts it (None: admission off)
     # vLLM `priority` to put in the body, None to leave the body alone
     engine_priority: int | None = None
+    queued_ms: float | None = None  # how long it waited in the queue (None: never queued)
 
 
 @dataclass(slots=True, eq=False)
@@ -245,42 +247,57 @@ class Gate:
         engine = None
         if cls != "normal" and self._priority_replicas.issuperset(decision.ranked):
             engine = priority.ENGINE_PRIORITY[cls]
-        return Ticket(plan, cls, name, engine)
+        return Ticket(plan, cls, name, engine, waited_s * 1000.0 if queued else None)
 
     def _dispatch(self) -> None:
-        """Release every waiter that may go now, in fair-share order."""
+        """Release every waiter that may go now, in fair-share order. Each replica's load
+        is read once per pass (and again after a request went there), so a pass costs
+        O(waiters x candidates) cheap comparisons."""
         if self._count == 0:
             return
         now = self.timer()
         limits, cfg = self._limits, self.config
-        released = True
+        base: dict[str, ReplicaLoad] = {}
+        replicas = {r.name: r for q in self._flows.values() for w in q for r in w.pool}
+        for name, r in replicas.items():
+            base[name] = self._load(r)
         rounds = 0
-        while released and self._count and rounds <= cfg.max_queue:
-            released = False
+        while self._count and rounds <= cfg.max_queue:
+            if not any(has_room(ld, limits) for ld in base.values()):
+                return  # nobody can go anywhere: the common case under overload
             rounds += 1
-            for flow in self._shares.order(self._tokens):
-                for w in list(self._flows.get(flow, ())):
-                    if w.future.done():
-                        continue  # cancelled; leaves in its own task's finally
-                    loads = [self._load(r, w.predicted.get(r.name, 0)) for r in w.pool]
-                    b = bind(loads, limits, self._per_token, self._in_flight_s,
-                             now - w.arrived, cfg.own_replica_max_wait_s)
-                    if not b.go:
-                        continue
-                    allowed = [r for r in w.pool if r.name in b.replicas]
-                    self._leave(w)
-                    try:
-                        ticket = self._go(w.ask, w.cls, w.flow, allowed, self.clock(),
-                                          now - w.arrived, queued=True)
-                    except ValueError as exc:
-                        w.future.set_exception(exc)
-                    else:
-                        w.future.set_result(ticket)
-                        self._drain.add(now, ticket.plan.decision.estimated_prompt_tokens)
-                    released = True
-                    break
-                if released:
-                    break  # charges changed the order
+            released = self._release_one(base, now)
+            if released is None:
+                return
+            base[released] = self._load(replicas[released])
+
+    def _release_one(self, base: dict[str, ReplicaLoad], now: float) -> str | None:
+        """Release the first waiter in fair-share order that may go; the replica it went
+        to, None when none may."""
+        limits, cfg = self._limits, self.config
+        for flow in self._shares.order(self._tokens):
+            for w in list(self._flows.get(flow, ())):
+                if w.future.done():
+                    continue  # cancelled; leaves in its own task's finally
+                loads = [dataclasses.replace(base[r.name],
+                                             predicted_tokens=w.predicted.get(r.name, 0))
+                         for r in w.pool]
+                b = bind(loads, limits, self._per_token, self._in_flight_s, now - w.arrived,
+                         cfg.own_replica_max_wait_s)
+                if not b.go:
+                    continue
+                allowed = [r for r in w.pool if r.name in b.replicas]
+                self._leave(w)
+                try:
+                    ticket = self._go(w.ask, w.cls, w.flow, allowed, self.clock(),
+                                      now - w.arrived, queued=True)
+                except ValueError as exc:
+                    w.future.set_exception(exc)
+                    return allowed[0].name
+                w.future.set_result(ticket)
+                self._drain.add(now, ticket.plan.decision.estimated_prompt_tokens)
+                return ticket.plan.decision.replica
+        return None
 
     def _leave(self, w: _Waiter) -> None:
         queue = self._flows.get(w.flow)

@@ -36,6 +36,7 @@ from gateway.bench.apis import Api
 from gateway.bench.backends import contamination_notice, reset_caches
 from gateway.bench.charts import compare_chart
 from gateway.bench.failures import format_reasons
+from gateway.bench.groups import groups_table
 from gateway.bench.presets import BLOCK_SIZE, Preset
 from gateway.bench.procs import Managed, free_ports, gateway_command, local_redis
 from gateway.bench.runner import (
@@ -43,12 +44,13 @@ from gateway.bench.runner import (
     RequestRecord,
     RunOptions,
     SessionIds,
+    auth_keys,
     run_workload,
 )
 from gateway.bench.server import ServerFacts, probe
 from gateway.bench.session import ServerLimits, sample_body
 from gateway.bench.table import replica_table, summary_table
-from gateway.bench.workload import build_workload
+from gateway.bench.workload import WorkloadConfig, build_workload
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,9 +76,14 @@ class DirtyCacheError(RuntimeError):
     """Caches could not be reset between policies on user-run replicas."""
 
 
+QUEUE = "+queue"  # a column suffix: the same policy with the admission queue on
+
+
 def split_column(column: str, default: SessionIds) -> tuple[str, SessionIds]:
-    """`prefix@none` -> ("prefix", "none"); `prefix` -> ("prefix", default)."""
+    """`prefix@none` -> ("prefix", "none"); `prefix` -> ("prefix", default);
+    `prefix+queue@none` -> ("prefix", "none") (`queued(column)` says the queue is on)."""
     policy, _, how = column.partition("@")
+    policy = policy.removesuffix(QUEUE)
     for known in SESSION_IDS:
         if how == known:
             return policy, known
@@ -84,6 +91,23 @@ def split_column(column: str, default: SessionIds) -> tuple[str, SessionIds]:
         raise ValueError(f"unknown session naming {how!r} in {column!r}; choose from "
                          f"{', '.join(SESSION_IDS)}")
     return policy, default
+
+
+def queued(column: str) -> bool:
+    """The column runs with `[admission] enabled` (`prefix+queue`, `prefix+queue@none`)."""
+    return column.partition("@")[0].endswith(QUEUE)
+
+
+def gateway_env(column: str, workload: WorkloadConfig) -> dict[str, str]:
+    """Settings every gateway of a column gets besides the usage log: the workload's
+    tenants as API keys (any class allowed, so the header decides), the queue when on."""
+    env: dict[str, str] = {}
+    if workload.tenants:
+        env["GATEWAY_AUTH__KEYS"] = auth_keys(workload.tenants)
+        env["GATEWAY_ADMISSION__DEFAULT_PRIORITY_CAP"] = "high"
+    if queued(column):
+        env["GATEWAY_ADMISSION__ENABLED"] = "true"
+    return env
 
 
 def default_columns(policies: tuple[str, ...], session_ids: SessionIds) -> tuple[str, ...]:
@@ -147,7 +171,8 @@ def run_policy(
             usage_logs.append(usage_log if k == 0 else
                               usage_log.with_name(f"usage-{column}-{k}.jsonl"))
             usage_logs[-1].unlink(missing_ok=True)
-            env = {"GATEWAY_USAGE__LOG_PATH": str(usage_logs[-1])}
+            env = {"GATEWAY_USAGE__LOG_PATH": str(usage_logs[-1]),
+                   **gateway_env(column, preset.workload)}
             if redis_url is not None:
                 env["GATEWAY_REDIS__URL"] = redis_url
             gateways.enter_context(Managed(
@@ -180,6 +205,7 @@ def run_policy(
             block_size=(facts.block_size if facts else None) or BLOCK_SIZE,
         )
     summary["policy"] = policy
+    summary["queue"] = queued(column)
     summary["session_ids"] = session_ids
     summary["gateways"] = opts.gateways
     summary["shared_state"] = sharing
@@ -239,6 +265,10 @@ def compare(opts: CompareOptions, out: TextIO | None = None) -> dict[str, Any]:
     print(file=out)
     print(replica_table(summaries), file=out)
     print(file=out)
+    groups = groups_table(summaries)
+    if groups:
+        print(groups, file=out)
+        print(file=out)
     for line in format_checks(result["checks"]):
         print(line, file=out)
     for policy, summary in summaries.items():

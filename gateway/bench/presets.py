@@ -6,6 +6,9 @@
 | default | 48       | 8     | 4        | half WS   | 5     | 16          | ~20 s per policy  |
 | large   | 96       | 10    | 4        | half WS   | 20    | 32          | minutes/policy    |
 | xl      | 256      | 16    | 8        | half WS   | 10    | 64          | bigger machines   |
+| overload| 240      | 4     | 4        | half WS   | 20    | all         | admission queue   |
+| flood   | 264      | 4     | 4        | half WS   | 20    | all         | one tenant floods |
+| agent   | 96       | 10    | 4        | half WS   | 20    | 32          | agent traffic     |
 
 `default`, `large` and `xl` size each replica's KV cache (`--kv-blocks`) from the
 workload's working set (shared agent prompts + every session's final history, estimated
@@ -14,6 +17,15 @@ eviction matters, and a router that piles popular agent types onto one replica p
 it. Popular (coder, researcher) and unpopular (support, analyst) agent types share the
 sessions 55/25/12/8; session arrivals are Poisson. Times are simulated seconds; the runner
 divides them by the sim speed.
+
+`overload` and `flood` are open: every session starts at its arrival (concurrency = all
+sessions), so the arrival interval sets the offered load, and at the presets' interval
+it is about twice what the simulated fleet absorbs (bench/RESULTS.md measured it).
+`overload` has two tenants (a, b) and three classes (high 20%, normal 50%, low 30%);
+`flood` has tenant `quiet` and tenant `flood` sending 10x as many sessions, all `normal`
+(`--only-tenant quiet` runs the quiet tenant alone). Compare `prefix` with `prefix+queue`.
+`agent` is agent traffic as the overload issue measured it: forks, history compactions
+every 5 turns, tool outputs up to ~3k tokens; run it with `--session-ids none`.
 """
 
 from __future__ import annotations
@@ -103,6 +115,39 @@ PRESETS: dict[str, Preset] = {
             compaction_every=8, arrival_interval_s=0.3,
         ),
         replicas=8, speed=10, concurrency=64,
+    ),
+    "overload": _preset(
+        "overload",
+        WorkloadConfig(
+            sessions=240, turns=4, think_time_s=0.5, idle_prob=0.0,
+            tool_result_tokens=400, large_tool_result_tokens=2000,
+            large_tool_result_prob=0.1, reply_tokens=48, fanout=2, fanout_prob=0.2,
+            compaction_every=0, arrival_interval_s=0.1,
+            tenants=(("a", 1.0), ("b", 1.0)),
+            priorities=(("high", 0.2), ("normal", 0.5), ("low", 0.3)),
+        ),
+        replicas=4, speed=20, concurrency=240,
+    ),
+    "flood": _preset(
+        "flood",
+        WorkloadConfig(
+            sessions=264, turns=4, think_time_s=0.5, idle_prob=0.0,
+            tool_result_tokens=400, large_tool_result_tokens=2000,
+            large_tool_result_prob=0.1, reply_tokens=48, fanout=2, fanout_prob=0.2,
+            compaction_every=0, arrival_interval_s=0.1,
+            tenants=(("quiet", 1.0), ("flood", 10.0)), priorities=(("normal", 1.0),),
+        ),
+        replicas=4, speed=20, concurrency=264,
+    ),
+    "agent": _preset(
+        "agent",
+        WorkloadConfig(
+            sessions=96, turns=10, think_time_s=1.0, idle_prob=0.1, idle_s=6.0,
+            tool_result_tokens=600, large_tool_result_tokens=3000,
+            large_tool_result_prob=0.15, reply_tokens=80, fanout=3, fanout_prob=0.25,
+            compaction_every=5, arrival_interval_s=0.5,
+        ),
+        replicas=4, speed=20, concurrency=32,
     ),
 }
 

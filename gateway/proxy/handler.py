@@ -217,6 +217,8 @@ class Proxy:
         except ValueError as exc:  # NormalizeError: a body shape the engine would refuse too
             raise GatewayError(400, str(exc), code="invalid_request") from None
         plan = ticket.plan
+        if ticket.queued_ms is not None:
+            headers.append((b"x-gateway-queue-ms", b"%.1f" % ticket.queued_ms))
         if ticket.engine_priority is not None and view is body:  # vLLM priority scheduling
             body["priority"] = ticket.engine_priority
             payload = orjson.dumps(body)
