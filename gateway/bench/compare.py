@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 import orjson
 
+from gateway.admission.config import AdmissionConfig
 from gateway.bench.analysis import analyse, read_usage_log
 from gateway.bench.apis import Api
 from gateway.bench.backends import contamination_notice, reset_caches
@@ -50,7 +51,7 @@ from gateway.bench.runner import (
 from gateway.bench.server import ServerFacts, probe
 from gateway.bench.session import ServerLimits, sample_body
 from gateway.bench.table import replica_table, summary_table
-from gateway.bench.workload import WorkloadConfig, build_workload
+from gateway.bench.workload import build_workload
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +78,7 @@ class DirtyCacheError(RuntimeError):
 
 
 QUEUE = "+queue"  # a column suffix: the same policy with the admission queue on
+MIN_RECHECK_S = 0.001  # the queue's re-examination period, however fast the simulator
 
 
 def split_column(column: str, default: SessionIds) -> tuple[str, SessionIds]:
@@ -98,15 +100,32 @@ def queued(column: str) -> bool:
     return column.partition("@")[0].endswith(QUEUE)
 
 
-def gateway_env(column: str, workload: WorkloadConfig) -> dict[str, str]:
+def gateway_env(column: str, preset: Preset, time_scale: float = 1.0) -> dict[str, str]:
     """Settings every gateway of a column gets besides the usage log: the workload's
-    tenants as API keys (any class allowed, so the header decides), the queue when on."""
+    tenants as API keys (any class allowed, so the header decides), the queue when on,
+    its room per replica from the preset's engine limits.
+    The queue's waits are wall seconds; against a simulator running `1 / time_scale`
+    times faster they shrink with it, so its limits mean the same simulated time."""
     env: dict[str, str] = {}
+    workload = preset.workload
+    if preset.max_num_seqs:
+        env["GATEWAY_ADMISSION__REPLICA_MAX_IN_FLIGHT"] = str(preset.max_num_seqs)
+    if preset.max_num_batched_tokens:
+        env["GATEWAY_ADMISSION__REPLICA_MAX_QUEUED_PREFILL_TOKENS"] = str(
+            preset.max_num_batched_tokens)
     if workload.tenants:
         env["GATEWAY_AUTH__KEYS"] = auth_keys(workload.tenants)
         env["GATEWAY_ADMISSION__DEFAULT_PRIORITY_CAP"] = "high"
     if queued(column):
         env["GATEWAY_ADMISSION__ENABLED"] = "true"
+        if time_scale != 1.0:
+            defaults = AdmissionConfig()
+            for key in ("high_max_wait_s", "normal_max_wait_s", "low_max_wait_s",
+                        "own_replica_max_wait_s", "recheck_s"):
+                value = getattr(defaults, key) * time_scale
+                if key == "recheck_s":
+                    value = max(value, MIN_RECHECK_S)
+                env[f"GATEWAY_ADMISSION__{key.upper()}"] = f"{value:g}"
     return env
 
 
@@ -119,13 +138,16 @@ def default_columns(policies: tuple[str, ...], session_ids: SessionIds) -> tuple
 
 
 def sim_argv(preset: Preset, port: int, model: str, seed: int) -> list[str]:
+    engine = [*(("--max-num-seqs", str(preset.max_num_seqs)) if preset.max_num_seqs else ()),
+              *(("--max-num-batched-tokens", str(preset.max_num_batched_tokens))
+                if preset.max_num_batched_tokens else ())]
     return gateway_command(
         "sim", "--replicas", str(preset.replicas), "--port", str(port), "--model", model,
         "--kv-blocks", str(preset.kv_blocks), "--block-size", str(BLOCK_SIZE),
         "--max-model-len", str(preset.max_model_len), "--speed", str(preset.speed),
         "--seed", str(seed), "--timing-comments",
         # The workload sends tools; vLLM (and the simulator, like it) refuses them otherwise.
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *engine,
     )
 
 
@@ -172,7 +194,7 @@ def run_policy(
                               usage_log.with_name(f"usage-{column}-{k}.jsonl"))
             usage_logs[-1].unlink(missing_ok=True)
             env = {"GATEWAY_USAGE__LOG_PATH": str(usage_logs[-1]),
-                   **gateway_env(column, preset.workload)}
+                   **gateway_env(column, preset, scale)}
             if redis_url is not None:
                 env["GATEWAY_REDIS__URL"] = redis_url
             gateways.enter_context(Managed(
