@@ -59,7 +59,7 @@ def test_gateway_env_for_the_overload_preset() -> None:
     on = gateway_env("prefix+queue", preset, 0.5)
     assert on["GATEWAY_ADMISSION__ENABLED"] == "true"
     assert on["GATEWAY_ADMISSION__REPLICA_MAX_IN_FLIGHT"] == "16"
-    assert on["GATEWAY_ADMISSION__REPLICA_MAX_QUEUED_PREFILL_TOKENS"] == "2048"
+    assert on["GATEWAY_ADMISSION__REPLICA_MAX_QUEUED_PREFILL_TOKENS"] == "8192"
     assert on["GATEWAY_ADMISSION__HIGH_MAX_WAIT_S"] == "5"  # 10 s at half the wall time
     argv = sim_argv(preset, 9000, "m", 0)
     assert argv[argv.index("--max-num-seqs") + 1] == "16"

@@ -43,7 +43,7 @@ class AdmissionConfig:
     # Room on a replica: below these it takes another request at once. A replica with
     # nothing in flight always has room.
     replica_max_in_flight: int = 64
-    replica_max_queued_prefill_tokens: int = 8192  # one step of vLLM's prefill budget
+    replica_max_queued_prefill_tokens: int = 32_768  # four steps of vLLM's 8192-token budget
     kv_usage_limit: float = 0.97  # last scraped vllm:kv_cache_usage_perc
     # Late binding: a request waits for the replica holding most of its prefix, while
     # others have room, only while the estimated wait is below the prefill it saves, and

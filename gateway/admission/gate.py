@@ -221,14 +221,14 @@ class Gate:
 
     # internals --------------------------------------------------------------------------
 
-    def _load(self, replica: Replica, predicted: int = 0) -> ReplicaLoad:
+    def _load(self, replica: Replica, queued: float | None = None) -> ReplicaLoad:
         snap = replica.snapshot
         name = replica.name
         return ReplicaLoad(
             name=name, in_flight=max(replica.in_flight, self._admitted.get(name, 0)),
-            queued_prefill_tokens=self.router.queued_tokens(name),
-            kv_usage=snap.kv_cache_usage if snap is not None else None,
-            predicted_tokens=predicted)
+            queued_prefill_tokens=(self.router.queued_tokens(name) if queued is None
+                                   else queued),
+            kv_usage=snap.kv_cache_usage if snap is not None else None)
 
     def _go(self, ask: Ask, cls: Priority, flow: Flow, allowed: Sequence[Replica], now: float,
             waited_s: float, *, queued: bool) -> Ticket:
@@ -257,28 +257,29 @@ class Gate:
             return
         now = self.timer()
         limits, cfg = self._limits, self.config
-        base: dict[str, ReplicaLoad] = {}
+        queued = self.router.queued_by_replica()
         replicas = {r.name: r for q in self._flows.values() for w in q for r in w.pool}
-        for name, r in replicas.items():
-            base[name] = self._load(r)
+        base = {name: self._load(r, queued.get(name, 0.0)) for name, r in replicas.items()}
         rounds = 0
         while self._count and rounds <= cfg.max_queue:
-            if not any(has_room(ld, limits) for ld in base.values()):
+            roomy = {name for name, ld in base.items() if has_room(ld, limits)}
+            if not roomy:
                 return  # nobody can go anywhere: the common case under overload
             rounds += 1
-            released = self._release_one(base, now)
+            released = self._release_one(base, roomy, now)
             if released is None:
                 return
             base[released] = self._load(replicas[released])
 
-    def _release_one(self, base: dict[str, ReplicaLoad], now: float) -> str | None:
+    def _release_one(self, base: dict[str, ReplicaLoad], roomy: set[str],
+                     now: float) -> str | None:
         """Release the first waiter in fair-share order that may go; the replica it went
         to, None when none may."""
         limits, cfg = self._limits, self.config
         for flow in self._shares.order(self._tokens):
             for w in list(self._flows.get(flow, ())):
-                if w.future.done():
-                    continue  # cancelled; leaves in its own task's finally
+                if w.future.done() or not any(r.name in roomy for r in w.pool):
+                    continue  # cancelled (it leaves in its own task), or nowhere to go
                 loads = [dataclasses.replace(base[r.name],
                                              predicted_tokens=w.predicted.get(r.name, 0))
                          for r in w.pool]

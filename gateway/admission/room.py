@@ -3,11 +3,12 @@
 A replica has room for another request when the gateway's view of it is below every
 limit: requests in flight (`replica_max_in_flight`, the part of vLLM's `max_num_seqs` this
 gateway wants running, not waiting), prefill the gateway sent there that has no first
-token yet (`replica_max_queued_prefill_tokens`: beyond about one of vLLM's 8192-token
-prefill steps, another request only waits in the engine, where the gateway can no longer
-move it or let a higher class pass), and the last scraped KV usage (`kv_usage_limit`: a
-full cache preempts and recomputes). A replica with nothing in flight always has room, so
-a replica the limits misjudge cannot block the queue for ever.
+token yet (`replica_max_queued_prefill_tokens`: beyond a few of vLLM's 8192-token prefill
+steps, another request only waits in the engine, where the gateway can no longer move it
+or let a higher class pass; fewer than that starves the engine's chunked prefill), and
+the last scraped KV usage (`kv_usage_limit`: a full cache preempts and recomputes). A
+replica with nothing in flight always has room, so a replica the limits misjudge cannot
+block the queue for ever.
 
 Late binding (`bind`): a waiting request goes when some candidate has room. If the
 replicas holding the longest prefix of its prompt (its "own" replica: a follow-up's

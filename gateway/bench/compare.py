@@ -79,6 +79,7 @@ class DirtyCacheError(RuntimeError):
 
 QUEUE = "+queue"  # a column suffix: the same policy with the admission queue on
 MIN_RECHECK_S = 0.001  # the queue's re-examination period, however fast the simulator
+PREFILL_STEPS = 4  # queued prefill a replica with room may hold, in the engine's steps
 
 
 def split_column(column: str, default: SessionIds) -> tuple[str, SessionIds]:
@@ -112,7 +113,7 @@ def gateway_env(column: str, preset: Preset, time_scale: float = 1.0) -> dict[st
         env["GATEWAY_ADMISSION__REPLICA_MAX_IN_FLIGHT"] = str(preset.max_num_seqs)
     if preset.max_num_batched_tokens:
         env["GATEWAY_ADMISSION__REPLICA_MAX_QUEUED_PREFILL_TOKENS"] = str(
-            preset.max_num_batched_tokens)
+            PREFILL_STEPS * preset.max_num_batched_tokens)
     if workload.tenants:
         env["GATEWAY_AUTH__KEYS"] = auth_keys(workload.tenants)
         env["GATEWAY_ADMISSION__DEFAULT_PRIORITY_CAP"] = "high"

@@ -387,6 +387,12 @@ class Router:
         self._settle(self._last_settle)
         return self._queued.get(replica, 0.0)
 
+    def queued_by_replica(self) -> dict[str, float]:
+        """`queued_tokens` of every replica, settled once (the admission queue reads them
+        all on each pass)."""
+        self._settle(self._last_settle)
+        return dict(self._queued)
+
     def session_load(self, replica: str, now: float) -> float:
         return self._sessions.load(replica, now)
 
