@@ -86,7 +86,7 @@ class _Waiter:
     cls: Priority
     flow: Flow
     tokens: float
-    predicted: Mapping[str, int]
+    preview: RoutePlan
     pool: Sequence[Replica]
     arrived: float  # timer
     future: asyncio.Future[Ticket] = field(
@@ -160,7 +160,7 @@ class Gate:
             raise self._shedding(v, cls, projected_s)
         if v == "displace":
             self._displace(cls)
-        waiter = _Waiter(ask, cls, flow, tokens, preview.predicted, pool, now)
+        waiter = _Waiter(ask, cls, flow, tokens, preview, pool, now)
         self._shares.activate(flow, waiting)
         self._flows.setdefault(flow, deque()).append(waiter)
         self._tokens[flow] = self._tokens.get(flow, 0.0) + tokens
@@ -231,9 +231,10 @@ class Gate:
             kv_usage=snap.kv_cache_usage if snap is not None else None)
 
     def _go(self, ask: Ask, cls: Priority, flow: Flow, allowed: Sequence[Replica], now: float,
-            waited_s: float, *, queued: bool) -> Ticket:
+            waited_s: float, *, queued: bool, preview: RoutePlan | None = None) -> Ticket:
         plan = self.router.decide(ask.body, ask.kind, ask.model, ask.session,
-                                  [r.state() for r in allowed], now, pin=ask.pin)
+                                  [r.state() for r in allowed], now, pin=ask.pin,
+                                  previewed=preview)
         decision = plan.decision
         name = decision.replica
         self._admitted[name] = self._admitted.get(name, 0) + 1
@@ -281,7 +282,7 @@ class Gate:
                 if w.future.done() or not any(r.name in roomy for r in w.pool):
                     continue  # cancelled (it leaves in its own task), or nowhere to go
                 loads = [dataclasses.replace(base[r.name],
-                                             predicted_tokens=w.predicted.get(r.name, 0))
+                                             predicted_tokens=w.preview.predicted.get(r.name, 0))
                          for r in w.pool]
                 b = bind(loads, limits, self._per_token, self._in_flight_s, now - w.arrived,
                          cfg.own_replica_max_wait_s)
@@ -291,7 +292,7 @@ class Gate:
                 self._leave(w)
                 try:
                     ticket = self._go(w.ask, w.cls, w.flow, allowed, self.clock(),
-                                      now - w.arrived, queued=True)
+                                      now - w.arrived, queued=True, preview=w.preview)
                 except ValueError as exc:
                     w.future.set_exception(exc)
                     return allowed[0].name

@@ -94,14 +94,17 @@ class Router:
         now: float,
         *,
         pin: str | None = None,
+        previewed: RoutePlan | None = None,
     ) -> RoutePlan:
-        """Rank `candidates` and count the request as sent to the first. `pin` names the
+        """Rank `candidates` and count the request as sent to the first. `previewed` (a
+        `preview` of the same body) saves rendering and hashing it again. `pin` names the
         one replica the request may go to (a Responses API continuation must reach the
         replica that stored its previous response): the decision says so (reason
         `response`), predictions are still made. Raises NormalizeError (a ValueError) for a
         body that cannot be rendered and ValueError for an empty candidate list."""
         self._settle(now)
-        plan = self._route(body, endpoint, model, session, candidates, now)
+        plan = self._route(body, endpoint, model, session, candidates, now,
+                           previewed=previewed)
         if pin is not None:
             plan = dataclasses.replace(plan, decision=dataclasses.replace(
                 plan.decision, replica=pin, reason="response", ranked=(pin,),
@@ -144,6 +147,7 @@ class Router:
         candidates: Sequence[ReplicaState],
         now: float,
         commit: bool = True,
+        previewed: RoutePlan | None = None,
     ) -> RoutePlan:
         """Rank `candidates` for this request (`commit`: a decision, not a preview: a new
         conversation is opened, round robin advances). Raises NormalizeError (a ValueError) for a
@@ -151,9 +155,12 @@ class Router:
         if not candidates:
             raise ValueError("no candidate replica")
         self._sweep(now)
-        data = canonical_bytes(body, endpoint)
-        seed = chain_seed(body, endpoint, model)
-        hashes = self._chains.hashes(data, seed)
+        if previewed is not None:
+            data, seed, hashes = previewed.data, previewed.seed, previewed.hashes
+        else:
+            data = canonical_bytes(body, endpoint)
+            seed = chain_seed(body, endpoint, model)
+            hashes = self._chains.hashes(data, seed)
         est = self._estimator
         ratio = est.ratio(model)
         prompt_tokens = est.prompt_tokens(hashes, len(data), ratio)
