@@ -187,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="sessions active at once (default: the preset's)")
     cmp_.add_argument("--kv-blocks", type=int, help="per replica (default: the preset's)")
     cmp_.add_argument("--speed", type=float, help="simulator speed (default: the preset's)")
+    cmp_.add_argument("--max-num-seqs", type=int,
+                      help="simulated engines' sequence limit (default: the preset's)")
+    cmp_.add_argument("--max-num-batched-tokens", type=int,
+                      help="simulated engines' tokens per step (default: the preset's)")
     cmp_.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     cmp_.add_argument("--backend", action="append", default=[], metavar="URL", type=base_url,
                       help="a replica to use instead of the simulator (repeatable)")
@@ -330,7 +334,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     preset = _preset(args)
-    for field_name in ("replicas", "kv_blocks", "speed"):
+    for field_name in ("replicas", "kv_blocks", "speed", "max_num_seqs",
+                       "max_num_batched_tokens"):
         value = getattr(args, field_name)
         if value is not None:
             preset = replace(preset, **{field_name: value})
