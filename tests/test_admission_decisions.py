@@ -9,7 +9,14 @@ import pytest
 
 from gateway.admission.config import AdmissionConfig, Priority
 from gateway.admission.priority import ENGINE_PRIORITY, capped, requested, resolve
-from gateway.admission.room import ReplicaLoad, RoomLimits, bind, has_room, wait_estimate
+from gateway.admission.room import (
+    ReplicaLoad,
+    RoomLimits,
+    bind,
+    has_room,
+    reserved,
+    wait_estimate,
+)
 from gateway.admission.shares import FairShare, Flow
 from gateway.admission.shedding import Arrival, DrainRate, Shed, retry_after, verdict
 from gateway.proxy.errors import GatewayError
@@ -78,6 +85,18 @@ def load(name: str, in_flight: int = 1, queued: float = 0.0, kv: float | None = 
 ])
 def test_room(ld: ReplicaLoad, room: bool) -> None:
     assert has_room(ld, LIMITS) is room
+
+
+@pytest.mark.parametrize(("share", "in_flight", "queued"), [
+    (0.75, 3, 750.0), (0.5, 2, 500.0), (1.0, 4, 1000.0), (0.01, 1, 10.0),
+])
+def test_lower_classes_leave_room_for_high(share: float, in_flight: int,
+                                           queued: float) -> None:
+    lower = reserved(LIMITS, share)
+    assert (lower.max_in_flight, lower.max_queued_prefill_tokens) == (in_flight, queued)
+    assert lower.kv_usage_limit == LIMITS.kv_usage_limit
+    busy = load("a", in_flight=in_flight, queued=0)
+    assert not has_room(busy, lower) and has_room(busy, LIMITS) is (in_flight < 4)
 
 
 @pytest.mark.parametrize(("ld", "seconds"), [
@@ -265,6 +284,7 @@ def test_drain_rate_is_measured_but_never_below_the_floor() -> None:
 @pytest.mark.parametrize("bad", [
     {"max_queue": 0}, {"high_max_wait_s": 0}, {"low_weight": -1}, {"kv_usage_limit": 1.5},
     {"tenant_weights": {"a": 0.0}}, {"own_replica_max_wait_s": -1}, {"recheck_s": 0},
+    {"lower_class_room": 0}, {"lower_class_room": 1.5},
 ])
 def test_config_rejects_bad_values(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="admission"):

@@ -45,6 +45,10 @@ class AdmissionConfig:
     replica_max_in_flight: int = 64
     replica_max_queued_prefill_tokens: int = 32_768  # four steps of vLLM's 8192-token budget
     kv_usage_limit: float = 0.97  # last scraped vllm:kv_cache_usage_perc
+    # The share of that room `normal` and `low` may fill; the rest is kept for `high`, so
+    # a high request meets a short engine queue (vLLM itself schedules first come, first
+    # served unless started with --scheduling-policy priority).
+    lower_class_room: float = 0.75
     # Late binding: a request waits for the replica holding most of its prefix, while
     # others have room, only while the estimated wait is below the prefill it saves, and
     # at most this long.
@@ -67,6 +71,8 @@ class AdmissionConfig:
                 raise ValueError(f"admission.{name} must be positive")
         if self.own_replica_max_wait_s < 0:
             raise ValueError("admission.own_replica_max_wait_s must be >= 0")
+        if not 0 < self.lower_class_room <= 1:
+            raise ValueError("admission.lower_class_room must be in (0, 1]")
         if not 0 < self.kv_usage_limit <= 1:
             raise ValueError("admission.kv_usage_limit must be in (0, 1]")
         for tenant, weight in self.tenant_weights.items():

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.admission import priority
 from gateway.admission.config import CLASSES, AdmissionConfig, Priority
-from gateway.admission.room import ReplicaLoad, RoomLimits, bind, has_room
+from gateway.admission.room import ReplicaLoad, RoomLimits, bind, has_room, reserved
 from gateway.admission.shares import FairShare, Flow
 from gateway.admission.shedding import (
     SHED_REASONS,
@@ -107,6 +107,9 @@ class Gate:
         self._limits = RoomLimits(config.replica_max_in_flight,
                                   config.replica_max_queued_prefill_tokens,
                                   config.kv_usage_limit)
+        lower = reserved(self._limits, config.lower_class_room)
+        self._class_limits: dict[Priority, RoomLimits] = {
+            "high": self._limits, "normal": lower, "low": lower}
         self._shares = FairShare(config.class_weight, config.tenant_weight)
         self._drain = DrainRate(floor=1.0 / routing.prefill_s_per_token)
         self._flows: dict[Flow, deque[_Waiter]] = {}
@@ -135,7 +138,8 @@ class Gate:
                                cfg.default_priority_cap)
         flow: Flow = (cls, ask.tenant or NO_TENANT)
         pool = [r for r in candidates if r.name == ask.pin] or candidates
-        if self._count == 0 and all(has_room(self._load(r), self._limits) for r in pool):
+        limits = self._class_limits[cls]
+        if self._count == 0 and all(has_room(self._load(r), limits) for r in pool):
             return self._go(ask, cls, flow, pool, ask.ts, 0.0, queued=False)
         now = self.timer()
         preview = router.preview(ask.body, ask.kind, ask.model, ask.session,
@@ -276,7 +280,7 @@ class Gate:
                      now: float) -> str | None:
         """Release the first waiter in fair-share order that may go; the replica it went
         to, None when none may."""
-        limits, cfg = self._limits, self.config
+        cfg = self.config
         for flow in self._shares.order(self._tokens):
             for w in list(self._flows.get(flow, ())):
                 if w.future.done() or not any(r.name in roomy for r in w.pool):
@@ -284,8 +288,8 @@ class Gate:
                 loads = [dataclasses.replace(base[r.name],
                                              predicted_tokens=w.preview.predicted.get(r.name, 0))
                          for r in w.pool]
-                b = bind(loads, limits, self._per_token, self._in_flight_s, now - w.arrived,
-                         cfg.own_replica_max_wait_s)
+                b = bind(loads, self._class_limits[w.cls], self._per_token, self._in_flight_s,
+                         now - w.arrived, cfg.own_replica_max_wait_s)
                 if not b.go:
                     continue
                 allowed = [r for r in w.pool if r.name in b.replicas]

@@ -55,6 +55,15 @@ class Binding:
     why: Literal["room", "own", "elsewhere", "full"]
 
 
+def reserved(limits: RoomLimits, share: float) -> RoomLimits:
+    """The limits a lower class sees: `share` of the room (at least one request and one
+    token), the rest kept free for `high`, so a high request finds room at once and a
+    short queue in the engine (vLLM schedules first come, first served)."""
+    return RoomLimits(max(1, int(limits.max_in_flight * share)),
+                      max(1.0, limits.max_queued_prefill_tokens * share),
+                      limits.kv_usage_limit)
+
+
 def has_room(load: ReplicaLoad, limits: RoomLimits) -> bool:
     if load.in_flight <= 0:
         return True
