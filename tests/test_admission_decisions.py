@@ -289,3 +289,9 @@ def test_drain_rate_is_measured_but_never_below_the_floor() -> None:
 def test_config_rejects_bad_values(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="admission"):
         AdmissionConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_the_session_prior_keeps_a_follow_up_waiting_for_its_own() -> None:
+    loads = [load("a", queued=1200, predicted=1500), load("b", predicted=700)]
+    assert bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, 0.0, 2.0).why == "elsewhere"
+    assert bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, 0.0, 2.0, prior_s=0.5).why == "own"

@@ -104,6 +104,7 @@ class Gate:
         self.timer = timer
         self._per_token = routing.prefill_s_per_token
         self._in_flight_s = routing.in_flight_s
+        self._prior_s = routing.prefill_s_per_token * routing.session_prior_tokens
         self._limits = RoomLimits(config.replica_max_in_flight,
                                   config.replica_max_queued_prefill_tokens,
                                   config.kv_usage_limit)
@@ -289,7 +290,7 @@ class Gate:
                                              predicted_tokens=w.preview.predicted.get(r.name, 0))
                          for r in w.pool]
                 b = bind(loads, self._class_limits[w.cls], self._per_token, self._in_flight_s,
-                         now - w.arrived, cfg.own_replica_max_wait_s)
+                         now - w.arrived, cfg.own_replica_max_wait_s, self._prior_s)
                 if not b.go:
                     continue
                 allowed = [r for r in w.pool if r.name in b.replicas]

@@ -14,7 +14,8 @@ Late binding (`bind`): a waiting request goes when some candidate has room. If t
 replicas holding the longest prefix of its prompt (its "own" replica: a follow-up's
 history) are full while others have room, it waits for its own only while the estimated
 wait there is below what going elsewhere costs (the prefix it would redo there plus that
-replica's queued prefill, at `prefill_s_per_token`) and it has not waited
+replica's queued prefill, at `prefill_s_per_token`, plus `prior_s`: the router's session
+prior, for the history a move leaves behind as wasted cache) and it has not waited
 `own_replica_max_wait_s`; otherwise it goes to the replicas with room, where the router
 chooses as always.
 
@@ -84,7 +85,8 @@ def wait_estimate(load: ReplicaLoad, limits: RoomLimits, prefill_s_per_token: fl
 
 
 def bind(loads: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: float,
-         in_flight_s: float, waited_s: float, own_max_wait_s: float) -> Binding:
+         in_flight_s: float, waited_s: float, own_max_wait_s: float,
+         prior_s: float = 0.0) -> Binding:
     """Where a waiting request may go now, if anywhere (module docstring)."""
     roomy = [ld for ld in loads if has_room(ld, limits)]
     if not roomy:
@@ -97,8 +99,9 @@ def bind(loads: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: 
     wait = min(wait_estimate(ld, limits, prefill_s_per_token, in_flight_s)
                for ld in loads if ld.predicted_tokens == best)
     # elsewhere: the prefix it lacks there, behind that replica's own queued prefill
-    elsewhere = min(prefill_s_per_token * (best - ld.predicted_tokens + ld.queued_prefill_tokens)
-                    for ld in roomy)
+    elsewhere = prior_s + min(
+        prefill_s_per_token * (best - ld.predicted_tokens + ld.queued_prefill_tokens)
+        for ld in roomy)
     if wait < elsewhere and waited_s + wait <= own_max_wait_s:
         return Binding(False, (), "own")
     return Binding(True, names, "elsewhere")
