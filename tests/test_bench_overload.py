@@ -4,6 +4,7 @@ queue wait counted in the simulated TTFT, figures per tenant and class."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -61,6 +62,12 @@ def test_gateway_env_for_the_overload_preset() -> None:
     assert on["GATEWAY_ADMISSION__REPLICA_MAX_IN_FLIGHT"] == "16"
     assert on["GATEWAY_ADMISSION__REPLICA_MAX_QUEUED_PREFILL_TOKENS"] == "8192"
     assert on["GATEWAY_ADMISSION__HIGH_MAX_WAIT_S"] == "5"  # 10 s at half the wall time
+    assert "GATEWAY_ADMISSION__PRIORITY_REPLICAS" not in on
+    prio = dataclasses.replace(preset, scheduling_policy="priority")
+    urls = ("http://127.0.0.1:9000", "http://127.0.0.1:9001")
+    assert gateway_env("prefix+queue", prio, 0.5, urls)[
+        "GATEWAY_ADMISSION__PRIORITY_REPLICAS"] == "127.0.0.1:9000,127.0.0.1:9001"
+    assert "--scheduling-policy" in sim_argv(prio, 9000, "m", 0)
     argv = sim_argv(preset, 9000, "m", 0)
     assert argv[argv.index("--max-num-seqs") + 1] == "16"
     assert "--max-num-seqs" not in sim_argv(PRESETS["default"], 9000, "m", 0)

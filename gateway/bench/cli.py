@@ -191,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="simulated engines' sequence limit (default: the preset's)")
     cmp_.add_argument("--max-num-batched-tokens", type=int,
                       help="simulated engines' tokens per step (default: the preset's)")
+    cmp_.add_argument("--scheduling-policy", choices=["fcfs", "priority"],
+                      help="simulated engines' policy; with priority a +queue column passes "
+                      "the class as vLLM's `priority` (default: the preset's)")
     cmp_.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     cmp_.add_argument("--backend", action="append", default=[], metavar="URL", type=base_url,
                       help="a replica to use instead of the simulator (repeatable)")
@@ -335,7 +338,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     preset = _preset(args)
     for field_name in ("replicas", "kv_blocks", "speed", "max_num_seqs",
-                       "max_num_batched_tokens"):
+                       "max_num_batched_tokens", "scheduling_policy"):
         value = getattr(args, field_name)
         if value is not None:
             preset = replace(preset, **{field_name: value})

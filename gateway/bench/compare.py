@@ -101,7 +101,8 @@ def queued(column: str) -> bool:
     return column.partition("@")[0].endswith(QUEUE)
 
 
-def gateway_env(column: str, preset: Preset, time_scale: float = 1.0) -> dict[str, str]:
+def gateway_env(column: str, preset: Preset, time_scale: float = 1.0,
+                replicas: tuple[str, ...] = ()) -> dict[str, str]:
     """Settings every gateway of a column gets besides the usage log: the workload's
     tenants as API keys (any class allowed, so the header decides), the queue when on,
     its room per replica from the preset's engine limits.
@@ -119,6 +120,10 @@ def gateway_env(column: str, preset: Preset, time_scale: float = 1.0) -> dict[st
         env["GATEWAY_ADMISSION__DEFAULT_PRIORITY_CAP"] = "high"
     if queued(column):
         env["GATEWAY_ADMISSION__ENABLED"] = "true"
+        if preset.scheduling_policy == "priority" and replicas:
+            # replicas named as `--backend URL` names them: host:port
+            env["GATEWAY_ADMISSION__PRIORITY_REPLICAS"] = ",".join(
+                u.split("//", 1)[-1] for u in replicas)
         if time_scale != 1.0:
             defaults = AdmissionConfig()
             for key in ("high_max_wait_s", "normal_max_wait_s", "low_max_wait_s",
@@ -141,7 +146,9 @@ def default_columns(policies: tuple[str, ...], session_ids: SessionIds) -> tuple
 def sim_argv(preset: Preset, port: int, model: str, seed: int) -> list[str]:
     engine = [*(("--max-num-seqs", str(preset.max_num_seqs)) if preset.max_num_seqs else ()),
               *(("--max-num-batched-tokens", str(preset.max_num_batched_tokens))
-                if preset.max_num_batched_tokens else ())]
+                if preset.max_num_batched_tokens else ()),
+              *(("--scheduling-policy", preset.scheduling_policy)
+                if preset.scheduling_policy != "fcfs" else ())]
     return gateway_command(
         "sim", "--replicas", str(preset.replicas), "--port", str(port), "--model", model,
         "--kv-blocks", str(preset.kv_blocks), "--block-size", str(BLOCK_SIZE),
@@ -195,7 +202,7 @@ def run_policy(
                               usage_log.with_name(f"usage-{column}-{k}.jsonl"))
             usage_logs[-1].unlink(missing_ok=True)
             env = {"GATEWAY_USAGE__LOG_PATH": str(usage_logs[-1]),
-                   **gateway_env(column, preset, scale)}
+                   **gateway_env(column, preset, scale, tuple(replicas))}
             if redis_url is not None:
                 env["GATEWAY_REDIS__URL"] = redis_url
             gateways.enter_context(Managed(

@@ -53,6 +53,9 @@ class Preset:
     # admission queue's room per replica is set from them (compare.gateway_env).
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    # The simulated engines' --scheduling-policy; with `priority`, a `+queue` column's
+    # gateway passes each request's class to them as vLLM's `priority`.
+    scheduling_policy: str = "fcfs"
 
 
 def working_set_tokens(cfg: WorkloadConfig) -> int:
