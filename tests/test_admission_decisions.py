@@ -268,7 +268,7 @@ def test_shed_is_a_429_in_openais_shape_with_retry_after() -> None:
     assert err.payload()["error"]["type"] == "rate_limit_exceeded"
     assert err.payload()["error"]["code"] == "overloaded_queue_full"
     assert set(err.payload()["error"]) == {"message", "type", "param", "code"}
-    assert err.headers == [(b"retry-after", b"7")]
+    assert err.headers() == [(b"retry-after", b"7")]
 
 
 def test_drain_rate_is_measured_but_never_below_the_floor() -> None:

@@ -78,10 +78,8 @@ class Shed(GatewayError):
 
     def __init__(self, reason: ShedReason, retry_after_s: int) -> None:
         super().__init__(429, _MESSAGES[reason] + f" Retry after {retry_after_s} s.",
-                         code=f"overloaded_{reason}")
+                         code=f"overloaded_{reason}", retry_after=retry_after_s)
         self.reason = reason
-        self.retry_after_s = retry_after_s
-        self.headers = [(b"retry-after", str(retry_after_s).encode())]
 
 
 @dataclass(slots=True)

@@ -41,18 +41,19 @@ _TYPES: dict[int, str] = {
 
 
 class GatewayError(Exception):
-    """An error answered by the gateway: `status` plus OpenAI's `{"error": {...}}` body."""
+    """An error answered by the gateway: `status` plus OpenAI's `{"error": {...}}` body, and
+    `retry_after` (seconds, sent as `Retry-After`) when trying again later may succeed."""
 
     def __init__(
-        self, status: int, message: str, *, code: str, param: str | None = None
+        self, status: int, message: str, *, code: str, param: str | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
-        # Headers the answer carries besides the body's (e.g. Retry-After on a 429).
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.retry_after = retry_after
 
     @property
     def type(self) -> str:
@@ -70,6 +71,12 @@ class GatewayError(Exception):
 
     def body(self) -> bytes:
         return orjson.dumps(self.payload())
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """Extra response headers this error carries (`Retry-After`)."""
+        if self.retry_after is None:
+            return []
+        return [(b"retry-after", str(self.retry_after).encode())]
 
     def sse_events(self) -> bytes:
         """The end of a stream that failed after its first byte: vLLM's own convention."""

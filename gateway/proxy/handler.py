@@ -379,5 +379,5 @@ async def _respond_error(send: Send, err: GatewayError, headers: Headers) -> Non
     body = err.body()
     await send({"type": "http.response.start", "status": err.status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        *headers, *err.headers]})
+        *err.headers(), *headers]})
     await send({"type": "http.response.body", "body": body})
