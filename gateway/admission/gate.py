@@ -280,7 +280,18 @@ class Gate:
     def _release_one(self, base: dict[str, ReplicaLoad], roomy: set[str],
                      now: float) -> str | None:
         """Release the first waiter in fair-share order that may go; the replica it went
-        to, None when none may."""
+        to, None when none may. Matching first: a `normal` or `low` waiter that would have
+        to leave the replica holding its prefix is passed over, in a first round, for one
+        whose own replica has room (a freed replica goes to a conversation it holds);
+        `high` keeps its place in either round."""
+        for matching in (True, False):
+            went = self._release_pass(base, roomy, now, matching)
+            if went is not None:
+                return went
+        return None
+
+    def _release_pass(self, base: dict[str, ReplicaLoad], roomy: set[str], now: float,
+                      matching: bool) -> str | None:
         cfg = self.config
         for flow in self._shares.order(self._tokens):
             for w in list(self._flows.get(flow, ())):
@@ -291,7 +302,7 @@ class Gate:
                          for r in w.pool]
                 b = bind(loads, self._class_limits[w.cls], self._per_token, self._in_flight_s,
                          now - w.arrived, cfg.own_replica_max_wait_s, self._prior_s)
-                if not b.go:
+                if not b.go or (matching and b.why == "elsewhere" and w.cls != "high"):
                     continue
                 allowed = [r for r in w.pool if r.name in b.replicas]
                 self._leave(w)
