@@ -138,3 +138,41 @@ def test_admission_off_is_a_plain_decision() -> None:
     assert (ticket.replica, ticket.cls, ticket.queued_ms, ticket.engine_priority) == (
         None, "normal", None, None)
     assert ticket.plan.decision.replica == "a"
+
+
+@pytest.mark.parametrize(("follow_up_class", "first"), [("normal", "cold"), ("high", "follow")])
+def test_a_freed_replica_goes_first_to_a_waiter_that_need_not_move(
+        follow_up_class: str, first: str) -> None:
+    history = "the conversation so far " * 80
+
+    async def run() -> list[str]:
+        g, _ = gate(own_replica_max_wait_s=0.0)  # a follow-up never waits for its own
+        fleet = [replica("a"), replica("b")]
+        held = await g.admit(ask(history), fleet)
+        own = next(r for r in fleet if r.name == held.plan.decision.replica)
+        other = next(r for r in fleet if r is not own)
+        own.in_flight += 1
+        busy = await g.admit(ask("something else entirely " * 40), fleet)
+        assert busy.plan.decision.replica == other.name
+        other.in_flight += 1
+        order: list[str] = []
+
+        async def wait(name: str, a: Ask) -> None:
+            t = await g.admit(a, fleet)
+            order.append(name)
+            assert t.plan.decision.replica == other.name
+
+        follow = asyncio.create_task(
+            wait("follow", ask(history + " and one more turn", follow_up_class)))
+        await asyncio.sleep(0.005)
+        cold = asyncio.create_task(wait("cold", ask("a new conversation " * 40)))
+        await asyncio.sleep(0.005)
+        other.in_flight -= 1
+        g.done(busy)  # room on the replica that does not hold the follow-up's history
+        await asyncio.sleep(0.01)
+        for t in (follow, cold):
+            t.cancel()
+        await asyncio.gather(follow, cold, return_exceptions=True)
+        await g.aclose()
+        return order
+    assert asyncio.run(run())[:1] == [first]
