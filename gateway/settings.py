@@ -6,7 +6,8 @@ Sections: `[server]` (`ServerSettings`), `[[replicas]]` (`ReplicaSettings`, one 
 replica), `[auth]` (`AuthSettings`), and the components' own dataclasses, mapped generically
 by field name and type (`gateway.coerce`): `[routing]` -> `RoutingConfig`, `[hygiene]` ->
 `HygieneConfig`, `[usage]` -> `UsageConfig`, `[tokens]` -> `TokenSettings` (token mode and
-KV events), `[redis]` -> `RedisSettings` (routing state shared between instances).
+KV events), `[redis]` -> `RedisSettings` (routing state shared between instances),
+`[admission]` -> `AdmissionConfig` (the gateway queue: priorities, fair shares, shedding).
 
 Environment scheme (values are text, parsed by the field's type):
 - `GATEWAY_<SECTION>__<KEY>` sets `[section] key`, e.g. `GATEWAY_ROUTING__POLICY=session`,
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from gateway.admission.config import AdmissionConfig
 from gateway.coerce import SettingsError, build, coerce, field_types
 from gateway.events.config import TokenSettings
 from gateway.hygiene.config import HygieneConfig
@@ -217,6 +219,7 @@ class Settings:
     tokens: TokenSettings = field(default_factory=TokenSettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
     epp: EppSettings = field(default_factory=EppSettings)  # `gateway epp` only
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
 
 
 # table sections: name -> dataclass (replicas, an array of tables, is handled apart)
@@ -229,6 +232,7 @@ SECTIONS: dict[str, type[Any]] = {
     "tokens": TokenSettings,
     "redis": RedisSettings,
     "epp": EppSettings,
+    "admission": AdmissionConfig,
 }
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gateway.admission.config import AdmissionConfig
 from gateway.events.config import TokenSettings
 from gateway.hygiene.config import HygieneConfig
 from gateway.routing.config import RoutingConfig
@@ -40,6 +41,7 @@ def commented_keys(text: str) -> dict[str, set[str]]:
     ("server", ServerSettings), ("replicas", ReplicaSettings), ("auth", AuthSettings),
     ("routing", RoutingConfig), ("hygiene", HygieneConfig), ("usage", UsageConfig),
     ("tokens", TokenSettings), ("redis", RedisSettings), ("epp", EppSettings),
+    ("admission", AdmissionConfig),
 ])
 def test_example_lists_every_field(section: str, cls: type[Any]) -> None:
     text = EXAMPLE.read_text()

@@ -17,6 +17,7 @@ import orjson
 
 from gateway.bench.bound import compute_bound
 from gateway.bench.failures import error_reasons
+from gateway.bench.groups import by
 from gateway.bench.prefill import TokenizeError, engine_tokens
 from gateway.bench.report import per_turn, predicted_error, summarize
 from gateway.bench.runner import RunResult
@@ -78,4 +79,10 @@ def analyse(
     if usage:
         summary["predicted"] = predicted_error(usage)
     summary["turns"] = per_turn(result.records)
+    by_class = by(result.records, lambda r: r.priority)
+    if by_class:
+        summary["by_class"] = by_class
+    by_tenant = by(result.records, lambda r: r.tenant)
+    if by_tenant:
+        summary["by_tenant"] = by_tenant
     return summary

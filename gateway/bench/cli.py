@@ -76,7 +76,10 @@ def base_url(text: str) -> str:
 PRESET_HELP = (
     "workload and fleet size: tiny (6 sessions x 3 turns on 2 replicas: a smoke run), "
     "default (48 x 8 on 4 replicas whose cache holds half the working set, ~20 s a policy), "
-    "large (96 x 10, minutes a policy), xl (256 x 16 on 8 replicas, bigger machines); "
+    "large (96 x 10, minutes a policy), xl (256 x 16 on 8 replicas, bigger machines), "
+    "overload (two tenants, three classes, more than the fleet absorbs: compare prefix "
+    "with prefix+queue), flood (one tenant at 10x another's rate), agent (forks, "
+    "compactions, tool outputs up to ~3k tokens); "
     "default %(default)s"
 )
 
@@ -93,6 +96,10 @@ def _workload_flags(p: argparse.ArgumentParser) -> None:
     a("--fanout", type=int, help="parallel sibling requests when a turn fans out")
     a("--compaction-every", type=int,
       help="compact a session's history every N turns (0: never)")
+    a("--arrival-interval", type=float, dest="arrival_interval_s",
+      help="mean workload seconds between session starts (the offered load)")
+    a("--only-tenant", action="append", dest="only_tenants", metavar="NAME",
+      help="keep only this tenant's sessions, unchanged (repeatable; presets with tenants)")
     a("--hygiene-break", action="store_true", default=None,
       help="put a per-request timestamp in every system prompt (a cache breaker)")
     a("--seed", type=int, help="workload seed (default: the preset's); the same seed gives "
@@ -122,6 +129,8 @@ def _preset(args: argparse.Namespace) -> Preset:
         compaction_every=args.compaction_every,
         hygiene_break=args.hygiene_break,
         seed=args.seed,
+        arrival_interval_s=args.arrival_interval_s,
+        only_tenants=tuple(args.only_tenants) if args.only_tenants else None,
     )
     if getattr(args, "concurrency", None):
         preset = replace(preset, concurrency=args.concurrency)
@@ -182,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="sessions active at once (default: the preset's)")
     cmp_.add_argument("--kv-blocks", type=int, help="per replica (default: the preset's)")
     cmp_.add_argument("--speed", type=float, help="simulator speed (default: the preset's)")
+    cmp_.add_argument("--max-num-seqs", type=int,
+                      help="simulated engines' sequence limit (default: the preset's)")
+    cmp_.add_argument("--max-num-batched-tokens", type=int,
+                      help="simulated engines' tokens per step (default: the preset's)")
+    cmp_.add_argument("--scheduling-policy", choices=["fcfs", "priority"],
+                      help="simulated engines' policy; with priority a +queue column passes "
+                      "the class as vLLM's `priority` (default: the preset's)")
     cmp_.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     cmp_.add_argument("--backend", action="append", default=[], metavar="URL", type=base_url,
                       help="a replica to use instead of the simulator (repeatable)")
@@ -326,7 +342,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     preset = _preset(args)
-    for field_name in ("replicas", "kv_blocks", "speed"):
+    for field_name in ("replicas", "kv_blocks", "speed", "max_num_seqs",
+                       "max_num_batched_tokens", "scheduling_policy"):
         value = getattr(args, field_name)
         if value is not None:
             preset = replace(preset, **{field_name: value})

@@ -31,11 +31,13 @@ from typing import Any, TextIO
 
 import orjson
 
+from gateway.admission.config import AdmissionConfig
 from gateway.bench.analysis import analyse, read_usage_log
 from gateway.bench.apis import Api
 from gateway.bench.backends import contamination_notice, reset_caches
 from gateway.bench.charts import compare_chart
 from gateway.bench.failures import format_reasons
+from gateway.bench.groups import groups_table
 from gateway.bench.presets import BLOCK_SIZE, Preset
 from gateway.bench.procs import Managed, free_ports, gateway_command, local_redis
 from gateway.bench.runner import (
@@ -43,6 +45,7 @@ from gateway.bench.runner import (
     RequestRecord,
     RunOptions,
     SessionIds,
+    auth_keys,
     run_workload,
 )
 from gateway.bench.server import ServerFacts, probe
@@ -74,9 +77,16 @@ class DirtyCacheError(RuntimeError):
     """Caches could not be reset between policies on user-run replicas."""
 
 
+QUEUE = "+queue"  # a column suffix: the same policy with the admission queue on
+MIN_RECHECK_S = 0.001  # the queue's re-examination period, however fast the simulator
+PREFILL_STEPS = 4  # queued prefill a replica with room may hold, in the engine's steps
+
+
 def split_column(column: str, default: SessionIds) -> tuple[str, SessionIds]:
-    """`prefix@none` -> ("prefix", "none"); `prefix` -> ("prefix", default)."""
+    """`prefix@none` -> ("prefix", "none"); `prefix` -> ("prefix", default);
+    `prefix+queue@none` -> ("prefix", "none") (`queued(column)` says the queue is on)."""
     policy, _, how = column.partition("@")
+    policy = policy.removesuffix(QUEUE)
     for known in SESSION_IDS:
         if how == known:
             return policy, known
@@ -84,6 +94,45 @@ def split_column(column: str, default: SessionIds) -> tuple[str, SessionIds]:
         raise ValueError(f"unknown session naming {how!r} in {column!r}; choose from "
                          f"{', '.join(SESSION_IDS)}")
     return policy, default
+
+
+def queued(column: str) -> bool:
+    """The column runs with `[admission] enabled` (`prefix+queue`, `prefix+queue@none`)."""
+    return column.partition("@")[0].endswith(QUEUE)
+
+
+def gateway_env(column: str, preset: Preset, time_scale: float = 1.0,
+                replicas: tuple[str, ...] = ()) -> dict[str, str]:
+    """Settings every gateway of a column gets besides the usage log: the workload's
+    tenants as API keys (any class allowed, so the header decides), the queue when on,
+    its room per replica from the preset's engine limits.
+    The queue's waits are wall seconds; against a simulator running `1 / time_scale`
+    times faster they shrink with it, so its limits mean the same simulated time."""
+    env: dict[str, str] = {}
+    workload = preset.workload
+    if preset.max_num_seqs:
+        env["GATEWAY_ADMISSION__REPLICA_MAX_IN_FLIGHT"] = str(preset.max_num_seqs)
+    if preset.max_num_batched_tokens:
+        env["GATEWAY_ADMISSION__REPLICA_MAX_QUEUED_PREFILL_TOKENS"] = str(
+            PREFILL_STEPS * preset.max_num_batched_tokens)
+    if workload.tenants:
+        env["GATEWAY_AUTH__KEYS"] = auth_keys(workload.tenants)
+        env["GATEWAY_ADMISSION__DEFAULT_PRIORITY_CAP"] = "high"
+    if queued(column):
+        env["GATEWAY_ADMISSION__ENABLED"] = "true"
+        if preset.scheduling_policy == "priority" and replicas:
+            # replicas named as `--backend URL` names them: host:port
+            env["GATEWAY_ADMISSION__PRIORITY_REPLICAS"] = ",".join(
+                u.split("//", 1)[-1] for u in replicas)
+        if time_scale != 1.0:
+            defaults = AdmissionConfig()
+            for key in ("high_max_wait_s", "normal_max_wait_s", "low_max_wait_s",
+                        "own_replica_max_wait_s", "recheck_s"):
+                value = getattr(defaults, key) * time_scale
+                if key == "recheck_s":
+                    value = max(value, MIN_RECHECK_S)
+                env[f"GATEWAY_ADMISSION__{key.upper()}"] = f"{value:g}"
+    return env
 
 
 def default_columns(policies: tuple[str, ...], session_ids: SessionIds) -> tuple[str, ...]:
@@ -95,13 +144,18 @@ def default_columns(policies: tuple[str, ...], session_ids: SessionIds) -> tuple
 
 
 def sim_argv(preset: Preset, port: int, model: str, seed: int) -> list[str]:
+    engine = [*(("--max-num-seqs", str(preset.max_num_seqs)) if preset.max_num_seqs else ()),
+              *(("--max-num-batched-tokens", str(preset.max_num_batched_tokens))
+                if preset.max_num_batched_tokens else ()),
+              *(("--scheduling-policy", preset.scheduling_policy)
+                if preset.scheduling_policy != "fcfs" else ())]
     return gateway_command(
         "sim", "--replicas", str(preset.replicas), "--port", str(port), "--model", model,
         "--kv-blocks", str(preset.kv_blocks), "--block-size", str(BLOCK_SIZE),
         "--max-model-len", str(preset.max_model_len), "--speed", str(preset.speed),
         "--seed", str(seed), "--timing-comments",
         # The workload sends tools; vLLM (and the simulator, like it) refuses them otherwise.
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *engine,
     )
 
 
@@ -147,7 +201,8 @@ def run_policy(
             usage_logs.append(usage_log if k == 0 else
                               usage_log.with_name(f"usage-{column}-{k}.jsonl"))
             usage_logs[-1].unlink(missing_ok=True)
-            env = {"GATEWAY_USAGE__LOG_PATH": str(usage_logs[-1])}
+            env = {"GATEWAY_USAGE__LOG_PATH": str(usage_logs[-1]),
+                   **gateway_env(column, preset, scale, tuple(replicas))}
             if redis_url is not None:
                 env["GATEWAY_REDIS__URL"] = redis_url
             gateways.enter_context(Managed(
@@ -180,6 +235,7 @@ def run_policy(
             block_size=(facts.block_size if facts else None) or BLOCK_SIZE,
         )
     summary["policy"] = policy
+    summary["queue"] = queued(column)
     summary["session_ids"] = session_ids
     summary["gateways"] = opts.gateways
     summary["shared_state"] = sharing
@@ -239,6 +295,10 @@ def compare(opts: CompareOptions, out: TextIO | None = None) -> dict[str, Any]:
     print(file=out)
     print(replica_table(summaries), file=out)
     print(file=out)
+    groups = groups_table(summaries)
+    if groups:
+        print(groups, file=out)
+        print(file=out)
     for line in format_checks(result["checks"]):
         print(line, file=out)
     for policy, summary in summaries.items():

@@ -7,6 +7,9 @@
 | large   | 96       | 10    | 4        | half WS   | 20    | 32          | minutes/policy    |
 | xl      | 256      | 16    | 8        | half WS   | 10    | 64          | bigger machines   |
 | agent32k| 16       | 8     | 4        | half WS   | 20    | 8           | 32k-token convs.  |
+| overload| 360      | 4     | 4 small  | half WS   | 2     | all         | admission queue   |
+| flood   | 264      | 4     | 4 small  | half WS   | 2     | all         | one tenant floods |
+| agent   | 96       | 10    | 4        | half WS   | 20    | 32          | agent traffic     |
 
 `default`, `large` and `xl` size each replica's KV cache (`--kv-blocks`) from the
 workload's working set (shared agent prompts + every session's final history, estimated
@@ -15,6 +18,16 @@ eviction matters, and a router that piles popular agent types onto one replica p
 it. Popular (coder, researcher) and unpopular (support, analyst) agent types share the
 sessions 55/25/12/8; session arrivals are Poisson. Times are simulated seconds; the runner
 divides them by the sim speed.
+
+`overload` and `flood` are open: every session starts at its arrival (concurrency = all
+sessions), so the arrival interval sets the offered load (bench/RESULTS.md measured what
+the fleet absorbs). Their replicas are small engines (16 sequences, 2048-token steps) so
+that the simulated fleet saturates before this machine's CPU does.
+`overload` has two tenants (a, b) and three classes (high 20%, normal 50%, low 30%);
+`flood` has tenant `quiet` and tenant `flood` sending 10x as many sessions, all `normal`
+(`--only-tenant quiet` runs the quiet tenant alone). Compare `prefix` with `prefix+queue`.
+`agent` is agent traffic as the overload issue measured it: forks, history compactions
+every 5 turns, tool outputs up to ~3k tokens; run it with `--session-ids none`.
 """
 
 from __future__ import annotations
@@ -36,6 +49,14 @@ class Preset:
     speed: float  # simulator speed-up; the runner's time scale is 1 / speed
     concurrency: int  # sessions active at once
     max_model_len: int = 65536
+    # The engines' scheduler limits (None: the simulator's defaults); the overload presets
+    # use a small engine, so the simulated fleet, not this machine's CPU, saturates. The
+    # admission queue's room per replica is set from them (compare.gateway_env).
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    # The simulated engines' --scheduling-policy; with `priority`, a `+queue` column's
+    # gateway passes each request's class to them as vLLM's `priority`.
+    scheduling_policy: str = "fcfs"
 
 
 def working_set_tokens(cfg: WorkloadConfig) -> int:
@@ -57,12 +78,14 @@ def half_working_set_blocks(cfg: WorkloadConfig, replicas: int) -> int:
 
 def _preset(
     name: str, workload: WorkloadConfig, replicas: int, speed: float, concurrency: int,
-    kv_blocks: int | None = None,
+    kv_blocks: int | None = None, max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> Preset:
     blocks = kv_blocks if kv_blocks is not None else half_working_set_blocks(workload, replicas)
     return Preset(
         name=name, workload=workload, replicas=replicas, kv_blocks=blocks, speed=speed,
-        concurrency=concurrency,
+        concurrency=concurrency, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
     )
 
 
@@ -104,6 +127,39 @@ PRESETS: dict[str, Preset] = {
             compaction_every=8, arrival_interval_s=0.3,
         ),
         replicas=8, speed=10, concurrency=64,
+    ),
+    "overload": _preset(
+        "overload",
+        WorkloadConfig(
+            sessions=360, turns=4, think_time_s=0.5, idle_prob=0.0,
+            tool_result_tokens=400, large_tool_result_tokens=2000,
+            large_tool_result_prob=0.1, reply_tokens=48, fanout=2, fanout_prob=0.2,
+            compaction_every=0, arrival_interval_s=0.04,
+            tenants=(("a", 1.0), ("b", 1.0)),
+            priorities=(("high", 0.2), ("normal", 0.5), ("low", 0.3)),
+        ),
+        replicas=4, speed=2, concurrency=360, max_num_seqs=16, max_num_batched_tokens=2048,
+    ),
+    "flood": _preset(
+        "flood",
+        WorkloadConfig(
+            sessions=264, turns=4, think_time_s=0.5, idle_prob=0.0,
+            tool_result_tokens=400, large_tool_result_tokens=2000,
+            large_tool_result_prob=0.1, reply_tokens=48, fanout=2, fanout_prob=0.2,
+            compaction_every=0, arrival_interval_s=0.04,
+            tenants=(("quiet", 1.0), ("flood", 10.0)), priorities=(("normal", 1.0),),
+        ),
+        replicas=4, speed=2, concurrency=264, max_num_seqs=16, max_num_batched_tokens=2048,
+    ),
+    "agent": _preset(
+        "agent",
+        WorkloadConfig(
+            sessions=96, turns=10, think_time_s=1.0, idle_prob=0.1, idle_s=6.0,
+            tool_result_tokens=600, large_tool_result_tokens=3000,
+            large_tool_result_prob=0.15, reply_tokens=80, fanout=3, fanout_prob=0.25,
+            compaction_every=5, arrival_interval_s=0.5,
+        ),
+        replicas=4, speed=20, concurrency=32,
     ),
 }
 

@@ -44,6 +44,16 @@ def named(body: dict[str, Any], session_id: str,
     return {**body, how: session_id}, {}
 
 
+def tenant_key(tenant: str) -> str:
+    """The API key a workload tenant sends (the gateway maps it back: `auth_keys`)."""
+    return f"sk-bench-{tenant}"
+
+
+def auth_keys(tenants: tuple[tuple[str, float], ...]) -> str:
+    """`GATEWAY_AUTH__KEYS` for a workload's tenants."""
+    return ",".join(f"{tenant_key(t)}={t}" for t, _ in tenants)
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunOptions:
     base_url: str
@@ -81,6 +91,9 @@ class RequestRecord:
     replica: str | None
     route: str | None
     request_id: str | None
+    tenant: str | None = None
+    priority: str | None = None
+    queue_ms: float | None = None  # wall ms the request waited in the gateway's queue
 
 
 @dataclass(kw_only=True)
@@ -92,8 +105,17 @@ class RunResult:
     unfinished_sessions: int = 0
 
 
-def record_of(req: TurnRequest, ex: Exchange, send_s: float) -> RequestRecord:
+def record_of(req: TurnRequest, ex: Exchange, send_s: float, plan: SessionPlan | None = None,
+              time_scale: float = 1.0) -> RequestRecord:
+    """`time_scale` turns the gateway's queue wait (wall ms, `x-gateway-queue-ms`) into
+    the simulator's time, where the simulated TTFT (which starts when the request reaches
+    the engine) is measured: a queued request's TTFT is the wait plus that."""
     sim = ex.sim_timing
+    queue = ex.headers.get("x-gateway-queue-ms")
+    queue_ms = float(queue) if queue and queue.replace(".", "", 1).isdigit() else None
+    ttft = float(sim["ttft_ms"]) if sim else ex.wall_ttft_ms
+    if sim and ttft is not None and queue_ms:
+        ttft += queue_ms / time_scale
     return RequestRecord(
         session_id=req.session_id,
         agent=req.agent,
@@ -105,13 +127,16 @@ def record_of(req: TurnRequest, ex: Exchange, send_s: float) -> RequestRecord:
         prompt_tokens=ex.prompt_tokens,
         cached_tokens=ex.cached_tokens,
         completion_tokens=ex.completion_tokens,
-        ttft_ms=float(sim["ttft_ms"]) if sim else ex.wall_ttft_ms,
+        ttft_ms=ttft,
         e2e_ms=float(sim["e2e_ms"]) if sim else ex.wall_e2e_ms,
         timing="sim" if sim else "wall",
         sim_arrival_s=float(sim["arrival_s"]) if sim and "arrival_s" in sim else None,
         replica=ex.headers.get("x-gateway-replica"),
         route=ex.headers.get("x-gateway-route"),
         request_id=ex.headers.get("x-request-id"),
+        tenant=plan.tenant if plan else None,
+        priority=plan.priority if plan else None,
+        queue_ms=queue_ms,
     )
 
 
@@ -147,10 +172,15 @@ class Runner:
         self.progress.close()
         return self.result
 
-    async def _send(self, http: aiohttp.ClientSession, req: TurnRequest) -> Exchange:
+    async def _send(self, http: aiohttp.ClientSession, req: TurnRequest,
+                    plan: SessionPlan) -> Exchange:
         opts = self.options
         send_s = time.perf_counter() - self._start
         body, headers = named(req.body, req.session_id, opts.session_ids)
+        if plan.tenant is not None:
+            headers = {**headers, "authorization": f"Bearer {tenant_key(plan.tenant)}"}
+        if plan.priority is not None:
+            headers = {**headers, "x-gateway-priority": plan.priority}
         urls = (opts.base_url, *opts.more_base_urls)
         base = urls[self._sent % len(urls)]
         self._sent += 1
@@ -161,7 +191,7 @@ class Runner:
             headers=headers,
             timeout_s=opts.request_timeout_s,
         )
-        self.result.records.append(record_of(req, ex, send_s))
+        self.result.records.append(record_of(req, ex, send_s, plan, opts.time_scale))
         self.result.bodies.append(req.body)
         self.result.replies.append(ex.text)
         self.progress.advance(error=ex.error is not None)
@@ -185,7 +215,7 @@ class Runner:
                 if session.next_delay_s > 0:
                     await asyncio.sleep(session.next_delay_s * scale)
                 reqs = session.requests()
-                exchanges = await asyncio.gather(*(self._send(http, r) for r in reqs))
+                exchanges = await asyncio.gather(*(self._send(http, r, plan) for r in reqs))
                 if exchanges[0].error is not None:
                     self.progress.advance(self._remaining(plan, reqs[0].turn))
                     return False

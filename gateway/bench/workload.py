@@ -14,12 +14,19 @@ message. Every `compaction_every` turns the old middle of the history is replace
 summary (the prompt shrinks). Between turns the agent thinks (`think_time_s`, exponential)
 and sometimes idles much longer. Sessions arrive over time (Poisson or staggered).
 
+Tenants and classes (the overload presets): each session belongs to a tenant (an API key
+`sk-<tenant>`, dealt by `tenants` weights, so a tenant with 10x the weight arrives 10x as
+often) and runs in one priority class (`x-gateway-priority`, dealt by `priorities`
+weights). `only_tenants` keeps just those tenants' sessions, unchanged: the same tenant
+run alone, for the "alone vs beside a flood" comparison.
+
 Everything here is a function of `WorkloadConfig` (its `seed` included): the same config
 gives byte-identical plans. Times are in workload seconds; the runner scales them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
@@ -60,6 +67,10 @@ class WorkloadConfig:
     compaction_every: int = 0  # 0 = never compact
     summary_tokens: int = 150
     hygiene_break: bool = False  # put a changing timestamp at the top of the system prompt
+    # (tenant, weight) and (class, weight); empty: no API key / no priority header
+    tenants: tuple[tuple[str, float], ...] = ()
+    priorities: tuple[tuple[str, float], ...] = ()
+    only_tenants: tuple[str, ...] = ()
 
 
 DEFAULT_AGENT_TYPES: tuple[AgentType, ...] = (
@@ -97,6 +108,8 @@ class SessionPlan:
     start_s: float
     task: str
     turns: tuple[TurnPlan, ...]
+    tenant: str | None = None
+    priority: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,6 +200,14 @@ def _session(cfg: WorkloadConfig, index: int, agent: str, start_s: float) -> Ses
     return SessionPlan(session_id=sid, agent=agent, start_s=start_s, task=task, turns=tuple(turns))
 
 
+def _deal(mix: tuple[tuple[str, float], ...], n: int, seed: str) -> list[str | None]:
+    if not mix:
+        return [None] * n
+    rng = random.Random(seed)
+    names = [m for m, _ in mix]
+    return list(rng.choices(names, weights=[w for _, w in mix], k=n))
+
+
 def build_workload(cfg: WorkloadConfig) -> Workload:
     if cfg.sessions < 0 or cfg.turns < 1:
         raise ValueError("need sessions >= 0 and turns >= 1")
@@ -200,10 +221,17 @@ def build_workload(cfg: WorkloadConfig) -> Workload:
     agents = names[: min(len(names), cfg.sessions)]
     agents += rng.choices(names, weights=weights, k=cfg.sessions - len(agents))
     rng.shuffle(agents)
+    # Dealt from their own seeds, so adding tenants or classes changes nothing else.
+    tenants = _deal(cfg.tenants, cfg.sessions, f"{cfg.seed}:tenants")
+    classes = _deal(cfg.priorities, cfg.sessions, f"{cfg.seed}:classes")
     sessions = []
     now = 0.0
     for i, agent in enumerate(agents):
-        sessions.append(_session(cfg, i, agent, now))
+        plan = _session(cfg, i, agent, now)
+        if tenants[i] is not None or classes[i] is not None:
+            plan = dataclasses.replace(plan, tenant=tenants[i], priority=classes[i])
+        if not cfg.only_tenants or plan.tenant in cfg.only_tenants:
+            sessions.append(plan)
         if cfg.arrival == "poisson":
             now += rng.expovariate(1.0 / cfg.arrival_interval_s) if cfg.arrival_interval_s else 0
         else:

@@ -35,6 +35,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from gateway.admission.gate import Gate
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.hygiene.lograte import LogLimiter
 from gateway.proxy.asgi import Receive, Scope, Send, respond, respond_error
@@ -93,6 +94,7 @@ class Services:
     affinity: AffinityStore = field(default_factory=ResponseAffinity)
     feeds: EventFeeds | None = None  # KV-event feeds, in token mode ([tokens])
     shared: SharedState | None = None  # routing state shared through Redis ([redis])
+    gate: Gate | None = None  # the admission queue ([admission])
 
 
 class GatewayApp:
@@ -154,8 +156,11 @@ class GatewayApp:
         if settings.redis.enabled:
             services.shared = await start_shared_state(settings, router, services, metrics,
                                                       self.clock)
+        gate = Gate(settings.admission, settings.routing, router, metrics, self.clock,
+                    self.timer)
+        services.gate = gate
         self.services = services
-        self._proxy = Proxy(
+        self._proxy = Proxy(gate=gate,
             server=server, fleet=fleet, router=router, analyzer=services.analyzer,
             metrics=metrics, recorder=recorder, auth=services.auth, monitor=monitor,
             upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer,
@@ -168,6 +173,8 @@ class GatewayApp:
         services, self.services, self._proxy = self.services, None, None
         if services is None:
             return
+        if services.gate is not None:
+            await services.gate.aclose()
         if services.shared is not None:
             services.router.share(None)
             await services.shared.aclose()
@@ -272,6 +279,8 @@ class GatewayApp:
                                                  in_flight=r.in_flight)
             if s.feeds is not None:
                 stats["token_mode"] = s.feeds.status(s.clock())
+            if s.gate is not None:
+                stats["admission"] = s.gate.stats()
             return 200, orjson.dumps(stats), json
         if path == "/v1/models":
             return 200, orjson.dumps({"object": "list", "data": s.fleet.model_list()}), json

@@ -47,6 +47,8 @@ from urllib.parse import quote
 
 import orjson
 
+from gateway.admission.gate import Ask, Gate
+from gateway.admission.priority import header_value as priority_header
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.proxy.asgi import ClientGone, Headers, Receive, Scope, Send, read_body, request_headers
 from gateway.proxy.auth import Authenticator
@@ -89,7 +91,9 @@ class Proxy:
         auth: Authenticator, monitor: FleetMonitor, upstream: Upstream,
         affinity: AffinityStore, clock: Callable[[], float], timer: Callable[[], float],
         counters: UpstreamCounters,
+        gate: Gate,
     ) -> None:
+        self.gate = gate  # admission: the gateway queue
         self.affinity = affinity  # Responses API: which replica created which response
         self.fleet = fleet
         self.router = router
@@ -212,12 +216,18 @@ class Proxy:
             changed = True
         payload = orjson.dumps(body) if changed else raw
 
-        try:
-            plan = self.router.decide(view, kind, inbound.model, ex.session,
-                                      [r.state() for r in candidates], ex.ts, pin=pinned,
-                                      tenant=ex.tenant)
+        try:  # the admission queue (off: Router.decide at once) decides when and where
+            ticket = await self.gate.admit(Ask(
+                view, kind, inbound.model, ex.session, pinned, ex.tenant,
+                priority_header(scope["headers"]), ex.ts), candidates)
         except ValueError as exc:  # NormalizeError: a body shape the engine would refuse too
             raise GatewayError(400, str(exc), code="invalid_request") from None
+        plan = ticket.plan
+        if ticket.queued_ms is not None:
+            headers.append((b"x-gateway-queue-ms", b"%.1f" % ticket.queued_ms))
+        if ticket.engine_priority is not None and view is body:  # vLLM priority scheduling
+            body["priority"] = ticket.engine_priority
+            payload = orjson.dumps(body)
         decision = plan.decision
         self.metrics.route_decision(decision.reason)
         if decision.move is not None:
@@ -233,6 +243,7 @@ class Proxy:
                                  headers)
         finally:
             self.router.report(plan, self.clock())  # once, whatever happened
+            self.gate.done(ticket)
 
     def _pinned(self, body: dict[str, object]) -> str | None:
         """The replica a continuation must go to, None when routing may choose."""

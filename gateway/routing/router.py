@@ -118,15 +118,18 @@ class Router:
         *,
         pin: str | None = None,
         tenant: str | None = None,
+        previewed: RoutePlan | None = None,
     ) -> RoutePlan:
-        """Rank `candidates` and count the request as sent to the first. `pin` names the
+        """Rank `candidates` and count the request as sent to the first. `previewed` (a
+        `preview` of the same body) saves rendering and hashing it again. `pin` names the
         one replica the request may go to (a Responses API continuation must reach the
         replica that stored its previous response): the decision says so (reason
         `response`), predictions are still made. `tenant`: the API key's, whose sessions
         and conversations these are. Raises NormalizeError (a ValueError) for a body that
         cannot be rendered and ValueError for an empty candidate list."""
         self._settle(now)
-        plan = self._route(body, endpoint, model, session, candidates, now, tenant)
+        plan = self._route(body, endpoint, model, session, candidates, now, tenant,
+                           previewed=previewed)
         if pin is not None:
             plan = dataclasses.replace(plan, decision=dataclasses.replace(
                 plan.decision, replica=pin, reason="response", ranked=(pin,),
@@ -135,6 +138,24 @@ class Router:
         plan.outcome.replica = chosen
         self._sent(plan, chosen, now)
         return plan
+
+    def preview(
+        self,
+        body: Mapping[str, Any],
+        endpoint: Literal["chat", "completions"],
+        model: str,
+        session: str | None,
+        candidates: Sequence[ReplicaState],
+        now: float,
+        *,
+        tenant: str | None = None,
+    ) -> RoutePlan:
+        """What `decide` would predict now, without counting anything as sent or opening a
+        conversation (the admission queue asks it for each waiting request once, to know
+        which replica holds its prefix; `decide` is called when it goes)."""
+        self._settle(now)
+        return self._route(body, endpoint, model, session, candidates, now, tenant,
+                           commit=False)
 
     def report(self, plan: RoutePlan, now: float) -> None:
         """The request is over: its outcome (replica, usage, reply) is final."""
@@ -172,15 +193,21 @@ class Router:
         candidates: Sequence[ReplicaState],
         now: float,
         tenant: str | None = None,
+        commit: bool = True,
+        previewed: RoutePlan | None = None,
     ) -> RoutePlan:
-        """Rank `candidates` for this request. Raises NormalizeError (a ValueError) for a
+        """Rank `candidates` for this request (`commit`: a decision, not a preview: a new
+        conversation is opened, round robin advances). Raises NormalizeError (a ValueError) for a
         body that cannot be rendered and ValueError for an empty candidate list."""
         if not candidates:
             raise ValueError("no candidate replica")
         self._sweep(now)
-        data = canonical_bytes(body, endpoint)
-        seed = chain_seed(body, endpoint, model)
-        hashes = self._chains.hashes(data, seed)
+        if previewed is not None:
+            data, seed, hashes = previewed.data, previewed.seed, previewed.hashes
+        else:
+            data = canonical_bytes(body, endpoint)
+            seed = chain_seed(body, endpoint, model)
+            hashes = self._chains.hashes(data, seed)
         est = self._estimator
         ratio = est.ratio(model)
         prompt_tokens = est.prompt_tokens(hashes, len(data), ratio)
@@ -203,7 +230,7 @@ class Router:
             found = self._conversations.find(hashes, tenant_scope(tenant))
             if found is not None and found.how == "follows":
                 conversation = found.conversation
-            else:
+            elif commit:
                 conversation = self._conversations.open()
                 if found is not None:  # a fork: placed as a follow-up of its origin
                     bound = sessions.replica(found.conversation)
@@ -240,7 +267,7 @@ class Router:
         named = None if session is None else skey
         choice = choose(policy, views, prompt_tokens, skey if policy != "session" else named,
                         bound, self.config, self._rng, self._turn)
-        self._turn += 1
+        self._turn += commit
         chosen = views[choice.ranked[0]].name
         decision = Decision(
             replica=chosen, reason=choice.reason, predicted_cached_tokens=predicted[chosen],
@@ -425,6 +452,12 @@ class Router:
     def queued_tokens(self, replica: str) -> float:
         self._settle(self._last_settle)
         return self._queued.get(replica, 0.0)
+
+    def queued_by_replica(self) -> dict[str, float]:
+        """`queued_tokens` of every replica, settled once (the admission queue reads them
+        all on each pass)."""
+        self._settle(self._last_settle)
+        return dict(self._queued)
 
     def session_load(self, replica: str, now: float) -> float:
         return self._sessions.load(replica, now)

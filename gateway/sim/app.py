@@ -179,9 +179,12 @@ class SimApp:
         max_tokens = self._check_length(len(ids), gen.max_tokens)
         rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + request_id(scope)
         replica = self.replica
-        req = replica.engine.new_request(
-            rid, ids, max_tokens, replica.arrive(), stop, salt_key(gen.cache_salt)
-        )
+        try:
+            req = replica.engine.new_request(
+                rid, ids, max_tokens, replica.arrive(), stop, salt_key(gen.cache_salt),
+                gen.priority)
+        except ValueError as exc:
+            raise bad_request(str(exc), "priority") from None
         replica.in_flight += 1
         try:
             pending = replica.submit(req, streaming=gen.stream)

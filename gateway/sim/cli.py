@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--max-model-len", type=int, default=d.max_model_len)
     a("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
     a("--max-num-seqs", type=int, default=d.max_num_seqs)
+    a("--scheduling-policy", choices=["fcfs", "priority"], default=d.scheduling_policy,
+      help="as vLLM: priority schedules waiting requests by their `priority` (lower first)")
     a(
         "--speed",
         type=float,
@@ -125,6 +127,7 @@ def options_from(args: argparse.Namespace, env: Mapping[str, str]) -> SimOptions
         max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
+        scheduling_policy=args.scheduling_policy,
         speed=args.speed,
         seed=args.seed,
         contract=args.contract,

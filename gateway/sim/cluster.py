@@ -43,6 +43,7 @@ class SimOptions:
     max_model_len: int = 32768
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     speed: float = 1.0
     seed: int = 0
     contract: Contract = CURRENT
@@ -105,6 +106,7 @@ class SimCluster:
                         max_model_len=o.max_model_len,
                         max_num_batched_tokens=o.max_num_batched_tokens,
                         max_num_seqs=o.max_num_seqs,
+                        scheduling_policy=o.scheduling_policy,
                         output_len=o.output_len,
                         seed=o.seed,
                         replica=i,

@@ -16,6 +16,7 @@ Latency histograms, counters and the hit-rate window are updated here, in simula
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from gateway.sim.generator import OutputGenerator
 from gateway.sim.hashing import none_hash
@@ -42,6 +43,9 @@ class EngineConfig:
     hash_seed: str = "fixed"
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
     kv_events: bool = False  # queue vLLM-style KV-cache events (Engine.kv_events)
+    # vLLM's --scheduling-policy: `priority` orders the waiting queue by the requests'
+    # `priority` (lower first, then arrival); `fcfs` refuses a non-zero priority.
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
 
 
 @dataclass(slots=True)
@@ -63,6 +67,7 @@ class Engine:
             none_hash(config.hash_seed, config.seed, config.replica),
             config.max_num_batched_tokens,
             config.max_num_seqs,
+            by_priority=config.scheduling_policy == "priority",
         )
         self.generator = OutputGenerator(tokenizer, config.seed, config.output_len)
         self.metrics = EngineMetrics(config.max_model_len)
@@ -79,7 +84,12 @@ class Engine:
         arrival: float,
         stop_token: int,
         first_extra: bytes = b"",
+        priority: int = 0,
     ) -> SimRequest:
+        """Raises ValueError for a non-zero `priority` under the fcfs policy (vLLM's
+        processor does, and its server answers 400)."""
+        if priority and self.config.scheduling_policy != "priority":
+            raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled.")
         rng = self.generator.rng_for(prompt_ids)
         cfg = self.config
         # A request must fit the pool on its own, or it would preempt itself forever.
@@ -96,6 +106,7 @@ class Engine:
             rng=rng,
             arrival=arrival,
             first_extra=first_extra,
+            priority=priority,
         )
 
     def add(self, req: SimRequest) -> None:

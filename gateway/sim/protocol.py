@@ -38,6 +38,7 @@ class GenerationParams:
     continuous_usage: bool
     max_tokens: int | None
     cache_salt: str | None
+    priority: int = 0  # vLLM's scheduling priority (lower first); needs the priority policy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +103,7 @@ def parse_generation(body: Mapping[str, Any], name: str) -> GenerationParams:
         continuous_usage=continuous,
         max_tokens=max_tokens,
         cache_salt=_cache_salt(body),
+        priority=_opt(body, "priority", int, "an integer") or 0,
     )
 
 

@@ -28,6 +28,7 @@ class SimRequest:
     rng: random.Random
     arrival: float
     first_extra: bytes = b""
+    priority: int = 0  # with the priority policy: lower is scheduled first
     every_extra: bytes = b""
     status: Status = "waiting"
     block_hashes: list[int] = field(default_factory=list)

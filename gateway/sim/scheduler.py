@@ -47,17 +47,26 @@ class Scheduler:
         none_hash: int,
         max_num_batched_tokens: int,
         max_num_seqs: int,
+        by_priority: bool = False,
     ) -> None:
         self.pool = pool
         self.block_size = block_size
         self.none_hash = none_hash
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
+        self.by_priority = by_priority
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
 
     def add(self, req: SimRequest) -> None:
-        self.waiting.append(req)
+        """Queue `req`: at the end (fcfs), or (priority policy, vLLM's `--scheduling-policy
+        priority`) after every waiting request of the same or a lower `priority` value."""
+        waiting = self.waiting
+        if not self.by_priority or not waiting or waiting[-1].priority <= req.priority:
+            waiting.append(req)
+            return
+        at = next(i for i, w in enumerate(waiting) if w.priority > req.priority)
+        waiting.insert(at, req)
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)

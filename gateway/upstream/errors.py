@@ -33,6 +33,7 @@ _TYPES: dict[int, str] = {
     408: "timeout",
     413: "invalid_request_error",
     414: "invalid_request_error",
+    429: "rate_limit_exceeded",
     431: "invalid_request_error",
     499: "client_closed_request",
     500: "server_error",

@@ -43,6 +43,15 @@ Replicas (`replica_state`, after each health probe / scrape):
   engine's `vllm:prefix_cache_*_total` directly for `rate()`.
 - `gateway_replica_capacity_tokens{replica}` gauge (num_gpu_blocks x block_size)
 A replica gauge whose value the last scrape did not report is removed, not set to 0.
+Admission (the gateway queue, gateway.admission; present with admission off too):
+- `gateway_admission_queued{class}` gauge: requests waiting in the gateway, per class
+- `gateway_admission_wait_seconds{class}` histogram: time each admitted request waited
+  (0 for one that went at once)
+- `gateway_admission_shed_total{reason}` counter: requests answered 429 by the queue
+  (tenant_share, wait_limit, queue_full, displaced, wait_timeout)
+- `gateway_admission_abandoned_total{class}` counter: clients that left while queued
+- `gateway_admission_admitted_tokens_total{tenant}` counter: estimated prompt tokens
+  admitted per tenant (the unit fair shares are counted in)
 
 Label values: `None` becomes "none"; status is the HTTP status as a string.
 
@@ -52,7 +61,7 @@ replaces a name no replica lists before the record is made: `UNKNOWN_MODEL`), so
 (served models + 2); `replica`: the configured replicas; `tenant`: the configured API keys'
 tenants + "none"; `route`: the policies' reasons + "forward" (about 10); `status`: HTTP
 statuses the gateway or an engine answered (at most 500 values, 10-20 in practice);
-`reason`, `kind`, `severity`, `sink`: fixed sets in the code. So the request series are at
+`reason`, `kind`, `severity`, `sink`, `class`: fixed sets in the code. So the request series are at
 most models x replicas x tenants x routes x statuses, whatever clients send.
 
 Speed: `observe` runs once per request. `.labels()` costs a lock and a dict lookup per
@@ -67,6 +76,8 @@ from typing import Final, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gateway.admission.config import CLASSES as ADMISSION_CLASSES
+from gateway.admission.shedding import SHED_REASONS
 from gateway.routing.decision import MOVE_REASONS
 from gateway.usage.record import UsageRecord
 from gateway.usage.snapshot import EngineSnapshot
@@ -101,6 +112,11 @@ DOCUMENTED_METRICS: Final[tuple[str, ...]] = (
     "gateway_replica_prefix_cache_hits_tokens",
     "gateway_replica_prefix_cache_queries_tokens",
     "gateway_replica_capacity_tokens",
+    "gateway_admission_queued",
+    "gateway_admission_wait_seconds",
+    "gateway_admission_shed_total",
+    "gateway_admission_abandoned_total",
+    "gateway_admission_admitted_tokens_total",
 )
 
 NONE_LABEL: Final = "none"
@@ -256,6 +272,7 @@ class GatewayMetrics:
             "Replica KV capacity in tokens (num_gpu_blocks x block_size), last scrape.",
             ("replica",), registry=r,
         )  # fmt: skip
+        self._admission_metrics(r)
         self._request_children: dict[tuple[str, ...], Counter] = {}
         self._token_children: dict[tuple[str, ...], _TokenChildren] = {}
         self._hist_children: dict[tuple[str, str], _HistChildren] = {}
@@ -334,6 +351,47 @@ class GatewayMetrics:
         child = self._move_children.get(reason)
         if child is not None:  # anything else is not a reason the router gives
             child.inc()
+
+    # -- admission ---------------------------------------------------------------------
+
+    def _admission_metrics(self, r: CollectorRegistry) -> None:
+        # Every class and reason present from the start (fixed sets); tenants as they come
+        # (the configured tenants + "none", like the request series).
+        queued = Gauge("gateway_admission_queued", "Requests waiting in the gateway's "
+                       "admission queue, per priority class.", ("class",), registry=r)
+        wait = Histogram("gateway_admission_wait_seconds", "Time admitted requests waited "
+                         "in the gateway's queue.", ("class",), registry=r,
+                         buckets=_SECONDS_BUCKETS)
+        shed = Counter("gateway_admission_shed", "Requests the admission queue answered "
+                       "429, by reason.", ("reason",), registry=r)
+        abandoned = Counter("gateway_admission_abandoned", "Clients that disconnected while "
+                            "queued in the gateway.", ("class",), registry=r)
+        self._admitted_tokens = Counter(
+            "gateway_admission_admitted_tokens", "Estimated prompt tokens admitted, per "
+            "tenant.", ("tenant",), registry=r)
+        self._queued_children: dict[str, Gauge] = {c: queued.labels(c) for c in ADMISSION_CLASSES}
+        self._wait_children: dict[str, Histogram] = {c: wait.labels(c) for c in ADMISSION_CLASSES}
+        self._abandoned_children: dict[str, Counter] = {
+            c: abandoned.labels(c) for c in ADMISSION_CLASSES}
+        self._shed_children: dict[str, Counter] = {m: shed.labels(m) for m in SHED_REASONS}
+        self._admitted_children = {NONE_LABEL: self._admitted_tokens.labels(NONE_LABEL)}
+
+    def admission_queued(self, cls: str, waiting: int) -> None:
+        self._queued_children[cls].set(waiting)
+
+    def admission_admitted(self, cls: str, tenant: str, tokens: int, waited_s: float) -> None:
+        self._wait_children[cls].observe(waited_s)
+        child = self._admitted_children.get(tenant)
+        if child is None:
+            child = self._admitted_children[tenant] = self._admitted_tokens.labels(tenant)
+        if tokens > 0:
+            child.inc(tokens)
+
+    def admission_shed(self, reason: str) -> None:
+        self._shed_children[reason].inc()
+
+    def admission_abandoned(self, cls: str) -> None:
+        self._abandoned_children[cls].inc()
 
     def hygiene_finding(self, kind: str, severity: str) -> None:
         key = (kind, severity)

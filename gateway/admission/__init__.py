@@ -1,0 +1,1 @@
+"""Admission: a bounded gateway queue with late binding, priority classes and fair shares."""

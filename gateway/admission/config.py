@@ -1,0 +1,91 @@
+"""Admission knobs (`[admission]` in the TOML config, `GATEWAY_ADMISSION__*` in the
+environment).
+
+Units: waits in seconds, queue bounds in requests, shares in prompt tokens (the gateway's
+estimate of each request's prompt). Every bound here is what keeps the gateway's own queue
+finite: `max_queue` requests at most, each for at most its class's `*_max_wait_s`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+Priority = Literal["high", "normal", "low"]
+CLASSES: tuple[Priority, ...] = ("high", "normal", "low")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdmissionConfig:
+    # Off by default: with it off every request goes to a replica at once, as before
+    # (README, "Admission and overload", says why).
+    enabled: bool = False
+    # Requests waiting in the gateway, all classes together; a newcomer beyond it displaces
+    # the youngest waiter of a lower class, else it is shed (429, `queue_full`).
+    max_queue: int = 1024
+    # Longest wait per class: a waiter still queued then is shed (429, `wait_timeout`), and
+    # a newcomer whose projected wait exceeds it is shed at once (429, `wait_limit`).
+    high_max_wait_s: float = 10.0
+    normal_max_wait_s: float = 30.0
+    low_max_wait_s: float = 60.0
+    # Shares between classes, in prompt tokens admitted while several classes wait:
+    # weighted, not strict, so `low` always progresses.
+    high_weight: float = 16.0
+    normal_weight: float = 4.0
+    low_weight: float = 1.0
+    # Shares between tenants within a class (tenant -> weight; others weigh 1).
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    # The highest class a tenant may ask for (tenant -> class); a request asking more is
+    # lowered to the cap. Tenants not named get `default_priority_cap`.
+    priority_caps: Mapping[str, Priority] = field(default_factory=dict)
+    default_priority_cap: Priority = "normal"
+    # Room on a replica: below these it takes another request at once. A replica with
+    # nothing in flight always has room.
+    replica_max_in_flight: int = 64
+    replica_max_queued_prefill_tokens: int = 32_768  # four steps of vLLM's 8192-token budget
+    kv_usage_limit: float = 0.97  # last scraped vllm:kv_cache_usage_perc
+    # The share of that room `normal` and `low` may fill; the rest is kept for `high`, so
+    # a high request meets a short engine queue (vLLM itself schedules first come, first
+    # served unless started with --scheduling-policy priority).
+    lower_class_room: float = 0.75
+    # Late binding: a request waits for the replica holding most of its prefix, while
+    # others have room, only while the estimated wait is below the prefill it saves, and
+    # at most this long.
+    own_replica_max_wait_s: float = 2.0
+    # How often waiters are re-examined besides the wake-ups from finished requests (a
+    # first token frees queued prefill without a call into the gate).
+    recheck_s: float = 0.005
+    # Replicas started with `--scheduling-policy priority`: requests to them carry the
+    # class as vLLM's `priority` (only when every replica the request may try has it;
+    # vLLM refuses a non-zero priority otherwise).
+    priority_replicas: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_queue < 1:
+            raise ValueError("admission.max_queue must be >= 1")
+        for name in ("high_max_wait_s", "normal_max_wait_s", "low_max_wait_s",
+                     "high_weight", "normal_weight", "low_weight", "recheck_s",
+                     "replica_max_in_flight", "replica_max_queued_prefill_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"admission.{name} must be positive")
+        if self.own_replica_max_wait_s < 0:
+            raise ValueError("admission.own_replica_max_wait_s must be >= 0")
+        if not 0 < self.lower_class_room <= 1:
+            raise ValueError("admission.lower_class_room must be in (0, 1]")
+        if not 0 < self.kv_usage_limit <= 1:
+            raise ValueError("admission.kv_usage_limit must be in (0, 1]")
+        for tenant, weight in self.tenant_weights.items():
+            if weight <= 0:
+                raise ValueError(f"admission.tenant_weights: {tenant!r} must weigh > 0")
+
+    def max_wait_s(self, cls: Priority) -> float:
+        return {"high": self.high_max_wait_s, "normal": self.normal_max_wait_s,
+                "low": self.low_max_wait_s}[cls]
+
+    def class_weight(self, cls: Priority) -> float:
+        return {"high": self.high_weight, "normal": self.normal_weight,
+                "low": self.low_weight}[cls]
+
+    def tenant_weight(self, tenant: str) -> float:
+        return self.tenant_weights.get(tenant, 1.0)

@@ -1,0 +1,380 @@
+"""The admission queue (I/O): holds requests no replica has room for, and lets each go
+when one has, choosing its replica at that moment with the router's freshest state.
+
+    admit(ask, candidates) -> Ticket        awaited by the request path, once
+    done(ticket)                            when the request is over (wakes waiters)
+
+Off (`[admission] enabled = false`), `admit` is `Router.decide` and nothing else.
+
+On: a request goes at once when nothing waits and every candidate has room (room.py).
+Otherwise the router previews it once (which replicas hold its prefix, its size in
+tokens), shedding.py decides whether it may wait (else 429 + Retry-After), and it waits
+in its (class, tenant) flow. Waiters are examined in fair-share order (shares.py)
+whenever a request finishes (`done`) and every `recheck_s` while any waits (a first token
+frees queued prefill without a call here); each one whose binding says go (room.py) is
+decided by the router among the replicas with room, charged to its flow, and released.
+
+A waiter whose client disconnects is cancelled by the request path: its future is
+cancelled at once, so the dispatcher never releases it, and it leaves its flow in the
+same step. A waiter still queued at its class's limit is shed (`wait_timeout`).
+Bounds: `max_queue` waiters; flows <= 3 classes x tenants; the per-class wait samples
+kept for `/stats` are a ring of `WAIT_SAMPLES`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from gateway.admission import priority
+from gateway.admission.config import CLASSES, AdmissionConfig, Priority
+from gateway.admission.room import ReplicaLoad, RoomLimits, bind, has_room, reserved
+from gateway.admission.shares import FairShare, Flow
+from gateway.admission.shedding import (
+    SHED_REASONS,
+    Arrival,
+    DrainRate,
+    Shed,
+    ShedReason,
+    retry_after,
+    verdict,
+)
+from gateway.routing.config import RoutingConfig
+from gateway.routing.router import Router
+
+if TYPE_CHECKING:  # annotations only: replicas reach usage, whose metrics name admission's labels
+    from gateway.replicas.fleet import Replica
+    from gateway.routing.plan import RoutePlan
+    from gateway.usage.metrics import GatewayMetrics
+
+WAIT_SAMPLES = 4096  # per class, for the /stats quantiles
+NO_TENANT = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What the request path knows when it asks to route a request."""
+
+    body: Mapping[str, Any]
+    kind: Literal["chat", "completions"]
+    model: str
+    session: str | None
+    pin: str | None  # the one replica it may go to (Responses continuation)
+    tenant: str | None
+    priority: bytes | None  # the raw x-gateway-priority header
+    ts: float  # arrival, wall clock (what the router is given when it goes at once)
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    plan: RoutePlan
+    cls: Priority
+    replica: str | None  # where the gate counts it (None: admission off)
+    # vLLM `priority` to put in the body, None to leave the body alone
+    engine_priority: int | None = None
+    queued_ms: float | None = None  # how long it waited in the queue (None: never queued)
+
+
+@dataclass(slots=True, eq=False)
+class _Waiter:
+    ask: Ask
+    cls: Priority
+    flow: Flow
+    tokens: float
+    preview: RoutePlan
+    pool: Sequence[Replica]
+    arrived: float  # timer
+    future: asyncio.Future[Ticket] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class Gate:
+    def __init__(self, config: AdmissionConfig, routing: RoutingConfig, router: Router,
+                 metrics: GatewayMetrics, clock: Callable[[], float],
+                 timer: Callable[[], float]) -> None:
+        self.config = config
+        self.router = router
+        self.metrics = metrics
+        self.clock = clock
+        self.timer = timer
+        self._per_token = routing.prefill_s_per_token
+        self._in_flight_s = routing.in_flight_s
+        self._prior_s = routing.prefill_s_per_token * routing.session_prior_tokens
+        self._limits = RoomLimits(config.replica_max_in_flight,
+                                  config.replica_max_queued_prefill_tokens,
+                                  config.kv_usage_limit)
+        lower = reserved(self._limits, config.lower_class_room)
+        self._class_limits: dict[Priority, RoomLimits] = {
+            "high": self._limits, "normal": lower, "low": lower}
+        self._shares = FairShare(config.class_weight, config.tenant_weight)
+        self._drain = DrainRate(floor=1.0 / routing.prefill_s_per_token)
+        self._flows: dict[Flow, deque[_Waiter]] = {}
+        self._tokens: dict[Flow, float] = {}
+        self._count = 0
+        self._admitted: dict[str, int] = {}
+        self._ticker: asyncio.Task[None] | None = None
+        self._priority_replicas = frozenset(config.priority_replicas)
+        self._waits: dict[Priority, deque[float]] = {
+            c: deque(maxlen=WAIT_SAMPLES) for c in CLASSES}
+        self._shed: dict[ShedReason, int] = dict.fromkeys(SHED_REASONS, 0)
+        self._admitted_tokens: dict[str, int] = {}
+
+    # the protocol -----------------------------------------------------------------------
+
+    async def admit(self, ask: Ask, candidates: Sequence[Replica]) -> Ticket:
+        """Route `ask` when a candidate has room. Raises `Shed` (429), GatewayError (400
+        for a bad priority header), ValueError (a body the router cannot render)."""
+        router = self.router
+        if not self.config.enabled:
+            plan = router.decide(ask.body, ask.kind, ask.model, ask.session,
+                                 [r.state() for r in candidates], ask.ts, pin=ask.pin,
+                                 tenant=ask.tenant)
+            return Ticket(plan, "normal", None)
+        cfg = self.config
+        cls = priority.resolve(ask.priority, ask.tenant, cfg.priority_caps,
+                               cfg.default_priority_cap)
+        flow: Flow = (cls, ask.tenant or NO_TENANT)
+        pool = [r for r in candidates if r.name == ask.pin] or candidates
+        limits = self._class_limits[cls]
+        if self._count == 0 and all(has_room(self._load(r), limits) for r in pool):
+            return self._go(ask, cls, flow, pool, ask.ts, 0.0, queued=False)
+        now = self.timer()
+        preview = router.preview(ask.body, ask.kind, ask.model, ask.session,
+                                 [r.state() for r in pool], self.clock(), tenant=ask.tenant)
+        tokens = max(1.0, preview.estimated_tokens)
+        waiting = dict(self._tokens)
+        projected_s = (self._shares.projected_tokens(flow, tokens, waiting)
+                       / self._drain.rate(now))
+        max_wait = cfg.max_wait_s(cls)
+        tenants = {t: q for (c, t), q in waiting.items() if c == cls}
+        weights = sum(cfg.tenant_weight(t) for t in tenants if t != flow[1])
+        w_own = cfg.tenant_weight(flow[1])
+        queue = self._flows.get(flow)
+        v = verdict(Arrival(
+            queue_len=self._count, max_queue=cfg.max_queue,
+            lower_waiting=any(priority.rank(c) > priority.rank(cls) for c, _ in self._flows),
+            projected_s=projected_s, max_wait_s=max_wait,
+            tenant_waiting=len(queue) if queue else 0,
+            tenant_slots=cfg.max_queue * w_own / (w_own + weights),
+            others_waiting=any(t != flow[1] for t in tenants)))
+        if v != "enqueue" and v != "displace":
+            raise self._shedding(v, cls, projected_s)
+        if v == "displace":
+            self._displace(cls)
+        waiter = _Waiter(ask, cls, flow, tokens, preview, pool, now)
+        self._shares.activate(flow, waiting)
+        self._flows.setdefault(flow, deque()).append(waiter)
+        self._tokens[flow] = self._tokens.get(flow, 0.0) + tokens
+        self._count += 1
+        self._depth()
+        self._dispatch()
+        if not waiter.future.done():
+            self._start_ticker()
+        try:
+            async with asyncio.timeout(max_wait - (self.timer() - now)):
+                return await waiter.future
+        except TimeoutError:
+            if waiter.future.done() and not waiter.future.cancelled():
+                return waiter.future.result()
+            raise self._shedding("wait_timeout", cls, max_wait) from None
+        except asyncio.CancelledError:
+            # the client went away: a ticket released in the same instant is given back
+            fut = waiter.future
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._abandon(fut.result())
+            self.metrics.admission_abandoned(cls)
+            raise
+        finally:
+            self._leave(waiter)
+
+    def done(self, ticket: Ticket) -> None:
+        """The request is over: its room is free again."""
+        name = ticket.replica
+        if name is None:
+            return
+        left = self._admitted.get(name, 0) - 1
+        if left > 0:
+            self._admitted[name] = left
+        else:
+            self._admitted.pop(name, None)
+        if self._count:
+            self._dispatch()
+
+    async def aclose(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+            self._ticker = None
+
+    def stats(self) -> dict[str, Any]:
+        """The `/stats` "admission" object."""
+        queued = dict.fromkeys(CLASSES, 0)
+        for (c, _), q in self._flows.items():
+            queued[c] += len(q)
+        return {
+            "enabled": self.config.enabled,
+            "queued": queued,
+            "shed": dict(self._shed),
+            "wait_ms": {c: _quantiles(self._waits[c]) for c in CLASSES},
+            "admitted_tokens": dict(self._admitted_tokens),
+        }
+
+    # internals --------------------------------------------------------------------------
+
+    def _load(self, replica: Replica, queued: float | None = None) -> ReplicaLoad:
+        snap = replica.snapshot
+        name = replica.name
+        return ReplicaLoad(
+            name=name, in_flight=max(replica.in_flight, self._admitted.get(name, 0)),
+            queued_prefill_tokens=(self.router.queued_tokens(name) if queued is None
+                                   else queued),
+            kv_usage=snap.kv_cache_usage if snap is not None else None)
+
+    def _go(self, ask: Ask, cls: Priority, flow: Flow, allowed: Sequence[Replica], now: float,
+            waited_s: float, *, queued: bool, preview: RoutePlan | None = None) -> Ticket:
+        plan = self.router.decide(ask.body, ask.kind, ask.model, ask.session,
+                                  [r.state() for r in allowed], now, pin=ask.pin,
+                                  previewed=preview, tenant=ask.tenant)
+        decision = plan.decision
+        name = decision.replica
+        self._admitted[name] = self._admitted.get(name, 0) + 1
+        tokens = decision.estimated_prompt_tokens
+        if queued:
+            self._shares.charge(flow, tokens)
+        tenant = flow[1]
+        self._admitted_tokens[tenant] = self._admitted_tokens.get(tenant, 0) + tokens
+        self._waits[cls].append(waited_s * 1000.0)
+        self.metrics.admission_admitted(cls, tenant, tokens, waited_s)
+        engine = None
+        if cls != "normal" and self._priority_replicas.issuperset(decision.ranked):
+            engine = priority.ENGINE_PRIORITY[cls]
+        return Ticket(plan, cls, name, engine, waited_s * 1000.0 if queued else None)
+
+    def _dispatch(self) -> None:
+        """Release every waiter that may go now, in fair-share order. Each replica's load
+        is read once per pass (and again after a request went there), so a pass costs
+        O(waiters x candidates) cheap comparisons."""
+        if self._count == 0:
+            return
+        now = self.timer()
+        limits, cfg = self._limits, self.config
+        queued = self.router.queued_by_replica()
+        replicas = {r.name: r for q in self._flows.values() for w in q for r in w.pool}
+        base = {name: self._load(r, queued.get(name, 0.0)) for name, r in replicas.items()}
+        rounds = 0
+        while self._count and rounds <= cfg.max_queue:
+            roomy = {name for name, ld in base.items() if has_room(ld, limits)}
+            if not roomy:
+                return  # nobody can go anywhere: the common case under overload
+            rounds += 1
+            released = self._release_one(base, roomy, now)
+            if released is None:
+                return
+            base[released] = self._load(replicas[released])
+
+    def _release_one(self, base: dict[str, ReplicaLoad], roomy: set[str],
+                     now: float) -> str | None:
+        """Release the first waiter in fair-share order that may go; the replica it went
+        to, None when none may. Matching first: a `normal` or `low` waiter that would have
+        to leave the replica holding its prefix is passed over, in a first round, for one
+        whose own replica has room (a freed replica goes to a conversation it holds);
+        `high` keeps its place in either round."""
+        for matching in (True, False):
+            went = self._release_pass(base, roomy, now, matching)
+            if went is not None:
+                return went
+        return None
+
+    def _release_pass(self, base: dict[str, ReplicaLoad], roomy: set[str], now: float,
+                      matching: bool) -> str | None:
+        cfg = self.config
+        for flow in self._shares.order(self._tokens):
+            for w in list(self._flows.get(flow, ())):
+                if w.future.done() or not any(r.name in roomy for r in w.pool):
+                    continue  # cancelled (it leaves in its own task), or nowhere to go
+                loads = [dataclasses.replace(base[r.name],
+                                             predicted_tokens=w.preview.predicted.get(r.name, 0))
+                         for r in w.pool]
+                b = bind(loads, self._class_limits[w.cls], self._per_token, self._in_flight_s,
+                         now - w.arrived, cfg.own_replica_max_wait_s, self._prior_s)
+                if not b.go or (matching and b.why == "elsewhere" and w.cls != "high"):
+                    continue
+                allowed = [r for r in w.pool if r.name in b.replicas]
+                self._leave(w)
+                try:
+                    ticket = self._go(w.ask, w.cls, w.flow, allowed, self.clock(),
+                                      now - w.arrived, queued=True, preview=w.preview)
+                except ValueError as exc:
+                    w.future.set_exception(exc)
+                    return allowed[0].name
+                w.future.set_result(ticket)
+                self._drain.add(now, ticket.plan.decision.estimated_prompt_tokens)
+                return ticket.plan.decision.replica
+        return None
+
+    def _leave(self, w: _Waiter) -> None:
+        queue = self._flows.get(w.flow)
+        if queue is None or w not in queue:
+            return
+        queue.remove(w)
+        self._count -= 1
+        left = self._tokens.get(w.flow, 0.0) - w.tokens
+        if queue:
+            self._tokens[w.flow] = max(0.0, left)
+        else:
+            del self._flows[w.flow]
+            self._tokens.pop(w.flow, None)
+            self._shares.forget_idle(self._tokens)
+        self._depth()
+
+    def _displace(self, cls: Priority) -> None:
+        """Shed the youngest waiter of the lowest class below `cls` for a newcomer."""
+        lowest = max((c for c, _ in self._flows), key=priority.rank)
+        if priority.rank(lowest) <= priority.rank(cls):
+            return
+        victims = [q[-1] for (c, _), q in self._flows.items() if c == lowest and q]
+        victim = max(victims, key=lambda w: w.arrived)
+        self._leave(victim)
+        if not victim.future.done():
+            victim.future.set_exception(self._shedding(
+                "displaced", victim.cls, self.config.max_wait_s(victim.cls)))
+
+    def _abandon(self, ticket: Ticket) -> None:
+        self.router.report(ticket.plan, self.clock())
+        self.done(ticket)
+
+    def _shedding(self, reason: ShedReason, cls: Priority, projected_s: float) -> Shed:
+        self._shed[reason] += 1
+        self.metrics.admission_shed(reason)
+        return Shed(reason, retry_after(projected_s, self.config.max_wait_s(cls)))
+
+    def _depth(self) -> None:
+        queued = dict.fromkeys(CLASSES, 0)
+        for (c, _), q in self._flows.items():
+            queued[c] += len(q)
+        for c, n in queued.items():
+            self.metrics.admission_queued(c, n)
+
+    def _start_ticker(self) -> None:
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.create_task(self._tick())
+
+    async def _tick(self) -> None:
+        while self._count:
+            await asyncio.sleep(self.config.recheck_s)
+            self._dispatch()
+
+
+def _quantiles(samples: deque[float]) -> dict[str, float | None]:
+    if not samples:
+        return {"p50": None, "p99": None}
+    ordered = sorted(samples)
+    n = len(ordered)
+    return {"p50": round(ordered[(n - 1) // 2], 3),
+            "p99": round(ordered[min(n - 1, int(0.99 * n))], 3)}
