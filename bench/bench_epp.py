@@ -30,10 +30,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 import statistics
 import subprocess
 import sys
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -223,8 +223,8 @@ def floor_server(kind: str, port: int) -> None:
     if kind == "sync+threads":
         from concurrent.futures import ThreadPoolExecutor
 
-        class SyncServicer(ext_grpc.ExternalProcessorServicer):
-            def Process(self, it: Any, context: Any) -> Any:  # noqa: N802 (gRPC's name)
+        class SyncServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+            def Process(self, it: Any, context: Any) -> Any:
                 for request in it:
                     yield answers[request.WhichOneof("request")]
 
@@ -235,8 +235,8 @@ def floor_server(kind: str, port: int) -> None:
         server.wait_for_termination()
         return
 
-    class AioServicer(ext_grpc.ExternalProcessorServicer):
-        async def Process(self, it: Any, context: Any) -> Any:  # type: ignore[override]  # noqa: N802
+    class AioServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+        async def Process(self, it: Any, context: Any) -> Any:
             async for request in it:
                 yield answers[request.WhichOneof("request")]
 
