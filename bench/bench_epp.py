@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[16, 1])
     ap.add_argument("--gap-ms", type=float, default=0.5,
                     help="time between a stream's events at the backend")
+    ap.add_argument("--answers", choices=("both", "json", "sse"), default="both",
+                    help="which answers to measure")
     ap.add_argument("--floor", action="store_true",
                     help="measure only the gRPC transport's floor: constant-answer ext_proc "
                     "servers (grpc.aio on uvloop, on asyncio, grpcio's threaded server) "
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print("| response | C | path | p50 ms | p99 ms | added p50 ms | picker/gateway CPU "
               "ms/req | Envoy CPU ms/req |\n|---|---|---|---|---|---|---|---|")
-        for stream in (False, True):
+        for stream in {"both": (False, True), "json": (False,), "sse": (True,)}[args.answers]:
             for conc in args.concurrency:
                 bodies = prompts(args.requests)
                 for url in [backends[0], *(t[0] for t in targets.values())]:
@@ -310,20 +312,23 @@ def floor(args: argparse.Namespace, env: dict[str, str], work: Path,
         servers[kind] = (port, proc)
     for port, _ in servers.values():
         wait_port(port)
-    print("| server | C | CPU ms per 4-message stream (rounds) |\n|---|---|---|")
+    print("| server | C | messages per stream | CPU ms per stream (rounds) |\n|---|---|---|---|")
     for conc in args.concurrency:
-        got: dict[str, list[float]] = {k: [] for k in servers}
         for port, _ in servers.values():
             asyncio.run(floor_load(port, 100, conc, messages))  # warm up
-        for r in range(args.rounds):
-            order = list(servers.items())
-            for kind, (port, proc) in (order if r % 2 == 0 else order[::-1]):
-                c0 = cpu_seconds(proc.pid)
-                asyncio.run(floor_load(port, args.requests, conc, messages))
-                got[kind].append((cpu_seconds(proc.pid) - c0) / args.requests * 1000)
-        for kind, runs in got.items():
-            each = " ".join(f"{x:.3f}" for x in runs)
-            print(f"| {kind} | {conc} | {statistics.median(runs):.3f} ({each}) |", flush=True)
+        # 2: request headers + body (the pick); 3: + response headers; 4: + a JSON body
+        for n in (2, 3, 4):
+            got: dict[str, list[float]] = {k: [] for k in servers}
+            for r in range(args.rounds):
+                order = list(servers.items())
+                for kind, (port, proc) in (order if r % 2 == 0 else order[::-1]):
+                    c0 = cpu_seconds(proc.pid)
+                    asyncio.run(floor_load(port, args.requests, conc, messages[:n]))
+                    got[kind].append((cpu_seconds(proc.pid) - c0) / args.requests * 1000)
+            for kind, runs in got.items():
+                each = " ".join(f"{x:.3f}" for x in runs)
+                print(f"| {kind} | {conc} | {n} | {statistics.median(runs):.3f} ({each}) |",
+                      flush=True)
 
 
 def wait_port(port: int, timeout: float = 30.0) -> None:
