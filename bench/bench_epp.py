@@ -21,6 +21,15 @@ Measured per case (JSON / 64-chunk SSE, concurrency C), medians of `--rounds` ro
 
     .venv/bin/python bench/bench_epp.py --requests 400 --rounds 3
 
+`--floor` measures the gRPC transport alone, without Envoy or the picker: a server that
+answers every ext_proc message with one prebuilt response (grpc.aio on uvloop as `gateway
+epp` runs, grpc.aio on asyncio's own loop, grpcio's synchronous server on a thread pool),
+fed by a gRPC client the messages of a JSON request as Envoy shapes them (2: request
+headers and body, the pick; 3: + response headers; 4: + the answer's body). What any
+Python picker pays per request before it decides anything:
+
+    .venv/bin/python bench/bench_epp.py --floor --requests 2000 --rounds 3 --concurrency 16
+
 Every process started here is stopped by its handle at the end; the run is bounded by
 `--requests` x cases x rounds (a few minutes at the defaults on a loaded 2-core box).
 """
