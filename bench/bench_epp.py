@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # -- the transport's floor: a constant-answer ext_proc servicer, per server kind ----------
 
-FLOOR_KINDS = ("aio+uvloop", "aio+asyncio", "sync+threads")
+FLOOR_KINDS = ("aio+uvloop", "aio+uvloop read-write", "aio+asyncio", "sync+threads")
 
 
 def floor_server(kind: str, port: int) -> None:
@@ -251,14 +251,23 @@ def floor_server(kind: str, port: int) -> None:
             async for request in it:
                 yield answers[request.WhichOneof("request")]
 
+    class ReadWriteServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+        """grpc.aio's other streaming style: context.read()/write() instead of iterating
+        the requests and yielding the answers (no async generators in between)."""
+
+        async def Process(self, it: Any, context: Any) -> None:
+            while (request := await context.read()) is not grpc.aio.EOF:
+                await context.write(answers[request.WhichOneof("request")])
+
     async def serve() -> None:
         server = grpc.aio.server()
-        ext_grpc.add_ExternalProcessorServicer_to_server(AioServicer(), server)
+        servicer = ReadWriteServicer() if kind.endswith("read-write") else AioServicer()
+        ext_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
         await server.wait_for_termination()
 
-    if kind == "aio+uvloop":
+    if kind.startswith("aio+uvloop"):
         import uvloop
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(serve())
