@@ -217,12 +217,16 @@ def main(argv: list[str] | None = None) -> int:
 
 # -- the transport's floor: a constant-answer ext_proc servicer, per server kind ----------
 
-FLOOR_KINDS = ("aio+uvloop", "aio+uvloop read-write", "aio+asyncio", "sync+threads")
+FLOOR_KINDS = ("aio+uvloop", "aio+uvloop read-write", "aio+uvloop poll", "aio+asyncio",
+               "sync+threads")
 
 
 def floor_server(kind: str, port: int) -> None:
     """An ext_proc server that answers every message with one prebuilt response: what
     any Python picker pays for the gRPC messages alone, whatever it decides."""
+    if kind.endswith(" poll"):
+        # gRPC core's poll(2) engine instead of its default epoll1 (read at its start)
+        os.environ["GRPC_POLL_STRATEGY"] = "poll"
     import grpc
     from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
