@@ -103,9 +103,38 @@ def test_a_full_queue_sheds_the_youngest_lower_class_waiter_for_a_higher_one() -
     assert high.cls == "high" and high.queued_ms is not None
 
 
+def test_a_tenant_that_took_its_class_while_another_waits_is_shed_at_once() -> None:
+    """x was admitted all its class's recent tokens; while y waits, x's next request is
+    answered 429 at once (not queued), and y, under its share, still waits."""
+    async def run() -> None:
+        g, _ = gate(max_queue=100)
+        fleet = [replica("a")]
+        hold = await g.admit(ask("holder", tenant="x"), fleet)
+        fleet[0].in_flight += 1
+        alone = asyncio.create_task(g.admit(ask("x-alone", tenant="x"), fleet))
+        await asyncio.sleep(0.01)  # x alone in its class: it may wait
+        y = asyncio.create_task(g.admit(ask("y", tenant="y"), fleet))
+        await asyncio.sleep(0.01)
+        with pytest.raises(Shed) as err:
+            await g.admit(ask("x-again", tenant="x"), fleet)
+        assert err.value.reason == "tenant_share" and err.value.status == 429
+        assert err.value.retry_after is not None and err.value.retry_after >= 1
+        y2 = asyncio.create_task(g.admit(ask("y2", tenant="y"), fleet))
+        await asyncio.sleep(0.01)
+        assert not y2.done() and g.stats()["queued"]["normal"] == 3
+        assert g.stats()["shed"] == {"tenant_share": 1, "wait_limit": 0, "queue_full": 0,
+                                     "displaced": 0, "wait_timeout": 0}
+        for t in (alone, y, y2):
+            t.cancel()
+        await asyncio.gather(alone, y, y2, return_exceptions=True)
+        g.done(hold)
+        await g.aclose()
+    asyncio.run(run())
+
+
 def test_a_tenant_over_its_share_while_others_wait_is_shed() -> None:
     async def run() -> None:
-        g, _ = gate(max_queue=4)
+        g, _ = gate(max_queue=4, over_share=100.0)  # the queue-slots half of the rule
         fleet = [replica("a")]
         hold = await g.admit(ask("holder", tenant="x"), fleet)
         fleet[0].in_flight += 1

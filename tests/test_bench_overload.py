@@ -60,8 +60,9 @@ def test_gateway_env_for_the_overload_preset() -> None:
     on = gateway_env("prefix+queue", preset, 0.5)
     assert on["GATEWAY_ADMISSION__ENABLED"] == "true"
     assert on["GATEWAY_ADMISSION__REPLICA_MAX_IN_FLIGHT"] == "16"
-    assert on["GATEWAY_ADMISSION__REPLICA_MAX_QUEUED_PREFILL_TOKENS"] == "8192"
+    assert on["GATEWAY_ADMISSION__REPLICA_MAX_QUEUED_PREFILL_TOKENS"] == "4096"  # two steps of 2048
     assert on["GATEWAY_ADMISSION__HIGH_MAX_WAIT_S"] == "5"  # 10 s at half the wall time
+    assert on["GATEWAY_ADMISSION__SHARE_HALF_LIFE_S"] == "2.5"
     assert "GATEWAY_ADMISSION__PRIORITY_REPLICAS" not in on
     prio = dataclasses.replace(preset, scheduling_policy="priority")
     urls = ("http://127.0.0.1:9000", "http://127.0.0.1:9001")

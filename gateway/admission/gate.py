@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from gateway.admission import priority
 from gateway.admission.config import CLASSES, AdmissionConfig, Priority
 from gateway.admission.room import ReplicaLoad, RoomLimits, bind, has_room, reserved
-from gateway.admission.shares import FairShare, Flow
+from gateway.admission.shares import FairShare, Flow, RecentTokens
 from gateway.admission.shedding import (
     SHED_REASONS,
     Arrival,
@@ -108,11 +108,13 @@ class Gate:
         self._limits = RoomLimits(config.replica_max_in_flight,
                                   config.replica_max_queued_prefill_tokens,
                                   config.kv_usage_limit)
-        lower = reserved(self._limits, config.lower_class_room)
+        lower = reserved(self._limits, config.lower_class_room,
+                         config.lower_class_prefill_room)
         self._class_limits: dict[Priority, RoomLimits] = {
             "high": self._limits, "normal": lower, "low": lower}
         self._shares = FairShare(config.class_weight, config.tenant_weight)
         self._drain = DrainRate(floor=1.0 / routing.prefill_s_per_token)
+        self._recent = RecentTokens(config.share_half_life_s)
         self._flows: dict[Flow, deque[_Waiter]] = {}
         self._tokens: dict[Flow, float] = {}
         self._count = 0
@@ -161,7 +163,9 @@ class Gate:
             projected_s=projected_s, max_wait_s=max_wait,
             tenant_waiting=len(queue) if queue else 0,
             tenant_slots=cfg.max_queue * w_own / (w_own + weights),
-            others_waiting=any(t != flow[1] for t in tenants)))
+            others_waiting=any(t != flow[1] for t in tenants),
+            recent_part=self._recent.part(flow, now), fair_part=w_own / (w_own + weights),
+            over_share=cfg.over_share))
         if v != "enqueue" and v != "displace":
             raise self._shedding(v, cls, projected_s)
         if v == "displace":
@@ -247,6 +251,7 @@ class Gate:
         tokens = decision.estimated_prompt_tokens
         if queued:
             self._shares.charge(flow, tokens)
+        self._recent.add(flow, tokens, self.timer())
         tenant = flow[1]
         self._admitted_tokens[tenant] = self._admitted_tokens.get(tenant, 0) + tokens
         self._waits[cls].append(waited_s * 1000.0)

@@ -56,12 +56,15 @@ class Binding:
     why: Literal["room", "own", "elsewhere", "full"]
 
 
-def reserved(limits: RoomLimits, share: float) -> RoomLimits:
-    """The limits a lower class sees: `share` of the room (at least one request and one
-    token), the rest kept free for `high`, so a high request finds room at once and a
-    short queue in the engine (vLLM schedules first come, first served)."""
+def reserved(limits: RoomLimits, share: float,
+             prefill_share: float | None = None) -> RoomLimits:
+    """The limits a lower class sees: `share` of the in-flight room and `prefill_share`
+    (default `share`) of the queued prefill (at least one request and one token), the
+    rest kept free for `high`, so a high request finds room at once and a short queue in
+    the engine (vLLM runs already-running requests' prefill first, whatever the policy)."""
+    prefill = share if prefill_share is None else prefill_share
     return RoomLimits(max(1, int(limits.max_in_flight * share)),
-                      max(1.0, limits.max_queued_prefill_tokens * share),
+                      max(1.0, limits.max_queued_prefill_tokens * prefill),
                       limits.kv_usage_limit)
 
 

@@ -87,3 +87,29 @@ class FairShare:
         w_cls = self._class_weight(cls)
         return in_class + sum(min(q, in_class * self._class_weight(c) / w_cls)
                               for c, q in by_class.items())
+
+
+class RecentTokens:
+    """Prompt tokens admitted per (class, tenant) flow lately: each flow's sum decays by
+    half every `half_life_s` (time is a parameter). What `shedding.over_share` compares:
+    a tenant's part of its class's recent tokens against its weighted share. Bounded by
+    the flows (3 classes x tenants); a flow whose sum decayed below one token is dropped."""
+
+    def __init__(self, half_life_s: float) -> None:
+        self._half_life_s = half_life_s
+        self._sums: dict[Flow, tuple[float, float]] = {}  # flow -> (tokens, as of)
+
+    def _at(self, flow: Flow, now: float) -> float:
+        tokens, then = self._sums.get(flow, (0.0, now))
+        return tokens * 0.5 ** (max(0.0, now - then) / self._half_life_s)
+
+    def add(self, flow: Flow, tokens: float, now: float) -> None:
+        self._sums[flow] = (self._at(flow, now) + tokens, now)
+        for f in [f for f in self._sums if self._at(f, now) < 1.0]:
+            del self._sums[f]
+
+    def part(self, flow: Flow, now: float) -> float:
+        """`flow`'s part (0..1) of the tokens its class admitted lately (0 when none)."""
+        cls = flow[0]
+        total = sum(self._at(f, now) for f in self._sums if f[0] == cls)
+        return self._at(flow, now) / total if total > 0 else 0.0
