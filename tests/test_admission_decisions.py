@@ -336,3 +336,18 @@ def test_the_session_prior_keeps_a_follow_up_waiting_for_its_own() -> None:
     loads = [load("a", queued=1200, predicted=1500), load("b", predicted=700)]
     assert bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, 0.0, 2.0).why == "elsewhere"
     assert bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, 0.0, 2.0, prior_s=0.5).why == "own"
+
+
+@pytest.mark.parametrize(("recent", "head"), [
+    ({}, ("normal", "flood")),  # no history: the first name
+    ({("normal", "flood"): 0.9, ("normal", "quiet"): 0.1}, ("normal", "quiet")),
+    ({("normal", "flood"): 0.1, ("normal", "quiet"): 0.9}, ("normal", "flood")),
+])
+def test_a_flow_just_started_wins_the_tie_when_it_had_less(recent: dict[Flow, float],
+                                                           head: Flow) -> None:
+    shares = fair()
+    shares.charge(("normal", "flood"), 500.0)
+    waiting: dict[Flow, float] = {("normal", "flood"): 100.0}
+    shares.activate(("normal", "quiet"), waiting)  # lifted to the flooder's virtual time
+    waiting[("normal", "quiet")] = 100.0
+    assert shares.order(waiting, lambda f: recent.get(f, 0.0))[0] == head

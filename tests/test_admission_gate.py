@@ -169,19 +169,28 @@ def test_admission_off_is_a_plain_decision() -> None:
     assert ticket.plan.decision.replica == "a"
 
 
-@pytest.mark.parametrize(("follow_up_class", "first"), [("normal", "cold"), ("high", "follow")])
+@pytest.mark.parametrize(("follow_up_class", "tenant", "first"), [
+    ("normal", None, "cold"), ("high", None, "follow"),
+    # the follow-up's tenant got none of its class's recent tokens, the other all of them:
+    # it is owed its share and keeps its place (and wins the tie of a flow just started)
+    ("normal", "quiet", "follow"),
+])
 def test_a_freed_replica_goes_first_to_a_waiter_that_need_not_move(
-        follow_up_class: str, first: str) -> None:
+        follow_up_class: str, tenant: str | None, first: str) -> None:
     history = "the conversation so far " * 80
+    flood = "flood" if tenant else None
 
     async def run() -> list[str]:
         g, _ = gate(own_replica_max_wait_s=0.0)  # a follow-up never waits for its own
         fleet = [replica("a"), replica("b")]
-        held = await g.admit(ask(history), fleet)
+        held = await g.admit(ask(history, tenant=tenant), fleet)
         own = next(r for r in fleet if r.name == held.plan.decision.replica)
         other = next(r for r in fleet if r is not own)
         own.in_flight += 1
-        busy = await g.admit(ask("something else entirely " * 40), fleet)
+        if tenant:  # the flooder took far more of the class lately
+            for i in range(20):
+                g.done(await g.admit(ask(f"flood {i} " * 100, tenant=flood), [other]))
+        busy = await g.admit(ask("something else entirely " * 40, tenant=flood), fleet)
         assert busy.plan.decision.replica == other.name
         other.in_flight += 1
         order: list[str] = []
@@ -191,11 +200,17 @@ def test_a_freed_replica_goes_first_to_a_waiter_that_need_not_move(
             order.append(name)
             assert t.plan.decision.replica == other.name
 
-        follow = asyncio.create_task(
-            wait("follow", ask(history + " and one more turn", follow_up_class)))
+        def follow_up() -> asyncio.Task[None]:
+            return asyncio.create_task(wait("follow", ask(
+                history + " and one more turn", follow_up_class, tenant)))
+
+        follow = follow_up() if not tenant else None
         await asyncio.sleep(0.005)
-        cold = asyncio.create_task(wait("cold", ask("a new conversation " * 40)))
+        cold = asyncio.create_task(wait("cold", ask("a new conversation " * 40, tenant=flood)))
         await asyncio.sleep(0.005)
+        if follow is None:  # after the flooder's waiter, so only the order lets it pass
+            follow = follow_up()
+            await asyncio.sleep(0.005)
         other.in_flight -= 1
         g.done(busy)  # room on the replica that does not hold the follow-up's history
         await asyncio.sleep(0.01)

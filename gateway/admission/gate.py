@@ -154,17 +154,16 @@ class Gate:
                        / self._drain.rate(now))
         max_wait = cfg.max_wait_s(cls)
         tenants = {t: q for (c, t), q in waiting.items() if c == cls}
-        weights = sum(cfg.tenant_weight(t) for t in tenants if t != flow[1])
-        w_own = cfg.tenant_weight(flow[1])
+        fair = self._fair_part(flow)
         queue = self._flows.get(flow)
         v = verdict(Arrival(
             queue_len=self._count, max_queue=cfg.max_queue,
             lower_waiting=any(priority.rank(c) > priority.rank(cls) for c, _ in self._flows),
             projected_s=projected_s, max_wait_s=max_wait,
             tenant_waiting=len(queue) if queue else 0,
-            tenant_slots=cfg.max_queue * w_own / (w_own + weights),
+            tenant_slots=cfg.max_queue * fair,
             others_waiting=any(t != flow[1] for t in tenants),
-            recent_part=self._recent.part(flow, now), fair_part=w_own / (w_own + weights),
+            recent_part=self._recent.part(flow, now), fair_part=fair,
             over_share=cfg.over_share))
         if v != "enqueue" and v != "displace":
             raise self._shedding(v, cls, projected_s)
@@ -240,6 +239,19 @@ class Gate:
                                    else queued),
             kv_usage=snap.kv_cache_usage if snap is not None else None)
 
+    def _fair_part(self, flow: Flow) -> float:
+        """`flow`'s weighted share among the tenants waiting in its class, itself in."""
+        cls, tenant = flow
+        weight = self.config.tenant_weight
+        others = sum(weight(t) for c, t in self._flows if c == cls and t != tenant)
+        return weight(tenant) / (weight(tenant) + others)
+
+    def _owed(self, flow: Flow, now: float) -> bool:
+        """`flow` got less than its fair part of its class's recent tokens: its waiters
+        keep their place in the matching round (a quiet tenant is not passed over by the
+        flooder's requests whose replica just freed)."""
+        return self._recent.part(flow, now) < self._fair_part(flow)
+
     def _go(self, ask: Ask, cls: Priority, flow: Flow, allowed: Sequence[Replica], now: float,
             waited_s: float, *, queued: bool, preview: RoutePlan | None = None) -> Ticket:
         plan = self.router.decide(ask.body, ask.kind, ask.model, ask.session,
@@ -289,7 +301,7 @@ class Gate:
         to, None when none may. Matching first: a `normal` or `low` waiter that would have
         to leave the replica holding its prefix is passed over, in a first round, for one
         whose own replica has room (a freed replica goes to a conversation it holds);
-        `high` keeps its place in either round."""
+        `high` keeps its place in either round, and so does a tenant owed its share."""
         for matching in (True, False):
             went = self._release_pass(base, roomy, now, matching)
             if went is not None:
@@ -299,7 +311,8 @@ class Gate:
     def _release_pass(self, base: dict[str, ReplicaLoad], roomy: set[str], now: float,
                       matching: bool) -> str | None:
         cfg = self.config
-        for flow in self._shares.order(self._tokens):
+        for flow in self._shares.order(self._tokens, lambda f: self._recent.part(f, now)):
+            keeps_place = flow[0] == "high" or (matching and self._owed(flow, now))
             for w in list(self._flows.get(flow, ())):
                 if w.future.done() or not any(r.name in roomy for r in w.pool):
                     continue  # cancelled (it leaves in its own task), or nowhere to go
@@ -308,7 +321,7 @@ class Gate:
                          for r in w.pool]
                 b = bind(loads, self._class_limits[w.cls], self._per_token, self._in_flight_s,
                          now - w.arrived, cfg.own_replica_max_wait_s, self._prior_s)
-                if not b.go or (matching and b.why == "elsewhere" and w.cls != "high"):
+                if not b.go or (matching and b.why == "elsewhere" and not keeps_place):
                     continue
                 allowed = [r for r in w.pool if r.name in b.replicas]
                 self._leave(w)

@@ -46,12 +46,15 @@ class FairShare:
             floor = min(same, default=0.0)
             self._flow_vt[flow] = max(self._flow_vt.get(flow, 0.0), floor)
 
-    def order(self, waiting: Mapping[Flow, float]) -> list[Flow]:
-        """The waiting flows, the one to serve first at the head."""
-        def key(flow: Flow) -> tuple[float, int, float, str]:
+    def order(self, waiting: Mapping[Flow, float],
+              recent: Callable[[Flow], float] = lambda _: 0.0) -> list[Flow]:
+        """The waiting flows, the one to serve first at the head. Equal virtual times
+        (a flow that just started waiting is lifted to the others') go to the flow with
+        the smaller `recent` part of its class's tokens, not to the first name."""
+        def key(flow: Flow) -> tuple[float, int, float, float, str]:
             cls, tenant = flow
             return (self._class_vt.get(cls, 0.0), CLASSES.index(cls),
-                    self._flow_vt.get(flow, 0.0), tenant)
+                    self._flow_vt.get(flow, 0.0), recent(flow), tenant)
         return sorted(waiting, key=key)
 
     def charge(self, flow: Flow, tokens: float) -> None:
