@@ -151,7 +151,11 @@ def test_wait_estimate(ld: ReplicaLoad, seconds: float) -> None:
     # own replica full, ~1.2 s of prefill queued there; re-prefilling its 1500 cached
     # tokens elsewhere costs 1.5 s: wait for its own
     ([load("a", queued=1200, predicted=1500), load("b")], 0.0, False, (), "own"),
-    # ... but not past own_replica_max_wait_s (2 s here)
+    # ... while what it waited plus the wait stays below the recompute (0.2 + 1.2 < 1.5)
+    ([load("a", queued=1200, predicted=1500), load("b")], 0.2, False, (), "own"),
+    # ... then it moves (0.4 + 1.2 > 1.5), though the cap (2 s) is not reached
+    ([load("a", queued=1200, predicted=1500), load("b")], 0.4, True, ("b",), "elsewhere"),
+    # ... and never past own_replica_max_wait_s (2 s here)
     ([load("a", queued=1200, predicted=1500), load("b")], 0.9, True, ("b",), "elsewhere"),
     # own replica's wait (2 s) is longer than the recompute (1.5 s): go elsewhere now
     ([load("a", queued=2000, predicted=1500), load("b")], 0.0, True, ("b",), "elsewhere"),

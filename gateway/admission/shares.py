@@ -104,7 +104,8 @@ class RecentTokens:
 
     def _at(self, flow: Flow, now: float) -> float:
         tokens, then = self._sums.get(flow, (0.0, now))
-        return tokens * 0.5 ** (max(0.0, now - then) / self._half_life_s)
+        decay: float = 0.5 ** (max(0.0, now - then) / self._half_life_s)
+        return tokens * decay
 
     def add(self, flow: Flow, tokens: float, now: float) -> None:
         self._sums[flow] = (self._at(flow, now) + tokens, now)
