@@ -220,3 +220,46 @@ def test_a_freed_replica_goes_first_to_a_waiter_that_need_not_move(
         await g.aclose()
         return order
     assert asyncio.run(run())[:1] == [first]
+
+
+class Manual:
+    """A timer the test moves."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_time_waited_with_no_room_anywhere_does_not_push_a_follow_up_off_its_replica() -> None:
+    """A follow-up that waited 5 s while every replica was full still waits for its own
+    (a short wait there, cheaper than re-prefilling its history) when another frees."""
+    history = "the conversation so far " * 80
+
+    async def run() -> str:
+        routing = RoutingConfig()
+        router = Router(routing)
+        timer = Manual()
+        g = Gate(AdmissionConfig(enabled=True, replica_max_in_flight=1, recheck_s=0.001),
+                 routing, router, GatewayMetrics(), Clock(), timer)
+        fleet = [replica("a"), replica("b")]
+        held = await g.admit(ask(history), fleet)
+        own = next(r for r in fleet if r.name == held.plan.decision.replica)
+        other = next(r for r in fleet if r is not own)
+        own.in_flight += 1
+        busy = await g.admit(ask("something else entirely " * 40), [other])
+        other.in_flight += 1
+        follow = asyncio.create_task(g.admit(ask(history + " and one more turn"), fleet))
+        await asyncio.sleep(0.01)
+        timer.t += 5.0  # nobody had room all that time
+        other.in_flight -= 1
+        g.done(busy)
+        await asyncio.sleep(0.02)
+        assert not follow.done()  # waits for its own, though the other has room
+        own.in_flight -= 1
+        g.done(held)
+        ticket = await asyncio.wait_for(follow, 5)
+        await g.aclose()
+        return ticket.plan.decision.replica == own.name and "own" or "moved"
+    assert asyncio.run(run()) == "own"

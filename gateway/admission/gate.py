@@ -89,6 +89,9 @@ class _Waiter:
     preview: RoutePlan
     pool: Sequence[Replica]
     arrived: float  # timer
+    # when it first chose to wait for its own replica while another had room (late
+    # binding's clock: the time it waited with no room anywhere is not a choice to stay)
+    own_since: float | None = None
     future: asyncio.Future[Ticket] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -320,7 +323,10 @@ class Gate:
                                              predicted_tokens=w.preview.predicted.get(r.name, 0))
                          for r in w.pool]
                 b = bind(loads, self._class_limits[w.cls], self._per_token, self._in_flight_s,
-                         now - w.arrived, cfg.own_replica_max_wait_s, self._prior_s)
+                         0.0 if w.own_since is None else now - w.own_since,
+                         cfg.own_replica_max_wait_s, self._prior_s)
+                if b.why == "own" and w.own_since is None:
+                    w.own_since = now
                 if not b.go or (matching and b.why == "elsewhere" and not keeps_place):
                     continue
                 allowed = [r for r in w.pool if r.name in b.replicas]
