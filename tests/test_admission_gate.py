@@ -261,5 +261,27 @@ def test_time_waited_with_no_room_anywhere_does_not_push_a_follow_up_off_its_rep
         g.done(held)
         ticket = await asyncio.wait_for(follow, 5)
         await g.aclose()
-        return ticket.plan.decision.replica == own.name and "own" or "moved"
+        return "own" if ticket.plan.decision.replica == own.name else "moved"
     assert asyncio.run(run()) == "own"
+
+
+def test_high_is_not_held_for_queued_prefill_that_holds_normal() -> None:
+    async def run() -> tuple[bool, bool]:
+        routing = RoutingConfig()
+        g = Gate(AdmissionConfig(enabled=True, replica_max_in_flight=4,
+                                 replica_max_queued_prefill_tokens=10,
+                                 default_priority_cap="high", recheck_s=0.001),
+                 routing, Router(routing), GatewayMetrics(), Clock(), Clock())
+        fleet = [replica("a")]
+        held = await g.admit(ask("a long prompt with no first token yet " * 60), fleet)
+        fleet[0].in_flight += 1  # 1 of 4 sequences, ~400 prefill tokens queued (> 10)
+        normal = asyncio.create_task(g.admit(ask("normal " * 20), fleet))
+        high = asyncio.create_task(g.admit(ask("high " * 20, "high"), fleet))
+        await asyncio.sleep(0.02)
+        got = (high.done() and not high.exception(), normal.done())
+        normal.cancel()
+        await asyncio.gather(normal, return_exceptions=True)
+        g.done(held)
+        await g.aclose()
+        return got
+    assert asyncio.run(run()) == (True, False)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -108,13 +109,18 @@ class Gate:
         self._per_token = routing.prefill_s_per_token
         self._in_flight_s = routing.in_flight_s
         self._prior_s = routing.prefill_s_per_token * routing.session_prior_tokens
-        self._limits = RoomLimits(config.replica_max_in_flight,
-                                  config.replica_max_queued_prefill_tokens,
-                                  config.kv_usage_limit)
-        lower = reserved(self._limits, config.lower_class_room,
+        full = RoomLimits(config.replica_max_in_flight,
+                          config.replica_max_queued_prefill_tokens, config.kv_usage_limit)
+        lower = reserved(full, config.lower_class_room,
                          config.lower_class_prefill_room)
+        # `high` is not held back for queued prefill: that wait is the same in the engine
+        # as here (it goes behind what is queued either way) plus a dispatch, and the
+        # lower classes' share keeps that queue to about a step; only sequence slots
+        # and the KV cache hold it here.
+        high = RoomLimits(config.replica_max_in_flight, math.inf, config.kv_usage_limit)
+        self._limits = high  # the loosest: a replica no class has room on is full
         self._class_limits: dict[Priority, RoomLimits] = {
-            "high": self._limits, "normal": lower, "low": lower}
+            "high": high, "normal": lower, "low": lower}
         self._shares = FairShare(config.class_weight, config.tenant_weight)
         self._drain = DrainRate(floor=1.0 / routing.prefill_s_per_token)
         self._recent = RecentTokens(config.share_half_life_s)
