@@ -45,6 +45,11 @@ class Backend(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
+        if self.buf.startswith(b"PRI * HTTP/2.0"):
+            # sglang-router and vllm-router try HTTP/2 prior knowledge (gRPC detection)
+            # first; closing makes them fall back to HTTP/1.1
+            self.t.close()
+            return
         while True:
             head_end = self.buf.find(b"\r\n\r\n")
             if head_end < 0:
