@@ -21,7 +21,8 @@ fresh conversations, so no proxy sees a request twice.
 
 The peers live in a bench-only environment, never in the project's dependencies:
 
-    python3 -m venv ~/.cache/gateway-peers-venv && ~/.cache/gateway-peers-venv/bin/pip install sglang-router==0.3.2 vllm-router==0.1.17
+    python3 -m venv ~/.cache/gateway-peers-venv && \
+        ~/.cache/gateway-peers-venv/bin/pip install sglang-router==0.3.2 vllm-router==0.1.17
 
 (`--peers-venv DIR` points elsewhere; `--no-peers` measures the gateway and the relay only.)
 
@@ -40,7 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +54,6 @@ TICK = os.sysconf("SC_CLK_TCK")
 KIB = 1024
 CONCURRENCY = 32
 PREFIXES = 32
-ANSWER = "ok " * 16  # what the instant backend answers: the next turn repeats it
 
 # case -> (kind, prompt bytes, requests per round at --scale 1)
 CASES: dict[str, tuple[str, int, int]] = {
@@ -69,7 +69,7 @@ CASES: dict[str, tuple[str, int, int]] = {
 
 # -- prompts ----------------------------------------------------------------------------------
 
-_WORDS = (
+_WORDS = (  # noqa: SIM905 (prose reads better than a list of words)
     "the function returns a list of records for each request and the caller checks the "
     "status before it writes the result to the cache; if the file is missing we raise an "
     "error with the path and line number so the agent can retry with another tool call "
@@ -86,13 +86,14 @@ class Text:
         self.rng = random.Random(seed)
 
     def __call__(self, size: int) -> str:
-        rng, words, out, n = self.rng, _WORDS, [], 0
-        while n < size:
-            w = words[rng.randrange(len(words))] if rng.random() > 0.04 else (
-                f"line {rng.randrange(1, 999)}")
-            out.append(w)
-            n += len(w) + 1
-        return " ".join(out)[:size]
+        rng = self.rng
+        out = rng.choices(_WORDS, k=size // 5 + 8)
+        for i in range(0, len(out), 25):  # about one number every 25 words
+            out[i] = f"line {rng.randrange(1, 999)}"
+        text = " ".join(out)
+        while len(text) < size:
+            text += " " + text
+        return text[:size]
 
 
 def body(messages: list[dict[str, str]], stream: bool) -> bytes:
@@ -113,52 +114,188 @@ def fixed_bodies(size: int, n: int, salt: int, stream: bool) -> list[bytes]:
             for i in range(n)]
 
 
-def conversations(size: int, turns: int, salt: int) -> list[Iterator[bytes]]:
-    """32 conversations sharing a 2 KiB system prompt, each growing by the backend's
-    answer and a new user tail every turn, reaching ~size bytes at its last turn."""
+class Feed:
+    """What one client worker sends next, given the answer to what it sent last."""
+
+    def next(self, answer: bytes | None) -> bytes | None:
+        raise NotImplementedError
+
+
+class Queue(Feed):
+    """Bodies taken in order by however many workers share this feed."""
+
+    def __init__(self, bodies: list[bytes]) -> None:
+        self._it = iter(bodies)
+
+    def next(self, answer: bytes | None) -> bytes | None:
+        return next(self._it, None)
+
+
+class Conversation(Feed):
+    """A conversation under a shared 2 KiB system prompt: every turn repeats the previous
+    prompt and the answer it got (as a client does) and adds a new user tail, reaching
+    about `size` bytes at its last turn."""
+
+    def __init__(self, size: int, turns: int, salt: int, system: str) -> None:
+        self.turns = turns
+        self.tail = max(64, (size - 2 * KIB) // turns - 64)
+        self.text = Text(salt)
+        self.name = f"Conversation {salt}"
+        self.messages = [{"role": "system", "content": system}]
+
+    def next(self, answer: bytes | None) -> bytes | None:
+        turn = sum(m["role"] == "user" for m in self.messages)
+        if turn >= self.turns:
+            return None
+        if answer is not None:
+            doc = orjson.loads(answer)
+            self.messages.append({"role": "assistant",
+                                  "content": doc["choices"][0]["message"]["content"]})
+        self.messages.append({"role": "user", "content": f"{self.name}, step {turn}: "
+                              + self.text(self.tail)})
+        return body(self.messages, False)
+
+
+def conversations(size: int, turns: int, salt: int) -> list[Feed]:
     system = Text(7)(2 * KIB)
-    tail = max(64, (size - 2 * KIB) // turns - len(ANSWER))
-
-    def one(c: int) -> Iterator[bytes]:
-        text = Text(salt * 1000 + c)
-        messages = [{"role": "system", "content": system}]
-        for t in range(turns):
-            if t:
-                messages.append({"role": "assistant", "content": ANSWER})
-            messages.append({"role": "user", "content": f"Conversation {salt}-{c}, step "
-                             f"{t}: " + text(tail)})
-            yield body(messages, False)
-
-    return [one(c) for c in range(CONCURRENCY)]
+    return [Conversation(size, turns, salt * 1000 + c, system) for c in range(CONCURRENCY)]
 
 
 # -- load -------------------------------------------------------------------------------------
 
-async def drive(url: str, streams: list[Iterator[bytes]], timeout: float) -> list[float]:
-    """Each stream is sent in order by its own worker (concurrency = len(streams))."""
+async def drive(url: str, feeds: list[Feed], limit_s: float) -> list[float]:
+    """One worker per feed (concurrency = len(feeds); the same feed may appear repeatedly)."""
     latencies: list[float] = []
-    connector = aiohttp.TCPConnector(limit=len(streams))
+    connector = aiohttp.TCPConnector(limit=len(feeds))
     headers = {"content-type": "application/json"}
     async with aiohttp.ClientSession(connector=connector) as session:
-        async def worker(bodies: Iterator[bytes]) -> None:
-            for payload in bodies:
+        async def worker(feed: Feed) -> None:
+            payload = feed.next(None)
+            while payload is not None:
                 t0 = time.perf_counter()
                 async with session.post(url + "/v1/chat/completions", data=payload,
                                         headers=headers) as r:
-                    async for _ in r.content.iter_any():
-                        pass
+                    answer = await r.read()
                     if r.status != 200:
                         raise RuntimeError(f"{url}: status {r.status}")
                 latencies.append(time.perf_counter() - t0)
+                payload = feed.next(answer)
 
-        await asyncio.wait_for(asyncio.gather(*(worker(s) for s in streams)), timeout)
+        await asyncio.wait_for(asyncio.gather(*(worker(f) for f in feeds)), limit_s)
     return latencies
 
 
-def shared_queue(bodies: list[bytes]) -> list[Iterator[bytes]]:
+def shared_queue(bodies: list[bytes]) -> list[Feed]:
     """CONCURRENCY workers taking the next body from one list."""
-    it = iter(bodies)
-    return [it for _ in range(CONCURRENCY)]
+    return [Queue(bodies)] * CONCURRENCY
+
+
+# -- in process: the gateway's own Python per request, no sockets -----------------------------
+
+async def _in_process(feeds: list[Feed], warm: list[Feed], env: dict[str, str]) -> float:
+    """Gateway CPU ms per request, driving the ASGI app with bench_proxy's instant upstream;
+    the feeds take turns (turn t of every conversation, then turn t + 1)."""
+    from bench_proxy import _InstantResponse, _InstantUpstream
+    from proxy_servers import sized_completion
+
+    class Upstream(_InstantUpstream):
+        """Usage that follows the prompt's size, as the socket backends answer here."""
+
+        async def send(self, method: str, url: str, headers: object, body: bytes | None,
+                       timeouts: object) -> _InstantResponse:
+            if body is not None and url.endswith("/chat/completions") and (
+                    b'"stream":true' not in body):
+                return _InstantResponse(False, sized_completion(body))
+            return await super().send(method, url, headers, body, timeouts)
+
+    from gateway.proxy.app import create_app
+    from gateway.settings import parse_settings
+
+    settings = parse_settings(None, env, backends=["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    app = create_app(settings, upstream=Upstream())  # type: ignore[arg-type]
+    async with app.running():
+        assert app.services is not None
+        for _ in range(100):  # the monitor's first probes mark the replicas up
+            if len(app.services.fleet.healthy()) == 2:
+                break
+            await asyncio.sleep(0.01)
+        never = asyncio.get_running_loop().create_future()
+
+        async def one(payload: bytes) -> bytes:
+            messages = [{"type": "http.request", "body": payload, "more_body": False}]
+            answer: list[bytes] = []
+
+            async def receive() -> dict[str, object]:
+                if messages:
+                    return messages.pop()
+                await never
+                return {"type": "http.disconnect"}
+
+            async def send(message: dict[str, object]) -> None:
+                if message["type"] == "http.response.body":
+                    answer.append(message.get("body", b""))  # type: ignore[arg-type]
+
+            await app({"type": "http", "method": "POST", "path": "/v1/chat/completions",
+                       "query_string": b"", "headers": [
+                           (b"host", b"gw"), (b"content-type", b"application/json"),
+                           (b"content-length", b"%d" % len(payload))]}, receive, send)
+            return b"".join(answer)
+
+        async def run(feeds: list[Feed]) -> tuple[float, int]:
+            """The feeds take turns; CPU seconds inside the app only, and requests."""
+            cpu, n = 0.0, 0
+            live = list(dict.fromkeys(feeds))  # a shared queue once
+            answers: dict[int, bytes | None] = {id(f): None for f in live}
+            while live:
+                nxt = []
+                for f in live:
+                    payload = f.next(answers[id(f)])
+                    if payload is None:
+                        continue
+                    c0 = time.process_time()
+                    answers[id(f)] = await one(payload)
+                    cpu += time.process_time() - c0
+                    n += 1
+                    nxt.append(f)
+                live = nxt
+            return cpu, n
+
+        await run(warm)
+        cpu, n = await run(feeds)
+        return cpu / n * 1000
+
+
+def gateway_env(args: argparse.Namespace) -> dict[str, str]:
+    """The gateway's settings beyond its defaults: the KV capacity its index models (the
+    peers' prefix trees hold 32-64 M characters per worker by default; the gateway's
+    default, 262,144 tokens, is about 1 MiB of prompt, less than these cases' working
+    set, so its index would evict, and model the engine evicting, on every request), and
+    whatever `--gateway-env` adds."""
+    return {"GATEWAY_ROUTING__DEFAULT_CAPACITY_TOKENS": str(args.capacity_tokens),
+            **dict(kv.split("=", 1) for kv in args.gateway_env)}
+
+
+def run_in_process(cases: list[str], args: argparse.Namespace) -> int:
+    import cProfile
+
+    import uvloop
+
+    for case in cases:
+        make, _ = plan(case, args.scale, args.turns)
+        runs = []
+        for r in range(args.rounds):
+            feeds, warm = make(2 * r + 10), make(2 * r + 11)
+            if args.profile and r == 0:
+                prof = cProfile.Profile()
+                prof.enable()
+                runs.append(uvloop.run(_in_process(feeds, warm, gateway_env(args))))
+                prof.disable()
+                prof.dump_stats(f"{args.profile}.{case}")
+            else:
+                runs.append(uvloop.run(_in_process(feeds, warm, gateway_env(args))))
+        print(f"{case}: gateway CPU ms/req in process, median {statistics.median(runs):.4f} "
+              f"(runs: {' '.join(f'{x:.4f}' for x in runs)})", flush=True)
+    return 0
 
 
 # -- processes --------------------------------------------------------------------------------
@@ -215,7 +352,7 @@ def wait_ready(p: Proxy, timeout: float) -> None:
         if p.proc.poll() is not None:
             raise RuntimeError(f"{p.label} exited with {p.proc.returncode}")
         try:
-            asyncio.run(drive(p.url, [iter(probe)], 5.0))
+            asyncio.run(drive(p.url, [Queue(probe)], 5.0))
             return
         except (OSError, RuntimeError, TimeoutError, aiohttp.ClientError):
             time.sleep(0.25)
@@ -236,7 +373,7 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 # -- the run ----------------------------------------------------------------------------------
 
-def plan(case: str, scale: float, turns: int) -> tuple[Callable[[int], list[Iterator[bytes]]], int]:
+def plan(case: str, scale: float, turns: int) -> tuple[Callable[[int], list[Feed]], int]:
     """(streams for a salt, requests per round) of a case."""
     kind, size, n = CASES[case]
     if kind == "grow":
@@ -259,14 +396,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="the venv holding sglang-router and vllm-router")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--capacity-tokens", type=int, default=8 << 20,
+                    help="the gateway's routing.default_capacity_tokens (default 8 Mi tokens, "
+                    "32 MiB of prompt per replica, as vllm-router's default tree)")
     ap.add_argument("--max-seconds", type=float, default=460.0,
                     help="stop measuring (and report what was measured) after this long")
     ap.add_argument("--out", type=Path, help="also append the table to this file")
+    ap.add_argument("--in-process", action="store_true",
+                    help="no sockets, no peers: drive the gateway's ASGI app directly with an "
+                    "instant upstream (the gateway's own Python per request)")
+    ap.add_argument("--profile", metavar="PREFIX",
+                    help="with --in-process: cProfile the first round to PREFIX.<case>")
     ap.add_argument("--backend-server", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--relay-server", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.backend_server:
-        asyncio.run(serve_backend(args.backend_server))
+        asyncio.run(serve_backend(args.backend_server, sized=True))
         return 0
     if args.relay_server:
         import uvloop
@@ -277,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     for c in cases:
         if c not in CASES:
             ap.error(f"unknown case {c!r}")
+    if args.in_process:
+        return run_in_process(cases, args)
     began = time.monotonic()
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -286,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             procs.append(subprocess.Popen([sys.executable, __file__, "--backend-server",
                                            str(port)]))
             backends.append(f"http://127.0.0.1:{port}")
-        env = {**os.environ, **dict(kv.split("=", 1) for kv in args.gateway_env)}
+        env = {**os.environ, **gateway_env(args)}
         proxies = [
             start("gateway", [str(ROOT / ".venv/bin/gateway"), "serve", "--port", "{port}",
                               "--log-level", "warning",
@@ -314,17 +461,16 @@ def main(argv: list[str] | None = None) -> int:
             counts[case] = n
             for p in proxies:  # warm up: connections, caches of the shared prefixes
                 salt += 1
-                asyncio.run(drive(p.url, [s for s, _ in zip(make(salt), range(4), strict=False)],
-                                  120.0))
+                asyncio.run(drive(p.url, make(salt)[:4], 120.0))
             for r in range(args.rounds):
                 if time.monotonic() - began > args.max_seconds:
                     break
                 k = r % len(proxies)
                 for p in proxies[k:] + proxies[:k]:
                     salt += 1
-                    streams = make(salt)
+                    feeds = make(salt)
                     c0 = tree_cpu(p.proc.pid)
-                    lat = asyncio.run(drive(p.url, streams, 300.0))
+                    lat = asyncio.run(drive(p.url, feeds, 300.0))
                     cpu = (tree_cpu(p.proc.pid) - c0) / len(lat) * 1000
                     results.setdefault((case, p.label), []).append(
                         (cpu, statistics.median(lat) * 1000))
