@@ -1,8 +1,12 @@
 """Cheaper computations on the request path give exactly what the plain ones give: the
-depth guard's C-speed proof (`inbound.shallow`) against the exact walk (`too_deep`)."""
+depth guard's C-speed proof (`inbound.shallow`) against the exact walk (`too_deep`); the
+block index's tip stamps against the LRU list it replaced."""
 
 from __future__ import annotations
 
+import itertools
+from collections import OrderedDict, deque
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -12,6 +16,8 @@ from hypothesis import strategies as st
 
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.inbound import MAX_DEPTH, parse_json, shallow, too_deep
+from gateway.routing.blocks import held_prefix
+from gateway.routing.index import BlockIndex
 from tests.props import json_value
 
 
@@ -50,3 +56,78 @@ def test_parse_json_refuses_bodies_past_the_depth_limit(depth: int, pad: int, ok
         with pytest.raises(GatewayError) as err:
             parse_json(raw)
         assert err.value.status == 400
+
+
+# the block index: recency stamped at a chain's tip, against an LRU list moved whole ----------
+
+class LruIndex:
+    """The index as it was: an LRU list (OrderedDict) into which a request's chain is
+    appended and moved, deepest block first, on every use."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.held: OrderedDict[int, None] = OrderedDict()
+
+    def matched(self, hashes: list[int]) -> int:
+        return held_prefix(self.held, hashes) if self.held else 0
+
+    def record(self, hashes: list[int], upto: int, held_already: int) -> None:
+        held = self.held
+        upto = min(upto, len(hashes))
+        held_already = max(0, min(held_already, upto))
+        refresh = held_already
+        if upto > held_already:
+            before = len(held)
+            held.update(zip(reversed(hashes[held_already:upto]), repeat(None)))
+            if len(held) - before != upto - held_already:
+                refresh = upto
+        try:
+            deque(map(held.move_to_end, reversed(hashes[:refresh])), maxlen=0)
+        except KeyError:
+            held.update(zip(reversed(hashes[:upto]), repeat(None)))
+            deque(map(held.move_to_end, reversed(hashes[:upto])), maxlen=0)
+        self.shrink()
+
+    def shrink(self) -> None:
+        while len(self.held) > max(0, self.capacity):
+            self.held.popitem(last=False)
+
+
+op = st.tuples(st.sampled_from(["fork", "reply", "reuse", "capacity", "underclaim"]),
+               st.integers(0, 10**6), st.integers(1, 12), st.integers(0, 60))
+
+
+@given(ops=st.lists(op, min_size=1, max_size=60), capacity=st.integers(0, 40))
+@settings(max_examples=400, deadline=None)
+def test_index_evicts_as_an_lru_list_moved_whole(
+    ops: list[tuple[str, int, int, int]], capacity: int
+) -> None:
+    ref, idx = LruIndex(capacity), BlockIndex(capacity)
+    chains: list[list[int]] = [[]]
+    fresh = itertools.count(1)
+    for kind, pick, k, n in ops:
+        base = chains[pick % len(chains)]
+        if kind == "capacity":
+            ref.capacity = n
+            ref.shrink()
+            idx.set_capacity("r", n)
+        else:
+            if kind in ("fork", "underclaim"):
+                chain = base[: pick % (len(base) + 1)] + [next(fresh) for _ in range(k)]
+            elif kind == "reply":  # the answer's blocks after a prompt (a stale claim too)
+                chain = base + [next(fresh) for _ in range(k)]
+            else:  # the same prompt again, or a prefix of it
+                chain = base if pick % 2 else base[: max(1, pick % (len(base) + 1))]
+            claim = ref.matched(chain)
+            if kind == "reply":
+                claim = len(base)
+            elif kind == "underclaim":
+                claim = min(claim, n % (claim + 1))
+            ref.record(chain, len(chain), claim)
+            idx.record("r", chain, len(chain), claim)
+            chains.append(chain)
+        assert idx.size("r") == len(ref.held)
+        held = idx._held.get("r")
+        assert set(held.parent if held else ()) == set(ref.held)  # the same blocks evicted
+        for c in chains:
+            assert idx.matched("r", c) == ref.matched(c)
