@@ -1,6 +1,7 @@
 """Cheaper computations on the request path give exactly what the plain ones give: the
 depth guard's C-speed proof (`inbound.shallow`) against the exact walk (`too_deep`); the
-block index's tip stamps against the LRU list it replaced."""
+block index's tip stamps against the LRU list it replaced; the estimator's remembered
+search for the deepest anchor against a scan."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.inbound import MAX_DEPTH, parse_json, shallow, too_deep
 from gateway.routing.blocks import held_prefix
+from gateway.routing.estimate import TokenEstimator
 from gateway.routing.index import BlockIndex
 from tests.props import json_value
 
@@ -131,3 +133,31 @@ def test_index_evicts_as_an_lru_list_moved_whole(
         assert set(held.parent if held else ()) == set(ref.held)  # the same blocks evicted
         for c in chains:
             assert idx.matched("r", c) == ref.matched(c)
+
+
+# the estimator's deepest anchor: one scan per chain and anchors version -----------------------
+
+def plain_deepest(anchors: dict[int, object], hashes: list[int], upto: int) -> int:
+    return max((j for j in range(1, upto + 1) if hashes[j - 1] in anchors), default=0)
+
+
+estimator_op = st.tuples(st.booleans(), st.integers(0, 5), st.integers(0, 40))
+
+
+@given(ops=st.lists(estimator_op, min_size=1, max_size=80))
+@settings(max_examples=300, deadline=None)
+def test_deepest_anchor_remembered_per_chain_equals_a_scan(
+    ops: list[tuple[bool, int, int]]
+) -> None:
+    est = TokenEstimator(4.0, 0.1, 8, 4)
+    # chains sharing prefixes, so an anchor set through one is found through another
+    chains = [[(c % 3) * 100 + i if i < 10 else c * 1000 + i for i in range(40)]
+              for c in range(6)]
+    for anchor, c, n in ops:
+        hashes = chains[c]
+        if anchor and n:
+            est.set_anchor(b"x" * (4 * n + 2), hashes[:n], 10.0 * n, 4.0)
+        else:
+            j, found = est.deepest(hashes, n)
+            assert j == plain_deepest(est._anchors, hashes, n)
+            assert found is (est._anchors[hashes[j - 1]] if j else None)
