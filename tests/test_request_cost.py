@@ -1,7 +1,8 @@
 """Cheaper computations on the request path give exactly what the plain ones give: the
 depth guard's C-speed proof (`inbound.shallow`) against the exact walk (`too_deep`); the
 block index's tip stamps against the LRU list it replaced; the estimator's remembered
-search for the deepest anchor against a scan."""
+search for the deepest anchor against a scan; the hygiene scanner's candidates found
+through a digit mask against the regex engine's own scan."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.hygiene.patterns import _scan, scan_text
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.inbound import MAX_DEPTH, parse_json, shallow, too_deep
 from gateway.routing.blocks import held_prefix
@@ -161,3 +163,35 @@ def test_deepest_anchor_remembered_per_chain_equals_a_scan(
             j, found = est.deepest(hashes, n)
             assert j == plain_deepest(est._anchors, hashes, n)
             assert found is (est._anchors[hashes[j - 1]] if j else None)
+
+
+# the scanner's candidates found through a digit mask, against the regex engine's scan -----------
+
+_PIECES = ["turn ", "Turn  ", "step #", "No. ", "line ", "2024-05-01T10:00:00Z", "12:30:45",
+           "req_", "a1b2c3d4e5", "1700000000", " of ", "x", "9", "07/04/2024", "-", " ",
+           "\t", "\n", "June 3, 2024", "id: ", "nonce=", "..", "v1.2.3", "#"]
+ascii_prose = st.lists(st.sampled_from(_PIECES) | st.text(
+    alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=6), max_size=40
+).map("".join)
+
+
+@given(text=ascii_prose, cut=st.tuples(st.integers(0, 400), st.integers(0, 400)),
+       permissive=st.booleans())
+@settings(max_examples=500, deadline=None)
+def test_masked_candidates_find_what_the_regex_scan_finds(
+    text: str, cut: tuple[int, int], permissive: bool
+) -> None:
+    lo, hi = min(cut[0], len(text)), min(max(cut), len(text))
+    assert _scan(text, lo, hi, permissive, True) == _scan(text, lo, hi, permissive, False)
+    assert scan_text(text, lo, hi, permissive) == _scan(text, lo, hi, permissive, False)
+
+
+@pytest.mark.parametrize("text", [
+    "a 1 12:30:45 done",  # a plain number right before a clock
+    "x7 at 12:30:45",
+    "9 turn 3 of 5",
+    "12345 req_abc123def",
+])
+def test_masked_candidates_after_a_plain_number(text: str) -> None:
+    assert _scan(text, 0, len(text), False, True) == _scan(text, 0, len(text), False, False)
+    assert scan_text(text)  # each holds a finding right after a number that is none
