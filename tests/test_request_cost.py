@@ -2,7 +2,8 @@
 depth guard's C-speed proof (`inbound.shallow`) against the exact walk (`too_deep`); the
 block index's tip stamps against the LRU list it replaced; the estimator's remembered
 search for the deepest anchor against a scan; the hygiene scanner's candidates found
-through a digit mask against the regex engine's own scan."""
+through a digit mask against the regex engine's own scan; conversation samples recorded
+in bulk against one by one."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from gateway.hygiene.patterns import _scan, scan_text
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.inbound import MAX_DEPTH, parse_json, shallow, too_deep
 from gateway.routing.blocks import held_prefix
+from gateway.routing.conversations import SHARED, Conversations
 from gateway.routing.estimate import TokenEstimator
 from gateway.routing.index import BlockIndex
 from tests.props import json_value
@@ -195,3 +197,36 @@ def test_masked_candidates_find_what_the_regex_scan_finds(
 def test_masked_candidates_after_a_plain_number(text: str) -> None:
     assert _scan(text, 0, len(text), False, True) == _scan(text, 0, len(text), False, False)
     assert scan_text(text)  # each holds a finding right after a number that is none
+
+
+# conversation samples recorded in bulk, against one by one ------------------------------------
+
+def sample_one_by_one(samples: OrderedDict[int, int], conv: int, hashes: list[int],
+                      every: int, capacity: int) -> None:
+    for i in range(every - 1, len(hashes), every):
+        h = hashes[i]
+        was = samples.get(h)
+        samples[h] = conv if was is None or was == conv else SHARED
+        samples.move_to_end(h)
+    while len(samples) > capacity:
+        samples.popitem(last=False)
+
+
+@given(sends=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.integers(0, 40)),
+                      min_size=1, max_size=40),
+       every=st.integers(1, 5), capacity=st.integers(1, 30))
+@settings(max_examples=300, deadline=None)
+def test_samples_recorded_in_bulk_as_one_by_one(
+    sends: list[tuple[int, int, int]], every: int, capacity: int
+) -> None:
+    convs = Conversations(64, 4, every, capacity)
+    ref: OrderedDict[int, int] = OrderedDict()
+    # prompts of a few conversations sharing prefixes: samples become SHARED
+    base = [[(c % 2) * 1000 + i if i < 8 else c * 1000 + i for i in range(40)]
+            for c in range(6)]
+    for conv, which, n in sends:
+        hashes = base[which][:n]
+        convs.advance(conv + 1, hashes)
+        if hashes:
+            sample_one_by_one(ref, conv + 1, hashes, every, capacity)
+        assert list(convs._samples.items()) == list(ref.items())
