@@ -395,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
                     default=Path.home() / ".cache/gateway-peers-venv",
                     help="the venv holding sglang-router and vllm-router")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--baseline", metavar="SRC", type=Path,
+                    help="also run a gateway from this source tree (PYTHONPATH=SRC, e.g. a "
+                    "`git archive <commit> gateway` unpacked): the column `gateway before`")
     ap.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--capacity-tokens", type=int, default=8 << 20,
                     help="the gateway's routing.default_capacity_tokens (default 8 Mi tokens, "
@@ -441,6 +444,11 @@ def main(argv: list[str] | None = None) -> int:
             start("bare relay", [sys.executable, __file__, "--relay-server", "{port}",
                                  *backends]),
         ]
+        if args.baseline:
+            proxies.insert(1, start("gateway before", [
+                str(ROOT / ".venv/bin/gateway"), "serve", "--port", "{port}", "--log-level",
+                "warning", *(a for b in backends for a in ("--backend", b))],
+                {**env, "PYTHONPATH": str(args.baseline.resolve())}))
         if not args.no_peers:
             py = str(args.peers_venv / "bin/python")
             common = ["--host", "127.0.0.1", "--port", "{port}", "--policy", "cache_aware",
@@ -488,9 +496,11 @@ def main(argv: list[str] | None = None) -> int:
 def report(cases: list[str], labels: list[str],
            results: dict[tuple[str, str], list[tuple[float, float]]],
            counts: dict[str, int]) -> str:
+    before = "gateway before" in labels
     head = ("| case | requests/round | " + " | ".join(f"{lb} CPU ms/req" for lb in labels)
-            + " | gateway / bare relay | gateway / vllm-router |")
-    lines = [head, "|" + "---|" * (len(labels) + 4)]
+            + " | gateway / bare relay | gateway / vllm-router |"
+            + (" gateway before / bare relay |" if before else ""))
+    lines = [head, "|" + "---|" * (len(labels) + 4 + before)]
     detail = []
     for case in cases:
         med = {lb: statistics.median(x[0] for x in results[(case, lb)])
@@ -501,6 +511,9 @@ def report(cases: list[str], labels: list[str],
         bare = med.get("bare relay")
         vr = med.get("vllm-router")
         ratios = [f"{med['gateway'] / d:.2f}x" if d else "-" for d in (bare, vr)]
+        if before:
+            old = med.get("gateway before")
+            ratios.append(f"{old / bare:.2f}x" if old and bare else "-")
         lines.append(f"| {case} | {counts[case]} | " + " | ".join(cells + ratios) + " |")
         for lb in labels:
             runs = results.get((case, lb), [])
