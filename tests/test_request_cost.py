@@ -3,7 +3,7 @@ depth guard's C-speed proof (`inbound.shallow`) against the exact walk (`too_dee
 block index's tip stamps against the LRU list it replaced; the estimator's remembered
 search for the deepest anchor against a scan; the hygiene scanner's candidates found
 through a digit mask against the regex engine's own scan; conversation samples recorded
-in bulk against one by one."""
+in bulk, and searched from the end, against one by one."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from gateway.hygiene.patterns import _scan, scan_text
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.inbound import MAX_DEPTH, parse_json, shallow, too_deep
 from gateway.routing.blocks import held_prefix
-from gateway.routing.conversations import SHARED, Conversations
+from gateway.routing.conversations import SHARED, Conversations, Found
 from gateway.routing.estimate import TokenEstimator
 from gateway.routing.index import BlockIndex
 from tests.props import json_value
@@ -230,3 +230,38 @@ def test_samples_recorded_in_bulk_as_one_by_one(
         if hashes:
             sample_one_by_one(ref, conv + 1, hashes, every, capacity)
         assert list(convs._samples.items()) == list(ref.items())
+
+
+def find_by_loop(convs: Conversations, hashes: list[int]) -> Found | None:
+    """`Conversations.find` as a loop over the samples, deepest first (as it was)."""
+    tips = convs._tips
+    hit = next(filter(tips.__contains__, reversed(hashes)), None)
+    if hit is not None:
+        return Found(tips[hit], "follows")
+    every = convs._every
+    for i in range(len(hashes) // every * every - 1, -1, -every):
+        owner = convs._samples.get(hashes[i])
+        if owner is not None:
+            if owner == SHARED or owner not in convs._conversations:
+                return None
+            if convs._length[owner] - (i + 1) > convs._max_tail:
+                return None
+            return Found(owner, "forks")
+    return None
+
+
+@given(sends=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.integers(0, 40)),
+                      min_size=1, max_size=40),
+       every=st.integers(1, 5), tail=st.integers(0, 12))
+@settings(max_examples=300, deadline=None)
+def test_find_scans_samples_as_the_loop_did(
+    sends: list[tuple[int, int, int]], every: int, tail: int
+) -> None:
+    convs = Conversations(3, 1, every, 64, tail)
+    base = [[(c % 2) * 1000 + i if i < 8 else c * 1000 + i for i in range(40)]
+            for c in range(6)]
+    for conv, which, n in sends:
+        for other in base:
+            for m in (n, max(0, n - 3), len(other)):
+                assert convs.find(other[:m]) == find_by_loop(convs, other[:m])
+        convs.advance(conv + 1, base[which][:n])
