@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.hygiene.conversations import MessageOwners
 from gateway.hygiene.patterns import _scan, scan_text
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.inbound import MAX_DEPTH, parse_json, shallow, too_deep
@@ -265,3 +266,17 @@ def test_find_scans_samples_as_the_loop_did(
             for m in (n, max(0, n - 3), len(other)):
                 assert convs.find(other[:m]) == find_by_loop(convs, other[:m])
         convs.advance(conv + 1, base[which][:n])
+
+
+@given(sends=st.lists(st.tuples(st.integers(1, 4), st.lists(st.integers(0, 12), max_size=8)),
+                      min_size=1, max_size=30), capacity=st.integers(1, 20))
+@settings(max_examples=300, deadline=None)
+def test_message_owners_recorded_in_bulk_as_one_by_one(
+    sends: list[tuple[int, list[int]]], capacity: int
+) -> None:
+    owners = MessageOwners(capacity)
+    ref: OrderedDict[int, int] = OrderedDict()
+    for conv, digests in sends:  # repeated digests within one request included
+        owners.record(conv, digests)
+        sample_one_by_one(ref, conv, digests, 1, capacity)
+        assert list(owners._owner.items()) == list(ref.items())
