@@ -19,13 +19,14 @@ from hypothesis import strategies as st
 
 from gateway.hygiene.conversations import MessageOwners
 from gateway.hygiene.patterns import _scan, scan_text
+from gateway.hygiene.prompt import Part, _content, _part, parse
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.inbound import MAX_DEPTH, parse_json, shallow, too_deep
 from gateway.routing.blocks import held_prefix
 from gateway.routing.conversations import SHARED, Conversations, Found
 from gateway.routing.estimate import TokenEstimator
 from gateway.routing.index import BlockIndex
-from tests.props import json_value
+from tests.props import json_value, message
 
 
 def nest(depth: int, leaf: Any = "x", wide: int = 0) -> Any:
@@ -280,3 +281,16 @@ def test_message_owners_recorded_in_bulk_as_one_by_one(
         owners.record(conv, digests)
         sample_one_by_one(ref, conv, digests, 1, capacity)
         assert list(owners._owner.items()) == list(ref.items())
+
+
+# hygiene's parts: the usual message's fast path, against the general reading ------------------
+
+@given(messages=st.lists(message, max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_parts_of_plain_messages_as_the_general_reading(messages: list[Any]) -> None:
+    parts = [p for p in parse({"messages": messages}, "chat").parts]
+    expected = [(i, str(m.get("role", "")), *_content(m)) for i, m in enumerate(messages)
+                if isinstance(m, dict)]
+    assert [(p.message_index, p.role, p.text, p.extra) for p in parts] == expected
+    assert all(type(p) is Part and p.digest == _part(None, "", p.text, p.extra).digest
+               for p in parts)
