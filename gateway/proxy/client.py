@@ -9,9 +9,9 @@ replica, with the rules the relay path needs.
 - Stale connections: a server may close an idle keep-alive connection just as the next
   request is written on it. aiohttp retries that only for idempotent methods; inference is a
   POST. A request that fails on a *reused* connection before any response byte
-  (ServerDisconnectedError / ClientOSError, seen through a TraceConfig that marks reuse) is
-  sent once more, on a fresh connection to the same replica: the engine never saw it, and
-  retrying elsewhere would lose the prefix cache.
+  (ServerDisconnectedError / ClientOSError; the connector marks reuse in the request's
+  context, `_ReuseConnector`) is sent once more, on a fresh connection to the same replica:
+  the engine never saw it, and retrying elsewhere would lose the prefix cache.
 - Bytes as the engine wrote them: no Accept-Encoding or User-Agent is added and nothing is
   decompressed (`auto_decompress=False`); a streamed body is handed on as each read
   returns it (`iter_any`), never collected. aiohttp sets TCP_NODELAY on every connection.
@@ -26,9 +26,10 @@ replica, with the rules the relay path needs.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import AsyncIterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -109,18 +110,39 @@ class AiohttpResponse:
         self._resp.close()  # drops the connection: the engine sees the client go
 
 
+class _ReuseConnector(aiohttp.TCPConnector):
+    """A TCPConnector that says, in the calling task's context (`reused`), whether the
+    connection it just handed out had carried a request before. (An aiohttp TraceConfig
+    says the same, but makes every request send a dozen trace signals: 6% of the gateway's
+    CPU per small request.) Connections are remembered weakly, so closed ones go."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.reused: ContextVar[bool] = ContextVar("upstream_connection_reused", default=False)
+        self._used: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    async def connect(
+        self, req: Any, traces: Any, timeout: Any  # noqa: ASYNC109 (aiohttp's own names)
+    ) -> Connection:
+        conn = await super().connect(req, traces, timeout)
+        protocol = conn.protocol
+        if protocol is not None:
+            self.reused.set(protocol in self._used)
+            self._used.add(protocol)
+        return conn
+
+
 class AiohttpUpstream:
     def __init__(self, limits: ClientLimits | None = None) -> None:
         self.limits = limits or ClientLimits()
         self.stale_retries = 0  # requests re-sent after a stale keep-alive connection
         self._session: aiohttp.ClientSession | None = None
+        self._connector: _ReuseConnector | None = None
 
     def _open(self) -> aiohttp.ClientSession:
         # Built on first use, inside the running loop (aiohttp binds its session to it).
         lim = self.limits
-        trace = aiohttp.TraceConfig()
-        trace.on_connection_reuseconn.append(_mark_reused)
-        connector = aiohttp.TCPConnector(
+        self._connector = connector = _ReuseConnector(
             limit=0, limit_per_host=lim.connections_per_replica,
             keepalive_timeout=lim.idle_s, ttl_dns_cache=60,
         )
@@ -128,7 +150,7 @@ class AiohttpUpstream:
             connector=connector, auto_decompress=False,
             skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
             max_line_size=lim.max_line_size, max_field_size=lim.max_field_size,
-            max_headers=lim.max_headers, trace_configs=[trace],
+            max_headers=lim.max_headers,
             cookie_jar=aiohttp.DummyCookieJar(), response_class=_NoUpgradeResponse,
         )
 
@@ -143,15 +165,17 @@ class AiohttpUpstream:
             total=timeouts.total_s, connect=timeouts.read_s,
             sock_connect=timeouts.connect_s, sock_read=timeouts.read_s,
         )
+        reused = self._connector.reused if self._connector is not None else None
         for attempt in (0, 1):
-            ctx = SimpleNamespace(reused=False)
+            if reused is not None:
+                reused.set(False)
             try:
                 resp = await session.request(
                     method, url, headers=list(headers), data=body, timeout=timeout,
-                    allow_redirects=False, trace_request_ctx=ctx,
+                    allow_redirects=False,
                 )
             except _STALE as exc:
-                if ctx.reused and attempt == 0:
+                if reused is not None and reused.get() and attempt == 0:
                     self.stale_retries += 1
                     continue
                 raise UpstreamConnectError(_describe(exc)) from None
@@ -173,12 +197,6 @@ class AiohttpUpstream:
         session, self._session = self._session, None
         if session is not None:
             await session.close()
-
-
-async def _mark_reused(session: aiohttp.ClientSession, ctx: SimpleNamespace,
-                       params: Any) -> None:
-    if ctx.trace_request_ctx is not None:
-        ctx.trace_request_ctx.reused = True
 
 
 def _describe(exc: BaseException) -> str:
