@@ -2,8 +2,9 @@
 depth guard's C-speed proof (`inbound.shallow`) against the exact walk (`too_deep`); the
 block index's tip stamps against the LRU list it replaced; the estimator's remembered
 search for the deepest anchor against a scan; the hygiene scanner's candidates found
-through a digit mask against the regex engine's own scan; conversation samples recorded
-in bulk, and searched from the end, against one by one."""
+through a digit mask against the regex engine's own scan; the deepest conversation sample
+searched from the end in C against the loop it replaced; hygiene's reading of plain
+messages against the general one."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.hygiene.conversations import MessageOwners
 from gateway.hygiene.patterns import _scan, scan_text
 from gateway.hygiene.prompt import Part, _content, _part, parse
 from gateway.proxy.errors import GatewayError
@@ -201,39 +201,6 @@ def test_masked_candidates_after_a_plain_number(text: str) -> None:
     assert scan_text(text)  # each holds a finding right after a number that is none
 
 
-# conversation samples recorded in bulk, against one by one ------------------------------------
-
-def sample_one_by_one(samples: OrderedDict[int, int], conv: int, hashes: list[int],
-                      every: int, capacity: int) -> None:
-    for i in range(every - 1, len(hashes), every):
-        h = hashes[i]
-        was = samples.get(h)
-        samples[h] = conv if was is None or was == conv else SHARED
-        samples.move_to_end(h)
-    while len(samples) > capacity:
-        samples.popitem(last=False)
-
-
-@given(sends=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.integers(0, 40)),
-                      min_size=1, max_size=40),
-       every=st.integers(1, 5), capacity=st.integers(1, 30))
-@settings(max_examples=300, deadline=None)
-def test_samples_recorded_in_bulk_as_one_by_one(
-    sends: list[tuple[int, int, int]], every: int, capacity: int
-) -> None:
-    convs = Conversations(64, 4, every, capacity)
-    ref: OrderedDict[int, int] = OrderedDict()
-    # prompts of a few conversations sharing prefixes: samples become SHARED
-    base = [[(c % 2) * 1000 + i if i < 8 else c * 1000 + i for i in range(40)]
-            for c in range(6)]
-    for conv, which, n in sends:
-        hashes = base[which][:n]
-        convs.advance(conv + 1, hashes)
-        if hashes:
-            sample_one_by_one(ref, conv + 1, hashes, every, capacity)
-        assert list(convs._samples.items()) == list(ref.items())
-
-
 def find_by_loop(convs: Conversations, hashes: list[int]) -> Found | None:
     """`Conversations.find` as a loop over the samples, deepest first (as it was)."""
     tips = convs._tips
@@ -267,20 +234,6 @@ def test_find_scans_samples_as_the_loop_did(
             for m in (n, max(0, n - 3), len(other)):
                 assert convs.find(other[:m]) == find_by_loop(convs, other[:m])
         convs.advance(conv + 1, base[which][:n])
-
-
-@given(sends=st.lists(st.tuples(st.integers(1, 4), st.lists(st.integers(0, 12), max_size=8)),
-                      min_size=1, max_size=30), capacity=st.integers(1, 20))
-@settings(max_examples=300, deadline=None)
-def test_message_owners_recorded_in_bulk_as_one_by_one(
-    sends: list[tuple[int, list[int]]], capacity: int
-) -> None:
-    owners = MessageOwners(capacity)
-    ref: OrderedDict[int, int] = OrderedDict()
-    for conv, digests in sends:  # repeated digests within one request included
-        owners.record(conv, digests)
-        sample_one_by_one(ref, conv, digests, 1, capacity)
-        assert list(owners._owner.items()) == list(ref.items())
 
 
 # hygiene's parts: the usual message's fast path, against the general reading ------------------

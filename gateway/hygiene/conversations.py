@@ -16,9 +16,8 @@ Bounded: `capacity` digests in an LRU; conversations are ints from a counter.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
-from itertools import repeat
 
 SHARED = -1  # a digest two conversations sent: it identifies neither
 
@@ -51,18 +50,9 @@ class MessageOwners:
     def record(self, conv: int, digests: Sequence[int]) -> None:
         """`conv` sent these messages (all of them, its last included)."""
         owner = self._owner
-        # Each digest becomes conv's (SHARED if another conversation sent it) and the most
-        # recent, in order: read, removed and re-added in bulk (C loops), the same state
-        # as one by one for distinct digests; a repeated one is done one by one.
-        if len(set(digests)) == len(digests):
-            was = list(map(owner.get, digests))
-            deque(map(owner.pop, digests, repeat(None)), maxlen=0)
-            owner.update(zip(digests, [conv if w is None or w == conv else SHARED
-                                       for w in was], strict=True))
-        else:
-            for digest in digests:
-                w = owner.get(digest)
-                owner[digest] = conv if w is None or w == conv else SHARED
-                owner.move_to_end(digest)
+        for digest in digests:
+            was = owner.get(digest)
+            owner[digest] = conv if was is None or was == conv else SHARED
+            owner.move_to_end(digest)
         while len(owner) > self._capacity:
             owner.popitem(last=False)

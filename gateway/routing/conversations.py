@@ -38,9 +38,8 @@ I/O; ids are increasing ints.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
-from itertools import repeat
 from typing import Literal, NamedTuple
 
 SHARED = -1  # a sample two conversations sent: it identifies neither
@@ -143,14 +142,11 @@ class Conversations:
         every = self._every
         if not every:
             return
-        # Each sample becomes conv's (or SHARED, if another conversation sent it) and the
-        # most recent, in chain order: read, removed and re-added in bulk (C loops), the
-        # same state as setting and moving them one by one.
-        picked = hashes[every - 1 :: every]
-        was = list(map(samples.get, picked))
-        deque(map(samples.pop, picked, repeat(None)), maxlen=0)
-        samples.update(zip(picked, [conv if w is None or w == conv else SHARED for w in was],
-                           strict=True))
+        for i in range(every - 1, len(hashes), every):
+            h = hashes[i]
+            was = samples.get(h)
+            samples[h] = conv if was is None or was == conv else SHARED
+            samples.move_to_end(h)
         while len(samples) > self._sample_capacity:
             samples.popitem(last=False)
 
