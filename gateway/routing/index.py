@@ -161,8 +161,28 @@ class BlockIndex:
                     self._remove(held, next(iter(parent)), 0)
                     continue
             s, h = heapq.heappop(heap)
-            if stamp.get(h) == s and h not in kids and h in parent:
-                self._remove(held, h, s)
+            if stamp.get(h) != s or h in kids or h not in parent:
+                continue  # stale entry
+            # Evict h, then walk up its chain while each parent, now a leaf, is the next
+            # oldest anyway (a chain's tail goes block after block): no heap round trip.
+            while True:
+                p = parent.pop(h)
+                del stamp[h]
+                if p is None or p not in parent:
+                    break
+                sp = stamp.get(p, 0)
+                if s > sp:
+                    sp = s
+                stamp[p] = sp
+                left = kids.get(p, 0) - 1
+                if left > 0:
+                    kids[p] = left
+                    break
+                kids.pop(p, None)
+                if len(parent) <= limit or (heap and (sp, p) > heap[0]):
+                    heapq.heappush(heap, (sp, p))
+                    break
+                h, s = p, sp
         if len(held.heap) > 2 * len(parent) + 64:
             self._rebuild(held)
 
