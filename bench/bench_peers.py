@@ -47,7 +47,7 @@ from pathlib import Path
 
 import aiohttp
 import orjson
-from proxy_servers import serve_backend, serve_relay
+from proxy_servers import serve_asgi_relay, serve_backend, serve_relay
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
@@ -410,11 +410,20 @@ def main(argv: list[str] | None = None) -> int:
                     "instant upstream (the gateway's own Python per request)")
     ap.add_argument("--profile", metavar="PREFIX",
                     help="with --in-process: cProfile the first round to PREFIX.<case>")
+    ap.add_argument("--asgi-relay", action="store_true",
+                    help="also run the bare relay as an ASGI app on uvicorn (the gateway's "
+                    "front, nothing else)")
+    ap.add_argument("--asgi-relay-server", nargs="+", help=argparse.SUPPRESS)
     ap.add_argument("--backend-server", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--relay-server", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.backend_server:
         asyncio.run(serve_backend(args.backend_server, sized=True))
+        return 0
+    if args.asgi_relay_server:
+        import uvloop
+
+        uvloop.run(serve_asgi_relay(int(args.asgi_relay_server[0]), args.asgi_relay_server[1:]))
         return 0
     if args.relay_server:
         import uvloop
@@ -444,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
             start("bare relay", [sys.executable, __file__, "--relay-server", "{port}",
                                  *backends]),
         ]
+        if args.asgi_relay:
+            proxies.append(start("ASGI relay on uvicorn", [
+                sys.executable, __file__, "--asgi-relay-server", "{port}", *backends]))
         if args.baseline:
             proxies.insert(1, start("gateway before", [
                 str(ROOT / ".venv/bin/gateway"), "serve", "--port", "{port}", "--log-level",
