@@ -165,21 +165,24 @@ class BlockIndex:
                 continue  # stale entry
             # Evict h, then walk up its chain while each parent, now a leaf, is the next
             # oldest anyway (a chain's tail goes block after block): no heap round trip.
+            # The heap does not change during the walk; a parent's stamp is written only
+            # where the walk stops.
+            top = heap[0] if heap else None
             while True:
                 p = parent.pop(h)
-                del stamp[h]
+                stamp.pop(h, None)
                 if p is None or p not in parent:
                     break
-                sp = stamp.get(p, 0)
-                if s > sp:
-                    sp = s
-                stamp[p] = sp
+                own = stamp.get(p)
+                sp = s if own is None or own < s else own
                 left = kids.get(p, 0) - 1
                 if left > 0:
                     kids[p] = left
+                    stamp[p] = sp
                     break
                 kids.pop(p, None)
-                if len(parent) <= limit or (heap and (sp, p) > heap[0]):
+                if len(parent) <= limit or (top is not None and (sp, p) > top):
+                    stamp[p] = sp
                     heapq.heappush(heap, (sp, p))
                     break
                 h, s = p, sp
