@@ -34,10 +34,18 @@ def router() -> Router:
     return r
 
 
+def held(r: Router, name: str) -> tuple[object, ...]:
+    """A replica's index: its blocks with their parents, and its leaves in eviction order
+    (oldest stamp first; the stamps' values depend on the clock, their order does not)."""
+    h = r._index._held[name]
+    leaves = sorted((b for b in h.parent if b not in h.kids), key=lambda b: h.stamp.get(b, 0))
+    return tuple(sorted(h.parent.items(), key=str)), tuple(leaves)
+
+
 def state(r: Router) -> tuple[object, ...]:
-    """What a router remembers: each replica's index in LRU order, the bindings and
-    loads of sessions, the conversations."""
-    return (tuple(tuple(r._index._held[n]) for n in NAMES),
+    """What a router remembers: each replica's index, the bindings and loads of sessions,
+    the conversations."""
+    return (tuple(held(r, n) for n in NAMES),
             tuple(r._sessions._bound.items()),
             tuple(round(r.session_load(n, 1e4), 9) for n in NAMES),
             r.conversations())
