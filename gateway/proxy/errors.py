@@ -7,6 +7,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from starlette.responses import Response
+
 from gateway.upstream.errors import (
     GatewayError,
     UpstreamConnectError,
@@ -19,9 +23,19 @@ from gateway.upstream.failure import client_error
 
 __all__ = [
     "GatewayError", "UpstreamConnectError", "UpstreamError", "UpstreamPoolBusy",
-    "UpstreamProtocolError", "UpstreamTimeout", "from_upstream", "invalid_field",
+    "UpstreamProtocolError", "UpstreamTimeout", "error_response", "from_upstream", "invalid_field",
     "missing_field",
 ]
+
+
+def error_response(err: GatewayError, headers: Iterable[tuple[bytes, bytes]] = ()) -> Response:
+    """The gateway's one way to answer a whole error: OpenAI's shape, the error's own
+    headers (`Retry-After`) and `headers`. Starlette endpoints return it; the raw-ASGI
+    path awaits it with its scope, receive and send."""
+    response = Response(err.body(), err.status, media_type="application/json")
+    response.raw_headers.extend(err.headers())
+    response.raw_headers.extend(headers)
+    return response
 
 
 def invalid_field(param: str, expected: str) -> GatewayError:
