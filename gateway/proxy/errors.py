@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from starlette.responses import Response
 
+from gateway.asgi import whole
 from gateway.upstream.errors import (
     GatewayError,
     UpstreamConnectError,
@@ -32,10 +33,7 @@ def error_response(err: GatewayError, headers: Iterable[tuple[bytes, bytes]] = (
     """The gateway's one way to answer a whole error: OpenAI's shape, the error's own
     headers (`Retry-After`) and `headers`. Starlette endpoints return it; the raw-ASGI
     path awaits it with its scope, receive and send."""
-    response = Response(err.body(), err.status, media_type="application/json")
-    response.raw_headers.extend(err.headers())
-    response.raw_headers.extend(headers)
-    return response
+    return whole(err.body(), err.status, [*err.headers(), *headers])
 
 
 def invalid_field(param: str, expected: str) -> GatewayError:
