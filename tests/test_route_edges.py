@@ -5,6 +5,7 @@ proxy without passing through Starlette."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import httpx
@@ -106,3 +107,24 @@ def test_simulator_stored_response_unknown_id(replica: str) -> None:
     r = httpx.get(replica + "/v1/responses/resp_nope", timeout=30)
     assert r.status_code == 404
     assert "error" in r.json()
+
+
+async def test_gateway_startup_failure_stops_the_server() -> None:
+    """Starlette's lifespan owns start-up: a failure there reaches uvicorn, which does not
+    start serving (`gateway serve` then exits non-zero)."""
+    import uvicorn
+
+    app = create_app(settings(), upstream=Fake().upstream)
+
+    async def broken() -> None:
+        raise RuntimeError("no fleet today")
+
+    app.startup = broken  # type: ignore[method-assign]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on",
+                                           log_config=None))
+    with pytest.raises(SystemExit) as exited:
+        async with asyncio.timeout(30):
+            await server.serve()
+    assert exited.value.code not in (0, None)
+    assert not server.started
+    assert app.services is None
