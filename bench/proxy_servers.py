@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import zlib
 from typing import Any
 
 import aiohttp
@@ -32,10 +33,28 @@ STREAM = [EVENT] * 64 + [
 MODELS = orjson.dumps({"object": "list", "data": [{"id": "bench", "object": "model"}]})
 
 
+def sized_completion(body: bytes) -> bytes:
+    """A completion whose usage follows the prompt (about 4 bytes a token, cached tokens
+    not reported) and whose text differs per prompt (a client repeats it in its next turn):
+    a backend answering 512 prompt tokens with 384 cached for a 256 KiB prompt would make
+    the gateway's feedback distrust its index on every request, and one answer for every
+    conversation would make them look like one, which no real engine does."""
+    tokens = len(body) // 4
+    return orjson.dumps({
+        "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench",
+        "choices": [{"index": 0, "message": {
+            "role": "assistant", "content": f"ok, done ({zlib.crc32(body[-256:]):08x}) " * 4},
+            "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens + 16, "completion_tokens": 16},
+    })
+
+
 
 # -- the instant backend ----------------------------------------------------------------------
 
 class Backend(asyncio.Protocol):
+    sized = False  # usage from the prompt's size (sized_completion), not the canned one
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.t = transport
@@ -45,6 +64,11 @@ class Backend(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
+        if self.buf.startswith(b"PRI * HTTP/2.0"):
+            # sglang-router and vllm-router try HTTP/2 prior knowledge (gRPC detection)
+            # first; closing makes them fall back to HTTP/1.1
+            self.t.close()
+            return
         while True:
             head_end = self.buf.find(b"\r\n\r\n")
             if head_end < 0:
@@ -77,12 +101,16 @@ class Backend(asyncio.Protocol):
                 self.t.write(b"%x\r\n%s\r\n" % (len(event), event))
             self.t.write(b"0\r\n\r\n")
         else:
-            self._send(b"application/json", COMPLETION)
+            self._send(b"application/json", sized_completion(body) if self.sized else COMPLETION)
 
 
-async def serve_backend(port: int) -> None:
+class SizedBackend(Backend):
+    sized = True
+
+
+async def serve_backend(port: int, sized: bool = False) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(Backend, "127.0.0.1", port)
+    server = await loop.create_server(SizedBackend if sized else Backend, "127.0.0.1", port)
     async with server:
         await server.serve_forever()
 

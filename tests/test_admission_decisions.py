@@ -17,7 +17,7 @@ from gateway.admission.room import (
     reserved,
     wait_estimate,
 )
-from gateway.admission.shares import FairShare, Flow
+from gateway.admission.shares import FairShare, Flow, RecentTokens
 from gateway.admission.shedding import Arrival, DrainRate, Shed, retry_after, verdict
 from gateway.proxy.errors import GatewayError
 
@@ -99,6 +99,38 @@ def test_lower_classes_leave_room_for_high(share: float, in_flight: int,
     assert not has_room(busy, lower) and has_room(busy, LIMITS) is (in_flight < 4)
 
 
+@pytest.mark.parametrize(("share", "prefill_share", "in_flight", "queued"), [
+    (0.75, 0.5, 3, 500.0), (0.75, 0.25, 3, 250.0), (0.5, 1.0, 2, 1000.0),
+])
+def test_lower_classes_meet_a_shorter_prefill_queue(share: float, prefill_share: float,
+                                                    in_flight: int, queued: float) -> None:
+    lower = reserved(LIMITS, share, prefill_share)
+    assert (lower.max_in_flight, lower.max_queued_prefill_tokens) == (in_flight, queued)
+    # a replica with that much prefill queued is full for them, not for high
+    busy = load("a", in_flight=1, queued=queued)
+    assert not has_room(busy, lower) and has_room(busy, LIMITS) is (queued < 1000)
+
+
+@pytest.mark.parametrize(("events", "at", "flow", "part"), [
+    ([], 0.0, ("normal", "x"), 0.0),
+    ([(("normal", "x"), 900.0, 0.0), (("normal", "y"), 100.0, 0.0)], 0.0, ("normal", "x"), 0.9),
+    # other classes do not count
+    ([(("normal", "x"), 100.0, 0.0), (("high", "y"), 900.0, 0.0)], 0.0, ("normal", "x"), 1.0),
+    # x's burst was two half-lives ago: 800 -> 200 against y's fresh 200
+    ([(("normal", "x"), 800.0, 0.0), (("normal", "y"), 200.0, 10.0)], 10.0,
+     ("normal", "x"), 0.5),
+    # long idle: decayed below a token, dropped
+    ([(("normal", "x"), 800.0, 0.0), (("normal", "y"), 200.0, 100.0)], 100.0,
+     ("normal", "x"), 0.0),
+])
+def test_recent_tokens(events: list[tuple[Flow, float, float]], at: float, flow: Flow,
+                       part: float) -> None:
+    recent = RecentTokens(half_life_s=5.0)
+    for f, tokens, now in events:
+        recent.add(f, tokens, now)
+    assert recent.part(flow, at) == pytest.approx(part, abs=1e-6)
+
+
 @pytest.mark.parametrize(("ld", "seconds"), [
     (load("a"), 0.0),
     (load("a", queued=2000), 2.0),
@@ -119,7 +151,11 @@ def test_wait_estimate(ld: ReplicaLoad, seconds: float) -> None:
     # own replica full, ~1.2 s of prefill queued there; re-prefilling its 1500 cached
     # tokens elsewhere costs 1.5 s: wait for its own
     ([load("a", queued=1200, predicted=1500), load("b")], 0.0, False, (), "own"),
-    # ... but not past own_replica_max_wait_s (2 s here)
+    # ... while what it waited plus the wait stays below the recompute (0.2 + 1.2 < 1.5)
+    ([load("a", queued=1200, predicted=1500), load("b")], 0.2, False, (), "own"),
+    # ... then it moves (0.4 + 1.2 > 1.5), though the cap (2 s) is not reached
+    ([load("a", queued=1200, predicted=1500), load("b")], 0.4, True, ("b",), "elsewhere"),
+    # ... and never past own_replica_max_wait_s (2 s here)
     ([load("a", queued=1200, predicted=1500), load("b")], 0.9, True, ("b",), "elsewhere"),
     # own replica's wait (2 s) is longer than the recompute (1.5 s): go elsewhere now
     ([load("a", queued=2000, predicted=1500), load("b")], 0.0, True, ("b",), "elsewhere"),
@@ -249,6 +285,13 @@ def arrival(**kw: object) -> Arrival:
     (arrival(tenant_waiting=4, others_waiting=True), "enqueue"),
     # share is checked before the wait projection (the flooder's own reason)
     (arrival(tenant_waiting=9, others_waiting=True, projected_s=99.0), "tenant_share"),
+    # took more than over_share x its fair part of the class's recent tokens: shed at once
+    (arrival(others_waiting=True, recent_part=0.9, fair_part=0.5), "tenant_share"),
+    (arrival(others_waiting=True, recent_part=0.62, fair_part=0.5), "enqueue"),
+    (arrival(others_waiting=True, recent_part=0.63, fair_part=0.5), "tenant_share"),
+    (arrival(others_waiting=True, recent_part=0.9, fair_part=0.5, over_share=2.0), "enqueue"),
+    # ... but only while another tenant waits
+    (arrival(recent_part=1.0, fair_part=0.5), "enqueue"),
 ])
 def test_verdict(a: Arrival, out: str) -> None:
     assert verdict(a) == out
@@ -285,6 +328,8 @@ def test_drain_rate_is_measured_but_never_below_the_floor() -> None:
     {"max_queue": 0}, {"high_max_wait_s": 0}, {"low_weight": -1}, {"kv_usage_limit": 1.5},
     {"tenant_weights": {"a": 0.0}}, {"own_replica_max_wait_s": -1}, {"recheck_s": 0},
     {"lower_class_room": 0}, {"lower_class_room": 1.5},
+    {"lower_class_prefill_room": 0}, {"lower_class_prefill_room": 1.01},
+    {"over_share": 0.99}, {"share_half_life_s": 0},
 ])
 def test_config_rejects_bad_values(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="admission"):
@@ -295,3 +340,18 @@ def test_the_session_prior_keeps_a_follow_up_waiting_for_its_own() -> None:
     loads = [load("a", queued=1200, predicted=1500), load("b", predicted=700)]
     assert bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, 0.0, 2.0).why == "elsewhere"
     assert bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, 0.0, 2.0, prior_s=0.5).why == "own"
+
+
+@pytest.mark.parametrize(("recent", "head"), [
+    ({}, ("normal", "flood")),  # no history: the first name
+    ({("normal", "flood"): 0.9, ("normal", "quiet"): 0.1}, ("normal", "quiet")),
+    ({("normal", "flood"): 0.1, ("normal", "quiet"): 0.9}, ("normal", "flood")),
+])
+def test_a_flow_just_started_wins_the_tie_when_it_had_less(recent: dict[Flow, float],
+                                                           head: Flow) -> None:
+    shares = fair()
+    shares.charge(("normal", "flood"), 500.0)
+    waiting: dict[Flow, float] = {("normal", "flood"): 100.0}
+    shares.activate(("normal", "quiet"), waiting)  # lifted to the flooder's virtual time
+    waiting[("normal", "quiet")] = 100.0
+    assert shares.order(waiting, lambda f: recent.get(f, 0.0))[0] == head

@@ -103,9 +103,38 @@ def test_a_full_queue_sheds_the_youngest_lower_class_waiter_for_a_higher_one() -
     assert high.cls == "high" and high.queued_ms is not None
 
 
+def test_a_tenant_that_took_its_class_while_another_waits_is_shed_at_once() -> None:
+    """x was admitted all its class's recent tokens; while y waits, x's next request is
+    answered 429 at once (not queued), and y, under its share, still waits."""
+    async def run() -> None:
+        g, _ = gate(max_queue=100)
+        fleet = [replica("a")]
+        hold = await g.admit(ask("holder", tenant="x"), fleet)
+        fleet[0].in_flight += 1
+        alone = asyncio.create_task(g.admit(ask("x-alone", tenant="x"), fleet))
+        await asyncio.sleep(0.01)  # x alone in its class: it may wait
+        y = asyncio.create_task(g.admit(ask("y", tenant="y"), fleet))
+        await asyncio.sleep(0.01)
+        with pytest.raises(Shed) as err:
+            await g.admit(ask("x-again", tenant="x"), fleet)
+        assert err.value.reason == "tenant_share" and err.value.status == 429
+        assert err.value.retry_after is not None and err.value.retry_after >= 1
+        y2 = asyncio.create_task(g.admit(ask("y2", tenant="y"), fleet))
+        await asyncio.sleep(0.01)
+        assert not y2.done() and g.stats()["queued"]["normal"] == 3
+        assert g.stats()["shed"] == {"tenant_share": 1, "wait_limit": 0, "queue_full": 0,
+                                     "displaced": 0, "wait_timeout": 0}
+        for t in (alone, y, y2):
+            t.cancel()
+        await asyncio.gather(alone, y, y2, return_exceptions=True)
+        g.done(hold)
+        await g.aclose()
+    asyncio.run(run())
+
+
 def test_a_tenant_over_its_share_while_others_wait_is_shed() -> None:
     async def run() -> None:
-        g, _ = gate(max_queue=4)
+        g, _ = gate(max_queue=4, over_share=100.0)  # the queue-slots half of the rule
         fleet = [replica("a")]
         hold = await g.admit(ask("holder", tenant="x"), fleet)
         fleet[0].in_flight += 1
@@ -140,19 +169,28 @@ def test_admission_off_is_a_plain_decision() -> None:
     assert ticket.plan.decision.replica == "a"
 
 
-@pytest.mark.parametrize(("follow_up_class", "first"), [("normal", "cold"), ("high", "follow")])
+@pytest.mark.parametrize(("follow_up_class", "tenant", "first"), [
+    ("normal", None, "cold"), ("high", None, "follow"),
+    # the follow-up's tenant got none of its class's recent tokens, the other all of them:
+    # it is owed its share and keeps its place (and wins the tie of a flow just started)
+    ("normal", "quiet", "follow"),
+])
 def test_a_freed_replica_goes_first_to_a_waiter_that_need_not_move(
-        follow_up_class: str, first: str) -> None:
+        follow_up_class: str, tenant: str | None, first: str) -> None:
     history = "the conversation so far " * 80
+    flood = "flood" if tenant else None
 
     async def run() -> list[str]:
         g, _ = gate(own_replica_max_wait_s=0.0)  # a follow-up never waits for its own
         fleet = [replica("a"), replica("b")]
-        held = await g.admit(ask(history), fleet)
+        held = await g.admit(ask(history, tenant=tenant), fleet)
         own = next(r for r in fleet if r.name == held.plan.decision.replica)
         other = next(r for r in fleet if r is not own)
         own.in_flight += 1
-        busy = await g.admit(ask("something else entirely " * 40), fleet)
+        if tenant:  # the flooder took far more of the class lately
+            for i in range(20):
+                g.done(await g.admit(ask(f"flood {i} " * 100, tenant=flood), [other]))
+        busy = await g.admit(ask("something else entirely " * 40, tenant=flood), fleet)
         assert busy.plan.decision.replica == other.name
         other.in_flight += 1
         order: list[str] = []
@@ -162,11 +200,17 @@ def test_a_freed_replica_goes_first_to_a_waiter_that_need_not_move(
             order.append(name)
             assert t.plan.decision.replica == other.name
 
-        follow = asyncio.create_task(
-            wait("follow", ask(history + " and one more turn", follow_up_class)))
+        def follow_up() -> asyncio.Task[None]:
+            return asyncio.create_task(wait("follow", ask(
+                history + " and one more turn", follow_up_class, tenant)))
+
+        follow = follow_up() if not tenant else None
         await asyncio.sleep(0.005)
-        cold = asyncio.create_task(wait("cold", ask("a new conversation " * 40)))
+        cold = asyncio.create_task(wait("cold", ask("a new conversation " * 40, tenant=flood)))
         await asyncio.sleep(0.005)
+        if follow is None:  # after the flooder's waiter, so only the order lets it pass
+            follow = follow_up()
+            await asyncio.sleep(0.005)
         other.in_flight -= 1
         g.done(busy)  # room on the replica that does not hold the follow-up's history
         await asyncio.sleep(0.01)
@@ -176,3 +220,68 @@ def test_a_freed_replica_goes_first_to_a_waiter_that_need_not_move(
         await g.aclose()
         return order
     assert asyncio.run(run())[:1] == [first]
+
+
+class Manual:
+    """A timer the test moves."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_time_waited_with_no_room_anywhere_does_not_push_a_follow_up_off_its_replica() -> None:
+    """A follow-up that waited 5 s while every replica was full still waits for its own
+    (a short wait there, cheaper than re-prefilling its history) when another frees."""
+    history = "the conversation so far " * 80
+
+    async def run() -> str:
+        routing = RoutingConfig()
+        router = Router(routing)
+        timer = Manual()
+        g = Gate(AdmissionConfig(enabled=True, replica_max_in_flight=1, recheck_s=0.001),
+                 routing, router, GatewayMetrics(), Clock(), timer)
+        fleet = [replica("a"), replica("b")]
+        held = await g.admit(ask(history), fleet)
+        own = next(r for r in fleet if r.name == held.plan.decision.replica)
+        other = next(r for r in fleet if r is not own)
+        own.in_flight += 1
+        busy = await g.admit(ask("something else entirely " * 40), [other])
+        other.in_flight += 1
+        follow = asyncio.create_task(g.admit(ask(history + " and one more turn"), fleet))
+        await asyncio.sleep(0.01)
+        timer.t += 5.0  # nobody had room all that time
+        other.in_flight -= 1
+        g.done(busy)
+        await asyncio.sleep(0.02)
+        assert not follow.done()  # waits for its own, though the other has room
+        own.in_flight -= 1
+        g.done(held)
+        ticket = await asyncio.wait_for(follow, 5)
+        await g.aclose()
+        return "own" if ticket.plan.decision.replica == own.name else "moved"
+    assert asyncio.run(run()) == "own"
+
+
+def test_high_is_not_held_for_queued_prefill_that_holds_normal() -> None:
+    async def run() -> tuple[bool, bool]:
+        routing = RoutingConfig()
+        g = Gate(AdmissionConfig(enabled=True, replica_max_in_flight=4,
+                                 replica_max_queued_prefill_tokens=10,
+                                 default_priority_cap="high", recheck_s=0.001),
+                 routing, Router(routing), GatewayMetrics(), Clock(), Clock())
+        fleet = [replica("a")]
+        held = await g.admit(ask("a long prompt with no first token yet " * 60), fleet)
+        fleet[0].in_flight += 1  # 1 of 4 sequences, ~400 prefill tokens queued (> 10)
+        normal = asyncio.create_task(g.admit(ask("normal " * 20), fleet))
+        high = asyncio.create_task(g.admit(ask("high " * 20, "high"), fleet))
+        await asyncio.sleep(0.02)
+        got = (high.done() and not high.exception(), normal.done())
+        normal.cancel()
+        await asyncio.gather(normal, return_exceptions=True)
+        g.done(held)
+        await g.aclose()
+        return got
+    assert asyncio.run(run()) == (True, False)

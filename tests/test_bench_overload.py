@@ -60,8 +60,9 @@ def test_gateway_env_for_the_overload_preset() -> None:
     on = gateway_env("prefix+queue", preset, 0.5)
     assert on["GATEWAY_ADMISSION__ENABLED"] == "true"
     assert on["GATEWAY_ADMISSION__REPLICA_MAX_IN_FLIGHT"] == "16"
-    assert on["GATEWAY_ADMISSION__REPLICA_MAX_QUEUED_PREFILL_TOKENS"] == "8192"
+    assert on["GATEWAY_ADMISSION__REPLICA_MAX_QUEUED_PREFILL_TOKENS"] == "4096"  # two steps of 2048
     assert on["GATEWAY_ADMISSION__HIGH_MAX_WAIT_S"] == "5"  # 10 s at half the wall time
+    assert on["GATEWAY_ADMISSION__SHARE_HALF_LIFE_S"] == "2.5"
     assert "GATEWAY_ADMISSION__PRIORITY_REPLICAS" not in on
     prio = dataclasses.replace(preset, scheduling_policy="priority")
     urls = ("http://127.0.0.1:9000", "http://127.0.0.1:9001")
@@ -89,6 +90,20 @@ def test_queue_wait_counts_in_the_simulated_ttft(headers: dict[str, str], sim: d
     ex = Exchange(status=200, headers=headers, sim_timing={**sim, "e2e_ms": 500})
     rec = record_of(turn(), ex, 0.0, time_scale=scale)
     assert (rec.ttft_ms, rec.queue_ms) == (ttft, queue)
+    # where it waited, in simulated ms: the gateway's queue, then the engine's
+    assert rec.gateway_wait_ms == pytest.approx((queue or 0.0) / scale)
+    assert rec.engine_wait_ms is None  # the simulator's `queue_ms` was not in this timing
+
+
+def test_the_engine_wait_is_the_simulators_queue_ms() -> None:
+    ex = Exchange(status=200, headers={"x-gateway-queue-ms": "10"},
+                  sim_timing={"ttft_ms": 100, "e2e_ms": 500, "queue_ms": 30})
+    rec = record_of(turn(), ex, 0.0, time_scale=0.5)
+    assert (rec.gateway_wait_ms, rec.engine_wait_ms) == (20.0, 30.0)
+    g = group_figures([rec, dataclasses.replace(rec, gateway_wait_ms=80.0,
+                                                engine_wait_ms=5.0)])
+    assert g["wait_p99_ms"] == {"gateway": 80.0, "engine": 30.0}
+    assert "engine wait p99" in groups_table({"c": {"by_class": {"normal": g}}})
 
 
 def rec(status: int = 200, ttft: float | None = 100.0, tenant: str | None = "a",

@@ -84,7 +84,11 @@ def test_a_replica_killed_mid_stream() -> None:
         assert set(error) == {"message", "type", "param", "code"}
         assert error["type"] == "upstream_error" and victim in error["message"]
 
-        # new requests at once, before any health check ran: retried on the survivor
+        # new requests at once, before any health check ran: retried on the survivor. Once
+        # the victim is reaped its sockets are closed (refused, or seen closed in the pool);
+        # before that a request written to a socket the dying process still held would be
+        # "delivered, no answer", a 502 that is never sent again (gateway.upstream.failure).
+        procs[victim].wait(timeout=10)
         for i in range(4):
             r2 = client.post(url + "/v1/chat/completions", json=chat(f"right after {i}"))
             assert r2.status_code == 200, r2.text

@@ -112,3 +112,27 @@ async def test_only_admin_keys_read_stats_by_tenant(key: str | None,
 def test_auth_settings_refuse(auth: dict[str, Any], error: str) -> None:
     with pytest.raises(ValueError, match=error):
         AuthSettings(**auth)
+
+
+@pytest.mark.parametrize("header", ["x-session-id", "x-claude-code-session-id",
+                                    "x-session-affinity", "session-id"])
+async def test_a_harness_session_header_is_scoped_by_tenant(header: str) -> None:
+    """Through the request path: two keys of two tenants send the same agent-harness session
+    header. Each tenant's session is its own binding; the second never rebinds the first."""
+    auth = AuthSettings(keys={"ka": "alice", "kb": "bob"})
+    app = create_app(dataclasses.replace(settings(), auth=auth), upstream=Fake().upstream)
+    records: list[UsageRecord] = []
+    async for client in started(app, records):
+        assert app.services is not None
+        router = app.services.router
+        homes = {}
+        for key, tenant in (("ka", "alice"), ("kb", "bob"), ("ka", "alice")):
+            r = await client.post("/v1/chat/completions", json=chat(),
+                                  headers={"authorization": f"Bearer {key}", header: "s1"})
+            assert r.status_code == 200
+            homes.setdefault(tenant, r.headers["x-gateway-replica"])
+            # alice's binding is where alice's turns went, whatever bob sent since
+            assert router.session_replica(scoped("s1", "alice")) == homes["alice"]
+        assert router.session_replica(scoped("s1", "bob")) == homes["bob"]
+        assert router.session_replica("s1") is None  # no unscoped binding at all
+    assert [rec.session for rec in records] == ["s1", "s1", "s1"]

@@ -49,6 +49,16 @@ class AdmissionConfig:
     # a high request meets a short engine queue (vLLM itself schedules first come, first
     # served unless started with --scheduling-policy priority).
     lower_class_room: float = 0.75
+    # The share of the queued-prefill room they may fill: what a request admitted now
+    # finds in front of it in the engine (vLLM runs the prefill of requests already
+    # running before a newcomer's, whatever its priority), so `high` and a tenant that
+    # just arrived meet at most this much of the others' prefill.
+    lower_class_prefill_room: float = 0.5
+    # A tenant that took more than this multiple of its weighted share of its class's
+    # recently admitted prompt tokens is shed at once (429, `tenant_share`) while another
+    # tenant of the class waits; "recently": decayed with this half-life.
+    over_share: float = 1.25
+    share_half_life_s: float = 5.0
     # Late binding: a request waits for the replica holding most of its prefix, while
     # others have room, only while the estimated wait is below the prefill it saves, and
     # at most this long.
@@ -71,8 +81,13 @@ class AdmissionConfig:
                 raise ValueError(f"admission.{name} must be positive")
         if self.own_replica_max_wait_s < 0:
             raise ValueError("admission.own_replica_max_wait_s must be >= 0")
-        if not 0 < self.lower_class_room <= 1:
-            raise ValueError("admission.lower_class_room must be in (0, 1]")
+        for name in ("lower_class_room", "lower_class_prefill_room"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"admission.{name} must be in (0, 1]")
+        if self.over_share < 1:
+            raise ValueError("admission.over_share must be >= 1")
+        if self.share_half_life_s <= 0:
+            raise ValueError("admission.share_half_life_s must be positive")
         if not 0 < self.kv_usage_limit <= 1:
             raise ValueError("admission.kv_usage_limit must be in (0, 1]")
         for tenant, weight in self.tenant_weights.items():

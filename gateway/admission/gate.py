@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from gateway.admission import priority
 from gateway.admission.config import CLASSES, AdmissionConfig, Priority
 from gateway.admission.room import ReplicaLoad, RoomLimits, bind, has_room, reserved
-from gateway.admission.shares import FairShare, Flow
+from gateway.admission.shares import FairShare, Flow, RecentTokens
 from gateway.admission.shedding import (
     SHED_REASONS,
     Arrival,
@@ -89,6 +90,9 @@ class _Waiter:
     preview: RoutePlan
     pool: Sequence[Replica]
     arrived: float  # timer
+    # when it first chose to wait for its own replica while another had room (late
+    # binding's clock: the time it waited with no room anywhere is not a choice to stay)
+    own_since: float | None = None
     future: asyncio.Future[Ticket] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -105,14 +109,21 @@ class Gate:
         self._per_token = routing.prefill_s_per_token
         self._in_flight_s = routing.in_flight_s
         self._prior_s = routing.prefill_s_per_token * routing.session_prior_tokens
-        self._limits = RoomLimits(config.replica_max_in_flight,
-                                  config.replica_max_queued_prefill_tokens,
-                                  config.kv_usage_limit)
-        lower = reserved(self._limits, config.lower_class_room)
+        full = RoomLimits(config.replica_max_in_flight,
+                          config.replica_max_queued_prefill_tokens, config.kv_usage_limit)
+        lower = reserved(full, config.lower_class_room,
+                         config.lower_class_prefill_room)
+        # `high` is not held back for queued prefill: that wait is the same in the engine
+        # as here (it goes behind what is queued either way) plus a dispatch, and the
+        # lower classes' share keeps that queue to about a step; only sequence slots
+        # and the KV cache hold it here.
+        high = RoomLimits(config.replica_max_in_flight, math.inf, config.kv_usage_limit)
+        self._limits = high  # the loosest: a replica no class has room on is full
         self._class_limits: dict[Priority, RoomLimits] = {
-            "high": self._limits, "normal": lower, "low": lower}
+            "high": high, "normal": lower, "low": lower}
         self._shares = FairShare(config.class_weight, config.tenant_weight)
         self._drain = DrainRate(floor=1.0 / routing.prefill_s_per_token)
+        self._recent = RecentTokens(config.share_half_life_s)
         self._flows: dict[Flow, deque[_Waiter]] = {}
         self._tokens: dict[Flow, float] = {}
         self._count = 0
@@ -152,16 +163,17 @@ class Gate:
                        / self._drain.rate(now))
         max_wait = cfg.max_wait_s(cls)
         tenants = {t: q for (c, t), q in waiting.items() if c == cls}
-        weights = sum(cfg.tenant_weight(t) for t in tenants if t != flow[1])
-        w_own = cfg.tenant_weight(flow[1])
+        fair = self._fair_part(flow)
         queue = self._flows.get(flow)
         v = verdict(Arrival(
             queue_len=self._count, max_queue=cfg.max_queue,
             lower_waiting=any(priority.rank(c) > priority.rank(cls) for c, _ in self._flows),
             projected_s=projected_s, max_wait_s=max_wait,
             tenant_waiting=len(queue) if queue else 0,
-            tenant_slots=cfg.max_queue * w_own / (w_own + weights),
-            others_waiting=any(t != flow[1] for t in tenants)))
+            tenant_slots=cfg.max_queue * fair,
+            others_waiting=any(t != flow[1] for t in tenants),
+            recent_part=self._recent.part(flow, now), fair_part=fair,
+            over_share=cfg.over_share))
         if v != "enqueue" and v != "displace":
             raise self._shedding(v, cls, projected_s)
         if v == "displace":
@@ -236,6 +248,19 @@ class Gate:
                                    else queued),
             kv_usage=snap.kv_cache_usage if snap is not None else None)
 
+    def _fair_part(self, flow: Flow) -> float:
+        """`flow`'s weighted share among the tenants waiting in its class, itself in."""
+        cls, tenant = flow
+        weight = self.config.tenant_weight
+        others = sum(weight(t) for c, t in self._flows if c == cls and t != tenant)
+        return weight(tenant) / (weight(tenant) + others)
+
+    def _owed(self, flow: Flow, now: float) -> bool:
+        """`flow` got less than its fair part of its class's recent tokens: its waiters
+        keep their place in the matching round (a quiet tenant is not passed over by the
+        flooder's requests whose replica just freed)."""
+        return self._recent.part(flow, now) < self._fair_part(flow)
+
     def _go(self, ask: Ask, cls: Priority, flow: Flow, allowed: Sequence[Replica], now: float,
             waited_s: float, *, queued: bool, preview: RoutePlan | None = None) -> Ticket:
         plan = self.router.decide(ask.body, ask.kind, ask.model, ask.session,
@@ -247,6 +272,7 @@ class Gate:
         tokens = decision.estimated_prompt_tokens
         if queued:
             self._shares.charge(flow, tokens)
+        self._recent.add(flow, tokens, self.timer())
         tenant = flow[1]
         self._admitted_tokens[tenant] = self._admitted_tokens.get(tenant, 0) + tokens
         self._waits[cls].append(waited_s * 1000.0)
@@ -284,7 +310,7 @@ class Gate:
         to, None when none may. Matching first: a `normal` or `low` waiter that would have
         to leave the replica holding its prefix is passed over, in a first round, for one
         whose own replica has room (a freed replica goes to a conversation it holds);
-        `high` keeps its place in either round."""
+        `high` keeps its place in either round, and so does a tenant owed its share."""
         for matching in (True, False):
             went = self._release_pass(base, roomy, now, matching)
             if went is not None:
@@ -294,7 +320,8 @@ class Gate:
     def _release_pass(self, base: dict[str, ReplicaLoad], roomy: set[str], now: float,
                       matching: bool) -> str | None:
         cfg = self.config
-        for flow in self._shares.order(self._tokens):
+        for flow in self._shares.order(self._tokens, lambda f: self._recent.part(f, now)):
+            keeps_place = flow[0] == "high" or (matching and self._owed(flow, now))
             for w in list(self._flows.get(flow, ())):
                 if w.future.done() or not any(r.name in roomy for r in w.pool):
                     continue  # cancelled (it leaves in its own task), or nowhere to go
@@ -302,8 +329,11 @@ class Gate:
                                              predicted_tokens=w.preview.predicted.get(r.name, 0))
                          for r in w.pool]
                 b = bind(loads, self._class_limits[w.cls], self._per_token, self._in_flight_s,
-                         now - w.arrived, cfg.own_replica_max_wait_s, self._prior_s)
-                if not b.go or (matching and b.why == "elsewhere" and w.cls != "high"):
+                         0.0 if w.own_since is None else now - w.own_since,
+                         cfg.own_replica_max_wait_s, self._prior_s)
+                if b.why == "own" and w.own_since is None:
+                    w.own_since = now
+                if not b.go or (matching and b.why == "elsewhere" and not keeps_place):
                     continue
                 allowed = [r for r in w.pool if r.name in b.replicas]
                 self._leave(w)

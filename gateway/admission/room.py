@@ -12,10 +12,11 @@ block the queue for ever.
 
 Late binding (`bind`): a waiting request goes when some candidate has room. If the
 replicas holding the longest prefix of its prompt (its "own" replica: a follow-up's
-history) are full while others have room, it waits for its own only while the estimated
-wait there is below what going elsewhere costs (the prefix it would redo there plus that
-replica's queued prefill, at `prefill_s_per_token`, plus `prior_s`: the router's session
-prior, for the history a move leaves behind as wasted cache) and it has not waited
+history) are full while others have room, it waits for its own only while the time it
+has waited plus the estimated wait there is below what going elsewhere costs (the prefix
+it would redo there plus that replica's queued prefill, at `prefill_s_per_token`, plus
+`prior_s`: the router's session prior, for the history a move leaves behind as wasted
+cache) and it has not waited
 `own_replica_max_wait_s`; otherwise it goes to the replicas with room, where the router
 chooses as always.
 
@@ -56,12 +57,15 @@ class Binding:
     why: Literal["room", "own", "elsewhere", "full"]
 
 
-def reserved(limits: RoomLimits, share: float) -> RoomLimits:
-    """The limits a lower class sees: `share` of the room (at least one request and one
-    token), the rest kept free for `high`, so a high request finds room at once and a
-    short queue in the engine (vLLM schedules first come, first served)."""
+def reserved(limits: RoomLimits, share: float,
+             prefill_share: float | None = None) -> RoomLimits:
+    """The limits a lower class sees: `share` of the in-flight room and `prefill_share`
+    (default `share`) of the queued prefill (at least one request and one token), the
+    rest kept free for `high`, so a high request finds room at once and a short queue in
+    the engine (vLLM runs already-running requests' prefill first, whatever the policy)."""
+    prefill = share if prefill_share is None else prefill_share
     return RoomLimits(max(1, int(limits.max_in_flight * share)),
-                      max(1.0, limits.max_queued_prefill_tokens * share),
+                      max(1.0, limits.max_queued_prefill_tokens * prefill),
                       limits.kv_usage_limit)
 
 
@@ -102,6 +106,8 @@ def bind(loads: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: 
     elsewhere = prior_s + min(
         prefill_s_per_token * (best - ld.predicted_tokens + ld.queued_prefill_tokens)
         for ld in roomy)
-    if wait < elsewhere and waited_s + wait <= own_max_wait_s:
+    # the whole wait, what it already waited included, must cost less than moving: a
+    # fresh estimate each pass would otherwise let it wait up to the cap however wrong
+    if waited_s + wait < elsewhere and waited_s + wait <= own_max_wait_s:
         return Binding(False, (), "own")
     return Binding(True, names, "elsewhere")

@@ -46,12 +46,15 @@ class FairShare:
             floor = min(same, default=0.0)
             self._flow_vt[flow] = max(self._flow_vt.get(flow, 0.0), floor)
 
-    def order(self, waiting: Mapping[Flow, float]) -> list[Flow]:
-        """The waiting flows, the one to serve first at the head."""
-        def key(flow: Flow) -> tuple[float, int, float, str]:
+    def order(self, waiting: Mapping[Flow, float],
+              recent: Callable[[Flow], float] = lambda _: 0.0) -> list[Flow]:
+        """The waiting flows, the one to serve first at the head. Equal virtual times
+        (a flow that just started waiting is lifted to the others') go to the flow with
+        the smaller `recent` part of its class's tokens, not to the first name."""
+        def key(flow: Flow) -> tuple[float, int, float, float, str]:
             cls, tenant = flow
             return (self._class_vt.get(cls, 0.0), CLASSES.index(cls),
-                    self._flow_vt.get(flow, 0.0), tenant)
+                    self._flow_vt.get(flow, 0.0), recent(flow), tenant)
         return sorted(waiting, key=key)
 
     def charge(self, flow: Flow, tokens: float) -> None:
@@ -87,3 +90,30 @@ class FairShare:
         w_cls = self._class_weight(cls)
         return in_class + sum(min(q, in_class * self._class_weight(c) / w_cls)
                               for c, q in by_class.items())
+
+
+class RecentTokens:
+    """Prompt tokens admitted per (class, tenant) flow lately: each flow's sum decays by
+    half every `half_life_s` (time is a parameter). What `shedding.over_share` compares:
+    a tenant's part of its class's recent tokens against its weighted share. Bounded by
+    the flows (3 classes x tenants); a flow whose sum decayed below one token is dropped."""
+
+    def __init__(self, half_life_s: float) -> None:
+        self._half_life_s = half_life_s
+        self._sums: dict[Flow, tuple[float, float]] = {}  # flow -> (tokens, as of)
+
+    def _at(self, flow: Flow, now: float) -> float:
+        tokens, then = self._sums.get(flow, (0.0, now))
+        decay: float = 0.5 ** (max(0.0, now - then) / self._half_life_s)
+        return tokens * decay
+
+    def add(self, flow: Flow, tokens: float, now: float) -> None:
+        self._sums[flow] = (self._at(flow, now) + tokens, now)
+        for f in [f for f in self._sums if self._at(f, now) < 1.0]:
+            del self._sums[f]
+
+    def part(self, flow: Flow, now: float) -> float:
+        """`flow`'s part (0..1) of the tokens its class admitted lately (0 when none)."""
+        cls = flow[0]
+        total = sum(self._at(f, now) for f in self._sums if f[0] == cls)
+        return self._at(flow, now) / total if total > 0 else 0.0

@@ -2,9 +2,12 @@
 lower-class waiter for it, or shed it with a reason.
 
 Rules, in order:
-1. `tenant_share`: other tenants wait in its class and this tenant already holds its
-   weighted share of the queue there (`max_queue x w_t / sum of w over the tenants
-   waiting in the class, itself included`): a flooding tenant fills only its share.
+1. `tenant_share`: other tenants wait in its class and this tenant is over its fair
+   share: it took more than `over_share` times its weighted share (`w_t / sum of w over
+   the tenants waiting in the class, itself included`) of the prompt tokens its class
+   was admitted lately, or it already holds that share of the queue there (`max_queue x`
+   the same fraction). A flooder is answered at once with Retry-After rather than queued
+   to its wait limit: its waiting would only lengthen the queue the others wait behind.
 2. `wait_limit`: the wait projected for it (fair-share tokens ahead of it, itself
    included, at the measured drain rate) is longer than its class's limit: it would
    only time out; answered at once instead.
@@ -40,10 +43,14 @@ class Arrival:
     tenant_waiting: int  # this tenant's waiters in this class
     tenant_slots: float  # its weighted share of max_queue among the class's tenants
     others_waiting: bool  # other tenants wait in this class
+    recent_part: float = 0.0  # its part of the class's recently admitted prompt tokens
+    fair_part: float = 1.0  # its weighted share among the tenants waiting in the class
+    over_share: float = 1.25  # how far above `fair_part` it may run
 
 
 def verdict(a: Arrival) -> Verdict:
-    if a.others_waiting and a.tenant_waiting >= a.tenant_slots:
+    if a.others_waiting and (a.tenant_waiting >= a.tenant_slots
+                             or a.recent_part > a.fair_part * a.over_share):
         return "tenant_share"
     if a.projected_s > a.max_wait_s:
         return "wait_limit"
@@ -61,7 +68,8 @@ def retry_after(projected_s: float, max_wait_s: float) -> int:
 
 
 _MESSAGES: dict[ShedReason, str] = {
-    "tenant_share": "This API key already has its share of the gateway's queue waiting.",
+    "tenant_share": "This API key is over its share of the gateway while other keys "
+                    "wait.",
     "wait_limit": "The gateway is overloaded: the expected wait exceeds this priority "
                   "class's limit.",
     "queue_full": "The gateway's queue is full.",

@@ -79,7 +79,8 @@ class DirtyCacheError(RuntimeError):
 
 QUEUE = "+queue"  # a column suffix: the same policy with the admission queue on
 MIN_RECHECK_S = 0.001  # the queue's re-examination period, however fast the simulator
-PREFILL_STEPS = 4  # queued prefill a replica with room may hold, in the engine's steps
+PREFILL_STEPS = 2  # queued prefill a replica with room may hold, in the engine's steps
+# (`high`; the lower classes half of it: one step, so a newcomer starts within ~a step)
 
 
 def split_column(column: str, default: SessionIds) -> tuple[str, SessionIds]:
@@ -127,7 +128,7 @@ def gateway_env(column: str, preset: Preset, time_scale: float = 1.0,
         if time_scale != 1.0:
             defaults = AdmissionConfig()
             for key in ("high_max_wait_s", "normal_max_wait_s", "low_max_wait_s",
-                        "own_replica_max_wait_s", "recheck_s"):
+                        "own_replica_max_wait_s", "recheck_s", "share_half_life_s"):
                 value = getattr(defaults, key) * time_scale
                 if key == "recheck_s":
                     value = max(value, MIN_RECHECK_S)

@@ -42,6 +42,12 @@ def group_figures(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "ttft_ms": {"p50": percentile(ttft, 50), "p99": percentile(ttft, 99)},
         "cached_ratio": cached / prompt if prompt else None,
         "follow_ups_moved": follow_ups_moved(ok),
+        # p99 of each part of TTFT: where an answered request's first token waited
+        "wait_p99_ms": {
+            "gateway": percentile([r.gateway_wait_ms for r in ok
+                                   if r.gateway_wait_ms is not None], 99),
+            "engine": percentile([r.engine_wait_ms for r in ok
+                                  if r.engine_wait_ms is not None], 99)},
     }
 
 
@@ -59,14 +65,16 @@ def by(records: Sequence[RequestRecord],
 def groups_table(columns: Mapping[str, Mapping[str, Any]], markdown: bool = False) -> str:
     """One row per (column, tenant or class); empty when no column has groups."""
     header = ["column", "group", "requests", "ok", "429", "timeouts", "other",
-              "TTFT p50", "TTFT p99", "cached", "moved"]
+              "TTFT p50", "TTFT p99", "gw wait p99", "engine wait p99", "cached", "moved"]
     rows = []
     for name, summary in columns.items():
         for kind in ("by_class", "by_tenant"):
             for group, g in (summary.get(kind) or {}).items():
                 label = ("class " if kind == "by_class" else "tenant ") + group
+                waits = g.get("wait_p99_ms") or {}
                 rows.append([name, label, str(g["requests"]), str(g["ok"]),
                              str(g["shed_429"]), str(g["timeouts"]), str(g["other_errors"]),
                              fmt(g["ttft_ms"]["p50"], "ms"), fmt(g["ttft_ms"]["p99"], "ms"),
+                             fmt(waits.get("gateway"), "ms"), fmt(waits.get("engine"), "ms"),
                              fmt(g["cached_ratio"], "pct"), fmt(g["follow_ups_moved"], "pct")])
     return render(header, rows, markdown) if rows else ""

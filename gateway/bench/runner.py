@@ -94,6 +94,10 @@ class RequestRecord:
     tenant: str | None = None
     priority: str | None = None
     queue_ms: float | None = None  # wall ms the request waited in the gateway's queue
+    # where a simulated request's TTFT went (simulated ms): waiting in the gateway's queue
+    # and in the engine's own waiting queue (the simulator's `queue_ms`); the rest is prefill
+    gateway_wait_ms: float | None = None
+    engine_wait_ms: float | None = None
 
 
 @dataclass(kw_only=True)
@@ -137,6 +141,8 @@ def record_of(req: TurnRequest, ex: Exchange, send_s: float, plan: SessionPlan |
         tenant=plan.tenant if plan else None,
         priority=plan.priority if plan else None,
         queue_ms=queue_ms,
+        gateway_wait_ms=(queue_ms or 0.0) / time_scale if sim else None,
+        engine_wait_ms=float(sim["queue_ms"]) if sim and "queue_ms" in sim else None,
     )
 
 

@@ -40,7 +40,7 @@ from gateway.hygiene.conversations import MessageOwners
 from gateway.hygiene.drift import Divergence, Snapshot, diverge
 from gateway.hygiene.finding import Finding
 from gateway.hygiene.patterns import STRONG, WEAK, Hit, scan_text
-from gateway.hygiene.prompt import Part, Prompt, parse, validate
+from gateway.hygiene.prompt import TEMPLATE_OVERHEAD, Prompt, parse, validate
 
 _SCANNED_ROLES = frozenset({"system", "developer", "user", "tools", "prompt"})
 # Parts every conversation of a template shares: they do not tell conversations apart.
@@ -102,8 +102,11 @@ class HygieneAnalyzer:
         messages: list[int] = []
         talk = [part for part in p.parts if part.role not in _HEAD_PARTS]
         if session is None:
-            messages = [part.digest for part in talk if _identifying(part)]
-            conv = self._owners.find([part.digest for part in talk[:-1] if _identifying(part)])
+            # identifying messages: `size` is text + extra + the template overhead
+            least = _MIN_IDENTIFYING_CHARS + TEMPLATE_OVERHEAD
+            messages = [part.digest for part in talk if part.size >= least]
+            earlier = messages[:-1] if talk and talk[-1].size >= least else messages
+            conv = self._owners.find(earlier)
             if conv is not None and conv not in self._conversations:
                 conv = None  # its snapshot was forgotten: nothing to compare with
         head_only = session is None and conv is None
@@ -269,10 +272,6 @@ class HygieneAnalyzer:
         if self.config.redact:
             return f"<{kind}:{len(text)} chars>"
         return text[:_SPAN_CHARS]
-
-
-def _identifying(part: Part) -> bool:
-    return len(part.text) + len(part.extra) >= _MIN_IDENTIFYING_CHARS
 
 
 def _same_prefix(old: Snapshot, p: Prompt) -> int:

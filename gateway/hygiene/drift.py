@@ -56,15 +56,16 @@ class Snapshot:
     def of(p: Prompt, values: frozenset[str], text_budget: int) -> Snapshot:
         sigs: list[PartSig] = []
         left = text_budget
+        new = tuple.__new__  # a named tuple's own constructor is a Python function
         for part in p.parts:
             text = part.text
             if left <= 0:
-                sigs.append(PartSig(part.role, part.digest, None, False))
+                sigs.append(new(PartSig, (part.role, part.digest, None, False)))
             elif len(text) <= left:
                 left -= part.size
-                sigs.append(PartSig(part.role, part.digest, text, True))
+                sigs.append(new(PartSig, (part.role, part.digest, text, True)))
             else:
-                sigs.append(PartSig(part.role, part.digest, text[:left], False))
+                sigs.append(new(PartSig, (part.role, part.digest, text[:left], False)))
                 left = 0
         return Snapshot(
             parts=tuple(sigs),

@@ -86,11 +86,16 @@ def _any_case(word: str) -> str:
 
 
 def _words_before(words: list[str]) -> str:
-    """One fixed-width look-behind per word length: `\bturn 3`, `\bstep 3`, ..."""
+    """One fixed-width look-behind per word length: `\bturn 3`, `\bstep 3`, ..., behind
+    one look-behind for the words' last two characters (`rn 3`, `ep 3`, ...): a number after
+    any other word ("line 42", "size 3", common in prose and code) is refused by that one
+    test instead of by every word length's."""
     by_len: dict[int, list[str]] = {}
     for w in words:
         by_len.setdefault(len(w), []).append(_any_case(w))
-    return "|".join(rf"(?<=\b(?:{'|'.join(alts)}) [0-9])" for _, alts in sorted(by_len.items()))
+    endings = "|".join(sorted({_any_case(w[-2:]) for w in words}))
+    each = "|".join(rf"(?<=\b(?:{'|'.join(alts)}) [0-9])" for _, alts in sorted(by_len.items()))
+    return rf"(?<=(?:{endings}) [0-9])(?:{each})"
 
 
 # the counter words and the "No." / "number" hop of `_counter`
@@ -115,6 +120,7 @@ _CAND = re.compile(
     r"|(?<=\.[0-9])(?<=[nN][oO]\.[0-9]|[eE][rR]\.[0-9]|.\.\.[0-9])"
     r")"
 )
+_DIGIT_MASK = {i: "0" if 48 <= i <= 57 else " " for i in range(128)}  # ASCII text only
 _HEAD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_-")
 _TOKEN_EDGE = frozenset("=")
 _DIGITS = frozenset("0123456789")
@@ -182,11 +188,17 @@ class Hit:
 
 def scan_text(text: str, lo: int = 0, hi: int | None = None, permissive: bool = False) -> list[Hit]:
     """Volatile-looking spans of text[lo:hi], in order (see module docstring)."""
+    return _scan(text, lo, len(text) if hi is None else hi, permissive, text.isascii())
+
+
+def _scan(text: str, lo: int, end: int, permissive: bool, ascii_text: bool) -> list[Hit]:
+    """`scan_text`; `ascii_text` finds the prefilter's candidates through a digit mask
+    (`_next`) instead of the regex engine's own scan (the same candidates)."""
     hits: list[Hit] = []
-    end = len(text) if hi is None else hi
-    search, match = _CAND.search, _NUM.match
+    match = _NUM.match
     pos = lo
-    c = search(text, lo, end)
+    mask = text[lo:end].translate(_DIGIT_MASK) if ascii_text else None
+    c = _next(text, mask, lo, lo, end)
     while c is not None:
         s = c.start()
         if s > pos and text[s - 1] in _HEAD_CHARS:
@@ -198,8 +210,27 @@ def scan_text(text: str, lo: int = 0, hi: int | None = None, permissive: bool = 
         if hit is not None:
             hits.append(hit)
         pos = max(m.end(), c.start() + 1)
-        c = search(text, pos, end)
+        c = _next(text, mask, lo, pos, end)
     return hits
+
+
+def _next(text: str, mask: str | None, lo: int, pos: int, end: int) -> re.Match[str] | None:
+    """The prefilter's first match at or after `pos`. Every match starts a digit run, so
+    with `mask` (text[lo:end] with digits as "0", anything else " ") only run starts are
+    tried: a C `find` skips prose instead of the regex engine's per-character charset scan
+    (5 ns a character: 48 µs for 10 KiB, against 6 for the mask)."""
+    if mask is None:
+        return _CAND.search(text, pos, end)
+    d = mask.find("0", pos - lo)
+    while d >= 0:
+        c = _CAND.match(text, lo + d, end)
+        if c is not None:
+            return c
+        run_end = mask.find(" ", d)
+        if run_end < 0:
+            return None
+        d = mask.find("0", run_end)
+    return None
 
 
 def _run_start(text: str, s: int, pos: int) -> int:

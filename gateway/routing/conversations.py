@@ -89,18 +89,23 @@ class Conversations:
         every = self._every
         if not every:
             return None
-        for i in range(len(hashes) // every * every - 1, -1, -every):
-            owner = samples.get(hashes[i] ^ scope)
-            if owner is not None:
-                if owner == SHARED or owner not in self._conversations:
-                    return None
-                # Only a short tail may differ: a request that leaves more of the
-                # prompt behind (another conversation of the same agent, while the
-                # first is the only one to have sent its prompt) is a new one.
-                if self._length[owner] - (i + 1) > self._max_tail:
-                    return None
-                return Found(owner, "forks")
-        return None
+        # the deepest remembered sample: a C scan of every `every`-th block from the end
+        picked = hashes[every - 1 :: every]
+        if scope:
+            picked = [h ^ scope for h in picked]
+        deepest = next(filter(samples.__contains__, reversed(picked)), None)
+        if deepest is None:
+            return None
+        owner = samples[deepest]
+        if owner == SHARED or owner not in self._conversations:
+            return None
+        i = (len(picked) - 1 - picked[::-1].index(deepest)) * every + every - 1
+        # Only a short tail may differ: a request that leaves more of the prompt behind
+        # (another conversation of the same agent, while the first is the only one to
+        # have sent its prompt) is a new one.
+        if self._length[owner] - (i + 1) > self._max_tail:
+            return None
+        return Found(owner, "forks")
 
     def open(self) -> int:
         """A new conversation id (remembered once `advance` records a prompt for it)."""

@@ -49,6 +49,12 @@ class TokenEstimator:
         self._anchors: OrderedDict[int, Anchor] = OrderedDict()
         self._capacity = max(1, anchor_capacity)
         self._block = block_bytes
+        # The last search: (hashes, their length, anchors version, searched up to, found j).
+        # One decision asks for the same chain several times (its whole length, then each
+        # replica's match); with no anchor in (j, searched], any upto in [j, searched]
+        # has the same answer, so the chain is scanned once per decision, not per replica.
+        self._version = 0
+        self._last: tuple[Sequence[int], int, int, int, int] | None = None
 
     def ratio(self, model: str) -> float:
         return self._ratios.get(model, self._initial)
@@ -70,12 +76,17 @@ class TokenEstimator:
         anchors = self._anchors
         if not anchors or upto <= 0:
             return 0, None
-        window = hashes[:upto]
-        found = next(filter(anchors.__contains__, reversed(window)), None)
-        if found is None:
-            return 0, None
-        j = upto - window[::-1].index(found)
-        return j, anchors[found]
+        upto = min(upto, len(hashes))
+        last = self._last
+        if (last is not None and last[0] is hashes and last[1] == len(hashes)
+                and last[2] == self._version and last[4] <= upto <= last[3]):
+            j = last[4]
+        else:
+            window = hashes[:upto]
+            found = next(filter(anchors.__contains__, reversed(window)), None)
+            j = 0 if found is None else upto - window[::-1].index(found)
+            self._last = (hashes, len(hashes), self._version, upto, j)
+        return (j, anchors[hashes[j - 1]]) if j else (0, None)
 
     def tokens_at(
         self, hashes: Sequence[int], blocks: int, ratio: float
@@ -148,6 +159,7 @@ class TokenEstimator:
             answer_follows=data.endswith(GENERATION_PROMPT),
         )
         anchors = self._anchors
+        self._version += 1
         anchors[hashes[n - 1]] = anchor
         anchors.move_to_end(hashes[n - 1])
         while len(anchors) > self._capacity:

@@ -279,6 +279,7 @@ class GatewayMetrics:
         self._without_children: dict[str, Counter] = {}
         self._route_children: dict[str, Counter] = {}
         self._hygiene_children: dict[tuple[str, str], Counter] = {}
+        self._endpoint_children: dict[tuple[str, str], tuple[Counter, Counter, Counter]] = {}
 
     # -- per request -------------------------------------------------------------------
 
@@ -311,11 +312,17 @@ class GatewayMetrics:
             tok.completion.inc(rec.completion_tokens)
 
         endpoint = rec.endpoint_kind
-        self._endpoint_requests.labels(endpoint, str(rec.status)).inc()
+        ep_key = (endpoint, str(rec.status))
+        ep = self._endpoint_children.get(ep_key)
+        if ep is None:  # bounded: endpoint kinds x HTTP status codes
+            ep = self._endpoint_children[ep_key] = (
+                self._endpoint_requests.labels(*ep_key), self._endpoint_prompt.labels(endpoint),
+                self._endpoint_cached.labels(endpoint))
+        ep[0].inc()
         if prompt:
-            self._endpoint_prompt.labels(endpoint).inc(prompt)
+            ep[1].inc(prompt)
         if cached:
-            self._endpoint_cached.labels(endpoint).inc(cached)
+            ep[2].inc(cached)
 
         hist_key = (model, replica)
         hist = self._hist_children.get(hist_key)

@@ -1,0 +1,539 @@
+"""Proxy CPU per request beside the proxies users would run instead, at agent prompt sizes.
+
+In one run, with the same load and the same rounds: the gateway (`gateway serve`, default
+settings, log level warning) in front of two instant fake vLLM backends, the bare aiohttp
+relay (`proxy_servers.serve_relay`, the yardstick), sglang-router and vllm-router (Rust,
+both `--policy cache_aware`), each in front of the same two backends. Every peer is only
+ever pointed at the 127.0.0.1 backends this script starts.
+
+Cases (`--cases`, comma separated):
+- `2k`, `16k`, `64k`, `256k`: non-streaming chat at concurrency 32; each prompt is one of
+  32 shared prefixes (a system message of ~90% of the size) plus a fresh user tail;
+- `grow64k`, `grow256k`: 32 conversations at once, each `--turns` turns, every turn the
+  previous prompt plus the backend's answer and a new user tail, up to that size;
+- `stream`: 2 KiB prompts, 64-chunk SSE answers, concurrency 32.
+
+Measured: CPU time (utime + stime from /proc/<pid>/stat, summed over the proxy's process
+tree) per request; medians of `--rounds` rounds, the proxies taking turns inside each round
+(the order rotates every round); the client's median latency beside it (informative: the
+client, the backends and every proxy share the machine). Every round sends fresh tails and
+fresh conversations, so no proxy sees a request twice.
+
+The peers live in a bench-only environment, never in the project's dependencies:
+
+    python3 -m venv ~/.cache/gateway-peers-venv && \
+        ~/.cache/gateway-peers-venv/bin/pip install sglang-router==0.3.2 vllm-router==0.1.17
+
+(`--peers-venv DIR` points elsewhere; `--no-peers` measures the gateway and the relay only.)
+
+    .venv/bin/python bench/bench_peers.py                      # all cases, 3 rounds (< 8 min)
+    .venv/bin/python bench/bench_peers.py --cases 64k,grow256k --rounds 1 --scale 0.3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import orjson
+from proxy_servers import serve_asgi_relay, serve_backend, serve_relay
+
+ROOT = Path(__file__).resolve().parent.parent
+TICK = os.sysconf("SC_CLK_TCK")
+KIB = 1024
+CONCURRENCY = 32
+PREFIXES = 32
+
+# case -> (kind, prompt bytes, requests per round at --scale 1)
+CASES: dict[str, tuple[str, int, int]] = {
+    "2k": ("fixed", 2 * KIB, 3000),
+    "16k": ("fixed", 16 * KIB, 1500),
+    "64k": ("fixed", 64 * KIB, 800),
+    "256k": ("fixed", 256 * KIB, 300),
+    "grow64k": ("grow", 64 * KIB, 0),
+    "grow256k": ("grow", 256 * KIB, 0),
+    "stream": ("stream", 2 * KIB, 1500),
+}
+
+
+# -- prompts ----------------------------------------------------------------------------------
+
+_WORDS = (  # noqa: SIM905 (prose reads better than a list of words)
+    "the function returns a list of records for each request and the caller checks the "
+    "status before it writes the result to the cache; if the file is missing we raise an "
+    "error with the path and line number so the agent can retry with another tool call "
+    "config value index buffer stream token model router replica prefix block hash table "
+    "parse render encode decode commit branch test build deploy review patch diff merge"
+).split()
+
+
+class Text:
+    """Deterministic prose with a few numbers in it (agent prompts are code, logs and
+    tool output: numbers are common, and the hygiene scanner looks at every digit)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def __call__(self, size: int) -> str:
+        rng = self.rng
+        out = rng.choices(_WORDS, k=size // 5 + 8)
+        for i in range(0, len(out), 25):  # about one number every 25 words
+            out[i] = f"line {rng.randrange(1, 999)}"
+        text = " ".join(out)
+        while len(text) < size:
+            text += " " + text
+        return text[:size]
+
+
+def body(messages: list[dict[str, str]], stream: bool) -> bytes:
+    doc: dict[str, object] = {"model": "bench", "max_tokens": 16, "messages": messages}
+    if stream:
+        doc["stream"] = True
+    return orjson.dumps(doc)
+
+
+def fixed_bodies(size: int, n: int, salt: int, stream: bool) -> list[bytes]:
+    """n prompts of ~size bytes: one of 32 shared prefixes (~90%) plus a fresh tail."""
+    shared = Text(size)
+    prefixes = [f"Project {i} instructions. " + shared(int(size * 0.9)) for i in range(PREFIXES)]
+    fresh = Text(salt)
+    tail = max(16, size - int(size * 0.9))
+    return [body([{"role": "system", "content": prefixes[i % PREFIXES]},
+                  {"role": "user", "content": f"Task {salt}-{i}: " + fresh(tail)}], stream)
+            for i in range(n)]
+
+
+class Feed:
+    """What one client worker sends next, given the answer to what it sent last."""
+
+    def next(self, answer: bytes | None) -> bytes | None:
+        raise NotImplementedError
+
+
+class Queue(Feed):
+    """Bodies taken in order by however many workers share this feed."""
+
+    def __init__(self, bodies: list[bytes]) -> None:
+        self._it = iter(bodies)
+
+    def next(self, answer: bytes | None) -> bytes | None:
+        return next(self._it, None)
+
+
+class Conversation(Feed):
+    """A conversation under a shared 2 KiB system prompt: every turn repeats the previous
+    prompt and the answer it got (as a client does) and adds a new user tail, reaching
+    about `size` bytes at its last turn."""
+
+    def __init__(self, size: int, turns: int, salt: int, system: str) -> None:
+        self.turns = turns
+        self.tail = max(64, (size - 2 * KIB) // turns - 64)
+        self.text = Text(salt)
+        self.name = f"Conversation {salt}"
+        self.messages = [{"role": "system", "content": system}]
+
+    def next(self, answer: bytes | None) -> bytes | None:
+        turn = sum(m["role"] == "user" for m in self.messages)
+        if turn >= self.turns:
+            return None
+        if answer is not None:
+            doc = orjson.loads(answer)
+            self.messages.append({"role": "assistant",
+                                  "content": doc["choices"][0]["message"]["content"]})
+        self.messages.append({"role": "user", "content": f"{self.name}, step {turn}: "
+                              + self.text(self.tail)})
+        return body(self.messages, False)
+
+
+def conversations(size: int, turns: int, salt: int) -> list[Feed]:
+    system = Text(7)(2 * KIB)
+    return [Conversation(size, turns, salt * 1000 + c, system) for c in range(CONCURRENCY)]
+
+
+# -- load -------------------------------------------------------------------------------------
+
+async def drive(url: str, feeds: list[Feed], limit_s: float) -> list[float]:
+    """One worker per feed (concurrency = len(feeds); the same feed may appear repeatedly)."""
+    latencies: list[float] = []
+    connector = aiohttp.TCPConnector(limit=len(feeds))
+    headers = {"content-type": "application/json"}
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def worker(feed: Feed) -> None:
+            payload = feed.next(None)
+            while payload is not None:
+                t0 = time.perf_counter()
+                async with session.post(url + "/v1/chat/completions", data=payload,
+                                        headers=headers) as r:
+                    answer = await r.read()
+                    if r.status != 200:
+                        raise RuntimeError(f"{url}: status {r.status}")
+                latencies.append(time.perf_counter() - t0)
+                payload = feed.next(answer)
+
+        await asyncio.wait_for(asyncio.gather(*(worker(f) for f in feeds)), limit_s)
+    return latencies
+
+
+def shared_queue(bodies: list[bytes]) -> list[Feed]:
+    """CONCURRENCY workers taking the next body from one list."""
+    return [Queue(bodies)] * CONCURRENCY
+
+
+# -- in process: the gateway's own Python per request, no sockets -----------------------------
+
+async def _in_process(feeds: list[Feed], warm: list[Feed], env: dict[str, str]) -> float:
+    """Gateway CPU ms per request, driving the ASGI app with bench_proxy's instant upstream;
+    the feeds take turns (turn t of every conversation, then turn t + 1)."""
+    from bench_proxy import _InstantResponse, _InstantUpstream
+    from proxy_servers import sized_completion
+
+    class Upstream(_InstantUpstream):
+        """Usage that follows the prompt's size, as the socket backends answer here."""
+
+        async def send(self, method: str, url: str, headers: object, body: bytes | None,
+                       timeouts: object) -> _InstantResponse:
+            if body is not None and url.endswith("/chat/completions") and (
+                    b'"stream":true' not in body):
+                return _InstantResponse(False, sized_completion(body))
+            return await super().send(method, url, headers, body, timeouts)
+
+    from gateway.proxy.app import create_app
+    from gateway.settings import parse_settings
+
+    settings = parse_settings(None, env, backends=["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    app = create_app(settings, upstream=Upstream())  # type: ignore[arg-type]
+    async with app.running():
+        assert app.services is not None
+        for _ in range(100):  # the monitor's first probes mark the replicas up
+            if len(app.services.fleet.healthy()) == 2:
+                break
+            await asyncio.sleep(0.01)
+        never = asyncio.get_running_loop().create_future()
+
+        async def one(payload: bytes) -> bytes:
+            messages = [{"type": "http.request", "body": payload, "more_body": False}]
+            answer: list[bytes] = []
+
+            async def receive() -> dict[str, object]:
+                if messages:
+                    return messages.pop()
+                await never
+                return {"type": "http.disconnect"}
+
+            async def send(message: dict[str, object]) -> None:
+                if message["type"] == "http.response.body":
+                    answer.append(message.get("body", b""))  # type: ignore[arg-type]
+
+            await app({"type": "http", "method": "POST", "path": "/v1/chat/completions",
+                       "query_string": b"", "headers": [
+                           (b"host", b"gw"), (b"content-type", b"application/json"),
+                           (b"content-length", b"%d" % len(payload))]}, receive, send)
+            return b"".join(answer)
+
+        async def run(feeds: list[Feed]) -> tuple[float, int]:
+            """The feeds take turns; CPU seconds inside the app only, and requests."""
+            cpu, n = 0.0, 0
+            live = list(dict.fromkeys(feeds))  # a shared queue once
+            answers: dict[int, bytes | None] = {id(f): None for f in live}
+            while live:
+                nxt = []
+                for f in live:
+                    payload = f.next(answers[id(f)])
+                    if payload is None:
+                        continue
+                    c0 = time.process_time()
+                    answers[id(f)] = await one(payload)
+                    cpu += time.process_time() - c0
+                    n += 1
+                    nxt.append(f)
+                live = nxt
+            return cpu, n
+
+        await run(warm)
+        cpu, n = await run(feeds)
+        return cpu / n * 1000
+
+
+def gateway_env(args: argparse.Namespace) -> dict[str, str]:
+    """The gateway's settings beyond its defaults: the KV capacity its index models (the
+    peers' prefix trees hold 32-64 M characters per worker by default; the gateway's
+    default, 262,144 tokens, is about 1 MiB of prompt, less than these cases' working
+    set, so its index would evict, and model the engine evicting, on every request), and
+    whatever `--gateway-env` adds."""
+    return {"GATEWAY_ROUTING__DEFAULT_CAPACITY_TOKENS": str(args.capacity_tokens),
+            **dict(kv.split("=", 1) for kv in args.gateway_env)}
+
+
+def run_in_process(cases: list[str], args: argparse.Namespace) -> int:
+    import cProfile
+
+    import uvloop
+
+    for case in cases:
+        make, _ = plan(case, args.scale, args.turns)
+        runs = []
+        for r in range(args.rounds):
+            feeds, warm = make(2 * r + 10), make(2 * r + 11)
+            if args.profile and r == 0:
+                prof = cProfile.Profile()
+                prof.enable()
+                runs.append(uvloop.run(_in_process(feeds, warm, gateway_env(args))))
+                prof.disable()
+                prof.dump_stats(f"{args.profile}.{case}")
+            else:
+                runs.append(uvloop.run(_in_process(feeds, warm, gateway_env(args))))
+        print(f"{case}: gateway CPU ms/req in process, median {statistics.median(runs):.4f} "
+              f"(runs: {' '.join(f'{x:.4f}' for x in runs)})", flush=True)
+    return 0
+
+
+# -- processes --------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds of root and every live descendant."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry)
+        parents[pid] = int(fields[1])
+        times[pid] = (int(fields[11]) + int(fields[12])) / TICK
+    tree, frontier = {root}, [root]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parents.items() if pp == p and c not in tree]
+        tree.update(kids)
+        frontier.extend(kids)
+    return sum(times.get(p, 0.0) for p in tree)
+
+
+@dataclass
+class Proxy:
+    label: str
+    proc: subprocess.Popen[bytes]
+    url: str
+
+
+def start(label: str, argv: list[str], env: dict[str, str] | None = None) -> Proxy:
+    port = free_port()
+    argv = [a.replace("{port}", str(port)).replace("{port2}", str(free_port())) for a in argv]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    return Proxy(label, proc, f"http://127.0.0.1:{port}")
+
+
+def wait_ready(p: Proxy, timeout: float) -> None:
+    """Until a chat completion goes through (every proxy has its own readiness notion)."""
+    deadline = time.monotonic() + timeout
+    probe = fixed_bodies(2 * KIB, 1, 0, False)
+    while time.monotonic() < deadline:
+        if p.proc.poll() is not None:
+            raise RuntimeError(f"{p.label} exited with {p.proc.returncode}")
+        try:
+            asyncio.run(drive(p.url, [Queue(probe)], 5.0))
+            return
+        except (OSError, RuntimeError, TimeoutError, aiohttp.ClientError):
+            time.sleep(0.25)
+    raise TimeoutError(f"{p.label} not ready after {timeout:.0f} s")
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+def plan(case: str, scale: float, turns: int) -> tuple[Callable[[int], list[Feed]], int]:
+    """(streams for a salt, requests per round) of a case."""
+    kind, size, n = CASES[case]
+    if kind == "grow":
+        return (lambda salt: conversations(size, turns, salt)), CONCURRENCY * turns
+    count = max(CONCURRENCY, int(n * scale))
+    stream = kind == "stream"
+    return (lambda salt: shared_queue(fixed_bodies(size, count, salt, stream))), count
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: "
+                    + ", ".join(CASES))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="multiply the requests per round of the fixed-size cases")
+    ap.add_argument("--turns", type=int, default=24, help="turns per growing conversation")
+    ap.add_argument("--peers-venv", type=Path,
+                    default=Path.home() / ".cache/gateway-peers-venv",
+                    help="the venv holding sglang-router and vllm-router")
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--baseline", metavar="SRC", type=Path,
+                    help="also run a gateway from this source tree (PYTHONPATH=SRC, e.g. a "
+                    "`git archive <commit> gateway` unpacked): the column `gateway before`")
+    ap.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--capacity-tokens", type=int, default=8 << 20,
+                    help="the gateway's routing.default_capacity_tokens (default 8 Mi tokens, "
+                    "32 MiB of prompt per replica, as vllm-router's default tree)")
+    ap.add_argument("--max-seconds", type=float, default=460.0,
+                    help="stop measuring (and report what was measured) after this long")
+    ap.add_argument("--out", type=Path, help="also append the table to this file")
+    ap.add_argument("--in-process", action="store_true",
+                    help="no sockets, no peers: drive the gateway's ASGI app directly with an "
+                    "instant upstream (the gateway's own Python per request)")
+    ap.add_argument("--profile", metavar="PREFIX",
+                    help="with --in-process: cProfile the first round to PREFIX.<case>")
+    ap.add_argument("--asgi-relay", action="store_true",
+                    help="also run the bare relay as an ASGI app on uvicorn (the gateway's "
+                    "front, nothing else)")
+    ap.add_argument("--asgi-relay-server", nargs="+", help=argparse.SUPPRESS)
+    ap.add_argument("--backend-server", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--relay-server", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.backend_server:
+        asyncio.run(serve_backend(args.backend_server, sized=True))
+        return 0
+    if args.asgi_relay_server:
+        import uvloop
+
+        uvloop.run(serve_asgi_relay(int(args.asgi_relay_server[0]), args.asgi_relay_server[1:]))
+        return 0
+    if args.relay_server:
+        import uvloop
+
+        uvloop.run(serve_relay(int(args.relay_server[0]), args.relay_server[1:]))
+        return 0
+    cases = [c for c in args.cases.split(",") if c]
+    for c in cases:
+        if c not in CASES:
+            ap.error(f"unknown case {c!r}")
+    if args.in_process:
+        return run_in_process(cases, args)
+    began = time.monotonic()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        backends = []
+        for _ in range(2):
+            port = free_port()
+            procs.append(subprocess.Popen([sys.executable, __file__, "--backend-server",
+                                           str(port)]))
+            backends.append(f"http://127.0.0.1:{port}")
+        env = {**os.environ, **gateway_env(args)}
+        proxies = [
+            start("gateway", [str(ROOT / ".venv/bin/gateway"), "serve", "--port", "{port}",
+                              "--log-level", "warning",
+                              *(a for b in backends for a in ("--backend", b))], env),
+            start("bare relay", [sys.executable, __file__, "--relay-server", "{port}",
+                                 *backends]),
+        ]
+        if args.asgi_relay:
+            proxies.append(start("ASGI relay on uvicorn", [
+                sys.executable, __file__, "--asgi-relay-server", "{port}", *backends]))
+        if args.baseline:
+            proxies.insert(1, start("gateway before", [
+                str(ROOT / ".venv/bin/gateway"), "serve", "--port", "{port}", "--log-level",
+                "warning", *(a for b in backends for a in ("--backend", b))],
+                {**env, "PYTHONPATH": str(args.baseline.resolve())}))
+        if not args.no_peers:
+            py = str(args.peers_venv / "bin/python")
+            common = ["--host", "127.0.0.1", "--port", "{port}", "--policy", "cache_aware",
+                      "--prometheus-host", "127.0.0.1", "--prometheus-port", "{port2}",
+                      "--worker-urls", *backends]
+            proxies.append(start("sglang-router", [py, "-m", "sglang_router.launch_router",
+                                                   *common, "--log-level", "error"]))
+            proxies.append(start("vllm-router", [py, "-m", "vllm_router.launch_router",
+                                                 *common, "--log-level", "error"]))
+        procs += [p.proc for p in proxies]
+        for p in proxies:
+            wait_ready(p, 90.0)
+        results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        counts: dict[str, int] = {}
+        salt = 1
+        for case in cases:
+            make, n = plan(case, args.scale, args.turns)
+            counts[case] = n
+            for p in proxies:  # warm up: connections, caches of the shared prefixes
+                salt += 1
+                asyncio.run(drive(p.url, make(salt)[:4], 120.0))
+            for r in range(args.rounds):
+                if time.monotonic() - began > args.max_seconds:
+                    break
+                k = r % len(proxies)
+                for p in proxies[k:] + proxies[:k]:
+                    salt += 1
+                    feeds = make(salt)
+                    c0 = tree_cpu(p.proc.pid)
+                    lat = asyncio.run(drive(p.url, feeds, 300.0))
+                    cpu = (tree_cpu(p.proc.pid) - c0) / len(lat) * 1000
+                    results.setdefault((case, p.label), []).append(
+                        (cpu, statistics.median(lat) * 1000))
+            print(f"[{time.monotonic() - began:.0f} s] {case} done", file=sys.stderr, flush=True)
+        table = report(cases, [p.label for p in proxies], results, counts)
+        print(table)
+        if args.out:
+            with args.out.open("a") as f:
+                f.write(table + "\n")
+        return 0
+    finally:
+        stop(procs)
+
+
+def report(cases: list[str], labels: list[str],
+           results: dict[tuple[str, str], list[tuple[float, float]]],
+           counts: dict[str, int]) -> str:
+    before = "gateway before" in labels
+    head = ("| case | requests/round | " + " | ".join(f"{lb} CPU ms/req" for lb in labels)
+            + " | gateway / bare relay | gateway / vllm-router |"
+            + (" gateway before / bare relay |" if before else ""))
+    lines = [head, "|" + "---|" * (len(labels) + 4 + before)]
+    detail = []
+    for case in cases:
+        med = {lb: statistics.median(x[0] for x in results[(case, lb)])
+               for lb in labels if (case, lb) in results}
+        if "gateway" not in med:
+            continue
+        cells = [f"{med[lb]:.3f}" if lb in med else "-" for lb in labels]
+        bare = med.get("bare relay")
+        vr = med.get("vllm-router")
+        ratios = [f"{med['gateway'] / d:.2f}x" if d else "-" for d in (bare, vr)]
+        if before:
+            old = med.get("gateway before")
+            ratios.append(f"{old / bare:.2f}x" if old and bare else "-")
+        lines.append(f"| {case} | {counts[case]} | " + " | ".join(cells + ratios) + " |")
+        for lb in labels:
+            runs = results.get((case, lb), [])
+            detail.append(f"- {case}, {lb}: CPU ms/req per round "
+                          + " ".join(f"{x[0]:.3f}" for x in runs)
+                          + "; client p50 ms " + " ".join(f"{x[1]:.2f}" for x in runs))
+    return "\n".join(lines) + "\n\n" + "\n".join(detail)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
