@@ -1,32 +1,31 @@
-"""The ASGI shapes the gateway and the simulator speak (like starlette/types.py), and the one
-helper both use to answer a complete response.
+"""The ASGI shapes the gateway and the simulator speak (Starlette's), and the one way both
+answer a complete response.
 
-Both are plain ASGI callables rather than framework apps: the relay path is hot (one
-request costs well under a millisecond of CPU) and a framework's Request/Response objects
-and middleware stack would be most of that budget.
+Each is a Starlette app for its own routes with its inference paths in front as raw ASGI:
+the relay path is hot (one request costs well under a millisecond of CPU) and a
+framework's Request objects and middleware stack would be most of that budget. A whole
+response, on either side, is a Starlette `Response`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Iterable
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
+
+__all__ = ["JSON", "Headers", "Message", "Receive", "Scope", "Send", "whole"]
+
 Headers = list[tuple[bytes, bytes]]
 
-JSON = b"application/json"
+JSON = "application/json"
 
 
-async def respond(
-    send: Send, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = (),
-    content_type: bytes | None = JSON,
-) -> None:
-    """A whole response: content type (none for None), content length, extra headers."""
-    head: Headers = [(b"content-type", content_type)] if content_type is not None else []
-    head.append((b"content-length", str(len(body)).encode()))
-    head.extend(headers)
-    await send({"type": "http.response.start", "status": status, "headers": head})
-    await send({"type": "http.response.body", "body": body})
+def whole(body: bytes, status: int = 200, headers: Iterable[tuple[bytes, bytes]] = (),
+          media_type: str | None = JSON) -> Response:
+    """A complete response: content type (none for None), content length, `headers` (raw,
+    as the raw-ASGI paths hold them). Returned by Starlette endpoints; awaited with
+    (scope, receive, send) on the raw-ASGI paths."""
+    response = Response(body, status, media_type=media_type)
+    response.raw_headers.extend(headers)
+    return response

@@ -30,8 +30,8 @@ def _names(requirements: list[str]) -> dict[str, str]:
 
 def test_core_dependencies_are_only_what_serve_needs() -> None:
     core = _names(PYPROJECT["project"]["dependencies"])
-    assert set(core) == {"uvicorn", "uvloop", "httptools", "aiohttp", "orjson", "xxhash",
-                         "prometheus-client"}
+    assert set(core) == {"uvicorn", "uvloop", "httptools", "starlette", "aiohttp", "orjson",
+                         "xxhash", "prometheus-client"}
     assert "[" not in core["uvicorn"]  # not [standard]: no watchfiles, no websockets
     assert not HEAVY & set(core)
 

@@ -91,9 +91,7 @@ async def test_capacity_reaches_the_router_and_stats(
         assert s.router.index_limit("a") == blocks(tokens)
         await s.monitor.scrape_all()  # a later scrape keeps it
         assert s.router.index_limit("a") == blocks(tokens)
-        status, body, _ = app._simple_get(s, "/stats") or (0, b"", b"")
-        assert status == 200
-        rep = orjson.loads(body)["replicas"]["a"]
+        rep = app.stats(s)["replicas"]["a"]
         assert (rep["capacity_tokens"], rep["capacity_source"]) == (tokens, source)
 
 

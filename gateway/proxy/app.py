@@ -1,10 +1,13 @@
 """The gateway's ASGI application and the factory that builds it.
 
-`create_app(settings, upstream=None, clock=time.time)` returns a plain ASGI callable. Every
-long-lived object (upstream client, fleet and its monitor, router, hygiene analyzer,
-metrics, usage recorder) is built at startup, in the lifespan, and owned by one `Services`
-value; nothing lives at module level, so a test process can build as many apps as it likes.
-Tests that drive the app without a server (httpx.ASGITransport skips the lifespan) use
+`create_app(settings, upstream=None, clock=time.time)` returns an ASGI callable: the
+inference routes go straight to the raw-ASGI proxy (gateway.proxy.handler; a framework's
+request objects would be most of that path's CPU), everything else to a Starlette app (the
+gateway's own routes, 404/405 in OpenAI's shape, the lifespan). Every long-lived object
+(upstream client, fleet and its monitor, router, hygiene analyzer, metrics, usage recorder)
+is built at startup, in the lifespan, and owned by one `Services` value; nothing lives at
+module level, so a test process can build as many apps as it likes. Tests that drive the
+app without a server (httpx.ASGITransport skips the lifespan) use
 `async with app.running(): ...`.
 
 Routes:
@@ -30,18 +33,22 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-from urllib.parse import parse_qs
+from typing import TYPE_CHECKING, Any
 
 import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from gateway.admission.gate import Gate
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.hygiene.lograte import LogLimiter
-from gateway.proxy.asgi import Receive, Scope, Send, respond, respond_error
+from gateway.proxy.asgi import Receive, Scope, Send
 from gateway.proxy.auth import Authenticator, without_tenants
 from gateway.proxy.client import AiohttpUpstream, ClientLimits
-from gateway.proxy.errors import GatewayError
+from gateway.proxy.errors import GatewayError, error_response
 from gateway.proxy.handler import Proxy
 from gateway.proxy.inbound import Endpoint
 from gateway.proxy.tokenmode import EventFeeds, SimRenderer, start_token_mode
@@ -61,15 +68,15 @@ from gateway.usage.recorder import UsageRecorder
 
 log = logging.getLogger("gateway.proxy.app")
 
-PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
-HTML = b"text/html; charset=utf-8"
+JSON = "application/json"
+PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+HTML = "text/html; charset=utf-8"
 # The inference routes the gateway routes by prefix and accounts (POST only).
 _ROUTED: dict[str, Endpoint] = {
     "/v1/chat/completions": "chat", "/v1/completions": "completions",
     "/v1/responses": "responses", "/v1/messages": "messages",
 }
-# The gateway's own GET routes, and the prefix of GET /v1/models/{id}.
-_OWN_GET = frozenset({"/health", "/ready", "/metrics", "/stats", "/v1/models"})
+# The prefix of GET /v1/models/{id} (answered here, not forwarded).
 _MODEL_PREFIX = "/v1/models/"
 # vLLM's own endpoints outside /v1/ (routers and `vllm bench serve` call /tokenize through
 # whatever base URL they are given); forwarded by the body's model like /v1/* calls.
@@ -110,13 +117,12 @@ class GatewayApp:
         self.clock = clock  # wall time: record timestamps, routing and stats windows
         self.timer = timer  # monotonic: latencies
         self.services: Services | None = None
-        # The gateway's own GET routes that need a key when keys are configured (/health
-        # and /ready stay open for probes).
-        self._guarded = frozenset(
-            () if not settings.auth.keys else
-            ("/v1/models",) if settings.auth.public_metrics else
-            ("/v1/models", "/metrics", "/stats"))
+        # The gateway's own routes that need a key when keys are configured (/health and
+        # /ready stay open for probes).
+        self._guard_models = bool(settings.auth.keys)
+        self._guard_stats = bool(settings.auth.keys) and not settings.auth.public_metrics
         self._proxy: Proxy | None = None
+        self._own = self._routes()
 
     # lifecycle --------------------------------------------------------------------------
 
@@ -194,103 +200,133 @@ class GatewayApp:
         finally:
             await self.shutdown()
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                try:
-                    await self.startup()
-                except Exception as exc:  # reported to the server, which exits non-zero
-                    log.exception("startup failed")
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        """Starlette's lifespan: a startup failure is reported to the server, which exits
+        non-zero."""
+        async with self.running():
+            yield
 
     # dispatch ---------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
-        services, proxy = self.services, self._proxy
-        if services is None or proxy is None:
-            await respond_error(send, GatewayError(
-                503, "The gateway is not started.", code="not_started"), [])
-            return
-        path, method = scope["path"], scope["method"]
-        endpoint = _ROUTED.get(path)
-        if endpoint is not None:
-            if method == "POST":
-                await proxy.handle(scope, receive, send, endpoint)
-            else:
-                await _not_allowed(send, method, path, b"POST")
-            return
-        model_card = path.startswith(_MODEL_PREFIX)  # GET /v1/models/{id}: answered here
-        if path in _OWN_GET or model_card:
-            if method not in ("GET", "HEAD"):
-                await _not_allowed(send, method, path, b"GET, HEAD")
+        """The inference path goes straight to the raw-ASGI proxy (no framework objects on
+        the hot path); everything else (lifespan, the gateway's own routes, 404/405) is
+        the Starlette app's."""
+        if scope["type"] == "http":
+            proxy = self._proxy
+            if proxy is None:
+                await error_response(GatewayError(
+                    503, "The gateway is not started.", code="not_started"))(scope, receive, send)
                 return
-            if path in self._guarded or (model_card and "/v1/models" in self._guarded):
-                try:
-                    services.auth.tenant(_authorization(scope))
-                except GatewayError as err:
-                    await respond_error(send, err, [])
+            path = scope["path"]
+            endpoint = _ROUTED.get(path)
+            if endpoint is not None:
+                if scope["method"] == "POST":
+                    await proxy.handle(scope, receive, send, endpoint)
                     return
-            status, body, content_type = self._simple_get(services, path)
-            if path == "/stats" and not services.auth.admin(_authorization(scope)):
-                body = orjson.dumps(without_tenants(orjson.loads(body)))  # admins only
-            if path == "/stats" and _wants_html(scope):
-                body, content_type = render_page(orjson.loads(body)), HTML
-            await respond(send, status, body, [], content_type)
-            return
-        if path.startswith("/v1/") or path in _NATIVE:
-            await proxy.handle(scope, receive, send, None)
-            return
-        await respond_error(send, GatewayError(404, f"No route {path}.", code="not_found"), [])
+            elif path in _NATIVE or (path.startswith("/v1/") and not _models(path)):
+                await proxy.handle(scope, receive, send, None)
+                return
+        await self._own(scope, receive, send)
 
-    def _simple_get(self, s: Services, path: str) -> tuple[int, bytes, bytes]:
-        json = b"application/json"
-        if path == "/health":
-            return 200, b'{"status":"ok"}', json
-        if path == "/ready":
-            healthy = [r.name for r in s.fleet.healthy()]
-            status = 200 if healthy else 503
-            return status, orjson.dumps({"ready": bool(healthy), "healthy": healthy}), json
-        if path == "/metrics":
-            for r in s.fleet.replicas.values():
-                s.metrics.replica_state(r.name, r.healthy, r.in_flight, r.snapshot)
-            return 200, s.metrics.render(), PROMETHEUS
-        if path == "/stats":
-            reps = s.fleet.replicas.values()
-            stats = s.recorder.stats(
-                s.clock(), {r.name: r.snapshot for r in reps},
-                configured_capacity={r.name: r.settings.capacity_tokens for r in reps},
-                default_capacity_tokens=s.settings.routing.default_capacity_tokens,
-                fleet_warnings=[f"replica {r.name} ({r.url}) is unreachable: {r.failures} "
-                                "failed health probe(s)" for r in reps if not r.healthy])
-            for r in reps:  # what the fleet knows beside the last scrape
-                stats["replicas"][r.name].update(url=r.url, healthy=r.healthy,
-                                                 in_flight=r.in_flight)
-            if s.feeds is not None:
-                stats["token_mode"] = s.feeds.status(s.clock())
-            if s.gate is not None:
-                stats["admission"] = s.gate.stats()
-            return 200, orjson.dumps(stats), json
-        if path == "/v1/models":
-            return 200, orjson.dumps({"object": "list", "data": s.fleet.model_list()}), json
-        wanted = path[len(_MODEL_PREFIX):]
+    def _routes(self) -> Starlette:
+        get = ["GET"]  # HEAD too (Starlette adds it)
+        return Starlette(
+            routes=[
+                Route("/health", self._health, methods=get),
+                Route("/ready", self._ready, methods=get),
+                Route("/metrics", self._metrics, methods=get),
+                Route("/stats", self._stats, methods=get),
+                Route("/v1/models", self._models, methods=get),
+                Route("/v1/models/{model:path}", self._model_card, methods=get),
+                # the same raw-ASGI proxy __call__ sends POSTs to: here for the 405s
+                *(Route(path, _Proxied(self, endpoint), methods=["POST"])
+                  for path, endpoint in _ROUTED.items()),
+            ],
+            exception_handlers={GatewayError: _gateway_error, HTTPException: _http_error},
+            lifespan=self._lifespan)
+
+    # the gateway's own routes -------------------------------------------------------------
+
+    def _live(self, request: Request, guarded: bool = False) -> Services:
+        services = self.services
+        if services is None:
+            raise GatewayError(503, "The gateway is not started.", code="not_started")
+        if guarded:  # only when keys are configured (/health and /ready stay open for probes)
+            services.auth.tenant(_authorization(request.scope))
+        return services
+
+    async def _health(self, request: Request) -> Response:
+        self._live(request)
+        return Response(b'{"status":"ok"}', media_type=JSON)
+
+    async def _ready(self, request: Request) -> Response:
+        healthy = [r.name for r in self._live(request).fleet.healthy()]
+        return Response(orjson.dumps({"ready": bool(healthy), "healthy": healthy}),
+                        200 if healthy else 503, media_type=JSON)
+
+    async def _metrics(self, request: Request) -> Response:
+        s = self._live(request, self._guard_stats)
+        for r in s.fleet.replicas.values():
+            s.metrics.replica_state(r.name, r.healthy, r.in_flight, r.snapshot)
+        return Response(s.metrics.render(), media_type=PROMETHEUS)
+
+    async def _stats(self, request: Request) -> Response:
+        s = self._live(request, self._guard_stats)
+        stats = self.stats(s)
+        if not s.auth.admin(_authorization(request.scope)):
+            stats = without_tenants(stats)  # by_tenant: admins only
+        # `format=html` (the query is the client's: only this one value is read)
+        if request.query_params.getlist("format")[-1:] == ["html"]:
+            return Response(render_page(stats), media_type=HTML)
+        return Response(orjson.dumps(stats), media_type=JSON)
+
+    async def _models(self, request: Request) -> Response:
+        s = self._live(request, self._guard_models)
+        return Response(orjson.dumps({"object": "list", "data": s.fleet.model_list()}),
+                        media_type=JSON)
+
+    async def _model_card(self, request: Request) -> Response:
+        s = self._live(request, self._guard_models)
+        wanted = request.path_params["model"]
         for card in s.fleet.model_list():
             if card.get("id") == wanted:
-                return 200, orjson.dumps(card), json
-        err = GatewayError(404, f"The model {wanted[:200]!r} does not exist.", param="model",
+                return Response(orjson.dumps(card), media_type=JSON)
+        raise GatewayError(404, f"The model {wanted[:200]!r} does not exist.", param="model",
                            code="model_not_found")
-        return 404, err.body(), json
+
+    def stats(self, s: Services) -> dict[str, Any]:
+        """The /stats document (every tenant's breakdown included)."""
+        reps = s.fleet.replicas.values()
+        stats = s.recorder.stats(
+            s.clock(), {r.name: r.snapshot for r in reps},
+            configured_capacity={r.name: r.settings.capacity_tokens for r in reps},
+            default_capacity_tokens=s.settings.routing.default_capacity_tokens,
+            fleet_warnings=[f"replica {r.name} ({r.url}) is unreachable: {r.failures} "
+                            "failed health probe(s)" for r in reps if not r.healthy])
+        for r in reps:  # what the fleet knows beside the last scrape
+            stats["replicas"][r.name].update(url=r.url, healthy=r.healthy,
+                                             in_flight=r.in_flight)
+        if s.feeds is not None:
+            stats["token_mode"] = s.feeds.status(s.clock())
+        if s.gate is not None:
+            stats["admission"] = s.gate.stats()
+        return stats
+
+
+class _Proxied:
+    """One inference route as the raw ASGI app it is (Starlette calls an object that is
+    neither a function nor a method as ASGI)."""
+
+    def __init__(self, app: GatewayApp, endpoint: Endpoint) -> None:
+        self.app, self.endpoint = app, endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        proxy = self.app._proxy
+        if proxy is None:
+            raise GatewayError(503, "The gateway is not started.", code="not_started")
+        await proxy.handle(scope, receive, send, self.endpoint)
 
 
 async def start_shared_state(settings: Settings, router: Router, services: Services,
@@ -309,16 +345,27 @@ async def start_shared_state(settings: Settings, router: Router, services: Servi
     return shared
 
 
-async def _not_allowed(send: Send, method: str, path: str, allow: bytes) -> None:
-    error = GatewayError(405, f"Method {method} is not allowed on {path}; use "
-                         f"{allow.decode()}.", code="method_not_allowed")
-    await respond_error(send, error, [(b"allow", allow)])
+def _gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    return error_response(exc)
 
 
-def _wants_html(scope: Scope) -> bool:
-    """`/stats?format=html` (the query is the client's: only this one value is read)."""
-    query = bytes(scope.get("query_string", b"")).decode("latin-1")
-    return parse_qs(query).get("format", [""])[-1] == "html"
+def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 and 405, in OpenAI's shape."""
+    assert isinstance(exc, HTTPException)
+    path = request.scope["path"]
+    if exc.status_code != 405:
+        return error_response(GatewayError(exc.status_code, f"No route {path}.",
+                                           code="not_found"))
+    allow = ", ".join(sorted((exc.headers or {}).get("Allow", "").split(", ")))
+    return error_response(GatewayError(
+        405, f"Method {request.method} is not allowed on {path}; use {allow}.",
+        code="method_not_allowed"), [(b"allow", allow.encode())])
+
+
+def _models(path: str) -> bool:
+    """GET /v1/models and /v1/models/{id} are the gateway's own, whatever the method."""
+    return path == "/v1/models" or path.startswith(_MODEL_PREFIX)
 
 
 def _authorization(scope: Scope) -> bytes | None:

@@ -1,5 +1,6 @@
 """The gateway's request primitives on top of the shared ASGI shapes (gateway.asgi): read
-a bounded request body, pick request headers, answer an error in OpenAI's shape.
+a bounded request body, pick request headers (a whole error answer is
+gateway.proxy.errors.error_response).
 
 A body is bounded in size (413) and in time: a client that stops sending mid-body (a
 `content-length` it never fills, a chunk it never finishes) would otherwise hold its
@@ -11,10 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from gateway.asgi import JSON, Headers, Message, Receive, Scope, Send, respond
+from gateway.asgi import Headers, Message, Receive, Scope, Send
 from gateway.proxy.errors import GatewayError
 
-__all__ = ["JSON", "Headers", "Message", "Receive", "Scope", "Send", "respond"]
+__all__ = ["Headers", "Message", "Receive", "Scope", "Send"]
 
 
 def request_headers(scope: Scope, names: Sequence[bytes]) -> list[bytes | None]:
@@ -61,7 +62,3 @@ class ClientGone(Exception):
 
 def too_large(limit: int) -> GatewayError:
     return GatewayError(413, f"Request body larger than {limit} bytes.", code="request_too_large")
-
-
-async def respond_error(send: Send, error: GatewayError, headers: Headers) -> None:
-    await respond(send, error.status, error.body(), headers)

@@ -7,6 +7,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from starlette.responses import Response
+
+from gateway.asgi import whole
 from gateway.upstream.errors import (
     GatewayError,
     UpstreamConnectError,
@@ -19,9 +24,16 @@ from gateway.upstream.failure import client_error
 
 __all__ = [
     "GatewayError", "UpstreamConnectError", "UpstreamError", "UpstreamPoolBusy",
-    "UpstreamProtocolError", "UpstreamTimeout", "from_upstream", "invalid_field",
+    "UpstreamProtocolError", "UpstreamTimeout", "error_response", "from_upstream", "invalid_field",
     "missing_field",
 ]
+
+
+def error_response(err: GatewayError, headers: Iterable[tuple[bytes, bytes]] = ()) -> Response:
+    """The gateway's one way to answer a whole error: OpenAI's shape, the error's own
+    headers (`Retry-After`) and `headers`. Starlette endpoints return it; the raw-ASGI
+    path awaits it with its scope, receive and send."""
+    return whole(err.body(), err.status, [*err.headers(), *headers])
 
 
 def invalid_field(param: str, expected: str) -> GatewayError:

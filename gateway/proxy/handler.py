@@ -52,7 +52,7 @@ from gateway.admission.priority import header_value as priority_header
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.proxy.asgi import ClientGone, Headers, Receive, Scope, Send, read_body, request_headers
 from gateway.proxy.auth import Authenticator
-from gateway.proxy.errors import GatewayError, UpstreamError, from_upstream
+from gateway.proxy.errors import GatewayError, UpstreamError, error_response, from_upstream
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import response_headers
 from gateway.proxy.inbound import Endpoint, inject_usage, parse_inbound, parse_json
@@ -150,7 +150,7 @@ class Proxy:
             ex.fail(err)
             if not ex.outcome.started:
                 ex.done = True
-                await _respond_error(send, err, headers)
+                await error_response(err, headers)(scope, receive, send)
         except ClientGone:
             ex.status, ex.error = 499, "client disconnected"
         except asyncio.CancelledError:
@@ -161,7 +161,7 @@ class Proxy:
                     cut = shutting_down()
                     ex.fail(cut)
                     with contextlib.suppress(RuntimeError, OSError):
-                        await _respond_error(send, cut, headers)
+                        await error_response(cut, headers)(scope, receive, send)
                 raise
             task.uncancel()
             ex.status, ex.error = 499, "client disconnected"
@@ -415,11 +415,3 @@ def stored_response(path: str, method: str) -> str | None:
     if len(parts) == 5 and parts[4] == "cancel" and method == "POST":
         return parts[3]
     return None
-
-
-async def _respond_error(send: Send, err: GatewayError, headers: Headers) -> None:
-    body = err.body()
-    await send({"type": "http.response.start", "status": err.status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        *err.headers(), *headers]})
-    await send({"type": "http.response.body", "body": body})

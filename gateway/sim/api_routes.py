@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
+from starlette.responses import Response
 
 from gateway.sim import messages_api, protocol
 from gateway.sim import responses_api as rapi
@@ -25,8 +26,8 @@ from gateway.sim.asgi import (
     Send,
     read_body,
     request_id,
-    respond,
     watch_disconnect,
+    whole,
 )
 from gateway.sim.errors import ApiError
 from gateway.sim.hashing import salt_key
@@ -116,7 +117,7 @@ class ApiRoutes:
             if not chat.gen.stream:
                 await pending.queue.get()
                 if req.status != "finished":
-                    await respond(send, 503, _ABORTED.body())
+                    await whole(_ABORTED.body(), 503)(scope, receive, send)
                     return
                 text = self._text(pending)
             else:
@@ -154,11 +155,10 @@ class ApiRoutes:
                             "body": self._timing_comment(pending)
                             + events.closing(response, item_id, text)})
             else:
-                await respond(send, 200, orjson.dumps(response),
-                              [*headers, *self._timing_header(pending)])
+                await whole(orjson.dumps(response), 200,
+                            [*headers, *self._timing_header(pending)])(scope, receive, send)
 
-    async def stored(self, scope: Scope, receive: Receive, send: Send, response_id: str,
-                     action: str) -> None:
+    def stored(self, response_id: str, action: str) -> Response:
         """`GET /v1/responses/{id}` (the stored response object) and `POST .../cancel`
         (vLLM cancels background responses only: a stored one is a 400), 404 for an id this
         replica does not hold or while the store is off."""
@@ -167,7 +167,7 @@ class ApiRoutes:
             raise rapi.not_found(response_id)
         if action == "cancel":
             raise rapi.cannot_cancel()
-        await respond(send, 200, orjson.dumps(found))
+        return whole(orjson.dumps(found))
 
     # -- Messages -----------------------------------------------------------------------
 
@@ -175,7 +175,7 @@ class ApiRoutes:
         try:
             await self._messages(scope, receive, send)
         except ApiError as e:
-            await respond(send, e.status, messages_api.error_body(e))
+            await whole(messages_api.error_body(e), e.status)(scope, receive, send)
 
     async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
         chat = messages_api.parse_messages(protocol.parse_json(await read_body(receive)))
@@ -190,14 +190,14 @@ class ApiRoutes:
             if not chat.gen.stream:
                 await pending.queue.get()
                 if req.status != "finished":
-                    await respond(send, 503, messages_api.error_body(_ABORTED))
+                    await whole(messages_api.error_body(_ABORTED), 503)(scope, receive, send)
                     return
                 use = messages_api.usage(req.num_prompt_tokens, req.num_output_tokens,
                                          req.num_cached_tokens if details else None)
                 body = messages_api.message_body(mid, model, self._text(pending),
                                                  req.finish_reason, use)
-                await respond(send, 200, body,
-                              [*headers, *self._timing_header(pending)])
+                await whole(body, 200,
+                            [*headers, *self._timing_header(pending)])(scope, receive, send)
                 return
             await send({"type": "http.response.start", "status": 200,
                         "headers": [*_SSE, *headers]})

@@ -1,10 +1,12 @@
-"""The HTTP face of one simulated vLLM replica: a raw ASGI app (no framework on the hot path).
+"""The HTTP face of one simulated vLLM replica: a Starlette app (routing, lifespan, errors)
+with the generation routes in front of it as raw ASGI (no framework objects on the hot path).
 
 Routes (contract section 6): POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
 POST /v1/responses, GET /v1/responses/{id}, POST /v1/responses/{id}/cancel, POST
 /v1/messages (gateway.sim.api_routes),
 POST /tokenize, POST /detokenize, GET /health, GET|POST /ping, GET /version, GET /load,
-GET /metrics, POST /reset_prefix_cache. Unknown paths answer FastAPI's ``{"detail": ...}``.
+GET /metrics, POST /reset_prefix_cache. Unknown paths and methods answer FastAPI's
+``{"detail": ...}``.
 
 Generation: the body is validated (protocol), rendered (chat template) and tokenized, then
 submitted to the replica's engine; the handler waits for tokens while a watcher task reads
@@ -28,19 +30,22 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from gateway.sim import protocol
-from gateway.sim import responses_api as rapi
 from gateway.sim.api_routes import ApiRoutes
 from gateway.sim.asgi import (
     Receive,
     Scope,
     Send,
-    lifespan,
     read_body,
     request_id,
-    respond,
     watch_disconnect,
+    whole,
 )
 from gateway.sim.errors import ApiError, bad_request
 from gateway.sim.hashing import salt_key
@@ -93,56 +98,50 @@ class SimApp:
         self.created = int(time.time())
         self.started = time.time()  # process_start_time_seconds, as vLLM's /metrics has it
         apis = self._apis = ApiRoutes(self, store=config.responses_store)
-        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
-            ("POST", "/v1/chat/completions"): self._chat,
-            ("POST", "/v1/completions"): self._completions,
-            ("POST", "/v1/responses"): apis.responses,
-            ("POST", "/v1/messages"): apis.messages,
-            ("GET", "/v1/models"): self._models,
-            ("POST", "/tokenize"): self._tokenize,
-            ("POST", "/detokenize"): self._detokenize,
-            ("GET", "/health"): self._empty,
-            ("GET", "/ping"): self._empty,
-            ("POST", "/ping"): self._empty,
-            ("GET", "/version"): self._version,
-            ("GET", "/load"): self._load,
-            ("GET", "/metrics"): self._metrics,
+        # The generation routes: raw ASGI, called before Starlette sees the request.
+        self._raw: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+            "/v1/chat/completions": self._chat,
+            "/v1/completions": self._completions,
+            "/v1/responses": apis.responses,
+            "/v1/messages": apis.messages,
         }
+        get, post = ["GET"], ["POST"]
+        routes = [
+            # the same raw handlers __call__ sends POSTs to: here for the 405s
+            *(Route(path, _Raw(handler), methods=post) for path, handler in self._raw.items()),
+            Route("/v1/responses/{response_id}", self._stored_get, methods=get),
+            Route("/v1/responses/{response_id}/cancel", self._stored_cancel, methods=post),
+            Route("/v1/models", self._models, methods=get),
+            Route("/tokenize", self._tokenize, methods=post),
+            Route("/detokenize", self._detokenize, methods=post),
+            Route("/health", self._empty, methods=get),
+            Route("/ping", self._empty, methods=["GET", "POST"]),
+            Route("/version", self._version, methods=get),
+            Route("/load", self._load, methods=get),
+            Route("/metrics", self._metrics, methods=get),
+        ]
         if config.dev_mode:
-            self._routes[("POST", "/reset_prefix_cache")] = self._reset
+            routes.append(Route("/reset_prefix_cache", self._reset, methods=post))
         if config.kv_event_sources is not None:
             sources = orjson.dumps(config.kv_event_sources)
 
-            async def kv_event_sources(scope: Scope, receive: Receive, send: Send) -> None:
-                await respond(send, 200, sources)
+            async def kv_event_sources(request: Request) -> Response:
+                return whole(sources)
 
-            self._routes[("GET", "/kv_event_sources")] = kv_event_sources
-        self._paths = {path for _, path in self._routes}
+            routes.append(Route("/kv_event_sources", kv_event_sources, methods=get))
+        self._app = Starlette(routes=routes, exception_handlers={
+            ApiError: _api_error, HTTPException: _http_error})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            if scope["type"] == "lifespan":
-                await lifespan(receive, send)
-            return
-        handler = self._routes.get((scope["method"], scope["path"]))
-        stored = rapi.stored_call(scope["path"]) if handler is None else None
-        if stored is not None and (scope["method"], stored[1]) in (("GET", "get"),
-                                                                   ("POST", "cancel")):
-            try:
-                await self._apis.stored(scope, receive, send, *stored)
-            except ApiError as e:
-                await respond(send, e.status, e.body())
-            return
-        if handler is None:
-            if scope["path"] in self._paths:
-                await respond(send, 405, b'{"detail":"Method Not Allowed"}')
-            else:
-                await respond(send, 404, b'{"detail":"Not Found"}')
-            return
-        try:
-            await handler(scope, receive, send)
-        except ApiError as e:
-            await respond(send, e.status, e.body())
+        if scope["type"] == "http" and scope["method"] == "POST":
+            handler = self._raw.get(scope["path"])
+            if handler is not None:
+                try:
+                    await handler(scope, receive, send)
+                except ApiError as e:
+                    await whole(e.body(), e.status)(scope, receive, send)
+                return
+        await self._app(scope, receive, send)
 
     # -- generation -------------------------------------------------------------------
 
@@ -193,20 +192,21 @@ class SimApp:
                 if gen.stream:
                     await self._stream(send, endpoint, gen, pending, rid)
                 else:
-                    await self._unary(send, endpoint, pending, rid)
+                    await self._unary(scope, receive, send, endpoint, pending, rid)
             finally:
                 watcher.cancel()
                 replica.abort(pending)  # no-op once finished
         finally:
             replica.in_flight -= 1
 
-    async def _unary(self, send: Send, endpoint: str, pending: Pending, rid: str) -> None:
+    async def _unary(self, scope: Scope, receive: Receive, send: Send, endpoint: str,
+                     pending: Pending, rid: str) -> None:
         await pending.queue.get()
         req = pending.request
         if req.status != "finished":
             # Aborted: either the client is gone (then this send is a no-op) or the
             # simulator is shutting down.
-            await respond(send, 503, _ABORTED.body())
+            await whole(_ABORTED.body(), 503)(scope, receive, send)
             return
         out = req.output_ids
         if req.finish_reason == "stop":
@@ -224,7 +224,7 @@ class SimApp:
         headers = [(b"x-request-id", rid.split("-", 1)[1].encode())]
         if self.config.timing_comments:
             headers.append((b"x-sim-timing", orjson.dumps(_timing(req))))
-        await respond(send, 200, body, headers)
+        await whole(body, 200, headers)(scope, receive, send)
 
     async def _stream(
         self,
@@ -352,7 +352,13 @@ class SimApp:
 
     # -- the rest -----------------------------------------------------------------------
 
-    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def _stored_get(self, request: Request) -> Response:
+        return self._apis.stored(request.path_params["response_id"], "get")
+
+    def _stored_cancel(self, request: Request) -> Response:
+        return self._apis.stored(request.path_params["response_id"], "cancel")
+
+    async def _models(self, request: Request) -> Response:
         m = self.config.model
         card = {
             "id": m,
@@ -379,10 +385,10 @@ class SimApp:
                 }
             ],
         }
-        await respond(send, 200, orjson.dumps({"object": "list", "data": [card]}))
+        return whole(orjson.dumps({"object": "list", "data": [card]}))
 
-    async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = protocol.parse_json(await read_body(receive))
+    async def _tokenize(self, request: Request) -> Response:
+        body = protocol.parse_json(await read_body(request.receive))
         self._check_model(protocol.parse_generation({"model": body.get("model")}, "").model)
         if "messages" in body:
             params = protocol.parse_chat(body)
@@ -399,21 +405,11 @@ class SimApp:
         else:
             raise bad_request("tokenize needs `prompt` (a string) or `messages`", "prompt")
         strs = self.tokenizer.pieces(ids) if body.get("return_token_strs") else None
-        await respond(
-            send,
-            200,
-            orjson.dumps(
-                {
-                    "count": len(ids),
-                    "max_model_len": self.config.max_model_len,
-                    "tokens": ids,
-                    "token_strs": strs,
-                }
-            ),
-        )
+        return whole(orjson.dumps({"count": len(ids), "max_model_len": self.config.max_model_len,
+                                   "tokens": ids, "token_strs": strs}))
 
-    async def _detokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = protocol.parse_json(await read_body(receive))
+    async def _detokenize(self, request: Request) -> Response:
+        body = protocol.parse_json(await read_body(request.receive))
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in tokens
@@ -423,32 +419,49 @@ class SimApp:
             text = self.tokenizer.decode(tokens)
         except (ValueError, OverflowError) as e:
             raise bad_request(str(e), "tokens") from None
-        await respond(send, 200, orjson.dumps({"prompt": text}))
+        return whole(orjson.dumps({"prompt": text}))
 
-    async def _empty(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await respond(send, 200, b"", content_type=None)
+    def _empty(self, request: Request) -> Response:
+        return whole(b"", media_type=None)
 
-    async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await respond(send, 200, orjson.dumps({"version": f"{self.config.contract}.0"}))
+    def _version(self, request: Request) -> Response:
+        return whole(orjson.dumps({"version": f"{self.config.contract}.0"}))
 
-    async def _load(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await respond(send, 200, orjson.dumps({"server_load": self.replica.in_flight}))
+    def _load(self, request: Request) -> Response:
+        return whole(orjson.dumps({"server_load": self.replica.in_flight}))
 
-    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def _metrics(self, request: Request) -> Response:
         engine = self.replica.engine
         text = engine.metrics.render(
             self.config.model, engine.gauges(), self.config.deprecated_metrics, self.started)
-        await respond(
-            send,
-            200,
-            text.encode(),
-            content_type=b"text/plain; version=0.0.4; charset=utf-8",
-        )
+        return whole(text.encode(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def _reset(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def _reset(self, request: Request) -> Response:
         # vLLM 0.32 answers {"success": ...}: false while blocks are still in use.
         ok = self.replica.engine.reset_prefix_cache()
         if self.config.contract != "0.32":
-            await respond(send, 200, b"", content_type=None)
-        else:
-            await respond(send, 200, orjson.dumps({"success": ok}))
+            return whole(b"", media_type=None)
+        return whole(orjson.dumps({"success": ok}))
+
+
+class _Raw:
+    """A generation route as the raw ASGI it is (Starlette calls an object that is neither a
+    function nor a method as ASGI; its ApiError reaches the app's handler)."""
+
+    def __init__(self, handler: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handler(scope, receive, send)
+
+
+def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return whole(exc.body(), exc.status)
+
+
+def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 and 405, as FastAPI (vLLM's server) words them."""
+    assert isinstance(exc, HTTPException)
+    return whole(orjson.dumps({"detail": exc.detail}), exc.status_code,
+                 [(k.lower().encode(), v.encode()) for k, v in (exc.headers or {}).items()])

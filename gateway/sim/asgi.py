@@ -1,15 +1,15 @@
-"""ASGI plumbing shared by the simulator's handlers: body reading with a size cap,
-disconnect watching, plain responses and a no-op lifespan."""
+"""ASGI plumbing shared by the simulator's handlers: body reading with a size cap and
+disconnect watching (a whole response is gateway.asgi.whole)."""
 
 from __future__ import annotations
 
 import uuid
 
-from gateway.asgi import Message, Receive, Scope, Send, respond
+from gateway.asgi import Message, Receive, Scope, Send, whole
 from gateway.sim.errors import bad_request
 from gateway.sim.replica import Pending, Replica
 
-__all__ = ["Message", "Receive", "Scope", "Send", "respond"]
+__all__ = ["Message", "Receive", "Scope", "Send", "whole"]
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
@@ -42,14 +42,4 @@ async def watch_disconnect(receive: Receive, replica: Replica, pending: Pending)
         msg = await receive()
         if msg["type"] == "http.disconnect":
             replica.abort(pending)
-            return
-
-
-async def lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        msg = await receive()
-        if msg["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif msg["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
             return

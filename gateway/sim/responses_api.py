@@ -73,18 +73,6 @@ class ResponseStore:
             self._objects.pop(old, None)
 
 
-def stored_call(path: str) -> tuple[str, str] | None:
-    """(response id, "get" | "cancel") for `/v1/responses/{id}[/cancel]`, else None."""
-    parts = path.split("/")
-    if len(parts) < 4 or parts[1:3] != ["v1", "responses"] or not parts[3]:
-        return None
-    if len(parts) == 4:
-        return parts[3], "get"
-    if len(parts) == 5 and parts[4] == "cancel":
-        return parts[3], "cancel"
-    return None
-
-
 def cannot_cancel() -> ApiError:
     """vLLM's answer to cancelling a response that is not running in the background."""
     return TypedError(400, "Cannot cancel a synchronous response.", "response_id",
