@@ -6,6 +6,7 @@ on a real redis-server."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import random
 import time
 from collections.abc import Sequence
@@ -34,10 +35,21 @@ def router() -> Router:
     return r
 
 
+def eviction_order(r: Router, name: str) -> tuple[int, ...]:
+    """The replica's blocks in the order its index would evict them (its LRU order)."""
+    index = copy.deepcopy(r._index)
+    order: list[int] = []
+    while index.size(name):
+        before = set(index._held[name].parent)
+        index.shrink_to(name, index.size(name) - 1)
+        order.extend(sorted(before - set(index._held[name].parent)))
+    return tuple(order)
+
+
 def state(r: Router) -> tuple[object, ...]:
     """What a router remembers: each replica's index in LRU order, the bindings and
     loads of sessions, the conversations."""
-    return (tuple(tuple(r._index._held[n]) for n in NAMES),
+    return (tuple(eviction_order(r, n) for n in NAMES),
             tuple(r._sessions._bound.items()),
             tuple(round(r.session_load(n, 1e4), 9) for n in NAMES),
             r.conversations())
