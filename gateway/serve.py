@@ -61,11 +61,11 @@ log = logging.getLogger("gateway.serve")
 
 EMBEDDED_REPLICAS = 4
 # The cyclic collector's first threshold (CPython's default is 700 allocations). A request
-# allocates a few hundred tracked objects and 32 requests in flight keep theirs alive, so
-# at 700 a young collection ran every ~14 requests and traversed all of them, 7% of the
-# gateway's CPU per 2 KiB request (bench/RESULTS.md, "The fixed cost per request"). At
-# 10,000 collections are rare; a cycle's garbage lives a little longer (reference counting
-# frees everything else at once).
+# allocates a few hundred tracked objects and the requests in flight keep theirs alive, so
+# at 700 (32 in flight) a young collection ran every ~14 requests and traversed all of
+# them: 7% of the gateway's CPU per 2 KiB request (bench/RESULTS.md, "The fixed cost per
+# request"). At 10,000 collections are rare; a cycle's garbage lives a little longer
+# (reference counting frees everything else at once).
 GC_YOUNG_THRESHOLD = 10_000
 
 
