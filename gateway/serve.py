@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -59,6 +60,13 @@ from gateway.usage.recorder import require_redis
 log = logging.getLogger("gateway.serve")
 
 EMBEDDED_REPLICAS = 4
+# The cyclic collector's first threshold (CPython's default is 700 allocations). A request
+# allocates a few hundred tracked objects and the requests in flight keep theirs alive, so
+# at 700 (32 in flight) a young collection ran every ~14 requests and traversed all of
+# them: 7% of the gateway's CPU per 2 KiB request (bench/RESULTS.md, "The fixed cost per
+# request"). At 10,000 collections are rare; a cycle's garbage lives a little longer
+# (reference counting frees everything else at once).
+GC_YOUNG_THRESHOLD = 10_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -203,6 +211,10 @@ async def _serve(settings: Settings, sock: socket.socket) -> int:
         while not server.started and not serving.done():
             await asyncio.wait([serving], timeout=0.05)
         if server.started:
+            # What start-up built (modules, settings, the app) lives as long as the process:
+            # out of the collector's way, so its rare full collections walk only what
+            # requests left behind.
+            gc.freeze()
             services = app.services
             log.info("gateway started", extra={
                 "listen": f"http://{settings.server.host}:{sock.getsockname()[1]}",
@@ -252,5 +264,6 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("gateway.sim").setLevel(logging.WARNING)
     for level, message in scan_env(env).notes():
         log.log(logging.getLevelNamesMapping()[level.upper()], message)
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(serve(settings))

@@ -18,8 +18,8 @@ replica, with the rules the relay path needs.
   instead: connections idle longer than `idle_s` are closed by the connector; keep `idle_s`
   below the replicas' keep-alive timeout (uvicorn, so vLLM: 5 s) so the gateway, not the
   engine, closes idle connections. And a pooled connection is handed out only after a
-  look at its socket (`recv(MSG_PEEK | MSG_DONTWAIT)`, `_PeekingConnector`) shows its peer
-  has not closed it: a server that closes after every answer while advertising keep-alive
+  look at its socket (a `poll` of its descriptor, no wait, `_PeekingConnector`) shows its
+  peer has not closed it: a server that closes after every answer while advertising keep-alive
   (llama.cpp) has its FIN in the kernel before the next request, though asyncio may not
   have read it yet. What is left is a close crossing the request on the wire: a 502.
 - Bytes as the engine wrote them: no Accept-Encoding or User-Agent is added and nothing is
@@ -35,8 +35,7 @@ replica, with the rules the relay path needs.
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
+import select
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -97,15 +96,12 @@ def _peer_open(conn: Connection) -> bool:
     sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is None:
         return True
-    try:
-        # A duplicate descriptor: closing it leaves the transport's socket alone.
-        with socket.socket(fileno=os.dup(sock.fileno())) as peek:
-            peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except BlockingIOError:
-        return True  # nothing to read: open and idle, as a pooled connection should be
-    except OSError:
-        return False  # reset
-    return False  # EOF, or bytes nobody asked for: either way not reusable
+    # One poll of the descriptor, no wait: readable means EOF or bytes nobody asked for,
+    # either way not reusable; a reset shows as POLLERR / POLLHUP. (A peek with
+    # recv(MSG_PEEK) needs a duplicate socket object under uvloop: 2.8 us against 0.4.)
+    watch = select.poll()
+    watch.register(sock.fileno(), select.POLLIN)
+    return not watch.poll(0)
 
 
 class AiohttpResponse:
@@ -204,6 +200,9 @@ class AiohttpUpstream:
         slot = self._slots.get(origin)
         if slot is None:
             slot = self._slots[origin] = asyncio.Semaphore(self.limits.connections_per_replica)
+        if not slot.locked():  # a free slot is taken at once: no timer to arm
+            await slot.acquire()
+            return slot
         try:
             async with asyncio.timeout(self.limits.pool_wait_s):
                 await slot.acquire()
