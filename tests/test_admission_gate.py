@@ -285,3 +285,46 @@ def test_high_is_not_held_for_queued_prefill_that_holds_normal() -> None:
         await g.aclose()
         return got
     assert asyncio.run(run()) == (True, False)
+
+
+def test_waiters_of_a_class_with_no_room_anywhere_are_not_examined(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica with room for `high` only (in flight between the lower classes' share and
+    the limit) does not make the dispatcher weigh every `normal` waiter each recheck: with
+    a thousand waiters that scan was the gateway's main CPU cost under overload."""
+    from gateway.admission.room import bind as real_bind
+
+    calls = 0
+
+    def counting_bind(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return real_bind(*args, **kwargs)
+
+    monkeypatch.setattr("gateway.admission.gate.bind", counting_bind)
+
+    async def run() -> None:
+        g, _ = gate_with(AdmissionConfig(enabled=True, replica_max_in_flight=4,
+                                         lower_class_room=0.5, default_priority_cap="high",
+                                         recheck_s=0.001, max_queue=100))
+        fleet = [replica("a")]
+        fleet[0].in_flight = 3  # room for high (4), none for normal (2)
+
+        async def one(i: int) -> None:
+            g.done(await g.admit(ask(f"n{i}"), fleet))
+
+        waiting = [asyncio.create_task(one(i)) for i in range(20)]
+        await asyncio.sleep(0.05)  # dozens of rechecks
+        assert g.stats()["queued"]["normal"] == 20
+        assert calls == 0
+        fleet[0].in_flight = 0
+        g._dispatch()  # room again: the next recheck would do the same
+        await asyncio.wait_for(asyncio.gather(*waiting), 5)
+        await g.aclose()
+    asyncio.run(run())
+
+
+def gate_with(config: AdmissionConfig) -> tuple[Gate, Router]:
+    routing = RoutingConfig()
+    router = Router(routing)
+    return Gate(config, routing, router, GatewayMetrics(), Clock(), Clock()), router
