@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import deque
 from typing import Any
 
 import pytest
@@ -328,3 +329,18 @@ def gate_with(config: AdmissionConfig) -> tuple[Gate, Router]:
     routing = RoutingConfig()
     router = Router(routing)
     return Gate(config, routing, router, GatewayMetrics(), Clock(), Clock()), router
+
+
+@pytest.mark.parametrize(("mine", "theirs", "owed"), [
+    (0, 100, True), (10, 90, True), (35, 65, True),
+    # near an even split one of two tenants is always a little below: not owed, or its
+    # follow-ups would keep their place and leave their cache in every matching round
+    (45, 55, False), (50, 50, False), (70, 30, False),
+])
+def test_a_tenant_is_owed_its_share_only_clearly_below_it(
+        mine: float, theirs: float, owed: bool) -> None:
+    g, _ = gate()  # over_share 1.25: owed below 0.5 / 1.25 = 0.4 of the class's tokens
+    g._flows[("normal", "y")] = deque()  # y waits beside x: x's fair part is half
+    g._recent.add(("normal", "x"), mine, 0.0)
+    g._recent.add(("normal", "y"), theirs, 0.0)
+    assert g._owed(("normal", "x"), 0.0) is owed

@@ -255,10 +255,13 @@ class Gate:
         return weight(tenant) / (weight(tenant) + others)
 
     def _owed(self, flow: Flow, now: float) -> bool:
-        """`flow` got less than its fair part of its class's recent tokens: its waiters
+        """`flow` got clearly less than its fair part of its class's recent tokens (below
+        it by the factor `over_share` by which a tenant above it is shed): its waiters
         keep their place in the matching round (a quiet tenant is not passed over by the
-        flooder's requests whose replica just freed)."""
-        return self._recent.part(flow, now) < self._fair_part(flow)
+        flooder's requests whose replica just freed). Not merely below it: of two tenants
+        at even shares one always is, and its follow-ups left their cache for it."""
+        return (self._recent.part(flow, now) * self.config.over_share
+                < self._fair_part(flow))
 
     def _go(self, ask: Ask, cls: Priority, flow: Flow, allowed: Sequence[Replica], now: float,
             waited_s: float, *, queued: bool, preview: RoutePlan | None = None) -> Ticket:
