@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import deque
 from typing import Any
 
 import pytest
@@ -285,3 +286,61 @@ def test_high_is_not_held_for_queued_prefill_that_holds_normal() -> None:
         await g.aclose()
         return got
     assert asyncio.run(run()) == (True, False)
+
+
+def test_waiters_of_a_class_with_no_room_anywhere_are_not_examined(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica with room for `high` only (in flight between the lower classes' share and
+    the limit) does not make the dispatcher weigh every `normal` waiter each recheck: with
+    a thousand waiters that scan was the gateway's main CPU cost under overload."""
+    from gateway.admission.room import bind as real_bind
+
+    calls = 0
+
+    def counting_bind(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return real_bind(*args, **kwargs)
+
+    monkeypatch.setattr("gateway.admission.gate.bind", counting_bind)
+
+    async def run() -> None:
+        g, _ = gate_with(AdmissionConfig(enabled=True, replica_max_in_flight=4,
+                                         lower_class_room=0.5, default_priority_cap="high",
+                                         recheck_s=0.001, max_queue=100))
+        fleet = [replica("a")]
+        fleet[0].in_flight = 3  # room for high (4), none for normal (2)
+
+        async def one(i: int) -> None:
+            g.done(await g.admit(ask(f"n{i}"), fleet))
+
+        waiting = [asyncio.create_task(one(i)) for i in range(20)]
+        await asyncio.sleep(0.05)  # dozens of rechecks
+        assert g.stats()["queued"]["normal"] == 20
+        assert calls == 0
+        fleet[0].in_flight = 0
+        g._dispatch()  # room again: the next recheck would do the same
+        await asyncio.wait_for(asyncio.gather(*waiting), 5)
+        await g.aclose()
+    asyncio.run(run())
+
+
+def gate_with(config: AdmissionConfig) -> tuple[Gate, Router]:
+    routing = RoutingConfig()
+    router = Router(routing)
+    return Gate(config, routing, router, GatewayMetrics(), Clock(), Clock()), router
+
+
+@pytest.mark.parametrize(("mine", "theirs", "owed"), [
+    (0, 100, True), (10, 90, True), (35, 65, True),
+    # near an even split one of two tenants is always a little below: not owed, or its
+    # follow-ups would keep their place and leave their cache in every matching round
+    (45, 55, False), (50, 50, False), (70, 30, False),
+])
+def test_a_tenant_is_owed_its_share_only_clearly_below_it(
+        mine: float, theirs: float, owed: bool) -> None:
+    g, _ = gate()  # over_share 1.25: owed below 0.5 / 1.25 = 0.4 of the class's tokens
+    g._flows[("normal", "y")] = deque()  # y waits beside x: x's fair part is half
+    g._recent.add(("normal", "x"), mine, 0.0)
+    g._recent.add(("normal", "y"), theirs, 0.0)
+    assert g._owed(("normal", "x"), 0.0) is owed

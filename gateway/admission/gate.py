@@ -118,7 +118,6 @@ class Gate:
         # lower classes' share keeps that queue to about a step; only sequence slots
         # and the KV cache hold it here.
         high = RoomLimits(config.replica_max_in_flight, math.inf, config.kv_usage_limit)
-        self._limits = high  # the loosest: a replica no class has room on is full
         self._class_limits: dict[Priority, RoomLimits] = {
             "high": high, "normal": lower, "low": lower}
         self._shares = FairShare(config.class_weight, config.tenant_weight)
@@ -256,10 +255,13 @@ class Gate:
         return weight(tenant) / (weight(tenant) + others)
 
     def _owed(self, flow: Flow, now: float) -> bool:
-        """`flow` got less than its fair part of its class's recent tokens: its waiters
+        """`flow` got clearly less than its fair part of its class's recent tokens (below
+        it by the factor `over_share` by which a tenant above it is shed): its waiters
         keep their place in the matching round (a quiet tenant is not passed over by the
-        flooder's requests whose replica just freed)."""
-        return self._recent.part(flow, now) < self._fair_part(flow)
+        flooder's requests whose replica just freed). Not merely below it: of two tenants
+        at even shares one always is, and its follow-ups left their cache for it."""
+        return (self._recent.part(flow, now) * self.config.over_share
+                < self._fair_part(flow))
 
     def _go(self, ask: Ask, cls: Priority, flow: Flow, allowed: Sequence[Replica], now: float,
             waited_s: float, *, queued: bool, preview: RoutePlan | None = None) -> Ticket:
@@ -289,14 +291,19 @@ class Gate:
         if self._count == 0:
             return
         now = self.timer()
-        limits, cfg = self._limits, self.config
+        cfg = self.config
         queued = self.router.queued_by_replica()
         replicas = {r.name: r for q in self._flows.values() for w in q for r in w.pool}
         base = {name: self._load(r, queued.get(name, 0.0)) for name, r in replicas.items()}
         rounds = 0
         while self._count and rounds <= cfg.max_queue:
-            roomy = {name for name, ld in base.items() if has_room(ld, limits)}
-            if not roomy:
+            # room per waiting class: under overload a replica often has room for `high`
+            # only, and scanning every lower-class waiter each recheck for nothing made
+            # the dispatcher the gateway's main CPU cost with a thousand waiting
+            roomy = {c: {name for name, ld in base.items()
+                         if has_room(ld, self._class_limits[c])}
+                     for c in {c for c, _ in self._flows}}
+            if not any(roomy.values()):
                 return  # nobody can go anywhere: the common case under overload
             rounds += 1
             released = self._release_one(base, roomy, now)
@@ -304,7 +311,7 @@ class Gate:
                 return
             base[released] = self._load(replicas[released])
 
-    def _release_one(self, base: dict[str, ReplicaLoad], roomy: set[str],
+    def _release_one(self, base: dict[str, ReplicaLoad], roomy: Mapping[Priority, set[str]],
                      now: float) -> str | None:
         """Release the first waiter in fair-share order that may go; the replica it went
         to, None when none may. Matching first: a `normal` or `low` waiter that would have
@@ -317,13 +324,16 @@ class Gate:
                 return went
         return None
 
-    def _release_pass(self, base: dict[str, ReplicaLoad], roomy: set[str], now: float,
-                      matching: bool) -> str | None:
+    def _release_pass(self, base: dict[str, ReplicaLoad], roomy: Mapping[Priority, set[str]],
+                      now: float, matching: bool) -> str | None:
         cfg = self.config
         for flow in self._shares.order(self._tokens, lambda f: self._recent.part(f, now)):
+            room = roomy.get(flow[0])
+            if not room:
+                continue  # bind would answer "full" for each of its waiters
             keeps_place = flow[0] == "high" or (matching and self._owed(flow, now))
             for w in list(self._flows.get(flow, ())):
-                if w.future.done() or not any(r.name in roomy for r in w.pool):
+                if w.future.done() or not any(r.name in room for r in w.pool):
                     continue  # cancelled (it leaves in its own task), or nowhere to go
                 loads = [dataclasses.replace(base[r.name],
                                              predicted_tokens=w.preview.predicted.get(r.name, 0))
