@@ -4,9 +4,13 @@ fails here, by name, rather than as a request sent twice in production.
 
 The connector overrides `_get(key, traces)`, aiohttp's one place where a pooled connection
 is taken for reuse, calls it, and hands the connection out only while its peer has not
-closed it. The behaviour on real sockets (a server that closes after every answer gets each
-request once) is tests/test_proxy_client.py's; pyproject pins aiohttp to the versions whose
-`_get` has this shape (3.10 to 3.14; 3.9's was synchronous with another signature).
+closed it; before that it reads the pool, `_conns[key]` (pairs of protocol and release
+time, oldest first), for connections aiohttp will drop as closed. It overrides
+`_release(key, protocol, *, should_close)`, the one way back into the pool, to close the
+connections of a replica that closes after every answer. The behaviour on real sockets (a
+server that closes after every answer gets each request once) is
+tests/test_proxy_client.py's; pyproject pins aiohttp to the versions whose `_get` has this
+shape (3.10 to 3.14; 3.9's was synchronous with another signature).
 """
 
 from __future__ import annotations
@@ -30,6 +34,19 @@ def test_tcp_connector_get_keeps_its_shape() -> None:
     assert inspect.iscoroutinefunction(own)
     assert list(inspect.signature(own).parameters) == ["self", "key", "traces"]
     assert "_get" in _PeekingConnector.__dict__  # the subclass still overrides it
+
+
+def test_tcp_connector_release_and_pool_keep_their_shape() -> None:
+    own = getattr(aiohttp.TCPConnector, "_release", None)
+    assert own is not None, "aiohttp's TCPConnector._release is gone"
+    params = inspect.signature(own).parameters
+    assert list(params) == ["self", "key", "protocol", "should_close"]
+    assert params["should_close"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert "_release" in _PeekingConnector.__dict__
+    init = inspect.getsource(aiohttp.BaseConnector.__init__)
+    assert "self._conns" in init, "aiohttp's BaseConnector no longer keeps its pool in _conns"
+    get = inspect.getsource(aiohttp.BaseConnector._get)
+    assert "proto, t0 = conns.popleft()" in get or "proto, t0 = conns.pop" in get
 
 
 def test_installed_aiohttp_is_in_the_pinned_range() -> None:

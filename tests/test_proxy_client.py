@@ -221,6 +221,8 @@ class Closer:
     answered: int = 1
     close_after_s: float | None = None
     answering: int = 1_000
+    slow_from: int = 1_000_000  # from this connection on, the close comes `slow_s` late
+    slow_s: float = 0.0
     reply: bytes = KEEP_ALIVE_OK
     connections: int = 0
     requests: int = 0
@@ -230,7 +232,8 @@ class Closer:
 async def closing_server(spec: Closer) -> AsyncIterator[str]:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         spec.connections += 1
-        answers = spec.answered if spec.connections <= spec.answering else 0
+        index = spec.connections
+        answers = spec.answered if index <= spec.answering else 0
         try:
             while True:
                 await reader.readuntil(b"\r\n\r\n")
@@ -240,7 +243,8 @@ async def closing_server(spec: Closer) -> AsyncIterator[str]:
                 answers -= 1
                 writer.write(spec.reply)
                 if answers == 0 and spec.close_after_s is not None:
-                    await asyncio.sleep(spec.close_after_s)
+                    late = spec.slow_s if index >= spec.slow_from else 0.0
+                    await asyncio.sleep(spec.close_after_s + late)
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -285,6 +289,24 @@ async def test_a_server_closing_after_each_answer_never_gets_a_request_on_a_clos
             for _ in range(20):
                 await get_ok(client, url)
             assert (spec.connections, spec.requests) == (20, 20)
+        finally:
+            await client.aclose()
+
+
+async def test_a_server_closing_after_each_answer_is_learnt_before_its_close_comes_late(
+) -> None:
+    """llama.cpp on a loaded machine: it closes after every answer, at first at once, then
+    (from the 4th connection) 0.3 s late, so a pooled connection still looks open when the
+    next request goes out and that request would be lost (a 502, not re-sent). Having
+    found its pooled connections closed twice, the client closes each answer's connection
+    itself: every request gets a fresh one, is read once and answered."""
+    spec = Closer(close_after_s=0.0, slow_from=4, slow_s=0.3)
+    async with closing_server(spec) as url:
+        client = AiohttpUpstream()
+        try:
+            for _ in range(12):
+                await get_ok(client, url)
+            assert (spec.connections, spec.requests) == (12, 12)
         finally:
             await client.aclose()
 

@@ -21,7 +21,10 @@ replica, with the rules the relay path needs.
   look at its socket (a `poll` of its descriptor, no wait, `_PeekingConnector`) shows its
   peer has not closed it: a server that closes after every answer while advertising keep-alive
   (llama.cpp) has its FIN in the kernel before the next request, though asyncio may not
-  have read it yet. What is left is a close crossing the request on the wire: a 502.
+  have read it yet. What is left is a close crossing the request on the wire (a 502),
+  which a loaded machine makes likely; a replica whose pooled connections are found closed
+  again and again has each answer's connection closed by the gateway instead
+  (`proxy/closing.py`), so its requests go out on fresh connections.
 - Bytes as the engine wrote them: no Accept-Encoding or User-Agent is added and nothing is
   decompressed (`auto_decompress=False`); a streamed body is handed on as each read
   returns it (`iter_any`), never collected. aiohttp sets TCP_NODELAY on every connection.
@@ -38,13 +41,16 @@ import asyncio
 import select
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
 from aiohttp.client_reqrep import ConnectionKey
 from aiohttp.connector import Connection
 from aiohttp.tracing import Trace
 from yarl import URL
 
+from gateway.proxy.closing import ClosingPeers
 from gateway.upstream.errors import (
     UpstreamConnectError,
     UpstreamPoolBusy,
@@ -81,14 +87,40 @@ class _NoUpgradeResponse(aiohttp.ClientResponse):
 class _PeekingConnector(aiohttp.TCPConnector):
     """aiohttp's connector, handing out a pooled connection only while its peer has not
     closed it (module docstring). Overrides aiohttp's `_get`, its one place where a pooled
-    connection is taken for reuse."""
+    connection is taken for reuse, and reads its pool (`_conns`): what it finds is told to
+    `closing`; and `_release`, where a connection goes back to the pool, to close instead
+    the connections of replicas that close after every answer anyway."""
+
+    def __init__(self, *, closing: ClosingPeers, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._closing = closing
 
     async def _get(self, key: ConnectionKey, traces: list[Trace]) -> Connection | None:
+        peer = (key.host, key.port or 0)
+        for proto, _ in self._conns.get(key, ()):
+            if proto.is_connected():
+                break
+            # aiohttp already saw this one closed by its peer while it idled (and drops it
+            # below, unseen); a close it has not read yet is found by `_peer_open`.
+            self._closing.checked(peer, False)
         while True:
             conn = await super()._get(key, traces)
-            if conn is None or _peer_open(conn):
+            if conn is None:
+                return None
+            still_open = _peer_open(conn)
+            self._closing.checked(peer, still_open)
+            if still_open:
                 return conn
             conn.close()  # the peer is gone: never write a request on it
+
+    def _release(self, key: ConnectionKey, protocol: ResponseHandler, *,
+                 should_close: bool = False) -> None:
+        # aiohttp's one way back into the pool (at an answer's end, often inside the
+        # request when the body came with the head): a replica that closes after every
+        # answer gets its connection closed here instead (proxy/closing.py).
+        if not should_close and not self._closing.keep((key.host, key.port or 0)):
+            should_close = True
+        super()._release(key, protocol, should_close=should_close)
 
 
 def _peer_open(conn: Connection) -> bool:
@@ -164,13 +196,14 @@ class AiohttpUpstream:
         self.limits = limits or ClientLimits()
         self._session: aiohttp.ClientSession | None = None
         self._slots: dict[str, asyncio.Semaphore] = {}  # per replica origin (module docstring)
+        self._closing = ClosingPeers()
 
     def _open(self) -> aiohttp.ClientSession:
         # Built on first use, inside the running loop (aiohttp binds its session to it).
         lim = self.limits
         connector = _PeekingConnector(
             limit=0, limit_per_host=lim.connections_per_replica,
-            keepalive_timeout=lim.idle_s, ttl_dns_cache=60,
+            keepalive_timeout=lim.idle_s, ttl_dns_cache=60, closing=self._closing,
         )
         return aiohttp.ClientSession(
             connector=connector, auto_decompress=False,
@@ -187,7 +220,8 @@ class AiohttpUpstream:
         session = self._session
         if session is None:
             session = self._session = self._open()
-        slot = await self._slot(url)
+        target = URL(url)
+        slot = await self._slot(target)
         try:
             resp = await self._request(session, method, url, headers, body, timeouts)
         except BaseException:
@@ -195,8 +229,8 @@ class AiohttpUpstream:
             raise
         return AiohttpResponse(resp, self.limits.max_body_bytes, slot)
 
-    async def _slot(self, url: str) -> asyncio.Semaphore:
-        origin = str(URL(url).origin())
+    async def _slot(self, target: URL) -> asyncio.Semaphore:
+        origin = str(target.origin())
         slot = self._slots.get(origin)
         if slot is None:
             slot = self._slots[origin] = asyncio.Semaphore(self.limits.connections_per_replica)
