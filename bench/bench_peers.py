@@ -47,7 +47,7 @@ from pathlib import Path
 
 import aiohttp
 import orjson
-from proxy_servers import serve_asgi_relay, serve_backend, serve_relay
+from proxy_servers import serve_asgi_relay, serve_backend, serve_relay, serve_starlette_relay
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
@@ -413,7 +413,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--asgi-relay", action="store_true",
                     help="also run the bare relay as an ASGI app on uvicorn (the gateway's "
                     "front, nothing else)")
+    ap.add_argument("--starlette-relay", action="store_true",
+                    help="also run the relay written on Starlette (route, Request.body(), "
+                    "StreamingResponse) on uvicorn: the issue's 'bare starlette + aiohttp "
+                    "relay'")
     ap.add_argument("--asgi-relay-server", nargs="+", help=argparse.SUPPRESS)
+    ap.add_argument("--starlette-relay-server", nargs="+", help=argparse.SUPPRESS)
     ap.add_argument("--backend-server", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--relay-server", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -424,6 +429,12 @@ def main(argv: list[str] | None = None) -> int:
         import uvloop
 
         uvloop.run(serve_asgi_relay(int(args.asgi_relay_server[0]), args.asgi_relay_server[1:]))
+        return 0
+    if args.starlette_relay_server:
+        import uvloop
+
+        uvloop.run(serve_starlette_relay(int(args.starlette_relay_server[0]),
+                                         args.starlette_relay_server[1:]))
         return 0
     if args.relay_server:
         import uvloop
@@ -456,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.asgi_relay:
             proxies.append(start("ASGI relay on uvicorn", [
                 sys.executable, __file__, "--asgi-relay-server", "{port}", *backends]))
+        if args.starlette_relay:
+            proxies.append(start("starlette relay", [
+                sys.executable, __file__, "--starlette-relay-server", "{port}", *backends]))
         if args.baseline:
             proxies.insert(1, start("gateway before", [
                 str(ROOT / ".venv/bin/gateway"), "serve", "--port", "{port}", "--log-level",
@@ -509,10 +523,12 @@ def report(cases: list[str], labels: list[str],
            results: dict[tuple[str, str], list[tuple[float, float]]],
            counts: dict[str, int]) -> str:
     before = "gateway before" in labels
+    star = "starlette relay" in labels
     head = ("| case | requests/round | " + " | ".join(f"{lb} CPU ms/req" for lb in labels)
             + " | gateway / bare relay | gateway / vllm-router |"
+            + (" gateway / starlette relay |" if star else "")
             + (" gateway before / bare relay |" if before else ""))
-    lines = [head, "|" + "---|" * (len(labels) + 4 + before)]
+    lines = [head, "|" + "---|" * (len(labels) + 4 + star + before)]
     detail = []
     for case in cases:
         med = {lb: statistics.median(x[0] for x in results[(case, lb)])
@@ -523,6 +539,9 @@ def report(cases: list[str], labels: list[str],
         bare = med.get("bare relay")
         vr = med.get("vllm-router")
         ratios = [f"{med['gateway'] / d:.2f}x" if d else "-" for d in (bare, vr)]
+        if star:
+            sr = med.get("starlette relay")
+            ratios.append(f"{med['gateway'] / sr:.2f}x" if sr else "-")
         if before:
             old = med.get("gateway before")
             ratios.append(f"{old / bare:.2f}x" if old and bare else "-")

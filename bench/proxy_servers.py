@@ -199,3 +199,52 @@ async def serve_asgi_relay(port: int, backends: list[str]) -> None:
     config = uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", ws="none",
                             loop="none", lifespan="off", access_log=False, log_config=None)
     await uvicorn.Server(config).serve()
+
+
+async def serve_starlette_relay(port: int, backends: list[str]) -> None:
+    """The same relay written the usual way on Starlette (a route, `Request.body()`, a
+    `Response` or a `StreamingResponse` of the upstream's chunks) on uvicorn as above: the
+    "bare starlette + aiohttp relay" a Python team would write first, the yardstick of the
+    proxy-CPU issue's table."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=256), auto_decompress=False,
+        skip_auto_headers=("Accept-Encoding", "User-Agent"))
+    turn = 0
+
+    async def relay(request: Request) -> Response:
+        nonlocal turn
+        body = await request.body()
+        turn += 1
+        backend = backends[turn % len(backends)]
+        up = await session.post(backend + request.url.path, data=body,
+                                headers={"content-type": "application/json"})
+        ctype = up.headers.get("content-type", "")
+        if not ctype.startswith("text/event-stream"):
+            try:
+                return Response(await up.read(), status_code=up.status, media_type=ctype)
+            finally:
+                up.release()
+
+        async def chunks() -> Any:
+            try:
+                async for chunk in up.content.iter_any():
+                    yield chunk
+            finally:
+                up.release()
+
+        return StreamingResponse(chunks(), status_code=up.status, media_type=ctype)
+
+    async def ready(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/v1/chat/completions", relay, methods=["POST"]),
+                            Route("/ready", ready)])
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", ws="none",
+                            loop="none", lifespan="off", access_log=False, log_config=None)
+    await uvicorn.Server(config).serve()
