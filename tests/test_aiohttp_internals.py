@@ -9,8 +9,8 @@ time, oldest first), for connections aiohttp will drop as closed. It overrides
 `_release(key, protocol, *, should_close)`, the one way back into the pool, to close the
 connections of a replica that closes after every answer. The behaviour on real sockets (a
 server that closes after every answer gets each request once) is
-tests/test_proxy_client.py's; pyproject pins aiohttp to the versions whose `_get` has this
-shape (3.10 to 3.14; 3.9's was synchronous with another signature).
+tests/test_proxy_client_pool.py's; pyproject pins aiohttp to the versions whose `_get` has
+this shape (3.10 to 3.14; 3.9's was synchronous with another signature).
 """
 
 from __future__ import annotations
