@@ -20,7 +20,8 @@ from gateway.routing.facts import Fact, Reply, Sent, decode, encode
 from gateway.routing.router import Router
 from gateway.shared.chains import Chains, Published
 from gateway.shared.config import RedisSettings
-from gateway.shared.redis_state import SharedState, entry_bytes, stream_maxlen
+from gateway.shared.redis_state import SharedState
+from gateway.shared.stream import entry_bytes, stream_maxlen
 from tests.redis_server import needs_redis, redis_server
 from tests.servers import free_port
 

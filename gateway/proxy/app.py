@@ -334,7 +334,7 @@ async def start_shared_state(settings: Settings, router: Router, services: Servi
                              ) -> SharedState:
     """Share this instance's routing facts through Redis and apply the others' (the
     Responses API store included); the loops run in the background from here on."""
-    from gateway.shared.redis_state import SharedAffinity
+    from gateway.shared.affinity import SharedAffinity
     from gateway.shared.redis_state import SharedState as Shared
 
     shared = Shared(settings.redis, router.apply, services.affinity, clock,

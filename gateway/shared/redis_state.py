@@ -11,7 +11,7 @@ Why these Redis mechanisms:
 - Bounded in bytes (`stream_max_bytes`): Redis trims a stream by count (MAXLEN) or by id
   (MINID), not by size, so each batch's XADDs carry `MAXLEN ~ n` with n = the bound over
   the bytes per fact this instance has measured on what it wrote (a fact's fields plus
-  Redis's per-entry overhead, `ENTRY_OVERHEAD`, measured with MEMORY USAGE), and one
+  Redis's per-entry overhead, gateway/shared/stream.py, measured with MEMORY USAGE), and one
   `XTRIM MINID ~` drops what is older than `replay_s`, which nobody applies any more.
 - Facts are sized by what is new (gateway/shared/chains.py): a follow-up carries only the
   blocks its conversation added since this instance's last fact about it.
@@ -55,44 +55,13 @@ from gateway.routing.affinity import AffinityStore
 from gateway.routing.facts import Base, Fact, FactError, Reply, Response, Sent, decode, encode
 from gateway.shared.chains import Chains, Published
 from gateway.shared.config import RedisSettings
+from gateway.shared.stream import entry_bytes, entry_time, stream_id, stream_maxlen
 from gateway.tasks import cancel_all
 
 log = logging.getLogger("gateway.shared")
 
 _MAX_RETRY_S = 10.0  # the longest pause between reconnection attempts
 _PAGE = 200  # stream entries per read at start-up
-# Redis's memory per stream entry beyond its fields' bytes (entry header, per-field
-# lengths, the radix tree's share, the allocator's size classes: up to a quarter more),
-# fitted on MEMORY USAGE of streams of facts of 0 to 2,000 blocks (redis 7): it errs
-# high for small facts, within 3% low for 4 KiB ones (bench/RESULTS.md).
-ENTRY_OVERHEAD = 16
-ENTRY_FACTOR = 1.3
-
-
-def entry_bytes(fields: dict[bytes, bytes]) -> int:
-    """Redis memory one stream entry takes, as the byte bound counts it."""
-    return ENTRY_OVERHEAD + int(ENTRY_FACTOR * sum(len(k) + len(v) for k, v in fields.items()))
-
-
-def stream_maxlen(max_bytes: int, cap: int, written_bytes: int, written: int) -> int:
-    """How many facts the stream may keep: the byte bound over the mean bytes per fact
-    measured so far (no measurement yet: the count cap)."""
-    if written <= 0 or written_bytes <= 0:
-        return cap
-    return max(1, min(cap, max_bytes * written // written_bytes))
-
-
-def _at(fields: dict[bytes, bytes]) -> float:
-    """A stream entry's fact time, or 0 when it has none that reads."""
-    try:
-        return float(fields.get(b"a", b"0"))
-    except ValueError:
-        return 0.0
-
-
-def stream_id(at: float) -> bytes:
-    """The first stream id at or after unix time `at` (ids are milliseconds)."""
-    return f"{max(0, int(at * 1000))}-0".encode()
 
 
 class SharedState:
@@ -195,7 +164,7 @@ class SharedState:
                 cursor = b"(" + page[-1][0]
             if len(newest) == s.catch_up_facts:
                 await self._learn_chains(since, b"(" + newest[-1][0],
-                                         _at(newest[-1][1]) - s.rebase_s)
+                                         entry_time(newest[-1][1]) - s.rebase_s)
         except (TimeoutError, RedisError, OSError) as exc:
             self._state(False, exc)
             return
@@ -234,7 +203,7 @@ class SharedState:
                 break
             page = await self._page(cursor, since, _PAGE, True)
             older += page
-            if len(page) < _PAGE or _at(page[-1][1]) < after:
+            if len(page) < _PAGE or entry_time(page[-1][1]) < after:
                 break
             cursor = b"(" + page[-1][0]
         for _id, fields in reversed(older):
@@ -403,20 +372,3 @@ def _safe(url: str | None) -> str:
     scheme, _, rest = url.partition("://")
     return f"{scheme}://***@{rest.rpartition('@')[2]}"
 
-
-class SharedAffinity:
-    """The Responses API store of this instance, told to the others as it learns."""
-
-    def __init__(self, local: AffinityStore, shared: SharedState) -> None:
-        self._local = local
-        self._shared = shared
-
-    def remember(self, response_id: str, replica: str) -> None:
-        self._local.remember(response_id, replica)
-        self._shared.remember_response(response_id, replica)
-
-    def lookup(self, response_id: str) -> str | None:
-        return self._local.lookup(response_id)
-
-    def forget_replica(self, replica: str) -> None:
-        self._local.forget_replica(replica)
