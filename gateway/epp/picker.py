@@ -34,12 +34,10 @@ from gateway.proxy.app import Services
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import response_headers
-from gateway.proxy.inbound import Endpoint, parse_inbound, parse_json
+from gateway.proxy.inbound import Endpoint, chat_view, parse_inbound, parse_json
 from gateway.proxy.session import resolve_session
 from gateway.proxy.target import client_request_id
 from gateway.replicas.fleet import Replica, no_healthy
-from gateway.routing import messages_api, responses_api
-from gateway.routing.normalize import NormalizeError
 from gateway.routing.plan import RoutePlan
 from gateway.settings import EppSettings
 from gateway.usage.extract import parse_answer
@@ -142,15 +140,7 @@ class Picker:
         ex.session = resolve_session(
             flow.session_h.encode("latin-1") if flow.session_h else None, body)
         replicas = self._candidates(s.fleet.candidates(inbound.model), hint, inbound.model)
-        view = body
-        kind: Literal["chat", "completions"] = (
-            "completions" if endpoint == "completions" else "chat")
-        if endpoint == "responses" or endpoint == "messages":
-            convert = responses_api if endpoint == "responses" else messages_api
-            try:
-                view = convert.chat_view(body)
-            except NormalizeError as exc:
-                raise GatewayError(400, str(exc), code="invalid_request") from None
+        kind, view = chat_view(endpoint, body)
         self._hygiene(flow, view, kind)
         states = [r.state() for r in replicas]
         if decision.should_shed(states, self.epp.shed_in_flight):

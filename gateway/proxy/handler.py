@@ -42,7 +42,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import orjson
@@ -55,15 +55,13 @@ from gateway.proxy.auth import Authenticator
 from gateway.proxy.errors import GatewayError, UpstreamError, error_response, from_upstream
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import response_headers
-from gateway.proxy.inbound import Endpoint, inject_usage, parse_inbound, parse_json
+from gateway.proxy.inbound import Endpoint, chat_view, inject_usage, parse_inbound, parse_json
 from gateway.proxy.relay import RelayOutcome, relay, shutting_down, upstream_request_headers
 from gateway.proxy.session import resolve_session, session_header
 from gateway.proxy.target import client_request_id, forwarded_headers, upstream_target
 from gateway.replicas.fleet import Fleet, Replica, no_healthy
 from gateway.replicas.monitor import FleetMonitor
-from gateway.routing import messages_api, responses_api
 from gateway.routing.affinity import AffinityStore, Lost, Pinned, place
-from gateway.routing.normalize import NormalizeError
 from gateway.routing.router import Router
 from gateway.settings import ServerSettings
 from gateway.upstream.counters import UpstreamCounters
@@ -189,15 +187,7 @@ class Proxy:
         ex.session = resolve_session(session_header(scope["headers"], self.session_headers),
                                      body)
         candidates = self.fleet.candidates(inbound.model)
-        view = body
-        kind: Literal["chat", "completions"] = (
-            "completions" if endpoint == "completions" else "chat")
-        if endpoint == "responses" or endpoint == "messages":
-            convert = responses_api if endpoint == "responses" else messages_api
-            try:
-                view = convert.chat_view(body)
-            except NormalizeError as exc:
-                raise GatewayError(400, str(exc), code="invalid_request") from None
+        kind, view = chat_view(endpoint, body)
         pinned = self._pinned(body) if endpoint == "responses" else None
 
         # parse_inbound has checked a chat or completions body more strictly than the

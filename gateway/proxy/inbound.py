@@ -27,6 +27,8 @@ from typing import Any, Literal
 import orjson
 
 from gateway.proxy.errors import GatewayError, invalid_field, missing_field
+from gateway.routing import messages_api, responses_api
+from gateway.routing.normalize import NormalizeError
 
 Endpoint = Literal["chat", "completions", "responses", "messages"]
 
@@ -150,3 +152,19 @@ def inject_usage(body: dict[str, Any]) -> None:
     if options.get("continuous_usage_stats"):
         options["continuous_usage_stats"] = False
     body["stream_options"] = options
+
+
+def chat_view(endpoint: Endpoint, body: dict[str, Any]
+              ) -> tuple[Literal["chat", "completions"], dict[str, Any]]:
+    """What routing and hygiene read for a request: a chat or completions body as it is, a
+    Responses or Messages body as the chat request vLLM renders from it (400 when it
+    cannot be converted)."""
+    if endpoint == "completions":
+        return "completions", body
+    if endpoint != "responses" and endpoint != "messages":
+        return "chat", body
+    convert = responses_api if endpoint == "responses" else messages_api
+    try:
+        return "chat", convert.chat_view(body)
+    except NormalizeError as exc:
+        raise GatewayError(400, str(exc), code="invalid_request") from None
