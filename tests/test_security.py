@@ -11,6 +11,7 @@ finding's text in the log, so the test does see prompt content when it is logged
 from __future__ import annotations
 
 import contextlib
+import datetime
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,7 +80,9 @@ UPSTREAM_KEY = "sk-upstream-SECRET-4c1d"
 CLIENT_KEY = "sk-client-SECRET-9e2b"
 WRONG_KEY = "sk-wrong-SECRET-77aa"
 PROMPT = "PROMPTMARKER-5b8e"
-WHEN = "2026-11-23T10:15:00Z"
+# Derived from the clock: a timestamp counts as "the current time" only near now, so a
+# literal date would age out of the finding this test relies on.
+WHEN = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 SECRETS = [UPSTREAM_KEY, CLIENT_KEY, WRONG_KEY, PROMPT]
 
 
