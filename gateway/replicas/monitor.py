@@ -228,6 +228,9 @@ class FleetMonitor:
         await asyncio.gather(*(self.scrape(r) for r in self.fleet.healthy()))
 
     async def scrape(self, replica: Replica) -> None:
+        # what the engine's counts are compared with (the admission queue adds what this
+        # gateway sent or finished there since: gateway/admission/engine.py)
+        asked_at, in_flight = self.clock(), replica.in_flight
         try:
             status, body = await self._get(replica, "/metrics")
         except UpstreamError:
@@ -239,7 +242,7 @@ class FleetMonitor:
         snapshot = parse_engine_metrics(text, self.clock())
         new_process = self.fleet.set_start_time(replica.name,
                                                snapshot.process_start_time_seconds)
-        if self.fleet.set_snapshot(replica.name, snapshot) or new_process:
+        if self.fleet.set_snapshot(replica.name, snapshot, asked_at, in_flight) or new_process:
             log.warning("replica restarted", extra={"replica": replica.name})
             self.router.replica_restarted(replica.name, self.clock())
         self.apply_capacity(replica, snapshot.block_size)
