@@ -140,6 +140,9 @@ def main() -> None:
     ap.add_argument("--low-tokens", type=int, default=64)
     ap.add_argument("--high-tokens", type=int, default=8)
     ap.add_argument("--admission", choices=["on", "off"], default="on")
+    ap.add_argument("--gateway-src", type=Path,
+                    help="run `gateway serve` from this source tree instead (another "
+                         "commit's `gateway/`, from `git archive`), the simulator as is")
     args = ap.parse_args()
     gw = [str(Path(sys.executable).parent / "gateway")]
     port = free_ports(2)
@@ -148,6 +151,11 @@ def main() -> None:
                             "--max-num-seqs", "4", "--speed", str(args.speed)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     env = {**os.environ}
+    serve_argv = [*gw, "serve"]
+    if args.gateway_src is not None:  # site off: the editable install would win the import
+        paths = [str(args.gateway_src.resolve()), *(p for p in sys.path if "site-packages" in p)]
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        serve_argv = [sys.executable, "-S", "-m", "gateway.cli", "serve"]
     if args.admission == "on":
         env["GATEWAY_ADMISSION__ENABLED"] = "true"
     serve = None
@@ -155,16 +163,16 @@ def main() -> None:
         for i in range(2):
             wait_ready(f"http://127.0.0.1:{port + i}/health")
         serve = subprocess.Popen(
-            [*gw, "serve", "--host", "127.0.0.1", "--port", str(gport),
+            [*serve_argv, "--host", "127.0.0.1", "--port", str(gport),
              "--backend", f"http://127.0.0.1:{port}", "--backend",
-             f"http://127.0.0.1:{port + 1}"], env=env,
+             f"http://127.0.0.1:{port + 1}"], env=env, cwd=args.gateway_src,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{gport}"
         wait_ready(url + "/ready")
         fig = asyncio.run(measure(url, args.seconds, args.warmup, args.low, args.high,
                                   args.low_tokens, args.high_tokens))
         fig["admission"] = httpx.get(url + "/stats", timeout=10).json().get("admission")
-        fig["args"] = vars(args)
+        fig["args"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         print(json.dumps(fig, indent=2))
     finally:
         for p in (serve, sim):
