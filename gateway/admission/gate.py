@@ -17,9 +17,9 @@ decided by the router among the replicas with room, charged to its flow, and rel
 Late binding to the fleet as it is now: each pass reads the healthy candidates of each
 waiting model from the fleet (`Fleet.candidates`, what the request path asks on arrival),
 so a replica that went down while requests waited receives none of them and one that came
-up (or joined) serves them. A replica that a request left with no answer at all (its
-connection refused or broken: a replica dying is seen there seconds before the probes
-mark it down) is doubted: it takes no request from the queue until a health probe, asked
+up (or joined) serves them. A replica that a request left with no whole answer (its
+connection refused or cut: a replica dying is seen there seconds before the probes mark
+it down) is doubted: it takes no request from the queue until a health probe, asked
 for at once (`FleetMonitor.suspect`), succeeds after that. Room comes from each
 replica's own engine signals (engine.py, room.py), and a new scrape that shows the
 engine's queue empty ends the queued prefill of what was sent before it
@@ -315,12 +315,12 @@ class Gate:
         return self._class_limits[cls]
 
     def _doubt(self, ticket: Ticket) -> None:
-        """A request that got no answer from its replica (not ok, no usage, no first byte:
-        refused, broken, or its client left first) makes it doubtful until probed."""
+        """A request that got no whole answer from its replica (no usage: refused, cut
+        mid-stream, an error answer, or its client left first) makes it doubtful until a
+        probe says otherwise: a replica that died shows first there."""
         o = ticket.plan.outcome
         fleet, suspect = self.fleet, self._suspect
-        if (o.ok or o.first_token_at is not None or o.prompt_tokens is not None
-                or fleet is None or suspect is None):
+        if o.prompt_tokens is not None or fleet is None or suspect is None:
             return
         replica = fleet.replicas.get(o.replica)
         if replica is not None and replica.healthy:
