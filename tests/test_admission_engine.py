@@ -34,10 +34,23 @@ def scrape(ts: float = 0.0, running: float | None = 0, waiting: float | None = 0
     (Capacity(), scrape(running=None, waiting=None), None, None, None),  # no such metrics
     (Capacity(), scrape(running=3), None, 3, PROBE_SEQS),  # below the probe: the probe
     (Capacity(), scrape(running=6), None, 6, 12),  # it ran 6: twice that
-    (Capacity(), scrape(running=4, waiting=2), 4, 4, 4),  # 4 running while 2 wait: its limit
+    # 4 running while 2 wait, once: maybe a newcomer before the next step, not yet known
+    (Capacity(), scrape(running=4, waiting=2), None, 4, PROBE_SEQS),
+    # ... and still SATURATION_S later: its limit
+    (Capacity(1.0, None, 4, 4, 0.5), scrape(ts=2.5, running=4, waiting=1), 4, 4, 4),
+    (Capacity(1.0, None, 4, 4, 0.5), scrape(ts=2.4, running=4, waiting=1),
+     None, 4, PROBE_SEQS),  # not yet (a long prefill step)
+    # the running count grew while requests waited (prefill budget): no limit shown
+    (Capacity(1.0, None, 2, 2, 0.0), scrape(ts=9.0, running=4, waiting=1),
+     None, 4, PROBE_SEQS),
+    # below what it ran before: not its sequence limit
+    (Capacity(1.0, None, 9, 2, 0.0), scrape(ts=9.0, running=2, waiting=1), None, 9, 18),
+    # the queue emptied in between: the clock starts again
+    (Capacity(1.0, None, 4, None, None), scrape(ts=9.0, running=4, waiting=1),
+     None, 4, PROBE_SEQS),
     (Capacity(1.0, 4, 4), scrape(ts=2.0, running=2), 4, 4, 4),  # a quiet scrape keeps it
-    (Capacity(1.0, 4, 4), scrape(ts=2.0, running=5, waiting=1), 5, 5, 5),  # shown more
-    (Capacity(1.0, None, 6), scrape(ts=1.0, running=50, waiting=9), None, 6, 12),  # seen
+    (Capacity(1.0, 4, 5, 5, 0.0), scrape(ts=2.0, running=5, waiting=1), 5, 5, 5),  # more
+    (Capacity(1.0, None, 6, 6), scrape(ts=1.0, running=50, waiting=9), None, 6, 12),  # seen
     (Capacity(), scrape(running=math.inf, waiting=math.nan), None, None, None),  # odd
     (Capacity(), scrape(running=-3, waiting=5), None, None, None),
     (Capacity(), scrape(running=0, waiting=5), None, 0, PROBE_SEQS),  # nothing runs yet

@@ -327,30 +327,35 @@ def test_a_scrape_that_starts_failing_does_not_keep_the_gate_throttled() -> None
 
 # non-streamed prompts of ~5k tokens ------------------------------------------------------
 
+WORDS = ("alpha", "beta", "gamma", "delta", "omega", "river", "stone", "cloud")
+
+
 def big(i: int) -> str:
-    return f"document {i}: " + " ".join(f"word{j % 997}x{i}" for j in range(4000))
+    """~5k tokens (one per word for the simulator's tokenizer), its own from the start."""
+    return f"document {i}: " + " ".join(WORDS[j % len(WORDS)] for j in range(5000))
 
 
 def send_big(url: str, i: int, stream: bool) -> int:
     with httpx.Client(timeout=120) as c:
-        r = c.post(url + "/v1/chat/completions", content=body(big(i), 200, stream=stream),
+        r = c.post(url + "/v1/chat/completions", content=body(big(i), 1500, stream=stream),
                    headers={"content-type": "application/json"})
         return r.status_code
 
 
 def test_large_non_streamed_prompts_are_not_shed_where_streamed_ones_are_not() -> None:
-    """12 prompts of ~5k tokens at once to one replica, answered in full (200 tokens): a
-    non-streamed answer's first byte is its last, so its prefill must end when the engine
-    shows it began, or the default prefill room (16k tokens for `normal`) holds the rest
-    until whole answers come back, and they are shed."""
+    """16 prompts of ~5k tokens at once to one replica, answered at length (1500 tokens,
+    over 10 s): a non-streamed answer's first byte is its last, so its prefill must end when
+    the engine shows it began; were it the last byte, the default prefill room (16k
+    tokens for `normal`: 4 such prompts) would send them 4 at a time, one answer's time
+    apart, and the last ones would wait past `normal`'s 30 s and be shed."""
     port = free_port()
     results: dict[bool, list[int]] = {}
     with replica_with(port, ["--kv-blocks", "8192"]) as (a, _), \
-            gateway([a], env=ENV) as url, ThreadPoolExecutor(12) as pool:
+            gateway([a], env=ENV) as url, ThreadPoolExecutor(16) as pool:
         for stream in (True, False):
             futures = [pool.submit(send_big, url, i + (100 if stream else 0), stream)
-                       for i in range(12)]
+                       for i in range(16)]
             results[stream] = [f.result(timeout=300) for f in futures]
         shed = admission(url)["shed"]
-    assert results[True] == [200] * 12, results
-    assert results[False] == [200] * 12, (results, shed)
+    assert results[True] == [200] * 16, results
+    assert results[False] == [200] * 16, (results, shed)

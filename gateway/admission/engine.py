@@ -10,11 +10,17 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   sent and takes off what finished; load from other clients shows in the scraped counts.
   Waiting now = the scraped waiting less what finished since (a finish lets one in).
 - **What it can run** (`Capacity`, learned by `learn` from each new scrape): vLLM does not
-  export `max_num_seqs`, but it shows: the running count while requests wait is the most
-  it runs at once. Until a scrape has shown that, the engine is assumed to run
-  `max(PROBE_SEQS, 2 x the most it was seen running)`: the limit doubles as the engine
-  proves it runs more, so a replica is neither flooded at start nor held to a guess.
-  Learned from any scrape, fresh or not: it is the engine's configuration, not its load.
+  export `max_num_seqs`, but it shows it: the running count stays at it while requests
+  wait. Scrapes that show requests waiting and the same running count (at least the most
+  it was ever seen running) for `SATURATION_S` fix that count as its limit; shorter does
+  not (a request that arrived just before a scrape waits for the next step; long prompts
+  wait for the token budget while the running count grows, a step at a time). Until
+  then the engine is assumed to run `max(PROBE_SEQS, 2 x the most it was seen running)`:
+  the limit doubles as the engine proves it runs more, so a replica is neither flooded at
+  start nor held to a guess. Learned from any scrape, fresh or not: it is the engine's
+  configuration, not its load; once learned it stays for the gateway's life (a queue
+  that held the same running count that long for another reason, a full KV cache, is
+  taken as the limit too: the concurrency that cache allowed).
 
 Bounds: one `Capacity` per replica in the fleet (the gate drops those that left).
 """
@@ -28,6 +34,9 @@ from typing import Literal
 # the sequences an engine is assumed to run before any scrape showed more (vLLM's default
 # max_num_seqs is 256 to 1024; small test engines run 4): see the module docstring
 PROBE_SEQS = 8
+# how long requests must be seen waiting beside the same running count for that count to
+# be taken as the engine's limit (several of vLLM's steps, even long prefill ones)
+SATURATION_S = 2.0
 
 Source = Literal["engine", "gateway"]
 
@@ -50,6 +59,8 @@ class Capacity:
     last_ts: float | None = None  # the scrape last learned from
     saturated: int | None = None  # most running seen while requests waited there
     most_running: int | None = None  # most running seen at all (None: never shown)
+    queued_running: int | None = None  # running at the last scrape, if requests waited
+    queued_since: float | None = None  # since when requests wait beside that count
 
     @property
     def seq_limit(self) -> int | None:
@@ -86,9 +97,15 @@ def learn(cap: Capacity, scrape: Scrape | None) -> Capacity:
     if running is None:
         return Capacity(scrape.ts, cap.saturated, cap.most_running)
     saturated = cap.saturated
-    if waiting and running > 0:
-        saturated = max(running, saturated or 0)
-    return Capacity(scrape.ts, saturated, max(cap.most_running or 0, running))
+    most = max(cap.most_running or 0, running)
+    if not waiting or running <= 0:
+        return Capacity(scrape.ts, saturated, most)
+    since = scrape.ts
+    if running == cap.queued_running and cap.queued_since is not None:
+        since = cap.queued_since
+        if scrape.ts - since >= SATURATION_S and running >= most:
+            saturated = max(running, saturated or 0)
+    return Capacity(scrape.ts, saturated, most, running, since)
 
 
 def view(scrape: Scrape | None, cap: Capacity, own_now: int, now: float,
