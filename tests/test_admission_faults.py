@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -78,15 +78,26 @@ def hold(url: str, text: str) -> socket.socket:
     return sock
 
 
-def fill(url: str) -> list[socket.socket]:
-    """Holders until one has to wait in the gateway (every replica is full)."""
+def fill(url: str, replicas: int) -> list[socket.socket]:
+    """Holders until one has to wait in the gateway (every replica is full) and the
+    replicas up have shown what they run at once (their queues held the extra holders):
+    from then on nothing frees room but the holders' end."""
     holders: list[socket.socket] = []
     for i in range(40):
         holders.append(hold(url, f"holder {i} " * 20))
         with contextlib.suppress(AssertionError):
             until(lambda: queued(url) > 0, timeout=1.0)
-            return holders
-    raise AssertionError("the replicas never filled")
+            break
+    else:
+        raise AssertionError("the replicas never filled")
+    until(lambda: [r["seq_limit"] for r in admission(url)["replicas"].values()
+                   ].count(4) == replicas)
+    return holders
+
+
+def wait_queued(url: str, n: int, waiters: list[Future[tuple[int, str]]]) -> None:
+    until(lambda: queued(url) >= n)
+    assert not any(w.done() for w in waiters)
 
 
 def ask(url: str, i: int) -> tuple[int, str]:
@@ -109,10 +120,9 @@ def test_a_replica_killed_while_requests_wait_receives_none_of_them() -> None:
     port_a, port_b = free_port(), free_port()
     with replica(port_a) as (a, _), replica(port_b) as (b, pid_b), \
             gateway([a, b], env=ENV) as url, ThreadPoolExecutor(20) as pool:
-        holders = fill(url)
-        before = queued(url)
+        holders = fill(url, 2)
         waiters = [pool.submit(ask, url, i) for i in range(20)]
-        until(lambda: queued(url) == before + 20)
+        wait_queued(url, 20, waiters)
         on_a = finished(a)
         os.kill(pid_b, signal.SIGKILL)  # its streams break; the 20 still wait
         until(lambda: f"127.0.0.1:{port_b}" not in httpx.get(
@@ -129,10 +139,9 @@ def test_a_replica_started_while_requests_wait_serves_them() -> None:
     b = f"http://127.0.0.1:{port_b}"
     with replica(port_a) as (a, _), gateway([a, b], env=ENV) as url, \
             ThreadPoolExecutor(20) as pool:
-        holders = fill(url)  # a alone is up: it holds them, b is down
-        before = queued(url)
+        holders = fill(url, 1)  # a alone is up: it holds them, b is down
         waiters = [pool.submit(ask, url, i) for i in range(20)]
-        until(lambda: queued(url) == before + 20)
+        wait_queued(url, 20, waiters)
         with replica(port_b):
             # a stays full for minutes: only b can serve them, and it does
             answers = [w.result(timeout=120) for w in waiters]
