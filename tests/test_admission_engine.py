@@ -245,11 +245,17 @@ def test_a_stale_scrape_stops_throttling_the_gate() -> None:
 
 
 def test_a_scrape_with_an_empty_engine_queue_ends_a_non_streamed_requests_prefill() -> None:
-    async def run() -> tuple[float, float, float]:
+    """Two requests sent, a long one then a short one; a scrape shows one waiting: the
+    younger (short) one still waits, the long one's prefill has begun; then none waits."""
+    async def run() -> tuple[float, float, float, float]:
         g, router, fleet, clock, _ = world()
         fleet.replicas["b"].healthy = False
         a = fleet.replicas["a"]
-        tickets = await busy(g, fleet, "a", 2)
+        tickets = [await g.admit(ask("a long prompt " * 200), [a])]
+        short = router.queued_tokens("a")
+        tickets.append(await g.admit(ask("short"), [a]))
+        short = router.queued_tokens("a") - short
+        a.in_flight = 2
         queued = router.queued_tokens("a")
         clock.t += 0.1
         # asked for after both were sent: one runs, one still waits in the engine
@@ -262,6 +268,6 @@ def test_a_scrape_with_an_empty_engine_queue_ends_a_non_streamed_requests_prefil
         for t in tickets:
             g.done(t)
         await g.aclose()
-        return queued, partly, router.queued_tokens("a")
-    queued, partly, done = asyncio.run(run())
-    assert queued > 0 and 0 < partly < queued and done == 0
+        return queued, short, partly, router.queued_tokens("a")
+    queued, short, partly, done = asyncio.run(run())
+    assert queued > 10 * short > 0 and partly == short and done == 0
