@@ -207,7 +207,7 @@ class Picker:
                  kind: Literal["chat", "completions"]) -> None:
         s, ex = self.s, flow.ex
         findings = s.analyzer.scan(view, kind, ex.session, ex.ts, validated=flow.endpoint in (
-            "chat", "completions"))
+            "chat", "completions"), tenant=ex.tenant)
         # logged, summed up and shown in /stats from the usage record (UsageRecorder)
         ex.findings = findings
         for f in findings:
