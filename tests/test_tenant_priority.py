@@ -80,7 +80,7 @@ async def test_a_normal_capped_key_never_sets_its_own_priority(endpoint: str,
     seen = [orjson.loads(req.body or b"{}") for req in fake.inference_requests()]
     assert len(seen) == 3 * len(SENT)
     got = [b.get("priority", "absent") for b in seen]
-    routed = endpoint in ("chat", "completions", "responses")
+    routed = endpoint != "pooling (forwarded)"
     # only a granted `high` on replicas that all schedule by priority carries one
     vip = -1 if routed and enabled and prio else "absent"
     assert got == ["absent"] * (2 * len(SENT)) + [vip] * len(SENT)

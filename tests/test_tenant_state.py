@@ -4,8 +4,8 @@ Hygiene drift: a request is compared only with its own tenant's earlier requests
 session id, by implicit conversation and by template; another tenant that sends the
 victim's session id, earlier messages or template learns nothing of the victim's prompt
 from its findings and plants no finding in the victim's next answer.
-Responses affinity: a response id another tenant's request created is unknown to a key of
-this one (never pinned to, nor told about, the replica holding it).
+Responses affinity: a response id another tenant's request created is answered 404 to a
+key of this one (never sent to, nor told about, the replica holding it).
 (Sessions and implicit conversations of the router: tests/test_shared_tenants.py.)"""
 
 from __future__ import annotations
@@ -99,8 +99,9 @@ async def test_a_response_id_is_known_to_its_own_tenant_only(creator: str, asker
     if pinned:  # the creator's continuation is told its response is unavailable
         assert follow.status_code == got.status_code == 503
         assert follow.json()["error"]["code"] == "previous_response_unavailable"
-    else:  # another tenant's: routed as any unknown id, nothing said about where it lives
-        assert follow.status_code == got.status_code == 200
-        assert follow.headers["x-gateway-route"] != "response"
-        assert got.headers["x-gateway-route"] == "forward"
+    else:  # another tenant's: answered as an unknown id, never sent where it lives
+        assert follow.status_code == got.status_code == 404
+        assert follow.json()["error"]["code"] == got.json()["error"]["code"] == (
+            "response_not_found")
+        assert "x-gateway-replica" not in follow.headers
         assert "replica" not in follow.text + got.text

@@ -52,6 +52,7 @@ from gateway.proxy.client import AiohttpUpstream, ClientLimits
 from gateway.proxy.errors import GatewayError, error_response
 from gateway.proxy.handler import Proxy
 from gateway.proxy.inbound import Endpoint
+from gateway.proxy.tenancy import TenantSalts
 from gateway.proxy.tokenmode import EventFeeds, SimRenderer, start_token_mode
 
 if TYPE_CHECKING:
@@ -141,6 +142,11 @@ class GatewayApp:
         fleet = Fleet(settings.replicas, unhealthy_after=settings.server.unhealthy_after)
         tokens = await start_token_mode(settings, fleet, self.clock, self._sim_renderer)
         router = Router(settings.routing, tokens.mode if tokens is not None else None)
+        if tokens is not None and settings.auth.keys and not settings.auth.tenant_cache_salt:
+            # the index is keyed by tenant (proxy/tenancy.py), the engines' blocks are not
+            log.warning("[tokens] with [auth] keys and no [auth] tenant_cache_salt: routing "
+                        "matches no engine blocks (the index is keyed by tenant, the "
+                        "engines' caches are not); set tenant_cache_salt")
         metrics = GatewayMetrics()
         hygiene = settings.hygiene
         recorder = UsageRecorder(
@@ -172,7 +178,8 @@ class GatewayApp:
             server=server, fleet=fleet, router=router, analyzer=services.analyzer,
             metrics=metrics, recorder=recorder, auth=services.auth, monitor=monitor,
             upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer,
-            counters=UpstreamCounters(metrics.registry))
+            counters=UpstreamCounters(metrics.registry),
+            salts=TenantSalts(set(settings.auth.keys.values()), settings.auth.tenant_cache_salt))
         log.debug("gateway services started", extra={
             "replicas": [r.name for r in settings.replicas],
             "healthy": [r.name for r in fleet.healthy()]})

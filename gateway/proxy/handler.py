@@ -60,6 +60,7 @@ from gateway.proxy.inbound import Endpoint, chat_view, inject_usage, parse_inbou
 from gateway.proxy.relay import RelayOutcome, relay, shutting_down, upstream_request_headers
 from gateway.proxy.session import resolve_session, session_header
 from gateway.proxy.target import client_request_id, forwarded_headers, upstream_target
+from gateway.proxy.tenancy import TenantSalts, routing_salt, salted
 from gateway.replicas.fleet import Fleet, Replica, no_healthy
 from gateway.replicas.monitor import FleetMonitor
 from gateway.routing.affinity import AffinityStore, Lost, Pinned, owned, place
@@ -90,9 +91,10 @@ class Proxy:
         auth: Authenticator, monitor: FleetMonitor, upstream: Upstream,
         affinity: AffinityStore, clock: Callable[[], float], timer: Callable[[], float],
         counters: UpstreamCounters,
-        gate: Gate,
+        gate: Gate, salts: TenantSalts | None = None,
     ) -> None:
         self.gate = gate  # admission: the gateway queue
+        self.salts = salts or TenantSalts((), "")  # each tenant's cache namespace
         self.affinity = affinity  # Responses API: which replica created which response
         self.fleet = fleet
         self.router = router
@@ -206,6 +208,12 @@ class Proxy:
         # Rewrites know the chat and completions shapes only.
         if view is body and self.analyzer.rewrite(body):
             changed = True
+        if ex.tenant is not None:  # the tenant's own cache namespace (tenancy.py)
+            salt = self.salts.engine(ex.tenant)
+            if salt is not None:  # the engine's cache too: the client's salt overridden
+                changed = changed or body.get("cache_salt") != salt
+                body["cache_salt"] = salt
+            view = salted(view, salt or routing_salt(ex.tenant, view.get("cache_salt")))
         payload = orjson.dumps(body) if changed else raw
 
         try:  # the admission queue (off: Router.decide at once) decides when and where
@@ -218,9 +226,8 @@ class Proxy:
         if ticket.queued_ms is not None:
             headers.append((b"x-gateway-queue-ms", b"%.1f" % ticket.queued_ms))
         # The client's `priority` never reaches the engine: the granted class's, or none
-        # (vLLM's Messages endpoint does not carry one: removed there).
-        engine = ticket.engine_priority if endpoint != "messages" else None
-        if priority.stamp(body, engine):
+        # (a vLLM whose Messages endpoint takes no `priority` ignores it there).
+        if priority.stamp(body, ticket.engine_priority):
             payload = orjson.dumps(body)
         decision = plan.decision
         self.metrics.route_decision(decision.reason)
@@ -251,7 +258,13 @@ class Proxy:
         does not know it (or it is another tenant's); raises when that replica left or is
         down (no other holds it)."""
         fleet = self.fleet.replicas
-        where = place(self.affinity.lookup(owned(previous, tenant)),
+        mine = self.affinity.lookup(owned(previous, tenant))
+        if mine is None and tenant is not None and self.affinity.lookup(previous) is not None:
+            # another tenant's response: answered as the engine answers an unknown id,
+            # never sent where it lives
+            raise GatewayError(404, f"Response with id '{previous[:64]}' not found.",
+                               code="response_not_found", param=param)
+        where = place(mine,
                       {name: r.healthy for name, r in fleet.items()})
         if isinstance(where, Pinned):
             return where.replica
@@ -390,6 +403,8 @@ class Proxy:
 
         def created(response_id: str) -> None:
             self.affinity.remember(owned(response_id, ex.tenant), name)
+            if ex.tenant is not None:  # that some tenant holds it (see _holder)
+                self.affinity.remember(response_id, name)
 
         responses = ex.endpoint == "responses"
         try:

@@ -16,9 +16,10 @@ answers with an error saying so: any other replica would only answer 404), and N
 the id is unknown (created before this gateway started, or by another instance): the
 request is routed as usual and the replica answers for itself.
 
-Tenants: every id is remembered and looked up as its tenant's (`owned`), so an id
-another tenant's request created is unknown to a key of this one: it is never pinned to,
-nor told where, another tenant's response lives. (Shared through Redis as the same
+Tenants: every id is remembered and looked up as its tenant's (`owned`), and, with keys,
+also bare, meaning "some tenant holds it": a key that names another tenant's id is
+answered 404 as for an unknown id (proxy/handler.py), never pinned to, nor told where,
+another tenant's response lives (so with keys, `capacity` holds half as many ids). (Shared through Redis as the same
 composite: tenant names are printable, so the `\x1f` separator is unambiguous.)
 """
 
