@@ -19,8 +19,9 @@ request is routed as usual and the replica answers for itself.
 Tenants: every id is remembered and looked up as its tenant's (`owned`), and, with keys,
 also bare, meaning "some tenant holds it": a key that names another tenant's id is
 answered 404 as for an unknown id (proxy/handler.py), never pinned to, nor told where,
-another tenant's response lives (so with keys, `capacity` holds half as many ids). (Shared through Redis as the same
-composite: tenant names are printable, so the `\x1f` separator is unambiguous.)
+another tenant's response lives (so with keys, `capacity` holds half as many ids).
+Shared through Redis as the same composite: tenant names are printable, so the `\x1f`
+separator is unambiguous.
 """
 
 from __future__ import annotations
