@@ -108,6 +108,7 @@ async def test_only_admin_keys_read_stats_by_tenant(key: str | None,
 @pytest.mark.parametrize(("auth", "error"), [
     ({"keys": {"k": "a"}, "admin_tenants": ("b",)}, "no key names"),
     ({"keys": {"k": "a\x1fb"}}, "printable"),
+    ({"tenant_cache_salt": "secret"}, "needs auth.keys"),
 ])
 def test_auth_settings_refuse(auth: dict[str, Any], error: str) -> None:
     with pytest.raises(ValueError, match=error):

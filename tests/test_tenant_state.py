@@ -105,3 +105,35 @@ async def test_a_response_id_is_known_to_its_own_tenant_only(creator: str, asker
             "response_not_found")
         assert "x-gateway-replica" not in follow.headers
         assert "replica" not in follow.text + got.text
+
+
+@pytest.mark.parametrize(("secret", "client_salt"), [
+    ("s3cret", None), ("s3cret", "mine"), ("", "mine"), ("", None)])
+async def test_tenant_cache_salt_replaces_the_clients(secret: str,
+                                                      client_salt: str | None) -> None:
+    """With the secret, every body carries the tenant's salt (not its name), the client's
+    overridden; without it, the client's salt (or none) reaches the engine as sent."""
+    cfg = dataclasses.replace(settings(), auth=AuthSettings(
+        keys={"ka": "alice", "kb": "bob"}, tenant_cache_salt=secret))
+    fake = Fake()
+    app = create_app(cfg, upstream=fake.upstream)
+    extra = {} if client_salt is None else {"cache_salt": client_salt}
+    records: list[UsageRecord] = []
+    async for client in started(app, records):
+        for key in ("ka", "kb", "ka"):
+            for path, doc in (("/v1/chat/completions", {"messages": [
+                    {"role": "user", "content": "hi " * 30}]}),
+                    ("/v1/completions", {"prompt": "hi " * 30}),
+                    ("/v1/responses", {"input": "hi " * 30})):
+                r = await client.post(path, json={"model": MODEL, **doc, **extra},
+                                      headers={"authorization": f"Bearer {key}"})
+                assert r.status_code == 200
+    salts = [orjson.loads(req.body or b"{}").get("cache_salt")
+             for req in fake.inference_requests()]
+    if not secret:
+        assert salts == [client_salt] * 9
+        return
+    alice, bob = salts[0], salts[3]
+    assert salts == [alice] * 3 + [bob] * 3 + [alice] * 3
+    assert alice != bob and len(alice) == 32 and "alice" not in alice
+    assert client_salt not in (alice, bob)
