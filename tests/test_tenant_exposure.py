@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from gateway.usage.exposure import FleetMetrics, audience, stats_view
+from gateway.usage.exposure import FLEET_METRICS, FleetMetrics, audience, stats_view
 
 STATS: dict[str, Any] = {
     "summary": {"requests": 3, "cached_ratio": 0.5, "text": "3 requests, 50% cached"},
@@ -89,3 +89,18 @@ def test_fleet_metrics_keep_the_listed_families_only() -> None:
     text = generate_latest(FleetMetrics(r)).decode()
     assert "gateway_endpoint_requests_total" in text
     assert "alice" not in text and "prefix_cache" not in text and "something_new" not in text
+
+
+def test_every_fleet_wide_family_exists() -> None:
+    """A renamed family would silently become private: the list names real families."""
+    from gateway.upstream.counters import UpstreamCounters
+    from gateway.usage.metrics import GatewayMetrics
+
+    metrics = GatewayMetrics()
+    UpstreamCounters(metrics.registry)
+    names = {family.name for family in metrics.registry.collect()}
+    assert FLEET_METRICS <= names, sorted(FLEET_METRICS - names)
+    # and none of them carries a tenant label
+    labelled = {f.name for f in metrics.registry.collect()
+                for s in f.samples if "tenant" in s.labels}
+    assert not FLEET_METRICS & labelled
