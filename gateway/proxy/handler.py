@@ -402,9 +402,9 @@ class Proxy:
                 plan.outcome.first_token_at = self.clock()
 
         def created(response_id: str) -> None:
+            if ex.tenant is not None:  # that some tenant holds it (see _holder); first, so
+                self.affinity.remember(response_id, name)  # the LRU forgets it first
             self.affinity.remember(owned(response_id, ex.tenant), name)
-            if ex.tenant is not None:  # that some tenant holds it (see _holder)
-                self.affinity.remember(response_id, name)
 
         responses = ex.endpoint == "responses"
         try:
