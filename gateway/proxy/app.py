@@ -142,11 +142,12 @@ class GatewayApp:
         fleet = Fleet(settings.replicas, unhealthy_after=settings.server.unhealthy_after)
         tokens = await start_token_mode(settings, fleet, self.clock, self._sim_renderer)
         router = Router(settings.routing, tokens.mode if tokens is not None else None)
-        if tokens is not None and settings.auth.keys and not settings.auth.tenant_cache_salt:
-            # the index is keyed by tenant (proxy/tenancy.py), the engines' blocks are not
-            log.warning("[tokens] with [auth] keys and no [auth] tenant_cache_salt: routing "
-                        "matches no engine blocks (the index is keyed by tenant, the "
-                        "engines' caches are not); set tenant_cache_salt")
+        salts = TenantSalts(set(settings.auth.keys.values()), settings.auth.tenant_cache_salt,
+                            token_mode=tokens is not None)
+        if salts.shared_index and settings.auth.keys:
+            log.info("[tokens] with [auth] keys and no [auth] tenant_cache_salt: routing on "
+                     "the engines' shared blocks; replica, prediction and route are withheld "
+                     "from non-admin keys (set tenant_cache_salt to isolate tenants)")
         metrics = GatewayMetrics()
         hygiene = settings.hygiene
         recorder = UsageRecorder(
@@ -179,7 +180,7 @@ class GatewayApp:
             metrics=metrics, recorder=recorder, auth=services.auth, monitor=monitor,
             upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer,
             counters=UpstreamCounters(metrics.registry),
-            salts=TenantSalts(set(settings.auth.keys.values()), settings.auth.tenant_cache_salt))
+            salts=salts)
         log.debug("gateway services started", extra={
             "replicas": [r.name for r in settings.replicas],
             "healthy": [r.name for r in fleet.healthy()]})

@@ -67,7 +67,12 @@ FLEET_STATS: Mapping[str, Spec] = {
         "capacity_source": True, "reports_cached_tokens": True, "url": True,
         "healthy": True, "in_flight": True}},
     "sinks": True,
-    "token_mode": True,
+    # token mode's health; its block and event counts are tenant-scoped: they move with
+    # whether the engine already held a prompt's blocks (a BlockStored event or none)
+    "token_mode": {"models": True, "block_size": True, "replicas": {"*": {
+        "model": True, "sources": True, "state": True, "block_size": True, "problem": True,
+        "parity": True, "events": {"gaps": True, "lost": True, "restarts": True,
+                                   "decode_errors": True}}}},
     "admission": {"enabled": True, "queued": True, "shed": True, "wait_ms": True},
 }
 
