@@ -20,6 +20,7 @@ from gateway.upstream.errors import (
     UpstreamTimeout,
 )
 from gateway.upstream.failure import client_error
+from gateway.usage.exposure import stats_view
 from gateway.usage.record import UsageRecord
 from tests.proxy_fakes import Fake, chat, settings, started
 from tests.upstream_double import MockReply, MockRequest
@@ -99,3 +100,27 @@ async def test_a_non_admin_keys_failed_request_is_told_nothing_of_the_shared_cho
     assert "replica a" not in told and "replica b" not in told and ".test" not in told, told
     assert ".test" in admin.json()["error"]["message"]
     assert admin.headers["x-gateway-route"] != "withheld"
+
+
+FIGURES = {"requests": 2, "prompt_tokens": 900, "completion_tokens": 8, "cached_tokens": 800,
+           "cached_ratio": 0.89, "records_without_cached_tokens": 0, "available": 0.9,
+           "captured": 1.0, "delivered": 0.98}
+STATS = {
+    "windows": {"5m": {"requests": 3, "by_tenant": {"bob": FIGURES, "alice": FIGURES}}},
+    "hygiene": {"latest": [{"tenant": "bob", "replica": "r1", "kind": "timestamp"},
+                           {"tenant": "alice", "replica": "r0", "kind": "uuid"}]},
+}
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_keys_own_stats_leave_out_what_a_shared_index_decided(shared: bool) -> None:
+    got = stats_view(STATS, "tenant", "bob", shared_index=shared)
+    row = got["windows"]["5m"]["by_tenant"]
+    assert list(row) == ["bob"]  # never alice's, either way
+    routed = {"available", "captured", "delivered"}
+    assert set(row["bob"]) == (set(FIGURES) - routed if shared else set(FIGURES))
+    latest = got["hygiene"]["latest"]
+    assert latest == [{"tenant": "bob", "kind": "timestamp"} if shared else
+                      {"tenant": "bob", "replica": "r1", "kind": "timestamp"}]
+    # the admin reads everything, shared or not
+    assert stats_view(STATS, "operator", None, shared_index=shared) == STATS

@@ -288,7 +288,9 @@ class GatewayApp:
     async def _stats(self, request: Request) -> Response:
         s = self._live(request, self._guard_stats)
         who, tenant = self._reader(s, request)
-        stats = stats_view(self.stats(s), who, tenant)  # tenant-scoped fields: exposure.py
+        shared = self._proxy is not None and self._proxy.salts.shared_index
+        # tenant-scoped fields: exposure.py
+        stats = stats_view(self.stats(s), who, tenant, shared_index=shared)
         # `format=html` (the query is the client's: only this one value is read)
         if request.query_params.getlist("format")[-1:] == ["html"]:
             return Response(render_page(stats), media_type=HTML)
