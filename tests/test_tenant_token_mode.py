@@ -31,6 +31,9 @@ ENV = {"GATEWAY_TOKENS__MODELS": "sim=sim", "GATEWAY_AUTH__KEYS": "ka=alice,kb=b
        "GATEWAY_AUTH__ADMIN_TENANTS": "ops", "GATEWAY_AUTH__PUBLIC_METRICS": "true"}
 SALT = {"GATEWAY_AUTH__TENANT_CACHE_SALT": "s3cret"}
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# What alice sends instead of bob's prefix: of its length, sharing not one block with it
+# (OTHER shares its first words, a whole block, with SECRET)
+ELSE = "Revised" + OTHER[len("Updated"):]
 
 
 def body(endpoint: str, system: str) -> dict[str, Any]:
@@ -123,7 +126,7 @@ def test_without_the_salt_routing_finds_another_tenants_blocks_and_shows_them_to
     with stack({}) as (url, c, _urls):
         where = warm(c, url, "ka", endpoint, long)
         # a conversation on each replica: spreading new ones decides nothing below
-        assert warm(c, url, "ka", endpoint, OTHER * 4) != where
+        assert warm(c, url, "ka", endpoint, ELSE * 4) != where
         # the admin reads what routing decided: the engine's blocks, whoever sent them
         admin = send(c, url, "kops", endpoint, long)
         assert admin.headers["x-gateway-replica"] == where, admin.headers
@@ -166,6 +169,12 @@ def bob_after(alice_sent: str, env: dict[str, str]) -> tuple[list[dict[str, str]
             "cached_tokens", "cached_ratio"}
         sections.append({w: {k: v for k, v in d["by_tenant"]["bob"].items() if k not in engine}
                          for w, d in mine["windows"].items()})
+        for key in ("kb", None):  # what routing decided, counted in /metrics
+            auth = {"authorization": f"Bearer {key}"} if key else {}
+            sections.append([line for line in c.get(url + "/metrics", headers=auth).text
+                             .splitlines() if line.startswith(("gateway_routing_decisions",
+                                                               "gateway_route_moves"))
+                             and "_created" not in line])  # a series' creation time
         for key in ("kb", None):
             tm = token_mode(c, url, key)
             # the replicas by their place in the fleet; their event ports differ per stack
@@ -181,7 +190,7 @@ def test_token_mode_a_second_tenant_reads_the_same_whatever_the_first_sent(
         salt: bool) -> None:
     env = SALT if salt else {}
     same_h, same_s = bob_after(SECRET, env)
-    other_h, other_s = bob_after(OTHER, env)
+    other_h, other_s = bob_after(ELSE, env)
     ignored = PER_REQUEST if salt else PER_REQUEST | ENGINE
 
     def kept(h: dict[str, str]) -> dict[str, str]:

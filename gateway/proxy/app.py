@@ -282,7 +282,8 @@ class GatewayApp:
             s.metrics.replica_state(r.name, r.healthy, r.in_flight, r.snapshot)
         if self._reader(s, request)[0] == "operator":
             return Response(s.metrics.render(), media_type=PROMETHEUS)
-        return Response(generate_latest(FleetMetrics(s.metrics.registry)),
+        shared = self._proxy is not None and self._proxy.salts.shared_index
+        return Response(generate_latest(FleetMetrics(s.metrics.registry, shared_index=shared)),
                         media_type=PROMETHEUS)
 
     async def _stats(self, request: Request) -> Response:

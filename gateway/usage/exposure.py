@@ -120,6 +120,12 @@ FLEET_METRICS: frozenset[str] = frozenset({
 })
 
 
+# Families that count what routing decided: fleet-wide where the index is each tenant's,
+# tenant-scoped where it is shared (a route reason moving from `cold` to `prefix` would
+# tell a key that another tenant sent its prompt).
+ROUTED_METRICS: frozenset[str] = frozenset({"gateway_routing_decisions", "gateway_route_moves"})
+
+
 def audience(keys_configured: bool, tenant: str | None, admin: bool) -> Audience:
     """`tenant`: the caller's valid key's tenant, None for no valid key."""
     if not keys_configured or admin:
@@ -189,12 +195,14 @@ class _Collector(Protocol):
 
 
 class FleetMetrics:
-    """A registry view with only the fleet-wide families (for `generate_latest`)."""
+    """A registry view with only the fleet-wide families (for `generate_latest`);
+    `shared_index`: less ROUTED_METRICS."""
 
-    def __init__(self, registry: _Collector) -> None:
+    def __init__(self, registry: _Collector, *, shared_index: bool = False) -> None:
         self._registry = registry
+        self._names = FLEET_METRICS - ROUTED_METRICS if shared_index else FLEET_METRICS
 
     def collect(self) -> Iterator[Any]:
         for family in self._registry.collect():
-            if family.name in FLEET_METRICS:
+            if family.name in self._names:
                 yield family
