@@ -5,12 +5,14 @@ side is tests/test_tenant_token_mode.py)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
 from gateway.proxy.app import create_app
 from gateway.proxy.auth import Authenticator
 from gateway.proxy.tenancy import TenantSalts, routing_salt
+from gateway.proxy.upstream import Timeouts
 from gateway.settings import AuthSettings
 from gateway.upstream.errors import (
     UpstreamConnectError,
@@ -22,8 +24,8 @@ from gateway.upstream.errors import (
 from gateway.upstream.failure import client_error
 from gateway.usage.exposure import stats_view
 from gateway.usage.record import UsageRecord
-from tests.proxy_fakes import Fake, chat, settings, started
-from tests.upstream_double import MockReply, MockRequest
+from tests.proxy_fakes import EVENTS, SSE_H, Fake, chat, ok_stream, settings, started
+from tests.upstream_double import MockReply, MockRequest, MockResponse, MockUpstream
 
 VIEW = {"model": "m", "prompt": "p", "cache_salt": "own"}
 
@@ -124,3 +126,36 @@ def test_a_keys_own_stats_leave_out_what_a_shared_index_decided(shared: bool) ->
                       {"tenant": "bob", "replica": "r1", "kind": "timestamp"}]
     # the admin reads everything, shared or not
     assert stats_view(STATS, "operator", None, shared_index=shared) == STATS
+
+
+class _Cut(MockResponse):
+    """A stream the replica breaks after its first event."""
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield EVENTS[0]
+        raise UpstreamProtocolError("Server disconnected from 10.0.0.7:8000")
+
+
+class _CutUpstream(MockUpstream):
+    async def send(self, method: str, url: str, headers: Sequence[tuple[str, str]],
+                   body: bytes | None, timeouts: Timeouts) -> MockResponse:
+        got = await super().send(method, url, headers, body, timeouts)
+        if method == "POST":
+            got = _Cut(MockReply(200, SSE_H, []))
+        return got
+
+
+@pytest.mark.parametrize(("key", "named"), [("ka", False), ("kops", True)])
+async def test_a_stream_cut_by_the_replica_names_it_only_to_whom_it_may(
+        key: str, named: bool) -> None:
+    cfg = dataclasses.replace(settings(), auth=AuthSettings(
+        keys={"ka": "alice", "kops": "ops"}, admin_tenants=("ops",)))
+    app = create_app(cfg, upstream=_CutUpstream(Fake(ok_stream).handle))
+    async for client in started(app, []):
+        assert app._proxy is not None
+        app._proxy.salts = TenantSalts({"alice", "ops"}, "", token_mode=True)
+        r = await client.post("/v1/chat/completions", json=chat(stream=True),
+                              headers={"authorization": f"Bearer {key}"})
+    assert r.status_code == 200 and "error" in r.text, r.text
+    assert ("10.0.0.7" in r.text) is named
+    assert any(f"replica {n} " in r.text.lower() for n in ("a", "b")) is named

@@ -412,13 +412,14 @@ class Proxy:
 
         responses = ex.endpoint == "responses"
         try:
-            await relay(resp, send, extra, strip_usage=strip, replica=name, outcome=outcome,
+            await relay(resp, send, extra, strip_usage=strip,
+                        replica=None if ex.withheld else name, outcome=outcome,
                         on_first_byte=first_byte, timer=self.timer,
                         on_response_id=created if responses else None,
                         first_token=b'"response.output_text.delta"' if responses else None)
         except UpstreamError as exc:  # before the head: delivered, no usable answer
             self.counters.failure(name, happened(exc))
-            raise from_upstream(exc, name) from None
+            raise from_upstream(exc, None if ex.withheld else name) from None
         ex.status = outcome.status
         if outcome.error is not None:
             ex.fail(outcome.error)
