@@ -15,17 +15,18 @@ replica, with the rules the relay path needs.
   Once a connection is handed out, any break is "delivered, no answer"
   (`UpstreamProtocolError`): the replica may have read the request, so nothing is re-sent,
   not even on a reused keep-alive connection, whatever the method: aiohttp's own re-send
-  of idempotent methods (GET, PUT, DELETE ...) after a broken connection is turned off. Stale connections are kept out of use
-  instead: connections idle longer than `idle_s` are closed by the connector; keep `idle_s`
-  below the replicas' keep-alive timeout (uvicorn, so vLLM: 5 s) so the gateway, not the
-  engine, closes idle connections. And a pooled connection is handed out only after a
-  look at its socket (a `poll` of its descriptor, no wait, `_PeekingConnector`) shows its
-  peer has not closed it: a server that closes after every answer while advertising keep-alive
-  (llama.cpp) has its FIN in the kernel before the next request, though asyncio may not
-  have read it yet. What is left is a close crossing the request on the wire (a 502),
-  which a loaded machine makes likely; a replica whose pooled connections are found closed
-  again and again has each answer's connection closed by the gateway instead
-  (`proxy/closing.py`), so its requests go out on fresh connections.
+  of idempotent methods (GET, PUT, DELETE ...) after a broken connection is turned off.
+  Stale connections are kept out of use instead: connections idle longer than `idle_s`
+  are closed by the connector; keep `idle_s` below the replicas' keep-alive timeout
+  (uvicorn, so vLLM: 5 s) so the gateway, not the engine, closes idle connections. And a
+  pooled connection is handed out only after a look at its socket (a `poll` of its
+  descriptor, no wait, `_PeekingConnector`) shows its peer has not closed it: a server
+  that closes after every answer while advertising keep-alive (llama.cpp) has its FIN in
+  the kernel before the next request, though asyncio may not have read it yet. What is
+  left is a close crossing the request on the wire (a 502), which a loaded machine makes
+  likely; a replica whose pooled connections are found closed again and again has each
+  answer's connection closed by the gateway instead (`proxy/closing.py`), so its requests
+  go out on fresh connections.
 - Bytes as the engine wrote them: no Accept-Encoding or User-Agent is added and nothing is
   decompressed (`auto_decompress=False`); a streamed body is handed on as each read
   returns it (`iter_any`), never collected. aiohttp sets TCP_NODELAY on every connection.
