@@ -166,13 +166,15 @@ async def test_odd_metrics_values_stop_no_monitoring() -> None:
 JSON_H = [("content-type", "application/json")]
 
 
-def mock_fleet(broken: str) -> tuple[MockUpstream, Counter[str]]:
-    seen: Counter[str] = Counter()
+def mock_fleet(broken: str, now: bool = True) -> tuple[MockUpstream, Counter[str]]:
+    """Replicas "bad" and "good"; bad's `broken` path raises once `seen["broken"]` is set
+    (at once with `now`)."""
+    seen: Counter[str] = Counter({"broken": int(now)})
 
     async def handle(req: MockRequest) -> MockReply:
         host, path = req.url.removeprefix("http://").split(".test", 1)
         seen[f"{host} {path}"] += 1
-        if host == "bad" and path == broken:
+        if host == "bad" and path == broken and seen["broken"]:
             raise RuntimeError("a transport bug")
         if path == "/v1/models":
             return MockReply(200, JSON_H, [MODELS])
@@ -193,17 +195,21 @@ def mock_app(upstream: MockUpstream) -> GatewayApp:
     return create_app(settings, upstream=upstream)
 
 
-async def test_a_probe_that_raises_is_a_failed_probe() -> None:
-    upstream, seen = mock_fleet("/health")
+@pytest.mark.parametrize("at_start", [True, False])
+async def test_a_probe_that_raises_is_a_failed_probe(at_start: bool) -> None:
+    upstream, seen = mock_fleet("/health", now=at_start)
     app = mock_app(upstream)
     async with app.running():
         s = app.services
         assert s is not None
-        assert [r.name for r in s.fleet.healthy()] == ["good"]  # started all the same
+        up = {r.name for r in s.fleet.healthy()}
+        assert up == ({"good"} if at_start else {"bad", "good"})  # started all the same
+        seen["broken"] = 1
+        await until(lambda: not s.fleet.replicas["bad"].healthy)  # marked down
         before = dict(seen)
         await until(lambda: all(seen[k] >= before.get(k, 0) + 5
                                 for k in ("bad /health", "good /health", "good /metrics")))
-        assert not s.fleet.replicas["bad"].healthy
+        assert [r.name for r in s.fleet.healthy()] == ["good"]
 
 
 async def test_a_scrape_that_raises_is_logged_against_its_replica(
@@ -221,3 +227,30 @@ async def test_a_scrape_that_raises_is_logged_against_its_replica(
     logged = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("scrape bad failed (RuntimeError)") for m in logged), logged
     assert len([m for m in logged if m.startswith("scrape bad")]) == 1  # rate-limited
+    # Caught per replica, never as the failure of a whole round.
+    assert not any(m.startswith("scrapes failed") for m in logged), logged
+
+
+@pytest.mark.parametrize("body", [
+    b'{"data": [{"id": 1e999}]}', b'{"data": [{"id": NaN}]}', b"[" * 100_000, b"[]",
+    b'{"data": "m"}', b'{"data": [1, null, {"id": 5}, {"id": ["m"]}]}', b"\xff\xfe",
+    b'{"data": [{"id": "m", "max_model_len": 1e308}]}',
+])
+async def test_any_models_answer_is_read_without_raising(body: bytes) -> None:
+    async def handle(req: MockRequest) -> MockReply:
+        path = req.url.split(".test", 1)[1]
+        if path == "/v1/models":
+            return MockReply(200, JSON_H, [body])
+        return MockReply(200, JSON_H, [b"{}"])
+
+    settings = Settings(
+        replicas=(ReplicaSettings(name="r", url="http://r.test"),),
+        server=ServerSettings(health_interval_s=3600, models_refresh_s=3600),
+        usage=UsageConfig(startup_probe=False, scrape_interval_s=3600))
+    app = create_app(settings, upstream=MockUpstream(handle))
+    async with app.running():
+        s = app.services
+        assert s is not None
+        await s.monitor.refresh_models()  # raises nothing, logs nothing
+        assert s.monitor.failures.failures == 0
+        assert s.fleet.replicas["r"].models in (None, frozenset(), frozenset({"m"}))
