@@ -12,8 +12,10 @@ pool is full is still probed at once).
   probe run on it (up to `unhealthy_after` probes, `SUSPECT_SPACING_S` apart, stopping at
   the first success); at most one run per replica at a time.
 - memory: cleared once (`Router.replica_restarted`) when the replica is seen restarted (a
-  new `process_start_time_seconds` in `/metrics`, or engine counters gone backwards), or
-  when it comes back after more than `server.forget_after_s` down. After a failed probe
+  new `process_start_time_seconds` in `/metrics`, handed on as the restart's identity, or
+  engine counters gone backwards), or when it comes back after more than
+  `server.forget_after_s` down; every restart of a crash-looping replica clears it again
+  (routing/restarts.py). After a failed probe
   the next good one reads `/metrics` at once, so a quick restart is seen at once too.
 - models, every `server.models_refresh_s`: `GET /v1/models` on the healthy replicas.
 - scrape, every `usage.scrape_interval_s`: `GET /metrics`, parsed by
