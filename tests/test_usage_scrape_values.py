@@ -232,3 +232,15 @@ async def test_cancellation_still_ends_a_supervised_loop() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 10)
+
+
+def test_an_empty_stored_event_teaches_no_block_size() -> None:
+    from gateway.events.decode import BlockStored
+    from gateway.events.kvindex import KVIndex
+
+    index = KVIndex()
+    index.add_replica("r", "m")
+    index.apply("r", [BlockStored((), None, (), 2**62)], 0.0)  # no blocks, an odd size
+    index.apply("r", [BlockStored((7,), None, (1, 2), 2)], 0.0)
+    state = index.state("r")
+    assert state is not None and state.block_size == 2
