@@ -142,11 +142,12 @@ class GatewayApp:
         fleet = Fleet(settings.replicas, unhealthy_after=settings.server.unhealthy_after)
         tokens = await start_token_mode(settings, fleet, self.clock, self._sim_renderer)
         router = Router(settings.routing, tokens.mode if tokens is not None else None)
-        if tokens is not None and settings.auth.keys and not settings.auth.tenant_cache_salt:
-            # the index is keyed by tenant (proxy/tenancy.py), the engines' blocks are not
-            log.warning("[tokens] with [auth] keys and no [auth] tenant_cache_salt: routing "
-                        "matches no engine blocks (the index is keyed by tenant, the "
-                        "engines' caches are not); set tenant_cache_salt")
+        salts = TenantSalts(set(settings.auth.keys.values()), settings.auth.tenant_cache_salt,
+                            token_mode=tokens is not None)
+        if salts.shared_index and settings.auth.keys:
+            log.info("[tokens] with [auth] keys and no [auth] tenant_cache_salt: routing on "
+                     "the engines' shared blocks; replica, prediction and route are withheld "
+                     "from non-admin keys (set tenant_cache_salt to isolate tenants)")
         metrics = GatewayMetrics()
         hygiene = settings.hygiene
         recorder = UsageRecorder(
@@ -179,7 +180,7 @@ class GatewayApp:
             metrics=metrics, recorder=recorder, auth=services.auth, monitor=monitor,
             upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer,
             counters=UpstreamCounters(metrics.registry),
-            salts=TenantSalts(set(settings.auth.keys.values()), settings.auth.tenant_cache_salt))
+            salts=salts)
         log.debug("gateway services started", extra={
             "replicas": [r.name for r in settings.replicas],
             "healthy": [r.name for r in fleet.healthy()]})
@@ -281,13 +282,16 @@ class GatewayApp:
             s.metrics.replica_state(r.name, r.healthy, r.in_flight, r.snapshot)
         if self._reader(s, request)[0] == "operator":
             return Response(s.metrics.render(), media_type=PROMETHEUS)
-        return Response(generate_latest(FleetMetrics(s.metrics.registry)),
+        shared = self._proxy is not None and self._proxy.salts.shared_index
+        return Response(generate_latest(FleetMetrics(s.metrics.registry, shared_index=shared)),
                         media_type=PROMETHEUS)
 
     async def _stats(self, request: Request) -> Response:
         s = self._live(request, self._guard_stats)
         who, tenant = self._reader(s, request)
-        stats = stats_view(self.stats(s), who, tenant)  # tenant-scoped fields: exposure.py
+        shared = self._proxy is not None and self._proxy.salts.shared_index
+        # tenant-scoped fields: exposure.py
+        stats = stats_view(self.stats(s), who, tenant, shared_index=shared)
         # `format=html` (the query is the client's: only this one value is read)
         if request.query_params.getlist("format")[-1:] == ["html"]:
             return Response(render_page(stats), media_type=HTML)

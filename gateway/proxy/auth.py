@@ -52,6 +52,10 @@ class Authenticator:
             )
         return found
 
+    def admin_tenant(self, tenant: str | None) -> bool:
+        """Whether `tenant` (a valid key's; None without keys) has the admin role."""
+        return not self._keys or tenant in self._admins
+
     def admin(self, authorization: bytes | None) -> bool:
         """Whether the request's key has the admin role (never raises: False)."""
         if not self._keys:

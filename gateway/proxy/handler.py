@@ -60,7 +60,7 @@ from gateway.proxy.inbound import Endpoint, chat_view, inject_usage, parse_inbou
 from gateway.proxy.relay import RelayOutcome, relay, shutting_down, upstream_request_headers
 from gateway.proxy.session import resolve_session, session_header
 from gateway.proxy.target import client_request_id, forwarded_headers, upstream_target
-from gateway.proxy.tenancy import TenantSalts, routing_salt, salted
+from gateway.proxy.tenancy import WITHHELD, TenantSalts
 from gateway.replicas.fleet import Fleet, Replica, no_healthy
 from gateway.replicas.monitor import FleetMonitor
 from gateway.routing.affinity import AffinityStore, Lost, Pinned, owned, place
@@ -213,7 +213,8 @@ class Proxy:
             if salt is not None:  # the engine's cache too: the client's salt overridden
                 changed = changed or body.get("cache_salt") != salt
                 body["cache_salt"] = salt
-            view = salted(view, salt or routing_salt(ex.tenant, view.get("cache_salt")))
+            view = self.salts.route_view(view, ex.tenant)
+            ex.withheld = self.salts.withheld(ex.tenant, self.auth.admin_tenant(ex.tenant))
         payload = orjson.dumps(body) if changed else raw
 
         try:  # the admission queue (off: Router.decide at once) decides when and where
@@ -236,9 +237,12 @@ class Proxy:
             self.metrics.route_move(decision.move)
         ex.route, ex.predicted, ex.best = (
             decision.reason, decision.predicted_cached_tokens, decision.best_available_tokens)
-        headers.append((b"x-gateway-route", decision.reason.encode()))
-        headers.extend(response_headers(decision.reason, decision.predicted_cached_tokens,
-                                        findings, enabled=self.analyzer.config.header))
+        # decided by the index all tenants share (tenancy.py): not shown to this key
+        route, shown = ((WITHHELD, None) if ex.withheld
+                        else (decision.reason, decision.predicted_cached_tokens))
+        headers.append((b"x-gateway-route", route.encode()))
+        headers.extend(response_headers(route, shown, findings,
+                                        enabled=self.analyzer.config.header))
         try:
             await self._attempts(scope, send, payload, decision.ranked, plan, inject, ex,
                                  headers)
@@ -363,7 +367,7 @@ class Proxy:
                 rule = verdict(what)
                 if rule.suspect:
                     self.monitor.suspect(replica)
-                error = client_error(exc, name, self.retry_after_s)
+                error = client_error(exc, None if ex.withheld else name, self.retry_after_s)
                 if rule.retry:
                     return error
                 raise error from None
@@ -395,7 +399,7 @@ class Proxy:
         strip: bool, ex: Exchange, headers: Headers, outcome: RelayOutcome,
     ) -> None:
         name = replica.name
-        extra = [*headers, (b"x-gateway-replica", name.encode())]
+        extra = headers if ex.withheld else [*headers, (b"x-gateway-replica", name.encode())]
 
         def first_byte() -> None:
             if plan is not None:
@@ -408,13 +412,14 @@ class Proxy:
 
         responses = ex.endpoint == "responses"
         try:
-            await relay(resp, send, extra, strip_usage=strip, replica=name, outcome=outcome,
+            await relay(resp, send, extra, strip_usage=strip,
+                        replica=None if ex.withheld else name, outcome=outcome,
                         on_first_byte=first_byte, timer=self.timer,
                         on_response_id=created if responses else None,
                         first_token=b'"response.output_text.delta"' if responses else None)
         except UpstreamError as exc:  # before the head: delivered, no usable answer
             self.counters.failure(name, happened(exc))
-            raise from_upstream(exc, name) from None
+            raise from_upstream(exc, None if ex.withheld else name) from None
         ex.status = outcome.status
         if outcome.error is not None:
             ex.fail(outcome.error)

@@ -19,6 +19,13 @@ engine; the index still is). Without it, the salt stays in the
 gateway (`routing_salt`: the tenant and the client's own `cache_salt`, which the engine
 still sees), and the engines' caches, hence timing and the engine's own
 `cached_tokens` in answers, are shared across tenants as before.
+
+Token mode (`[tokens]`) without the secret is the exception (`shared_index`): the index
+is then the engines' own blocks, which are shared, so a tenant-keyed index would match none
+of them and route every request cold. The router sees the request as the engine does (the
+client's own `cache_salt`), and what of an answer derives from that shared index (the
+chosen replica, the predicted tokens, the route reason) is withheld from every key but an
+admin's (`withheld`; proxy/handler.py), so no header tells a key what another tenant sent.
 """
 
 from __future__ import annotations
@@ -29,12 +36,15 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 _ENGINE_SALT_HEX = 32
+# The route reason a key reads where the shared index decided (`TenantSalts.withheld`).
+WITHHELD = "withheld"
 
 
 class TenantSalts:
     """The salts of the configured tenants, derived once (bounded by the key table)."""
 
-    def __init__(self, tenants: Collection[str], secret: str) -> None:
+    def __init__(self, tenants: Collection[str], secret: str, *,
+                 token_mode: bool = False) -> None:
         self._engine: dict[str, str] = {}
         if secret:
             key = secret.encode("utf-8", "surrogatepass")
@@ -42,6 +52,8 @@ class TenantSalts:
                 digest = hmac.new(key, tenant.encode("utf-8", "surrogatepass"),
                                   hashlib.sha256).hexdigest()
                 self._engine[tenant] = digest[:_ENGINE_SALT_HEX]
+        # token mode routes on the engines' blocks: keyed by tenant only where they are
+        self.shared_index = token_mode and not secret
 
     @property
     def engine_salting(self) -> bool:
@@ -50,6 +62,21 @@ class TenantSalts:
     def engine(self, tenant: str) -> str | None:
         """vLLM's `cache_salt` for `tenant`'s requests, None when the option is off."""
         return self._engine.get(tenant)
+
+    def route_view(self, view: Mapping[str, Any], tenant: str) -> dict[str, Any]:
+        """The routing view of `tenant`'s request: keyed by the tenant (its engine salt,
+        else the routing-only salt), or as it is where the index is shared."""
+        salt = self.engine(tenant)
+        if salt is not None:
+            return salted(view, salt)
+        if self.shared_index:
+            return dict(view)  # as the engine sees it (a copy, like the others)
+        return salted(view, routing_salt(tenant, view.get("cache_salt")))
+
+    def withheld(self, tenant: str | None, admin: bool) -> bool:
+        """Whether an answer to `tenant`'s key must not show what the shared index decided
+        (replica, predicted tokens, route reason)."""
+        return self.shared_index and tenant is not None and not admin
 
 
 def routing_salt(tenant: str, client_salt: object) -> str:

@@ -64,7 +64,13 @@ from gateway.routing.normalize import END, canonical_bytes, chain_seed
 from gateway.routing.plan import RoutePlan, engine_cap
 from gateway.routing.policy import Candidate, cache_fill, choose, move_reason
 from gateway.routing.restarts import RestartMark, settle
-from gateway.routing.sessions import SessionKey, SessionLoad, scoped, tenant_scope
+from gateway.routing.sessions import (
+    SessionKey,
+    SessionLoad,
+    ratio_key,
+    scoped,
+    tenant_scope,
+)
 
 if TYPE_CHECKING:
     from gateway.events.tokenmode import TokenMode
@@ -206,7 +212,7 @@ class Router:
             seed = chain_seed(body, endpoint, model)
             hashes = self._chains.hashes(data, seed)
         est = self._estimator
-        ratio = est.ratio(model)
+        ratio = est.ratio(ratio_key(model, tenant))
         prompt_tokens = est.prompt_tokens(hashes, len(data), ratio)
         # Token mode (KV events): exact counts on the replicas whose events flow.
         lookup = (self._tokens.lookup(body, endpoint, model, [c.name for c in candidates], now)
@@ -332,8 +338,9 @@ class Router:
                 self._drop_own(plan, replica)
             return
         if prompt_tokens is not None and prompt_tokens > 0:
-            est.observe(plan.model, len(plan.data), prompt_tokens)
-            est.set_anchor(plan.data, plan.hashes, prompt_tokens, est.ratio(plan.model),
+            key = ratio_key(plan.model, plan.tenant)
+            est.observe(key, len(plan.data), prompt_tokens)
+            est.set_anchor(plan.data, plan.hashes, prompt_tokens, est.ratio(key),
                            completion_tokens if ok else None)
             self._refresh_capacity(replica)
             if ok and reply_text:
@@ -509,7 +516,7 @@ class Router:
         outcome = verdict(plan.predicted[replica], delivered, block)
         short = False
         if outcome == "over":
-            ratio = self._estimator.ratio(plan.model)
+            ratio = self._estimator.ratio(ratio_key(plan.model, plan.tenant))
             pos = self._estimator.bytes_for_tokens(plan.hashes, len(plan.hashes), delivered, ratio)
             held = min(len(plan.hashes), int(pos) // cfg.block_bytes)
             short = held > plan.matched.get(replica, 0)
@@ -547,7 +554,7 @@ class Router:
         self._index.record(replica, hashes, len(hashes), full)
         if self._publish is not None:
             self._publish(Reply(replica, hashes, full))
-        ratio = self._estimator.ratio(plan.model)
+        ratio = self._estimator.ratio(ratio_key(plan.model, plan.tenant))
         generated = (completion_tokens if completion_tokens is not None
                      else (len(extended) - len(plan.data)) / ratio)
         # The reply's last generated token never had its KV computed: the engine holds

@@ -38,6 +38,7 @@ Audience = Literal["operator", "tenant", "public"]
 @dataclass(frozen=True, slots=True)
 class Rows:
     field: str
+    omit: frozenset[str] = frozenset()  # fields left out of each kept row
 
 
 Spec = bool | Mapping[str, "Spec"] | Rows
@@ -67,7 +68,12 @@ FLEET_STATS: Mapping[str, Spec] = {
         "capacity_source": True, "reports_cached_tokens": True, "url": True,
         "healthy": True, "in_flight": True}},
     "sinks": True,
-    "token_mode": True,
+    # token mode's health; its block and event counts are tenant-scoped: they move with
+    # whether the engine already held a prompt's blocks (a BlockStored event or none)
+    "token_mode": {"models": True, "block_size": True, "replicas": {"*": {
+        "model": True, "sources": True, "state": True, "block_size": True, "problem": True,
+        "parity": True, "events": {"gaps": True, "lost": True, "restarts": True,
+                                   "decode_errors": True}}}},
     "admission": {"enabled": True, "queued": True, "shed": True, "wait_ms": True},
 }
 
@@ -79,6 +85,22 @@ OWN_STATS: Mapping[str, Spec] = {
     "hygiene": {"window": True, "covered_s": True, "warn_share": True,
                 "by_tenant": {"{tenant}": True}, "latest": Rows("tenant")},
     "admission": {"admitted_tokens": {"{tenant}": True}},
+}
+
+# The same where the routing index is shared by every tenant (token mode without
+# `tenant_cache_salt`, proxy/tenancy.py `shared_index`): a key's own figures less what that
+# index decided (the predicted and best-available tokens behind `available`, `captured`,
+# `delivered`; the replica of its findings), as its answers' headers withhold them. The
+# engine's own `cached_tokens` stay: the engine puts them in every answer's usage.
+_OWN_ENGINE_FIGURES: Mapping[str, Spec] = {
+    **_VOLUME, "cached_tokens": True, "cached_ratio": True}
+OWN_STATS_SHARED_INDEX: Mapping[str, Spec] = {
+    **OWN_STATS,
+    "windows": {"*": {"by_tenant": {"{tenant}": _OWN_ENGINE_FIGURES},
+                      "hygiene": {"by_tenant": {"{tenant}": True}}}},
+    "hygiene": {"window": True, "covered_s": True, "warn_share": True,
+                "by_tenant": {"{tenant}": True},
+                "latest": Rows("tenant", omit=frozenset({"replica"}))},
 }
 
 # /metrics families (names as the registry collects them: a counter without `_total`).
@@ -98,6 +120,12 @@ FLEET_METRICS: frozenset[str] = frozenset({
 })
 
 
+# Families that count what routing decided: fleet-wide where the index is each tenant's,
+# tenant-scoped where it is shared (a route reason moving from `cold` to `prefix` would
+# tell a key that another tenant sent its prompt).
+ROUTED_METRICS: frozenset[str] = frozenset({"gateway_routing_decisions", "gateway_route_moves"})
+
+
 def audience(keys_configured: bool, tenant: str | None, admin: bool) -> Audience:
     """`tenant`: the caller's valid key's tenant, None for no valid key."""
     if not keys_configured or admin:
@@ -105,14 +133,16 @@ def audience(keys_configured: bool, tenant: str | None, admin: bool) -> Audience
     return "tenant" if tenant is not None else "public"
 
 
-def stats_view(stats: Mapping[str, Any], who: Audience, tenant: str | None = None
-               ) -> dict[str, Any]:
-    """What `who` (of `tenant`) may read of a /stats document."""
+def stats_view(stats: Mapping[str, Any], who: Audience, tenant: str | None = None, *,
+               shared_index: bool = False) -> dict[str, Any]:
+    """What `who` (of `tenant`) may read of a /stats document; `shared_index`: the
+    routing index is every tenant's (OWN_STATS_SHARED_INDEX)."""
     if who == "operator":
         return dict(stats)
     spec: Mapping[str, Spec] = FLEET_STATS
     if who == "tenant" and tenant is not None:
-        spec = _merge(FLEET_STATS, _for_tenant(OWN_STATS, tenant))
+        own = OWN_STATS_SHARED_INDEX if shared_index else OWN_STATS
+        spec = _merge(FLEET_STATS, _for_tenant(own, tenant))
     kept = _prune(stats, spec, tenant)
     assert isinstance(kept, dict)
     return kept
@@ -124,8 +154,8 @@ def _prune(doc: Any, spec: Spec, tenant: str | None) -> Any:
     if isinstance(spec, Rows):
         if not isinstance(doc, list):
             return []
-        return [r for r in doc if isinstance(r, dict) and tenant is not None
-                and r.get(spec.field) == tenant]
+        return [{k: v for k, v in r.items() if k not in spec.omit} for r in doc
+                if isinstance(r, dict) and tenant is not None and r.get(spec.field) == tenant]
     if spec is False:
         return None
     if isinstance(doc, list):
@@ -165,12 +195,14 @@ class _Collector(Protocol):
 
 
 class FleetMetrics:
-    """A registry view with only the fleet-wide families (for `generate_latest`)."""
+    """A registry view with only the fleet-wide families (for `generate_latest`);
+    `shared_index`: less ROUTED_METRICS."""
 
-    def __init__(self, registry: _Collector) -> None:
+    def __init__(self, registry: _Collector, *, shared_index: bool = False) -> None:
         self._registry = registry
+        self._names = FLEET_METRICS - ROUTED_METRICS if shared_index else FLEET_METRICS
 
     def collect(self) -> Iterator[Any]:
         for family in self._registry.collect():
-            if family.name in FLEET_METRICS:
+            if family.name in self._names:
                 yield family
