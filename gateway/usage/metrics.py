@@ -59,6 +59,12 @@ Admission (the gateway queue, gateway.admission; present with admission off too)
 
 Label values: `None` becomes "none"; status is the HTTP status as a string.
 
+Who reads what: families with a `tenant` label, and those that tell how much of the
+prompts the cache shares (cached, predicted, best-available tokens, the cached ratio, the
+engines' prefix-cache hits, hygiene findings), are tenant-scoped: only the operator (no
+keys, or an admin key) reads them; every other reader gets the fleet-wide families that
+gateway.usage.exposure lists (a family added here is private until it is listed there).
+
 Cardinality: every label value is bounded by configuration or by a fixed set, never by what
 a client sends. `model` is a model some replica serves, or "unknown" (the request path
 replaces a name no replica lists before the record is made: `UNKNOWN_MODEL`), so at most
