@@ -104,3 +104,18 @@ def test_every_fleet_wide_family_exists() -> None:
     labelled = {f.name for f in metrics.registry.collect()
                 for s in f.samples if "tenant" in s.labels}
     assert not FLEET_METRICS & labelled
+
+
+def test_the_latency_histograms_are_fleet_wide() -> None:
+    """Streams' TTFT and non-streamed answers' latency are read alike (speed, not content):
+    a dashboard built on public /metrics shows both or neither."""
+    from gateway.usage.metrics import GatewayMetrics
+    from tests.records import usage_record
+
+    metrics = GatewayMetrics()
+    metrics.observe(usage_record(stream=True))
+    metrics.observe(usage_record(stream=False))
+    text = generate_latest(FleetMetrics(metrics.registry)).decode()
+    for family in ("gateway_ttft_seconds", "gateway_non_streamed_latency_seconds",
+                   "gateway_request_latency_seconds"):
+        assert f"{family}_count{{" in text, family

@@ -105,8 +105,8 @@ OWN_STATS_SHARED_INDEX: Mapping[str, Spec] = {
 
 # /metrics families (names as the registry collects them: a counter without `_total`).
 FLEET_METRICS: frozenset[str] = frozenset({
-    "gateway_ttft_seconds", "gateway_request_latency_seconds",
-    "gateway_request_prompt_tokens",
+    "gateway_ttft_seconds", "gateway_non_streamed_latency_seconds",
+    "gateway_request_latency_seconds", "gateway_request_prompt_tokens",
     "gateway_endpoint_requests", "gateway_endpoint_prompt_tokens",
     "gateway_routing_decisions", "gateway_route_moves",
     "gateway_records_without_cached_tokens",
