@@ -149,14 +149,22 @@ class ReplicaSettings:
 class AuthSettings:
     # client API key -> tenant name; empty = no authentication
     keys: Mapping[str, str] = field(default_factory=dict, repr=False)
-    # With keys set, /metrics and /stats need a key too (they name tenants and models);
-    # true leaves them open, for a scraper inside a trusted network.
+    # With keys set, /metrics and /stats need a key too; true opens their fleet-wide
+    # fields and families (never a tenant's) to callers without a key.
     public_metrics: bool = False
-    # Tenants whose keys have the admin role: only they read /stats' per-tenant
-    # breakdowns (`by_tenant`); other keys see the totals only.
+    # Tenants whose keys have the admin role: only they read what /stats and /metrics
+    # hold per tenant or about the prompts' sharing (gateway/usage/exposure.py); other
+    # keys read the fleet-wide fields and their own tenant's rows.
     admin_tenants: tuple[str, ...] = ()
+    # A secret: when set, each tenant's chat, completions, Responses and Messages requests carry
+    # vLLM's `cache_salt` = HMAC-SHA256(secret, tenant), overriding the client's, so the
+    # engines' prefix caches are isolated per tenant (gateway/proxy/tenancy.py). Changing
+    # it empties every tenant's cache once. Empty: off.
+    tenant_cache_salt: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
+        if self.tenant_cache_salt and not self.keys:
+            raise ValueError("auth.tenant_cache_salt needs auth.keys (tenants come from keys)")
         # An empty key would match a request without any key.
         if any(not key.strip() for key in self.keys):
             raise ValueError("auth.keys: a key must not be empty")

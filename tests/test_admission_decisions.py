@@ -324,6 +324,19 @@ def test_drain_rate_is_measured_but_never_below_the_floor() -> None:
     assert len(rate._samples or []) == 16
 
 
+@pytest.mark.parametrize(("samples", "rate"), [
+    # a burst of releases a millisecond apart is no throughput: below 8 samples in the
+    # window the floor stands, however fast the few there were
+    (1, 100.0), (2, 100.0), (7, 100.0),
+    (8, 7 * 1000.0 / 0.007),  # enough to measure: tokens after the first over the span
+])
+def test_drain_rate_is_not_trusted_from_a_few_samples(samples: int, rate: float) -> None:
+    drain = DrainRate(floor=100.0)
+    for i in range(samples):
+        drain.add(10.0 + i * 0.001, 1000.0)
+    assert drain.rate(10.0 + samples * 0.001) == pytest.approx(rate)
+
+
 @pytest.mark.parametrize("bad", [
     {"max_queue": 0}, {"high_max_wait_s": 0}, {"low_weight": -1}, {"kv_usage_limit": 1.5},
     {"tenant_weights": {"a": 0.0}}, {"own_replica_max_wait_s": -1}, {"recheck_s": 0},

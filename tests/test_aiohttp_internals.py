@@ -10,7 +10,9 @@ time, oldest first), for connections aiohttp will drop as closed. It overrides
 connections of a replica that closes after every answer. The behaviour on real sockets (a
 server that closes after every answer gets each request once) is
 tests/test_proxy_client_pool.py's; pyproject pins aiohttp to the versions whose `_get` has
-this shape (3.10 to 3.14; 3.9's was synchronous with another signature).
+this shape (3.10 to 3.14; 3.9's was synchronous with another signature). And the
+session's `_retry_connection`, the switch of aiohttp's re-send of idempotent methods after
+a broken connection, which the client turns off (below).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 import aiohttp
 from packaging.requirements import Requirement
 
-from gateway.proxy.client import _PeekingConnector
+from gateway.proxy.client import AiohttpUpstream, _PeekingConnector
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
@@ -54,3 +56,17 @@ def test_installed_aiohttp_is_in_the_pinned_range() -> None:
     pin = next(Requirement(d) for d in deps if Requirement(d).name == "aiohttp")
     assert pin.specifier.contains(version("aiohttp")), (version("aiohttp"), str(pin))
     assert not pin.specifier.contains("3.9.5") and not pin.specifier.contains("4.0.0")
+
+
+def test_the_session_retry_switch_keeps_its_name_and_meaning() -> None:
+    """`AiohttpUpstream` turns aiohttp's re-send of idempotent methods off by setting the
+    session's private `_retry_connection` (no public switch; aiohttp's own test client does
+    the same). A rename would leave the switch on, silently: fail here by name. The
+    behaviour on sockets is tests/test_proxy_client_pool.py's and
+    tests/test_upstream_no_resend.py's."""
+    assert "_retry_connection" in aiohttp.ClientSession.ATTRS
+    request = inspect.getsource(aiohttp.ClientSession._request)
+    assert "self._retry_connection and method in IDEMPOTENT_METHODS" in request
+    assert "if not retry_persistent_connection:" in request
+    source = inspect.getsource(AiohttpUpstream._open)
+    assert "session._retry_connection = False" in source

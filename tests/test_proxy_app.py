@@ -169,3 +169,48 @@ async def test_hygiene_findings_log_at_their_severity(
     logged = [r for r in caplog.records if r.getMessage() == "hygiene finding"]
     assert logged and {r.__dict__["severity"] for r in logged} == {severity}
     assert {r.levelno for r in logged} == {level}
+
+
+SPOOFED = [("X-Gateway-Replica", "evil"), ("x-gateway-cache", "route=prefix, predicted=999999"),
+           ("x-gateway-route", "spoofed"), ("x-gateway-queue-ms", "0.0"),
+           ("x-gateway-request-id", "spoofed"), ("x-request-id", "spoofed"),
+           ("x-engine-note", "kept")]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_replicas_own_gateway_headers_never_reach_the_client(
+        records: list[UsageRecord], stream: bool) -> None:
+    """Only the gateway sets `x-gateway-*` (and `x-request-id`): a replica that sends its
+    own cannot make a client believe another route, replica or cache prediction."""
+    def spoofing(replica: str, req: Any) -> Any:
+        reply = (ok_stream if stream else ok_json)(replica, req)
+        reply.headers = [*reply.headers, *SPOOFED]
+        return reply
+
+    app = create_app(settings(), upstream=Fake(spoofing).upstream)
+    async for client in started(app, records):
+        r = await client.post("/v1/chat/completions", content=orjson.dumps(chat(stream=stream)),
+                              headers={"x-request-id": "rid-1"})
+        assert r.status_code == 200
+    values = {k.lower(): r.headers.get_list(k) for k, _ in SPOOFED}
+    assert values["x-gateway-replica"] in (["a"], ["b"])
+    assert values["x-gateway-route"] == [records[0].route] != ["spoofed"]
+    assert len(values["x-gateway-cache"]) == 1 and "999999" not in values["x-gateway-cache"][0]
+    assert values["x-gateway-queue-ms"] == []  # admission off: the gateway sets none
+    assert values["x-gateway-request-id"] == [records[0].engine_request_id]
+    assert values["x-request-id"] == ["rid-1"]
+    assert values["x-engine-note"] == ["kept"]  # any other header of the replica's is relayed
+
+
+
+@pytest.mark.parametrize("rid", ["r" * 129, "r" * 8000, "a b"])
+async def test_an_unusable_client_request_id_is_replaced(records: list[UsageRecord],
+                                                         rid: str) -> None:
+    app = create_app(settings(), upstream=Fake().upstream)
+    async for client in started(app, records):
+        r = await client.post("/v1/chat/completions", content=orjson.dumps(chat()),
+                              headers={"x-request-id": rid})
+        assert r.status_code == 200
+    (rec,) = records
+    assert r.headers["x-request-id"] == rec.request_id != rid
+    assert len(rec.request_id) <= 128

@@ -141,6 +141,56 @@ async def test_a_close_crossing_a_request_is_delivered_no_answer_and_not_resent(
             await client.aclose()
 
 
+@pytest.mark.parametrize(("method", "body"), [
+    ("GET", None), ("DELETE", None), ("PUT", b"{}"), ("OPTIONS", None),
+    ("POST", b"{}"),
+])
+async def test_no_method_is_resent_by_the_library_after_a_read_and_drop(
+    method: str, body: bytes | None
+) -> None:
+    """aiohttp re-sends idempotent methods (GET, PUT, DELETE ...) once, on a new connection,
+    when a reused one breaks after the request went out; the client turns that off: the
+    second request, read then dropped on the pooled connection, reaches the server once and
+    fails (the failure table decides what happens next), whatever the method."""
+    spec = Closer()  # answers once per connection, closes when the second request arrives
+    async with closing_server(spec) as url:
+        client = AiohttpUpstream()
+        try:
+            for expect_ok in (True, False):
+                try:
+                    resp = await client.send(method, url + "/v1/responses/resp_1", [], body,
+                                             FAST)
+                except UpstreamProtocolError:
+                    assert not expect_ok
+                    continue
+                assert expect_ok and resp.status == 200
+                await resp.read()
+                resp.release()
+            assert (spec.connections, spec.requests) == (1, 2)
+        finally:
+            await client.aclose()
+
+
+async def test_with_the_library_retry_back_on_a_delete_arrives_twice() -> None:
+    """The control for the test above: the same server and client with aiohttp's retry
+    turned back on sees the DELETE it read and dropped again, on a second connection (what
+    the gateway did before), so the test above watches the switch that matters."""
+    spec = Closer()
+    async with closing_server(spec) as url:
+        client = AiohttpUpstream()
+        try:
+            resp = await client.send("DELETE", url + "/v1/responses/resp_1", [], None, FAST)
+            resp.release()
+            assert client._session is not None
+            client._session._retry_connection = True
+            resp = await client.send("DELETE", url + "/v1/responses/resp_1", [], None, FAST)
+            assert resp.status == 200  # the copy was answered, on a fresh connection
+            resp.release()
+            assert (spec.connections, spec.requests) == (2, 3)
+        finally:
+            await client.aclose()
+
+
 async def test_a_request_the_server_read_is_sent_once_reused_or_fresh() -> None:
     spec = Closer(answering=1)  # only the very first request is ever answered
     async with closing_server(spec) as url:

@@ -32,6 +32,15 @@ def test_client_request_ids(value: bytes | None, kept: str | None) -> None:
     assert client_request_id(value) == kept
 
 
+@pytest.mark.parametrize(("length", "kept"), [
+    (1, True), (128, True),  # the bound README states, in its own number
+    (129, False), (4096, False), (65536, False),
+])
+def test_a_client_request_id_is_kept_up_to_128_characters(length: int, kept: bool) -> None:
+    """A longer one would be written into every record and log line and echoed back."""
+    assert (client_request_id(b"r" * length) is not None) is kept
+
+
 LONG = "s" * (MAX_SESSION_CHARS + 1)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.filler import words
 from tests.servers import gateway, sim
@@ -96,7 +97,20 @@ def test_cold_prompts_spread(fleet: str) -> None:
     assert max(seen.values()) <= 10, seen
 
 
+def engine_waiting(client: httpx.Client, url: str, replica: str) -> float:
+    """What the gateway last scraped of `replica`'s engine queue (its /metrics gauge)."""
+    for family in text_string_to_metric_families(client.get(url + "/metrics").text):
+        if family.name == "gateway_replica_requests_waiting":
+            for sample in family.samples:
+                if sample.labels.get("replica") == replica:
+                    return sample.value
+    return 0.0
+
+
 def test_session_moves_off_an_overloaded_replica(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waits for what the decision depends on (the gateway's scrape showing the flood
+    queued on the session's replica), never for a time: on a loaded machine the flood and
+    the scrapes come later, the decision is the same. Then one turn, which must move."""
     monkeypatch.setenv("GATEWAY_USAGE__SCRAPE_INTERVAL_S", "0.2")
     rng = random.Random(3)
     msgs: list[dict[str, Any]] = [
@@ -113,7 +127,9 @@ def test_session_moves_off_an_overloaded_replica(monkeypatch: pytest.MonkeyPatch
         home = first.headers["x-gateway-replica"]
         home_url = "http://" + home  # --backend replicas are named host:port
         assert home_url in urls
-        # Other clients flood the session's replica directly: 2 running, the rest waiting.
+        # Other clients flood the session's replica directly: 2 running, the rest waiting
+        # (3000 tokens each at real-time decode: they wait for minutes, past any deadline
+        # here).
 
         def flood(target: str) -> None:
             body = {
@@ -124,7 +140,7 @@ def test_session_moves_off_an_overloaded_replica(monkeypatch: pytest.MonkeyPatch
             }
             try:
                 with (
-                    httpx.Client(timeout=30) as c,
+                    httpx.Client(timeout=120) as c,
                     c.stream("POST", target + "/v1/chat/completions", json=body) as r,
                 ):
                     for _ in r.iter_bytes():
@@ -137,21 +153,18 @@ def test_session_moves_off_an_overloaded_replica(monkeypatch: pytest.MonkeyPatch
         for t in threads:
             t.start()
         try:
-            deadline = time.monotonic() + 10
-            moved = None
             msgs += [
                 {"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]},
                 {"role": "user", "content": words(rng, 30)},
             ]
-            time.sleep(0.6)  # a few scrapes
-            while time.monotonic() < deadline:
-                r = chat(client, url, msgs, "s", max_tokens=4)
-                if r.headers["x-gateway-replica"] != home:
-                    moved = r
-                    break
-                time.sleep(0.3)
-            assert moved is not None, "the session never left its overloaded replica"
-            assert moved.headers["x-gateway-route"] == "load"
+            deadline = time.monotonic() + 120  # a bound for a starved machine, not a timing
+            while engine_waiting(client, url, home) < 6:
+                assert time.monotonic() < deadline, "the gateway never saw the flood queued"
+                time.sleep(0.05)
+            r = chat(client, url, msgs, "s", max_tokens=4)
+            assert r.headers["x-gateway-replica"] != home, \
+                "the session stayed on its overloaded replica"
+            assert r.headers["x-gateway-route"] == "load"
             metrics = client.get(url + "/metrics").text
             assert 'gateway_route_moves_total{reason="load"} 1.0' in metrics
         finally:

@@ -82,7 +82,7 @@ WRONG_KEY = "sk-wrong-SECRET-77aa"
 PROMPT = "PROMPTMARKER-5b8e"
 # Derived from the clock: a timestamp counts as "the current time" only near now, so a
 # literal date would age out of the finding this test relies on.
-WHEN = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+WHEN = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 SECRETS = [UPSTREAM_KEY, CLIENT_KEY, WRONG_KEY, PROMPT]
 
 

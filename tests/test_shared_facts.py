@@ -37,6 +37,7 @@ FACTS: list[Fact] = [
     Trust("r1", 0.625),
     Response("resp_abc", "r2"),
     Restarted("r1"),
+    Restarted("r1", 1_800_000_123.25),  # with the engine's process start time
 ]
 
 
@@ -87,6 +88,11 @@ GOOD = encode(Sent("r1", [1, 2], "s"), "i", 1.0)
     ({b"b": b"\x01" * 8}, "not a count"),
     ({b"k": b"t", b"f": b"0.5", b"b": b"\x01" * 8, b"l": b"2"}, "takes none"),
     ({b"b": b"\x01" * 8, b"l": b"131071"}, "bad block hashes"),
+    ({b"k": b"x", b"e": b"nan"}, "field e"),
+    ({b"k": b"x", b"e": b"-inf"}, "field e"),
+    ({b"k": b"x", b"e": b"1e999"}, "field e"),
+    ({b"k": b"x", b"e": b"yesterday"}, "field e"),
+    ({b"k": b"x", b"e": b"1" * 100}, "field e"),
 ])
 def test_malformed_entries_are_refused(change: dict[bytes, bytes | None], reason: str) -> None:
     fields = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
@@ -95,7 +101,7 @@ def test_malformed_entries_are_refused(change: dict[bytes, bytes | None], reason
 
 
 @given(st.dictionaries(st.sampled_from([b"o", b"a", b"k", b"r", b"h", b"s", b"c", b"n", b"f",
-                                        b"i", b"x", b"t", b"b", b"l"]),
+                                        b"i", b"x", b"t", b"b", b"l", b"e"]),
                        st.binary(max_size=64), max_size=10))
 def test_decode_never_fails_otherwise(fields: dict[bytes, bytes]) -> None:
     with contextlib.suppress(FactError):

@@ -1,6 +1,6 @@
 """Tenants: one tenant's session id or identical prompt cannot bind, join or move another
 tenant's conversation, in one instance and across instances (facts); /stats' per-tenant
-breakdowns are for admin keys only."""
+breakdowns of other tenants are for admin keys only."""
 
 from __future__ import annotations
 
@@ -87,27 +87,28 @@ def test_without_tenants_the_same_session_id_is_one_session() -> None:
     ("k-admin", True), ("k-user", False), (None, False)])
 async def test_only_admin_keys_read_stats_by_tenant(key: str | None,
                                                    sees_tenants: bool) -> None:
-    auth = AuthSettings(keys={"k-admin": "ops", "k-user": "team-a"}, admin_tenants=("ops",),
-                        public_metrics=True)
+    auth = AuthSettings(keys={"k-admin": "ops", "k-user": "team-a", "k-other": "team-b"},
+                        admin_tenants=("ops",), public_metrics=True)
     app = create_app(dataclasses.replace(settings(), auth=auth), upstream=Fake().upstream)
     records: list[UsageRecord] = []
     async for client in started(app, records):
         r = await client.post("/v1/chat/completions", json=chat(),
-                              headers={"authorization": "Bearer k-user"})
+                              headers={"authorization": "Bearer k-other"})
         assert r.status_code == 200
         headers = {"authorization": f"Bearer {key}"} if key else {}
         stats = await client.get("/stats", headers=headers)
         page = await client.get("/stats?format=html", headers=headers)
     assert stats.status_code == 200
-    assert ("team-a" in stats.text) is sees_tenants
-    assert sees_tenants or "team-a" not in page.text
-    assert ('"by_tenant"' in stats.text) is sees_tenants
+    assert ("team-b" in stats.text) is sees_tenants
+    assert sees_tenants or "team-b" not in page.text
+    assert ('"by_tenant":{"team-b"' in stats.text) is sees_tenants
     assert '"by_model"' in stats.text
 
 
 @pytest.mark.parametrize(("auth", "error"), [
     ({"keys": {"k": "a"}, "admin_tenants": ("b",)}, "no key names"),
     ({"keys": {"k": "a\x1fb"}}, "printable"),
+    ({"tenant_cache_salt": "secret"}, "needs auth.keys"),
 ])
 def test_auth_settings_refuse(auth: dict[str, Any], error: str) -> None:
     with pytest.raises(ValueError, match=error):

@@ -101,6 +101,17 @@ def test_cached_zero_and_none_are_different() -> None:
          ("route", "prefix"), ("tenant", "none"))), 10.0),
         (rec(ttft_ms=100.0), ("gateway_ttft_seconds_sum", (("model", "m"), ("replica", "a"))),
          0.1),
+        # a non-streamed answer's first byte is its last: its whole latency goes in its
+        # own histogram, never in the TTFT (a long generation is not a slow first token)
+        (rec(stream=False, ttft_ms=5000.0, latency_ms=5000.0), ("gateway_ttft_seconds_count",
+         (("model", "m"), ("replica", "a"))), 0.0),
+        (rec(stream=False, ttft_ms=5000.0, latency_ms=5000.0),
+         ("gateway_non_streamed_latency_seconds_sum", (("model", "m"), ("replica", "a"))), 5.0),
+        (rec(stream=True, ttft_ms=100.0, latency_ms=5000.0),
+         ("gateway_non_streamed_latency_seconds_count", (("model", "m"), ("replica", "a"))),
+         0.0),
+        (rec(stream=False, ttft_ms=5000.0, latency_ms=5000.0),
+         ("gateway_request_latency_seconds_sum", (("model", "m"), ("replica", "a"))), 5.0),
         (rec(latency_ms=600.0), ("gateway_request_latency_seconds_sum",
          (("model", "m"), ("replica", "a"))), 0.6),
         (rec(prompt_tokens=100_000), ("gateway_request_prompt_tokens_bucket",

@@ -4,12 +4,14 @@ lowered to its tenant's cap (pure).
 The header is checked before it is used: at most 16 bytes, one of the three names
 (case-insensitive, surrounding spaces ignored); anything else is a 400, so a typo never
 silently becomes `normal`. vLLM's `priority` (lower runs earlier, 0 the default) is
-derived from the class only, never from what the client wrote.
+derived from the class only, never from what the client wrote: `stamp` overwrites or
+removes the body's `priority` on every body the gateway forwards.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from gateway.admission.config import CLASSES, Priority
 from gateway.upstream.errors import GatewayError
@@ -54,3 +56,16 @@ def resolve(raw: bytes | None, tenant: str | None, caps: Mapping[str, Priority],
 def rank(cls: Priority) -> int:
     """0 for high .. 2 for low."""
     return _RANK[cls]
+
+
+def stamp(body: dict[str, Any], engine: int | None) -> bool:
+    """Replace whatever `priority` the client wrote in `body` by the granted class's
+    vLLM priority, or remove it when `engine` is None (vLLM's default 0, which is
+    `normal`; a replica without priority scheduling refuses any other value). The
+    client's value is never kept, whatever its type. Whether `body` changed."""
+    had = "priority" in body
+    old = body.pop("priority", None)
+    if engine is None:
+        return had
+    body["priority"] = engine
+    return not had or type(old) is not int or old != engine

@@ -37,6 +37,7 @@ from gateway.proxy.headers import response_headers
 from gateway.proxy.inbound import Endpoint, chat_view, parse_inbound, parse_json
 from gateway.proxy.session import resolve_session
 from gateway.proxy.target import client_request_id
+from gateway.proxy.tenancy import routing_salt, salted
 from gateway.replicas.fleet import Replica, no_healthy
 from gateway.routing.plan import RoutePlan
 from gateway.settings import EppSettings
@@ -145,6 +146,8 @@ class Picker:
         states = [r.state() for r in replicas]
         if decision.should_shed(states, self.epp.shed_in_flight):
             raise decision.shed_error()
+        if ex.tenant is not None:  # the index keyed by tenant (gateway.proxy.tenancy)
+            view = salted(view, routing_salt(ex.tenant, view.get("cache_salt")))
         try:
             plan = s.router.decide(view, kind, inbound.model, ex.session, states, ex.ts,
                                    tenant=ex.tenant)
@@ -207,7 +210,7 @@ class Picker:
                  kind: Literal["chat", "completions"]) -> None:
         s, ex = self.s, flow.ex
         findings = s.analyzer.scan(view, kind, ex.session, ex.ts, validated=flow.endpoint in (
-            "chat", "completions"))
+            "chat", "completions"), tenant=ex.tenant)
         # logged, summed up and shown in /stats from the usage record (UsageRecorder)
         ex.findings = findings
         for f in findings:

@@ -16,6 +16,7 @@ deleted. The pool's own changes (another selector) need a restart of the picker.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -24,6 +25,7 @@ from typing import Any
 
 from gateway.epp.decision import endpoint_of
 from gateway.settings import ReplicaSettings
+from gateway.tasks import guarded
 
 log = logging.getLogger("gateway.epp.pool")
 
@@ -173,7 +175,9 @@ class Members:
         for name, url in new.items():
             replica = self.fleet.add(ReplicaSettings(name=name, url=url))
             log.info("replica joined the pool", extra={"replica": name, "url": url})
-            task = asyncio.get_running_loop().create_task(self.monitor.probe(replica))
+            task = asyncio.get_running_loop().create_task(guarded(
+                functools.partial(self.monitor.probe, replica), f"health probe {name}",
+                self.monitor.failures))
             self._probes.add(task)
             task.add_done_callback(self._probes.discard)
         if new or gone:

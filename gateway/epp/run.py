@@ -39,6 +39,7 @@ from gateway.proxy.tokenmode import TokenModelError
 from gateway.serve import add_arguments as serve_arguments
 from gateway.serve import check_extras, load_settings
 from gateway.settings import Settings, scan_env
+from gateway.tasks import FailureLog, every
 
 if TYPE_CHECKING:
     from gateway.epp.picker import Picker
@@ -122,9 +123,10 @@ def _is_address(host: str) -> bool:
 
 async def keep_resolving(picker: Picker, urls: dict[str, str], every_s: float) -> None:
     """Pods come back with new addresses: resolve again every health interval."""
-    while True:
-        await asyncio.sleep(every_s)
+    async def once() -> None:
         picker.set_endpoints(await resolve_endpoints(urls))
+
+    await every(every_s, once, "endpoint resolution", FailureLog(log))
 
 
 async def serve_epp(settings: Settings) -> int:

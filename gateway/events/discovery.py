@@ -32,6 +32,6 @@ async def discover(session: aiohttp.ClientSession, base_url: str,
 
     try:
         doc = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise SourceError(f"{url}: not JSON") from exc
     return parse_sources(doc, base_url)

@@ -16,6 +16,7 @@ renderer hashes at (said in `status`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from gateway.events.parity import Parity
 from gateway.events.probe import probe
 from gateway.events.source import EventSource, SourceError
 from gateway.events.subscriber import KVSubscriber
-from gateway.tasks import cancel_all
+from gateway.tasks import FailureLog, cancel_all, supervised
 from gateway.tokens.render import TokenRenderer
 
 log = logging.getLogger("gateway.events")
@@ -87,8 +88,12 @@ class EventFeeds:
         self._ctx = zmq.asyncio.Context()
         self._http = aiohttp.ClientSession()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._feed(t), name=f"kv-feed {t.name}")
-                       for t in self._targets]
+        # Each replica's feed under the error boundary (gateway/tasks.py): an error
+        # nothing below expected is logged and that feed starts over, the others go on.
+        failures = FailureLog(log)
+        self._tasks = [loop.create_task(
+            supervised(f"KV event feed {t.name}", functools.partial(self._feed, t), failures),
+            name=f"kv-feed {t.name}") for t in self._targets]
 
     async def aclose(self) -> None:
         tasks, self._tasks = self._tasks, []

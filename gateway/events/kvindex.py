@@ -150,7 +150,9 @@ class KVIndex:
     def _store(self, state: ReplicaBlocks, event: BlockStored, rank: Hashable) -> None:
         if event.group_idx not in (None, 0):
             return  # hybrid models: the full-attention group (0) decides prefix hits
-        if state.block_size is None:
+        if state.block_size is None and event.block_hashes:
+            # Learnt from an event that stores blocks: an empty one, whatever block size
+            # it names, would otherwise fix the replica's for good.
             state.block_size = event.block_size
         if event.block_size != state.block_size:
             state.unresolved += len(event.block_hashes)

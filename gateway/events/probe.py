@@ -49,7 +49,7 @@ async def tokenize(session: aiohttp.ClientSession, base_url: str, model: str,
 
     try:
         tokens = json.loads(raw).get("tokens")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return None
     if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
         return None

@@ -32,7 +32,9 @@ def _connectable(endpoint: object, host: str) -> str:
         raise SourceError(f"not a tcp:// endpoint: {endpoint!r:.80}")
     address = endpoint[len("tcp://") :]
     where, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    # ASCII digits only: str.isdigit() also takes "²", on which int() raises
+    if not sep or not (port.isascii() and port.isdigit() and len(port) <= 5) \
+            or not 0 < int(port) < 65536:
         raise SourceError(f"endpoint without a valid port: {endpoint!r:.80}")
     if where in ("*", "0.0.0.0", "[::]", "::", ""):
         where = f"[{host}]" if ":" in host else host

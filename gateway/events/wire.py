@@ -30,6 +30,9 @@ import msgspec
 
 BlockHash = int | bytes
 PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
+# A token id is packed as an unsigned 64-bit integer (tokens/chain.py): a negative one is
+# refused here, as a malformed batch, rather than raising when it is hashed.
+TokenId = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class Stored(msgspec.Struct, frozen=True, gc=False):
@@ -37,7 +40,7 @@ class Stored(msgspec.Struct, frozen=True, gc=False):
 
     block_hashes: tuple[BlockHash, ...]
     parent_block_hash: BlockHash | None
-    token_ids: tuple[int, ...]
+    token_ids: tuple[TokenId, ...]
     block_size: PositiveInt
     lora_id: int | None = None  # deprecated by vLLM for lora_name; not read
     medium: str | None = None

@@ -8,8 +8,8 @@ Per request (`scan`):
    request that continues none, of its template: a hash of the model, the sorted tool
    names and the first 256 chars of the first part with volatile-looking spans masked, so
    a timestamp at the top does not hide the template, compared on the head only) is
-   looked up in an LRU. `drift.diverge` names the first break against that previous
-   request (`evidence="drift"`).
+   looked up in an LRU, keyed by the request's tenant too. `drift.diverge` names the
+   first break against that previous request (`evidence="drift"`).
 3. Pattern evidence comes from the parts a client regenerates per request: tools,
    system/developer messages and user messages before the last user message (assistant
    and tool messages replay the past; the last user message has nothing cached behind it).
@@ -60,8 +60,12 @@ _WS = re.compile(r"\s+")
 class HygieneAnalyzer:
     def __init__(self, config: HygieneConfig) -> None:
         self.config = config
-        self._sessions: OrderedDict[str, Snapshot] = OrderedDict()
-        self._templates: OrderedDict[int, Snapshot] = OrderedDict()
+        # Every entry is the tenant's own (the API key's; None without keys): a request is
+        # compared only with its own tenant's earlier requests, so one tenant that sends
+        # another's session id, messages or template learns nothing of their prompts from
+        # its findings, and plants none in theirs.
+        self._sessions: OrderedDict[tuple[str | None, str], Snapshot] = OrderedDict()
+        self._templates: OrderedDict[tuple[str | None, int], Snapshot] = OrderedDict()
         self._conversations: OrderedDict[int, Snapshot] = OrderedDict()
         self._owners = MessageOwners(_DIGESTS_PER_CONVERSATION * config.max_sessions)
         self._hits: OrderedDict[int, tuple[Hit, ...]] = OrderedDict()
@@ -75,6 +79,7 @@ class HygieneAnalyzer:
         now: float,
         *,
         validated: bool = False,
+        tenant: str | None = None,
     ) -> list[Finding]:
         """Findings for one request. `validated=True` says the caller has already checked
         the body at least as strictly as `prompt.validate` (the proxy's `parse_inbound`,
@@ -104,20 +109,20 @@ class HygieneAnalyzer:
         if session is None:
             # identifying messages: `size` is text + extra + the template overhead
             least = _MIN_IDENTIFYING_CHARS + TEMPLATE_OVERHEAD
-            messages = [part.digest for part in talk if part.size >= least]
+            messages = [_scoped(tenant, part.digest) for part in talk if part.size >= least]
             earlier = messages[:-1] if talk and talk[-1].size >= least else messages
             conv = self._owners.find(earlier)
             if conv is not None and conv not in self._conversations:
                 conv = None  # its snapshot was forgotten: nothing to compare with
         head_only = session is None and conv is None
         if session is not None:
-            state, key, cap = self._sessions, session, self.config.max_sessions
+            state, key, cap = self._sessions, (tenant, session), self.config.max_sessions
         elif conv is not None:
             state, key, cap = self._conversations, conv, self.config.max_sessions
         else:
             state, key, cap = (
                 self._templates,
-                self._template_key(body, p, hits),
+                (tenant, self._template_key(body, p, hits)),
                 self.config.max_templates,
             )
         old = state.get(key)
@@ -144,8 +149,8 @@ class HygieneAnalyzer:
             if conv is None:
                 conv = self._owners.open()
             else:  # new conversations still teach their template's head
-                _remember(self._templates, self._template_key(body, p, hits), snapshot,
-                          self.config.max_templates)
+                template = (tenant, self._template_key(body, p, hits))
+                _remember(self._templates, template, snapshot, self.config.max_templates)
             _remember(self._conversations, conv, snapshot, self.config.max_sessions)
             self._owners.record(conv, messages)
         return findings[:_MAX_FINDINGS]
@@ -272,6 +277,14 @@ class HygieneAnalyzer:
         if self.config.redact:
             return f"<{kind}:{len(text)} chars>"
         return text[:_SPAN_CHARS]
+
+
+def _scoped(tenant: str | None, digest: int) -> int:
+    """A message digest as its tenant's: equal messages of two tenants never name one
+    implicit conversation."""
+    if tenant is None:
+        return digest
+    return xxhash.xxh3_64_intdigest(tenant.encode("utf-8", "surrogatepass"), seed=digest)
 
 
 def _same_prefix(old: Snapshot, p: Prompt) -> int:

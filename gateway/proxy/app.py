@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from prometheus_client import generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -46,11 +47,12 @@ from gateway.admission.gate import Gate
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.hygiene.lograte import LogLimiter
 from gateway.proxy.asgi import Receive, Scope, Send
-from gateway.proxy.auth import Authenticator, without_tenants
+from gateway.proxy.auth import Authenticator
 from gateway.proxy.client import AiohttpUpstream, ClientLimits
 from gateway.proxy.errors import GatewayError, error_response
 from gateway.proxy.handler import Proxy
 from gateway.proxy.inbound import Endpoint
+from gateway.proxy.tenancy import TenantSalts
 from gateway.proxy.tokenmode import EventFeeds, SimRenderer, start_token_mode
 
 if TYPE_CHECKING:
@@ -62,6 +64,7 @@ from gateway.routing.router import Router
 from gateway.settings import Settings
 from gateway.upstream.counters import UpstreamCounters
 from gateway.upstream.seam import Upstream
+from gateway.usage.exposure import Audience, FleetMetrics, audience, stats_view
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.page import render_page
 from gateway.usage.recorder import UsageRecorder
@@ -139,6 +142,12 @@ class GatewayApp:
         fleet = Fleet(settings.replicas, unhealthy_after=settings.server.unhealthy_after)
         tokens = await start_token_mode(settings, fleet, self.clock, self._sim_renderer)
         router = Router(settings.routing, tokens.mode if tokens is not None else None)
+        salts = TenantSalts(set(settings.auth.keys.values()), settings.auth.tenant_cache_salt,
+                            token_mode=tokens is not None)
+        if salts.shared_index and settings.auth.keys:
+            log.info("[tokens] with [auth] keys and no [auth] tenant_cache_salt: routing on "
+                     "the engines' shared blocks; replica, prediction and route are withheld "
+                     "from non-admin keys (set tenant_cache_salt to isolate tenants)")
         metrics = GatewayMetrics()
         hygiene = settings.hygiene
         recorder = UsageRecorder(
@@ -172,7 +181,8 @@ class GatewayApp:
             server=server, fleet=fleet, router=router, analyzer=services.analyzer,
             metrics=metrics, recorder=recorder, auth=services.auth, monitor=monitor,
             upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer,
-            counters=UpstreamCounters(metrics.registry))
+            counters=UpstreamCounters(metrics.registry),
+            salts=salts)
         log.debug("gateway services started", extra={
             "replicas": [r.name for r in settings.replicas],
             "healthy": [r.name for r in fleet.healthy()]})
@@ -272,17 +282,33 @@ class GatewayApp:
         s = self._live(request, self._guard_stats)
         for r in s.fleet.replicas.values():
             s.metrics.replica_state(r.name, r.healthy, r.in_flight, r.snapshot)
-        return Response(s.metrics.render(), media_type=PROMETHEUS)
+        if self._reader(s, request)[0] == "operator":
+            return Response(s.metrics.render(), media_type=PROMETHEUS)
+        shared = self._proxy is not None and self._proxy.salts.shared_index
+        return Response(generate_latest(FleetMetrics(s.metrics.registry, shared_index=shared)),
+                        media_type=PROMETHEUS)
 
     async def _stats(self, request: Request) -> Response:
         s = self._live(request, self._guard_stats)
-        stats = self.stats(s)
-        if not s.auth.admin(_authorization(request.scope)):
-            stats = without_tenants(stats)  # by_tenant: admins only
+        who, tenant = self._reader(s, request)
+        shared = self._proxy is not None and self._proxy.salts.shared_index
+        # tenant-scoped fields: exposure.py
+        stats = stats_view(self.stats(s), who, tenant, shared_index=shared)
         # `format=html` (the query is the client's: only this one value is read)
         if request.query_params.getlist("format")[-1:] == ["html"]:
             return Response(render_page(stats), media_type=HTML)
         return Response(orjson.dumps(stats), media_type=JSON)
+
+    def _reader(self, s: Services, request: Request) -> tuple[Audience, str | None]:
+        """Who reads /stats or /metrics (gateway.usage.exposure): a key that is not valid
+        reads as no key (only where the route is public: it was refused otherwise)."""
+        authorization = _authorization(request.scope)
+        tenant = None
+        if s.auth.enabled:
+            with contextlib.suppress(GatewayError):
+                tenant = s.auth.tenant(authorization)
+        admin = tenant is not None and s.auth.admin(authorization)
+        return audience(s.auth.enabled, tenant, admin), tenant
 
     async def _models(self, request: Request) -> Response:
         s = self._live(request, self._guard_models)

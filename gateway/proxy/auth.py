@@ -8,8 +8,8 @@ taken reveals neither which key matched nor how much of one, nor a key's length
 Only the digests are kept.
 
 Roles: a key's tenant may be an admin (`[auth] admin_tenants`); only admins read what
-names other tenants (`/stats` per-tenant breakdowns). Without keys there are no tenants
-and every caller is the operator.
+is tenant-scoped in `/stats` and `/metrics` (gateway.usage.exposure classifies every
+field). Without keys there are no tenants and every caller is the operator.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Collection, Mapping
-from typing import Any
 
 from gateway.proxy.errors import GatewayError
 
@@ -53,6 +52,10 @@ class Authenticator:
             )
         return found
 
+    def admin_tenant(self, tenant: str | None) -> bool:
+        """Whether `tenant` (a valid key's; None without keys) has the admin role."""
+        return not self._keys or tenant in self._admins
+
     def admin(self, authorization: bytes | None) -> bool:
         """Whether the request's key has the admin role (never raises: False)."""
         if not self._keys:
@@ -61,15 +64,6 @@ class Authenticator:
             return self.tenant(authorization) in self._admins
         except GatewayError:
             return False
-
-
-def without_tenants(stats: Any) -> Any:
-    """`stats` (a /stats document) less every `by_tenant` breakdown, at any depth."""
-    if isinstance(stats, dict):
-        return {k: without_tenants(v) for k, v in stats.items() if k != "by_tenant"}
-    if isinstance(stats, list):
-        return [without_tenants(v) for v in stats]
-    return stats
 
 
 def _digest(key: bytes) -> bytes:

@@ -14,17 +14,19 @@ replica, with the rules the relay path needs.
   delivered", which the caller may retry on another replica.
   Once a connection is handed out, any break is "delivered, no answer"
   (`UpstreamProtocolError`): the replica may have read the request, so nothing is re-sent,
-  not even on a reused keep-alive connection. Stale connections are kept out of use
-  instead: connections idle longer than `idle_s` are closed by the connector; keep `idle_s`
-  below the replicas' keep-alive timeout (uvicorn, so vLLM: 5 s) so the gateway, not the
-  engine, closes idle connections. And a pooled connection is handed out only after a
-  look at its socket (a `poll` of its descriptor, no wait, `_PeekingConnector`) shows its
-  peer has not closed it: a server that closes after every answer while advertising keep-alive
-  (llama.cpp) has its FIN in the kernel before the next request, though asyncio may not
-  have read it yet. What is left is a close crossing the request on the wire (a 502),
-  which a loaded machine makes likely; a replica whose pooled connections are found closed
-  again and again has each answer's connection closed by the gateway instead
-  (`proxy/closing.py`), so its requests go out on fresh connections.
+  not even on a reused keep-alive connection, whatever the method: aiohttp's own re-send
+  of idempotent methods (GET, PUT, DELETE ...) after a broken connection is turned off.
+  Stale connections are kept out of use instead: connections idle longer than `idle_s`
+  are closed by the connector; keep `idle_s` below the replicas' keep-alive timeout
+  (uvicorn, so vLLM: 5 s) so the gateway, not the engine, closes idle connections. And a
+  pooled connection is handed out only after a look at its socket (a `poll` of its
+  descriptor, no wait, `_PeekingConnector`) shows its peer has not closed it: a server
+  that closes after every answer while advertising keep-alive (llama.cpp) has its FIN in
+  the kernel before the next request, though asyncio may not have read it yet. What is
+  left is a close crossing the request on the wire (a 502), which a loaded machine makes
+  likely; a replica whose pooled connections are found closed again and again has each
+  answer's connection closed by the gateway instead (`proxy/closing.py`), so its requests
+  go out on fresh connections.
 - Bytes as the engine wrote them: no Accept-Encoding or User-Agent is added and nothing is
   decompressed (`auto_decompress=False`); a streamed body is handed on as each read
   returns it (`iter_any`), never collected. aiohttp sets TCP_NODELAY on every connection.
@@ -205,13 +207,21 @@ class AiohttpUpstream:
             limit=0, limit_per_host=lim.connections_per_replica,
             keepalive_timeout=lim.idle_s, ttl_dns_cache=60, closing=self._closing,
         )
-        return aiohttp.ClientSession(
+        session = aiohttp.ClientSession(
             connector=connector, auto_decompress=False,
             skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
             max_line_size=lim.max_line_size, max_field_size=lim.max_field_size,
             max_headers=lim.max_headers,
             cookie_jar=aiohttp.DummyCookieJar(), response_class=_NoUpgradeResponse,
         )
+        # aiohttp re-sends GET, HEAD, OPTIONS, TRACE, PUT and DELETE once when the
+        # connection breaks (ServerDisconnectedError, ClientOSError) after the request was
+        # written: the engine may have read it and acted (a DELETE that succeeded, then a
+        # 404 for the copy). The failure table (upstream/failure.py) alone decides what is
+        # sent again. No public switch exists; aiohttp's own test client turns it off the
+        # same way, and tests/test_aiohttp_internals.py fails if the attribute moves.
+        session._retry_connection = False
+        return session
 
     async def send(
         self, method: str, url: str, headers: Sequence[tuple[str, str]], body: bytes | None,

@@ -49,6 +49,6 @@ def missing_field(param: str) -> GatewayError:
     )
 
 
-def from_upstream(exc: UpstreamError, replica: str) -> GatewayError:
+def from_upstream(exc: UpstreamError, replica: str | None) -> GatewayError:
     """Map an upstream failure to the status the client sees (502, 503 or 504)."""
     return client_error(exc, replica)

@@ -19,7 +19,7 @@ class Exchange:
     __slots__ = (
         "best", "disconnected", "done", "endpoint", "error", "findings", "method", "model", "moved",
         "outcome", "predicted", "replica", "request_id", "route", "session", "status", "stream",
-        "t0", "target", "tenant", "ts", "up_headers", "upstream_id",
+        "t0", "target", "tenant", "ts", "up_headers", "upstream_id", "withheld",
     )
 
     def __init__(self, request_id: str, ts: float, t0: float, endpoint: str,
@@ -39,6 +39,8 @@ class Exchange:
         self.route: str | None = None
         self.moved: str | None = None
         self.predicted: int | None = None
+        # the answer must not show what the index all tenants share decided (tenancy.py)
+        self.withheld = False
         self.best: int | None = None
         self.status = 500
         self.error: str | None = None

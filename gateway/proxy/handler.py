@@ -47,6 +47,7 @@ from urllib.parse import quote
 
 import orjson
 
+from gateway.admission import priority
 from gateway.admission.gate import Ask, Gate
 from gateway.admission.priority import header_value as priority_header
 from gateway.hygiene.analyzer import HygieneAnalyzer
@@ -59,9 +60,10 @@ from gateway.proxy.inbound import Endpoint, chat_view, inject_usage, parse_inbou
 from gateway.proxy.relay import RelayOutcome, relay, shutting_down, upstream_request_headers
 from gateway.proxy.session import resolve_session, session_header
 from gateway.proxy.target import client_request_id, forwarded_headers, upstream_target
+from gateway.proxy.tenancy import WITHHELD, TenantSalts
 from gateway.replicas.fleet import Fleet, Replica, no_healthy
 from gateway.replicas.monitor import FleetMonitor
-from gateway.routing.affinity import AffinityStore, Lost, Pinned, place
+from gateway.routing.affinity import AffinityStore, Lost, Pinned, owned, place
 from gateway.routing.router import Router
 from gateway.settings import ServerSettings
 from gateway.upstream.counters import UpstreamCounters
@@ -89,9 +91,10 @@ class Proxy:
         auth: Authenticator, monitor: FleetMonitor, upstream: Upstream,
         affinity: AffinityStore, clock: Callable[[], float], timer: Callable[[], float],
         counters: UpstreamCounters,
-        gate: Gate,
+        gate: Gate, salts: TenantSalts | None = None,
     ) -> None:
         self.gate = gate  # admission: the gateway queue
+        self.salts = salts or TenantSalts((), "")  # each tenant's cache namespace
         self.affinity = affinity  # Responses API: which replica created which response
         self.fleet = fleet
         self.router = router
@@ -188,11 +191,12 @@ class Proxy:
                                      body)
         candidates = self.fleet.candidates(inbound.model)
         kind, view = chat_view(endpoint, body)
-        pinned = self._pinned(body) if endpoint == "responses" else None
+        pinned = self._pinned(body, ex.tenant) if endpoint == "responses" else None
 
         # parse_inbound has checked a chat or completions body more strictly than the
         # analyzer would; a converted view is checked again
-        findings = self.analyzer.scan(view, kind, ex.session, ex.ts, validated=view is body)
+        findings = self.analyzer.scan(view, kind, ex.session, ex.ts, validated=view is body,
+                                      tenant=ex.tenant)
         # logged, summed up and shown in /stats from the usage record (UsageRecorder)
         ex.findings = findings
         for f in findings:
@@ -204,6 +208,13 @@ class Proxy:
         # Rewrites know the chat and completions shapes only.
         if view is body and self.analyzer.rewrite(body):
             changed = True
+        if ex.tenant is not None:  # the tenant's own cache namespace (tenancy.py)
+            salt = self.salts.engine(ex.tenant)
+            if salt is not None:  # the engine's cache too: the client's salt overridden
+                changed = changed or body.get("cache_salt") != salt
+                body["cache_salt"] = salt
+            view = self.salts.route_view(view, ex.tenant)
+            ex.withheld = self.salts.withheld(ex.tenant, self.auth.admin_tenant(ex.tenant))
         payload = orjson.dumps(body) if changed else raw
 
         try:  # the admission queue (off: Router.decide at once) decides when and where
@@ -215,8 +226,9 @@ class Proxy:
         plan = ticket.plan
         if ticket.queued_ms is not None:
             headers.append((b"x-gateway-queue-ms", b"%.1f" % ticket.queued_ms))
-        if ticket.engine_priority is not None and view is body:  # vLLM priority scheduling
-            body["priority"] = ticket.engine_priority
+        # The client's `priority` never reaches the engine: the granted class's, or none
+        # (a vLLM whose Messages endpoint takes no `priority` ignores it there).
+        if priority.stamp(body, ticket.engine_priority):
             payload = orjson.dumps(body)
         decision = plan.decision
         self.metrics.route_decision(decision.reason)
@@ -225,9 +237,12 @@ class Proxy:
             self.metrics.route_move(decision.move)
         ex.route, ex.predicted, ex.best = (
             decision.reason, decision.predicted_cached_tokens, decision.best_available_tokens)
-        headers.append((b"x-gateway-route", decision.reason.encode()))
-        headers.extend(response_headers(decision.reason, decision.predicted_cached_tokens,
-                                        findings, enabled=self.analyzer.config.header))
+        # decided by the index all tenants share (tenancy.py): not shown to this key
+        route, shown = ((WITHHELD, None) if ex.withheld
+                        else (decision.reason, decision.predicted_cached_tokens))
+        headers.append((b"x-gateway-route", route.encode()))
+        headers.extend(response_headers(route, shown, findings,
+                                        enabled=self.analyzer.config.header))
         try:
             await self._attempts(scope, send, payload, decision.ranked, plan, inject, ex,
                                  headers)
@@ -235,18 +250,25 @@ class Proxy:
             self.router.report(plan, self.clock())  # once, whatever happened
             self.gate.done(ticket)
 
-    def _pinned(self, body: dict[str, object]) -> str | None:
+    def _pinned(self, body: dict[str, object], tenant: str | None) -> str | None:
         """The replica a continuation must go to, None when routing may choose."""
         previous = body.get("previous_response_id")
         if not isinstance(previous, str):
             return None
-        return self._holder(previous, "previous_response_id")
+        return self._holder(previous, "previous_response_id", tenant)
 
-    def _holder(self, previous: str, param: str) -> str | None:
-        """The replica that stored response `previous`, None when the gateway does not
-        know it; raises when that replica left or is down (no other holds it)."""
+    def _holder(self, previous: str, param: str, tenant: str | None) -> str | None:
+        """The replica that stored response `previous` for `tenant`, None when the gateway
+        does not know it (or it is another tenant's); raises when that replica left or is
+        down (no other holds it)."""
         fleet = self.fleet.replicas
-        where = place(self.affinity.lookup(previous),
+        mine = self.affinity.lookup(owned(previous, tenant))
+        if mine is None and tenant is not None and self.affinity.lookup(previous) is not None:
+            # another tenant's response: answered as the engine answers an unknown id,
+            # never sent where it lives
+            raise GatewayError(404, f"Response with id '{previous[:64]}' not found.",
+                               code="response_not_found", param=param)
+        where = place(mine,
                       {name: r.healthy for name, r in fleet.items()})
         if isinstance(where, Pinned):
             return where.replica
@@ -267,12 +289,18 @@ class Proxy:
     async def _forward_other(self, scope: Scope, send: Send, raw: bytes, ex: Exchange,
                              headers: Headers) -> None:
         stored = stored_response(scope["path"], scope["method"])
-        holder = self._holder(stored, "response_id") if stored is not None else None
+        holder = (self._holder(stored, "response_id", ex.tenant) if stored is not None
+                  else None)
         model = None
         if raw and scope["method"] != "GET":
             doc = parse_json(raw)
-            if isinstance(doc, dict) and isinstance(doc.get("model"), str):
-                model = doc["model"]
+            if isinstance(doc, dict):
+                if isinstance(doc.get("model"), str):
+                    model = doc["model"]
+                # vLLM's pooling, score, tokenize... bodies take `priority` too: no class
+                # is granted here, so the engine's default (`normal`)
+                if priority.stamp(doc, None):
+                    raw = orjson.dumps(doc)
         if model is not None:
             ex.model = model if self.fleet.known_model(model) else UNKNOWN_MODEL
             candidates = self.fleet.candidates(model)
@@ -339,7 +367,7 @@ class Proxy:
                 rule = verdict(what)
                 if rule.suspect:
                     self.monitor.suspect(replica)
-                error = client_error(exc, name, self.retry_after_s)
+                error = client_error(exc, None if ex.withheld else name, self.retry_after_s)
                 if rule.retry:
                     return error
                 raise error from None
@@ -371,24 +399,27 @@ class Proxy:
         strip: bool, ex: Exchange, headers: Headers, outcome: RelayOutcome,
     ) -> None:
         name = replica.name
-        extra = [*headers, (b"x-gateway-replica", name.encode())]
+        extra = headers if ex.withheld else [*headers, (b"x-gateway-replica", name.encode())]
 
         def first_byte() -> None:
             if plan is not None:
                 plan.outcome.first_token_at = self.clock()
 
         def created(response_id: str) -> None:
-            self.affinity.remember(response_id, name)
+            if ex.tenant is not None:  # that some tenant holds it (see _holder); first, so
+                self.affinity.remember(response_id, name)  # the LRU forgets it first
+            self.affinity.remember(owned(response_id, ex.tenant), name)
 
         responses = ex.endpoint == "responses"
         try:
-            await relay(resp, send, extra, strip_usage=strip, replica=name, outcome=outcome,
+            await relay(resp, send, extra, strip_usage=strip,
+                        replica=None if ex.withheld else name, outcome=outcome,
                         on_first_byte=first_byte, timer=self.timer,
                         on_response_id=created if responses else None,
                         first_token=b'"response.output_text.delta"' if responses else None)
         except UpstreamError as exc:  # before the head: delivered, no usable answer
             self.counters.failure(name, happened(exc))
-            raise from_upstream(exc, name) from None
+            raise from_upstream(exc, None if ex.withheld else name) from None
         ex.status = outcome.status
         if outcome.error is not None:
             ex.fail(outcome.error)

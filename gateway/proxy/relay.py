@@ -88,12 +88,13 @@ class RelayOutcome:
 
 
 async def relay(
-    resp: UpstreamResponse, send: Send, extra: Headers, *, strip_usage: bool, replica: str,
+    resp: UpstreamResponse, send: Send, extra: Headers, *, strip_usage: bool, replica: str | None,
     outcome: RelayOutcome, on_first_byte: Callable[[], None], timer: Callable[[], float],
     on_response_id: Callable[[str], None] | None = None, first_token: bytes | None = None,
 ) -> None:
     """Send resp to the client. Upstream failures before the head propagate (nothing was
-    sent); after it they end the stream with an error event recorded in `outcome.error`."""
+    sent); after it they end the stream with an error event recorded in `outcome.error`
+    (naming `replica`, unless None: the client may not learn it, proxy/tenancy.py)."""
     headers, content_type = client_response_headers(resp.headers, extra)
     outcome.status = resp.status
     if not content_type.startswith(b"text/event-stream"):

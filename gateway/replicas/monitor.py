@@ -12,8 +12,10 @@ pool is full is still probed at once).
   probe run on it (up to `unhealthy_after` probes, `SUSPECT_SPACING_S` apart, stopping at
   the first success); at most one run per replica at a time.
 - memory: cleared once (`Router.replica_restarted`) when the replica is seen restarted (a
-  new `process_start_time_seconds` in `/metrics`, or engine counters gone backwards), or
-  when it comes back after more than `server.forget_after_s` down. After a failed probe
+  new `process_start_time_seconds` in `/metrics`, handed on as the restart's identity, or
+  engine counters gone backwards), or when it comes back after more than
+  `server.forget_after_s` down; every restart of a crash-looping replica clears it again
+  (routing/restarts.py). After a failed probe
   the next good one reads `/metrics` at once, so a quick restart is seen at once too.
 - models, every `server.models_refresh_s`: `GET /v1/models` on the healthy replicas.
 - scrape, every `usage.scrape_interval_s`: `GET /metrics`, parsed by
@@ -31,14 +33,19 @@ pool is full is still probed at once).
 
 `start()` runs one probe round before returning, so `/ready` is right as soon as the app
 serves (the details probe runs after, in the background). Failures of one replica never
-stop the loops; each probe is bounded by its timeout.
+stop the loops; each probe is bounded by its timeout. Every step runs inside an error
+boundary (gateway/tasks.py), per replica: whatever a replica answers, or whatever goes
+wrong with one, is logged (rate-limited) and the other replicas, and the next round, are
+probed and scraped as usual; the gateway starts whatever its first round met. The parsers
+of what replicas send take any value without raising (replicas/scrape.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import orjson
 
@@ -46,6 +53,7 @@ from gateway.replicas.fleet import Fleet, Replica, memory_verdict
 from gateway.replicas.scrape import parse_engine_metrics
 from gateway.routing.router import Router
 from gateway.settings import Settings
+from gateway.tasks import FailureLog, every, guarded
 from gateway.upstream.errors import UpstreamError
 from gateway.upstream.seam import Timeouts, Upstream
 from gateway.usage.extract import usage_from_body
@@ -99,13 +107,17 @@ class FleetMonitor:
         self._tasks: list[asyncio.Task[None]] = []
         self._details_probes: set[asyncio.Task[None]] = set()
         self._suspects: dict[str, asyncio.Task[None]] = {}  # at most one per replica
+        self.failures = FailureLog(log)  # the error boundary's log (gateway/tasks.py)
 
     async def start(self) -> None:
         await self.probe_all()
         self._tasks = [
-            asyncio.create_task(self._every(self.health_interval, self.probe_all)),
-            asyncio.create_task(self._every(self.models_interval, self.refresh_models)),
-            asyncio.create_task(self._every(self.scrape_interval, self.scrape_all)),
+            asyncio.create_task(every(self.health_interval, self.probe_all, "health probes",
+                                      self.failures)),
+            asyncio.create_task(every(self.models_interval, self.refresh_models,
+                                      "model refresh", self.failures)),
+            asyncio.create_task(every(self.scrape_interval, self.scrape_all, "scrapes",
+                                      self.failures)),
         ]
 
     async def aclose(self) -> None:
@@ -117,12 +129,12 @@ class FleetMonitor:
         self._details_probes.clear()
         self._suspects.clear()
 
-    async def _every(self, interval: float, action: Callable[[], object]) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            result = action()
-            if asyncio.iscoroutine(result):
-                await result
+    async def _each(self, what: str, step: Callable[[Replica], Awaitable[object]],
+                    replicas: Iterable[Replica]) -> None:
+        """`step` on every replica at once, each inside the error boundary: one replica's
+        failure is logged and never stops another's."""
+        await asyncio.gather(*(guarded(functools.partial(step, r), f"{what} {r.name}",
+                                       self.failures) for r in replicas))
 
     async def _get(self, replica: Replica, path: str) -> tuple[int, bytes]:
         resp = await self.probes.send(
@@ -139,7 +151,7 @@ class FleetMonitor:
     # health ------------------------------------------------------------------------------
 
     async def probe_all(self) -> None:
-        await asyncio.gather(*(self.probe(r) for r in self.fleet.replicas.values()))
+        await self._each("health probe", self.probe, list(self.fleet.replicas.values()))
 
     async def probe(self, replica: Replica) -> bool:
         """One health probe; True when it succeeded."""
@@ -151,6 +163,10 @@ class FleetMonitor:
         except UpstreamError as exc:
             ok = False
             reason = str(exc) or type(exc).__name__
+        except Exception as exc:
+            ok = False  # is no 200: a failed probe, not a stopped health loop
+            reason = type(exc).__name__
+            self.failures.failed(f"health probe {replica.name}", exc)
         failed_before = replica.failures > 0
         transition = self.fleet.probe_result(replica.name, ok, self.clock())
         if transition is not None:
@@ -181,9 +197,15 @@ class FleetMonitor:
         # The configured capacity holds from the start: a replica without /metrics
         # (llama.cpp's default) never gets a scrape that would set it.
         self.apply_capacity(replica)
-        await asyncio.gather(self.refresh_model(replica), self.scrape(replica))
+        await asyncio.gather(
+            guarded(functools.partial(self.refresh_model, replica),
+                    f"model refresh {replica.name}", self.failures),
+            guarded(functools.partial(self.scrape, replica), f"scrape {replica.name}",
+                    self.failures))
         if self.recorder is not None:
-            task = asyncio.create_task(self.probe_details(replica, self.recorder))
+            task = asyncio.create_task(guarded(
+                functools.partial(self.probe_details, replica, self.recorder),
+                f"details probe {replica.name}", self.failures))
             self._details_probes.add(task)
             task.add_done_callback(self._details_probes.discard)
 
@@ -191,7 +213,8 @@ class FleetMonitor:
         """A request could not be delivered to `replica`: probe it now (module docstring)."""
         if replica.name in self._suspects or not replica.healthy:
             return
-        task = asyncio.create_task(self._probe_suspect(replica))
+        task = asyncio.create_task(guarded(functools.partial(self._probe_suspect, replica),
+                                           f"suspect probe {replica.name}", self.failures))
         self._suspects[replica.name] = task
         task.add_done_callback(lambda _: self._suspects.pop(replica.name, None))
 
@@ -210,7 +233,7 @@ class FleetMonitor:
     # models ------------------------------------------------------------------------------
 
     async def refresh_models(self) -> None:
-        await asyncio.gather(*(self.refresh_model(r) for r in self.fleet.healthy()))
+        await self._each("model refresh", self.refresh_model, self.fleet.healthy())
 
     async def refresh_model(self, replica: Replica) -> None:
         try:
@@ -225,7 +248,7 @@ class FleetMonitor:
     # engine metrics ----------------------------------------------------------------------
 
     async def scrape_all(self) -> None:
-        await asyncio.gather(*(self.scrape(r) for r in self.fleet.healthy()))
+        await self._each("scrape", self.scrape, self.fleet.healthy())
 
     async def scrape(self, replica: Replica) -> None:
         # what the engine's counts are compared with (the admission queue adds what this
@@ -243,8 +266,12 @@ class FleetMonitor:
         new_process = self.fleet.set_start_time(replica.name,
                                                snapshot.process_start_time_seconds)
         if self.fleet.set_snapshot(replica.name, snapshot, asked_at, in_flight) or new_process:
-            log.warning("replica restarted", extra={"replica": replica.name})
-            self.router.replica_restarted(replica.name, self.clock())
+            # The start time names this restart (a crash loop's next one is new at once);
+            # counters gone backwards under the same start time name none.
+            started = snapshot.process_start_time_seconds if new_process else None
+            log.warning("replica restarted", extra={"replica": replica.name,
+                                                    "process_start_time": started})
+            self.router.replica_restarted(replica.name, self.clock(), started)
         self.apply_capacity(replica, snapshot.block_size)
         self.publish(replica)
 

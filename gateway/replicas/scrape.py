@@ -6,7 +6,16 @@ no `# TYPE` line). The filter is what keeps a scrape cheap: real vLLM 0.32 expor
 lines, mostly histogram buckets, of which about a dozen are read, and the parser costs
 ~10 us a line. A scrape must never fail because of one odd line, and the parser stops at
 the first line it cannot read, so a text it rejects is parsed again line by line and the
-unreadable lines are skipped. NaN samples are skipped.
+unreadable lines are skipped.
+
+Any value, read as nothing rather than raised on (tests/test_usage_scrape_values.py):
+- a sample whose value is NaN, infinite, negative or above `MAX_VALUE` (1e15: no count,
+  token counter or start time comes near) is skipped, as if the line were absent;
+- KV usage is a fraction: a finite reading above 1 is taken as 1;
+- a `cache_config_info` label (`block_size`, `num_gpu_blocks`) counts only as a whole
+  number from 1 to `MAX_LABEL` (2**32); anything else (inf, nan, 1e308, -16, 16.5, a
+  word) is absent, so capacity falls back to the configured figure;
+- a start time counts only when it is a reading above 0 (0 is "unknown").
 
 Reading (vLLM V1, see vllm-contract.md section 3):
 - `vllm:kv_cache_usage_perc`, else the deprecated `vllm:gpu_cache_usage_perc` (<= 0.11).
@@ -35,7 +44,6 @@ llama.cpp reports no cache config, so capacity stays unknown (configured elsewhe
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 from prometheus_client.metrics_core import Metric
@@ -70,6 +78,10 @@ _MAXED = frozenset(
 _INFO = "vllm:cache_config_info"
 _WANTED = _SUMMED | _MAXED | {_INFO}
 _PREFIXES = tuple(sorted(_WANTED))  # for str.startswith; longer names are dropped by _WANTED
+_KV = frozenset({"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
+                 "llamacpp:kv_cache_usage_ratio"})
+MAX_VALUE = 1e15  # above any real count, counter (tokens) or unix time
+MAX_LABEL = 1 << 32  # above any real block size or block count
 
 
 def _samples(text: str) -> Iterator[Sample]:
@@ -77,7 +89,7 @@ def _samples(text: str) -> Iterator[Sample]:
     lines = [line for line in text.splitlines() if line.startswith(_PREFIXES)]
     try:
         families = list(text_string_to_metric_families("\n".join(lines)))
-    except ValueError:
+    except Exception:
         families = [f for line in lines for f in _line_families(line)]
     for family in families:
         for sample in family.samples:
@@ -88,18 +100,34 @@ def _samples(text: str) -> Iterator[Sample]:
 def _line_families(line: str) -> list[Metric]:
     try:
         return list(text_string_to_metric_families(line))
-    except ValueError:
+    except Exception:
         return []
 
 
-def _int_label(labels: dict[str, str], key: str) -> int | None:
+def reading(raw: float) -> float | None:
+    """A sample's value as a reading, or None (module docstring). The parser hands over
+    an int for a value written without a point, of any length: float() may overflow."""
+    try:
+        value = float(raw)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    if not 0.0 <= value <= MAX_VALUE:  # NaN fails every comparison
+        return None
+    return value
+
+
+def int_label(labels: dict[str, str], key: str) -> int | None:
+    """A whole number from 1 to MAX_LABEL in label `key`, else None (module docstring)."""
     raw = labels.get(key)
-    if raw is None:
+    if raw is None or len(raw) > 32:
         return None
     try:
-        return int(float(raw))
+        value = float(raw)
     except ValueError:
         return None
+    if not 1.0 <= value <= MAX_LABEL or not value.is_integer():
+        return None
+    return int(value)
 
 
 def parse_engine_metrics(text: str, now: float) -> EngineSnapshot:
@@ -108,12 +136,14 @@ def parse_engine_metrics(text: str, now: float) -> EngineSnapshot:
     block_size: int | None = None
     num_gpu_blocks: int | None = None
     for name, labels, raw_value, *_ in _samples(text):
-        value = float(raw_value)
-        if math.isnan(value):
+        value = reading(raw_value)
+        if value is None:
             continue
+        if name in _KV:
+            value = min(value, 1.0)
         if name == _INFO:
-            bs = _int_label(labels, "block_size")
-            nb = _int_label(labels, "num_gpu_blocks")
+            bs = int_label(labels, "block_size")
+            nb = int_label(labels, "num_gpu_blocks")
             if bs is not None:
                 block_size = bs
             if nb is not None:
@@ -153,10 +183,5 @@ def parse_engine_metrics(text: str, now: float) -> EngineSnapshot:
         ),
         num_gpu_blocks=num_gpu_blocks,
         block_size=block_size,
-        process_start_time_seconds=_finite(values.get(_START)),
+        process_start_time_seconds=values.get(_START) or None,  # 0: unknown
     )
-
-
-def _finite(value: float | None) -> float | None:
-    """A start time that is a number (NaN or inf from a broken exporter is no restart)."""
-    return value if value is not None and math.isfinite(value) else None

@@ -15,6 +15,13 @@ only there, any other replica answers 404. The gateway therefore remembers
 answers with an error saying so: any other replica would only answer 404), and None when
 the id is unknown (created before this gateway started, or by another instance): the
 request is routed as usual and the replica answers for itself.
+
+Tenants: every id is remembered and looked up as its tenant's (`owned`), and, with keys,
+also bare, meaning "some tenant holds it": a key that names another tenant's id is
+answered 404 as for an unknown id (proxy/handler.py), never pinned to, nor told where,
+another tenant's response lives (so with keys, `capacity` holds half as many ids).
+Shared through Redis as the same composite: tenant names are printable, so the `\x1f`
+separator is unambiguous.
 """
 
 from __future__ import annotations
@@ -25,6 +32,11 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 MAX_ID_LENGTH = 256  # vLLM's ids are `resp_` + 32 hex; longer values are not remembered
+
+
+def owned(response_id: str, tenant: str | None) -> str:
+    """The key of `response_id` created (or asked for) by `tenant`'s key."""
+    return response_id if tenant is None else f"{tenant}\x1f{response_id}"
 
 
 class AffinityStore(Protocol):

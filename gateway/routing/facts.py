@@ -14,7 +14,9 @@ to its own router, so every decision still reads local memory only.
   (a capacity correction).
 - `Response`: the replica that stored a Responses API response.
 - `Restarted`: a replica restarted (its cache is empty): facts about it from before no
-  longer hold.
+  longer hold. With the engine's process start time when it shows one, so that instances
+  tell one restart seen twice from two restarts by it, not by how close in time they came
+  (routing/restarts.py).
 
 Every fact is applied at the time it happened (the envelope's `at`), not when it arrives:
 a session last seen an hour ago weighs what an hour-old session weighs.
@@ -31,6 +33,7 @@ access to the key, must never crash or corrupt a router, so anything malformed r
 
 from __future__ import annotations
 
+import math
 import sys
 from array import array
 from collections.abc import Mapping, Sequence
@@ -82,6 +85,7 @@ class Response:
 @dataclass(frozen=True, slots=True)
 class Restarted:
     replica: str
+    started: float | None = None  # the engine's process start time (unix s), when shown
 
 
 Fact = Sent | Reply | Dropped | Trust | Response | Restarted
@@ -148,6 +152,8 @@ def encode(fact: Fact, origin: str, at: float, base: Base | None = None
         out |= {b"k": b"t", b"r": fact.replica.encode(), b"f": repr(fact.fraction).encode()}
     elif isinstance(fact, Restarted):
         out |= {b"k": b"x", b"r": fact.replica.encode()}
+        if fact.started is not None:
+            out[b"e"] = repr(fact.started).encode()
     else:
         out |= {b"k": b"p", b"r": fact.replica.encode(), b"i": fact.response_id.encode()}
     return out
@@ -172,15 +178,22 @@ def _int(fields: Mapping[bytes, bytes], key: bytes) -> int:
     return int(raw)
 
 
+def _time(fields: Mapping[bytes, bytes], key: bytes) -> float:
+    """A finite number of seconds (NaN, infinities and words are malformed)."""
+    raw = fields.get(key, b"")
+    try:
+        value = float(raw) if len(raw) <= 64 else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise FactError(f"field {key.decode()} is not a time")
+    return value
+
+
 def decode(fields: Mapping[bytes, bytes]) -> Envelope:
     """The envelope of a stream entry; raises FactError for anything malformed."""
     origin = _text(fields, b"o")
-    try:
-        at = float(fields.get(b"a", b""))
-    except ValueError:
-        raise FactError("field a is not a time") from None
-    if at != at or at in (float("inf"), float("-inf")):
-        raise FactError("field a is not a time")
+    at = _time(fields, b"a")
     base: Base | None = None
     if b"b" in fields:
         if fields.get(b"k") not in (b"s", b"r"):
@@ -200,7 +213,7 @@ def _fact(fields: Mapping[bytes, bytes], before: int) -> Fact:
         return Response(_text(fields, b"i"), _text(fields, b"r"))
     replica = _text(fields, b"r")
     if kind == b"x":
-        return Restarted(replica)
+        return Restarted(replica, _time(fields, b"e") if b"e" in fields else None)
     if kind == b"t":
         try:
             fraction = float(fields.get(b"f", b""))

@@ -64,15 +64,17 @@ from gateway.routing.index import BlockIndex
 from gateway.routing.normalize import END, canonical_bytes, chain_seed
 from gateway.routing.plan import RoutePlan, engine_cap
 from gateway.routing.policy import Candidate, cache_fill, choose, move_reason
-from gateway.routing.sessions import SessionKey, SessionLoad, scoped, tenant_scope
+from gateway.routing.restarts import RestartMark, settle
+from gateway.routing.sessions import (
+    SessionKey,
+    SessionLoad,
+    ratio_key,
+    scoped,
+    tenant_scope,
+)
 
 if TYPE_CHECKING:
     from gateway.events.tokenmode import TokenMode
-
-# Restarts of one replica seen this close together are one restart seen by several
-# instances (each detects it at its own next scrape, usage.scrape_interval_s apart at most).
-SAME_RESTART_S = 60.0
-
 
 class Router:
     def __init__(self, config: RoutingConfig, tokens: TokenMode | None = None,
@@ -104,8 +106,9 @@ class Router:
                                             config.conversation_sample_every)
         self._last_sweep = float("-inf")
         self._last_settle = 0.0
-        # replica -> when it last restarted (cache empty since): older block facts void
-        self._restarted: dict[str, float] = {}
+        # replica -> its last restart (cache empty since its `at`): older block facts void;
+        # one entry per replica the router was told of, like the tables above
+        self._restarted: dict[str, RestartMark] = {}
 
     # the protocol -----------------------------------------------------------------------
     def decide(
@@ -224,7 +227,7 @@ class Router:
             seed = chain_seed(body, endpoint, model)
             hashes = self._chains.hashes(data, seed)
         est = self._estimator
-        ratio = est.ratio(model)
+        ratio = est.ratio(ratio_key(model, tenant))
         prompt_tokens = est.prompt_tokens(hashes, len(data), ratio)
         # Token mode (KV events): exact counts on the replicas whose events flow.
         lookup = (self._tokens.lookup(body, endpoint, model, [c.name for c in candidates], now)
@@ -350,8 +353,9 @@ class Router:
                 self._drop_own(plan, replica)
             return
         if prompt_tokens is not None and prompt_tokens > 0:
-            est.observe(plan.model, len(plan.data), prompt_tokens)
-            est.set_anchor(plan.data, plan.hashes, prompt_tokens, est.ratio(plan.model),
+            key = ratio_key(plan.model, plan.tenant)
+            est.observe(key, len(plan.data), prompt_tokens)
+            est.set_anchor(plan.data, plan.hashes, prompt_tokens, est.ratio(key),
                            completion_tokens if ok else None)
             self._refresh_capacity(replica)
             if ok and reply_text:
@@ -391,25 +395,25 @@ class Router:
                       self._queued, self._live):
             table.pop(replica, None)
 
-    def replica_restarted(self, replica: str, now: float) -> None:
-        """The replica restarted at about `now` (a new process, its counters gone
-        backwards, or down too long to tell): its cache is empty, and so are the facts
-        about it from before, here and, through the `Restarted` fact, on every other
-        instance; the sessions bound to it are forgotten, its capacity figures kept."""
-        if self._restart(replica, now) and self._publish is not None:
-            self._publish(Restarted(replica))
+    def replica_restarted(self, replica: str, now: float,
+                          started: float | None = None) -> None:
+        """The replica restarted at about `now` (a new process, whose start time is
+        `started` when the engine shows it; its counters gone backwards, or down too long
+        to tell): its cache is empty, and so are the facts about it from before, here and,
+        through the `Restarted` fact, on every other instance; the sessions bound to it
+        are forgotten, its capacity figures kept."""
+        if self._restart(replica, RestartMark(now, started)) and self._publish is not None:
+            self._publish(Restarted(replica, started))
 
-    def _restart(self, replica: str, at: float) -> bool:
-        """False when this is a restart already known: every instance sees it, each at
-        its own next scrape, and a second clear would drop what was learnt in between."""
-        last = self._restarted.get(replica)
-        if last is not None and abs(at - last) < SAME_RESTART_S:
-            self._restarted[replica] = min(at, last)  # the first sight is the nearest
-            return False
-        self._index.clear(replica)
-        self._sessions.forget_replica(replica)
-        self._restarted[replica] = at if last is None else max(at, last)
-        return True
+    def _restart(self, replica: str, seen: RestartMark) -> bool:
+        """False when this is a restart already known (restarts.py: by the engine's
+        process start time where shown): every instance sees it, each at its own next
+        scrape, and a second clear would drop what was learnt in between."""
+        new, self._restarted[replica] = settle(self._restarted.get(replica), seen)
+        if new:
+            self._index.clear(replica)
+            self._sessions.forget_replica(replica)
+        return new
 
     def share(self, publish: Callable[[Fact], None] | None) -> None:
         """Publish every fact this router learns to `publish` (shared state), or stop."""
@@ -425,9 +429,10 @@ class Router:
             return
         replica, index = fact.replica, self._index
         if isinstance(fact, Restarted):
-            self._restart(replica, at)
+            self._restart(replica, RestartMark(at, fact.started, local=False))
             return
-        stale = at < self._restarted.get(replica, at)
+        last = self._restarted.get(replica)
+        stale = last is not None and at < last.at
         if isinstance(fact, Trust):
             nominal = self._limits[replica].nominal
             limit = max(1 if nominal else 0, int(nominal * fact.fraction))
@@ -526,7 +531,7 @@ class Router:
         outcome = verdict(plan.predicted[replica], delivered, block)
         short = False
         if outcome == "over":
-            ratio = self._estimator.ratio(plan.model)
+            ratio = self._estimator.ratio(ratio_key(plan.model, plan.tenant))
             pos = self._estimator.bytes_for_tokens(plan.hashes, len(plan.hashes), delivered, ratio)
             held = min(len(plan.hashes), int(pos) // cfg.block_bytes)
             short = held > plan.matched.get(replica, 0)
@@ -564,7 +569,7 @@ class Router:
         self._index.record(replica, hashes, len(hashes), full)
         if self._publish is not None:
             self._publish(Reply(replica, hashes, full))
-        ratio = self._estimator.ratio(plan.model)
+        ratio = self._estimator.ratio(ratio_key(plan.model, plan.tenant))
         generated = (completion_tokens if completion_tokens is not None
                      else (len(extended) - len(plan.data)) / ratio)
         # The reply's last generated token never had its KV computed: the engine holds

@@ -132,6 +132,13 @@ def scoped(session: str, tenant: str | None) -> str:
     return session if tenant is None else f"{tenant}\x1f{session}"
 
 
+def ratio_key(model: str, tenant: str | None) -> str:
+    """The key of a bytes-per-token estimate (estimate.TokenEstimator): the model's, and
+    with keys its tenant's own, so what another tenant's prompts tokenize to never moves
+    the tokens predicted or estimated for a key. At most models x (tenants + 1) entries."""
+    return model if tenant is None else f"{model}\x1f{tenant}"
+
+
 def tenant_scope(tenant: str | None) -> int:
     """The tenant's scope for implicit conversations (conversations.py); 0 without one."""
     return 0 if tenant is None else xxhash.xxh3_64_intdigest(tenant.encode()) or 1

@@ -56,7 +56,7 @@ from gateway.routing.facts import Base, Fact, FactError, Reply, Response, Sent, 
 from gateway.shared.chains import Chains, Published
 from gateway.shared.config import RedisSettings
 from gateway.shared.stream import entry_bytes, entry_time, stream_id, stream_maxlen
-from gateway.tasks import cancel_all
+from gateway.tasks import FailureLog, cancel_all, supervised
 
 log = logging.getLogger("gateway.shared")
 
@@ -138,8 +138,15 @@ class SharedState:
         t0 = loop.time()
         await self._catch_up()
         self.caught_up_s = loop.time() - t0
-        self._tasks = [loop.create_task(self._write_loop(), name="shared-state writer"),
-                       loop.create_task(self._read_loop(), name="shared-state reader")]
+        # Redis errors are each loop's own business (retried with backoff); anything
+        # else ends one run of the loop, logged, and it starts again (gateway/tasks.py):
+        # the reader past the entry it was on, the writer with the next batch.
+        failures = FailureLog(log)
+        self._tasks = [
+            loop.create_task(supervised("shared-state writer", self._write_run, failures),
+                             name="shared-state writer"),
+            loop.create_task(supervised("shared-state reader", self._read_loop, failures),
+                             name="shared-state reader")]
 
     async def _catch_up(self) -> None:
         """Before serving: apply the newest facts of the last replay_s, at most
@@ -263,6 +270,16 @@ class SharedState:
         elif not first:
             log.info("shared state: Redis back, catching up",
                      extra={"redis": _safe(self.settings.url)})
+
+    async def _write_run(self) -> None:
+        try:
+            await self._write_loop()
+        except Exception:
+            # The batch in hand is lost: receivers never saw its chains, so no delta may
+            # be built on them (as after a failed write).
+            s = self.settings
+            self._published = Published(s.published_capacity, s.rebase_s)
+            raise
 
     async def _write_loop(self) -> None:
         from redis.exceptions import RedisError

@@ -75,17 +75,23 @@ def answered(status: int) -> Happened | None:
     return None
 
 
-def client_error(exc: UpstreamError, replica: str, retry_after_s: int = 1) -> GatewayError:
-    """What the client is told when `exc` ends the request (502, 503 or 504)."""
+def client_error(exc: UpstreamError, replica: str | None, retry_after_s: int = 1
+                 ) -> GatewayError:
+    """What the client is told when `exc` ends the request (502, 503 or 504). `replica`
+    None: the client may not learn which replica was tried (proxy/tenancy.py `withheld`),
+    so neither its name nor the library's text (which names its address) is given."""
+    named = f"replica {replica}" if replica is not None else "the replica"
+    subject = named[0].upper() + named[1:]  # at the start of a sentence
+    detail = f": {exc}" if replica is not None else ""
     if isinstance(exc, UpstreamPoolBusy):
         return GatewayError(
-            503, f"The gateway has no free connection to replica {replica}: too many "
+            503, f"The gateway has no free connection to {named}: too many "
             "requests in flight. Retry later.", code="upstream_pool_busy",
             retry_after=retry_after_s)
     if isinstance(exc, UpstreamTimeout):
         return GatewayError(
-            504, f"Replica {replica} did not answer in time.", code="upstream_timeout")
+            504, f"{subject} did not answer in time.", code="upstream_timeout")
     if isinstance(exc, UpstreamConnectError):
         return GatewayError(
-            502, f"Could not connect to replica {replica}: {exc}", code="upstream_connect_error")
-    return GatewayError(502, f"Replica {replica} failed: {exc}", code="upstream_protocol_error")
+            502, f"Could not connect to {named}{detail}", code="upstream_connect_error")
+    return GatewayError(502, f"{subject} failed{detail}", code="upstream_protocol_error")

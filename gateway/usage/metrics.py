@@ -13,8 +13,12 @@ Per request (from `UsageRecord`s, `observe`):
 - `gateway_completion_tokens_total{model,replica,tenant,route}` counter
 - `gateway_records_without_cached_tokens_total{replica}` counter: the engine reported
   `prompt_tokens` but no `cached_tokens` (vLLM without `--enable-prompt-tokens-details`)
-- `gateway_ttft_seconds{model,replica}` histogram
-- `gateway_request_latency_seconds{model,replica}` histogram
+- `gateway_ttft_seconds{model,replica}` histogram: streamed requests only (their first
+  byte is the first token; a non-streamed answer's first byte is its last)
+- `gateway_non_streamed_latency_seconds{model,replica}` histogram: a non-streamed
+  request's whole latency (what a client waits for its answer), apart from the TTFT so
+  that a long generation does not read as a slow first token
+- `gateway_request_latency_seconds{model,replica}` histogram (every request)
 - `gateway_request_prompt_tokens{model,replica}` histogram (prompt length per request,
   buckets up to 128k; not `gateway_prompt_tokens`, which is the counter's family name)
 - `gateway_cached_ratio{model,replica}` histogram (cached/prompt per request, 0..1)
@@ -55,6 +59,12 @@ Admission (the gateway queue, gateway.admission; present with admission off too)
 
 Label values: `None` becomes "none"; status is the HTTP status as a string.
 
+Who reads what: families with a `tenant` label, and those that tell how much of the
+prompts the cache shares (cached, predicted, best-available tokens, the cached ratio, the
+engines' prefix-cache hits, hygiene findings), are tenant-scoped: only the operator (no
+keys, or an admin key) reads them; every other reader gets the fleet-wide families that
+gateway.usage.exposure lists (a family added here is private until it is listed there).
+
 Cardinality: every label value is bounded by configuration or by a fixed set, never by what
 a client sends. `model` is a model some replica serves, or "unknown" (the request path
 replaces a name no replica lists before the record is made: `UNKNOWN_MODEL`), so at most
@@ -93,6 +103,7 @@ DOCUMENTED_METRICS: Final[tuple[str, ...]] = (
     "gateway_completion_tokens_total",
     "gateway_records_without_cached_tokens_total",
     "gateway_ttft_seconds",
+    "gateway_non_streamed_latency_seconds",
     "gateway_request_latency_seconds",
     "gateway_request_prompt_tokens",
     "gateway_cached_ratio",
@@ -144,6 +155,7 @@ class _TokenChildren(NamedTuple):
 
 class _HistChildren(NamedTuple):
     ttft: Histogram
+    non_streamed: Histogram
     latency: Histogram
     prompt: Histogram
     ratio: Histogram
@@ -186,8 +198,13 @@ class GatewayMetrics:
             ("replica",), registry=r,
         )  # fmt: skip
         self._ttft = Histogram(
-            "gateway_ttft_seconds", "Time to first byte of the answer.", _HIST_LABELS,
-            registry=r, buckets=_SECONDS_BUCKETS,
+            "gateway_ttft_seconds", "Time to the first byte of a streamed answer.",
+            _HIST_LABELS, registry=r, buckets=_SECONDS_BUCKETS,
+        )  # fmt: skip
+        self._non_streamed = Histogram(
+            "gateway_non_streamed_latency_seconds",
+            "Latency of a non-streamed answer until its last byte.", _HIST_LABELS,
+            registry=r, buckets=_LATENCY_BUCKETS,
         )  # fmt: skip
         self._latency = Histogram(
             "gateway_request_latency_seconds", "Request latency until the last byte.",
@@ -329,9 +346,12 @@ class GatewayMetrics:
         if hist is None:
             hist = self._hist_children[hist_key] = _HistChildren(
                 *(m.labels(*hist_key) for m in
-                  (self._ttft, self._latency, self._prompt_hist, self._ratio))
+                  (self._ttft, self._non_streamed, self._latency, self._prompt_hist,
+                   self._ratio))
             )  # fmt: skip
-        if rec.ttft_ms is not None:
+        if not rec.stream:
+            hist.non_streamed.observe(rec.latency_ms / 1000.0)
+        elif rec.ttft_ms is not None:
             hist.ttft.observe(rec.ttft_ms / 1000.0)
         hist.latency.observe(rec.latency_ms / 1000.0)
         if prompt is not None:

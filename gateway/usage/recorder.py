@@ -41,6 +41,7 @@ import orjson
 
 from gateway.extras import require
 from gateway.hygiene.lograte import LogLimiter
+from gateway.tasks import FailureLog, every
 from gateway.usage.access import log_access
 from gateway.usage.config import UsageConfig
 from gateway.usage.details import CachedTokensReporting, missing_cached_tokens_warning
@@ -165,9 +166,10 @@ class UsageRecorder:
             await pump.aclose()
 
     async def _summaries(self, every_s: float) -> None:
-        while True:
-            await asyncio.sleep(every_s)
+        async def once() -> None:
             self._log_summary(self._clock())
+
+        await every(every_s, once, "hygiene summary", FailureLog(log))
 
     def _log_summary(self, now: float, *, due: bool = False) -> None:
         if self._finding_log is None:

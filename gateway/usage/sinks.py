@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import IO, Final, Protocol
 
 from gateway.backoff import Backoff, Retrier
+from gateway.tasks import FailureLog, supervised
 from gateway.usage.metrics import GatewayMetrics
 
 log = logging.getLogger("gateway.usage")
@@ -154,7 +155,11 @@ class SinkPump:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"usage-sink-{self.sink.name}")
+            # An error other than the sink's own (handled in _run) ends one run, logged;
+            # the pump starts again (gateway/tasks.py).
+            self._task = asyncio.create_task(
+                supervised(f"usage sink {self.sink.name}", self._run, FailureLog(log)),
+                name=f"usage-sink-{self.sink.name}")
 
     async def _run(self) -> None:
         buf = self._buf
