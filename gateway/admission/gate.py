@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.admission import priority
 from gateway.admission.config import CLASSES, AdmissionConfig, Priority
-from gateway.admission.engine import Capacity, EngineView, Scrape, learn, view
+from gateway.admission.fleetview import FleetView
 from gateway.admission.room import ReplicaLoad, RoomLimits, bind, has_room, reserved
 from gateway.admission.shares import FairShare, Flow, RecentTokens
 from gateway.admission.shedding import (
@@ -60,7 +60,6 @@ from gateway.admission.shedding import (
 )
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import Router
-from gateway.upstream.errors import GatewayError
 
 if TYPE_CHECKING:  # annotations only: replicas reach usage, whose metrics name admission's labels
     from gateway.replicas.fleet import Fleet, Replica
@@ -119,14 +118,10 @@ class Gate:
                  scrape_interval_s: float = 5.0,
                  suspect: Callable[[Replica], None] | None = None) -> None:
         self.config = config
-        # where waiters find the replicas they may go to on each pass; None (tests of the
-        # queue alone): the candidates of their arrival that are still healthy
-        self.fleet = fleet
-        self._max_age_s = config.stale_after_scrapes * scrape_interval_s
-        self._suspect = suspect  # asks the monitor to probe a replica now
-        # replica -> when a request there ended with no answer (module docstring); bounded
-        # by the fleet: an entry goes at the next successful probe or when the replica left
-        self._doubted: dict[str, float] = {}
+        # where waiters may go on each pass, and each replica's load (fleetview.py);
+        # no fleet (tests of the queue alone): their arrival's candidates still healthy
+        self._fleet_view = FleetView(fleet, router, clock,
+                                     config.stale_after_scrapes * scrape_interval_s, suspect)
         self.router = router
         self.metrics = metrics
         self.clock = clock
@@ -164,8 +159,6 @@ class Gate:
             c: deque(maxlen=WAIT_SAMPLES) for c in CLASSES}
         self._shed: dict[ShedReason, int] = dict.fromkeys(SHED_REASONS, 0)
         self._admitted_tokens: dict[str, int] = {}
-        self._capacity: dict[str, Capacity] = {}  # what each engine showed it runs
-        self._views: dict[str, EngineView] = {}  # the last read, for /stats
 
     # the protocol -----------------------------------------------------------------------
 
@@ -243,7 +236,7 @@ class Gate:
         name = ticket.replica
         if name is None:
             return
-        self._doubt(ticket)
+        self._fleet_view.doubt(ticket.plan.outcome)
         left = self._admitted.get(name, 0) - 1
         if left > 0:
             self._admitted[name] = left
@@ -272,86 +265,20 @@ class Gate:
             "admitted_tokens": dict(self._admitted_tokens),
             # per replica, where its room came from at the last look and how old the
             # engine's figures were (fleet-wide, like the replicas' own gauges)
-            "replicas": {name: {
-                "source": v.source,
-                "snapshot_age_s": None if v.age_s is None else round(v.age_s, 3),
-                "seq_limit": v.seq_limit,
-                "occupancy": v.occupancy,
-                "engine_waiting": v.waiting,
-            } for name, v in sorted(self._views.items())},
+            "replicas": self._fleet_view.stats(),
         }
 
     # internals --------------------------------------------------------------------------
 
     def _load(self, replica: Replica, queued: float | None = None) -> ReplicaLoad:
-        """`replica`'s load as room.py weighs it: its engine's signals when its last scrape
-        is fresh (engine.py), this gateway's own counts always."""
-        name = replica.name
-        own = max(replica.in_flight, self._admitted.get(name, 0))
-        snap = replica.snapshot
-        scrape = None
-        if snap is not None and replica.scraped_at is not None:
-            scrape = Scrape(replica.scraped_at, snap.num_requests_running,
-                            snap.num_requests_waiting, snap.kv_cache_usage,
-                            replica.in_flight_at_scrape)
-        old = self._capacity.get(name, Capacity())
-        cap = self._capacity[name] = learn(old, scrape)
-        v = self._views[name] = view(scrape, cap, own, self.clock(), self._max_age_s)
-        if scrape is not None and cap.last_ts != old.last_ts and v.source == "engine":
-            # a new scrape: what it shows past the engine's queue has begun its prefill
-            self.router.engine_began(name, scrape.ts, scrape.waiting)
-            queued = None
-        return ReplicaLoad(
-            name=name, in_flight=own,
-            queued_prefill_tokens=(self.router.queued_tokens(name) if queued is None
-                                   else queued),
-            kv_usage=v.kv_usage, healthy=self._trusted(replica), occupancy=v.occupancy,
-            engine_waiting=v.waiting, seq_limit=v.seq_limit)
+        own = max(replica.in_flight, self._admitted.get(replica.name, 0))
+        return self._fleet_view.load(replica, own, queued)
 
     def _limits(self, cls: Priority, now: float) -> RoomLimits:
         """`cls`'s room limits at `now` (timer): `low` yields more while others come."""
         if cls == "low" and now - self._above_low_at <= self._active_s:
             return self._low_yielding
         return self._class_limits[cls]
-
-    def _doubt(self, ticket: Ticket) -> None:
-        """A request that got no whole answer from its replica (no usage: refused, cut
-        mid-stream, an error answer, or its client left first) makes it doubtful until a
-        probe says otherwise: a replica that died shows first there."""
-        o = ticket.plan.outcome
-        fleet, suspect = self.fleet, self._suspect
-        if o.prompt_tokens is not None or fleet is None or suspect is None:
-            return
-        replica = fleet.replicas.get(o.replica)
-        if replica is not None and replica.healthy:
-            self._doubted[replica.name] = self.clock()
-            suspect(replica)
-
-    def _trusted(self, replica: Replica) -> bool:
-        """Healthy and not doubted (or probed fine since)."""
-        if not replica.healthy:
-            return False
-        since = self._doubted.get(replica.name)
-        if since is None:
-            return True
-        if replica.probed_ok_at is not None and replica.probed_ok_at >= since:
-            del self._doubted[replica.name]
-            return True
-        return False
-
-    def _pool(self, w: _Waiter) -> list[Replica]:
-        """Where waiter `w` may go now: the fleet's healthy candidates for its model (its
-        pinned replica alone when it has one), read at each pass, not at its arrival."""
-        if self.fleet is None:
-            return [r for r in w.pool if r.healthy]
-        pin = w.ask.pin
-        if pin is not None:
-            r = self.fleet.replicas.get(pin)
-            return [r] if r is not None and r.healthy else []
-        try:
-            return list(self.fleet.candidates(w.ask.model))
-        except GatewayError:  # none healthy now: it waits for one to come up
-            return []
 
     def _fair_part(self, flow: Flow) -> float:
         """`flow`'s weighted share among the tenants waiting in its class, itself in."""
@@ -398,13 +325,13 @@ class Gate:
             return
         now = self.timer()
         cfg = self.config
-        self._forget_left()
+        self._fleet_view.forget_left()
         pools: dict[tuple[str, str | None], list[Replica]] = {}
         for q in self._flows.values():
             for w in q:
                 key = (w.ask.model, w.ask.pin)
                 if key not in pools:
-                    pools[key] = self._pool(w)
+                    pools[key] = self._fleet_view.pool(w.ask.model, w.ask.pin, w.pool)
         queued = self.router.queued_by_replica()
         replicas = {r.name: r for pool in pools.values() for r in pool}
         base = {name: self._load(r, queued.get(name, 0.0)) for name, r in replicas.items()}
@@ -471,16 +398,6 @@ class Gate:
                 self._drain.add(now, ticket.plan.decision.estimated_prompt_tokens)
                 return ticket.plan.decision.replica
         return None
-
-    def _forget_left(self) -> None:
-        """Drop what was learned of replicas that left the fleet (the bound on both maps)."""
-        fleet = self.fleet
-        if fleet is None or len(self._capacity) <= len(fleet.replicas):
-            return
-        for name in [n for n in self._capacity if n not in fleet.replicas]:
-            self._capacity.pop(name, None)
-            self._views.pop(name, None)
-            self._doubted.pop(name, None)
 
     def _leave(self, w: _Waiter) -> None:
         queue = self._flows.get(w.flow)
