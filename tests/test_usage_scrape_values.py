@@ -15,7 +15,7 @@ import pytest
 from gateway.backoff import Backoff
 from gateway.events.decode import EventDecodeError, decode_payload
 from gateway.events.source import SourceError, parse_sources
-from gateway.replicas.scrape import parse_engine_metrics
+from gateway.replicas.scrape import MAX_SAMPLE_LINES, parse_engine_metrics
 from gateway.tasks import FailureLog, every, supervised
 from gateway.usage.snapshot import EngineSnapshot
 
@@ -92,6 +92,18 @@ def test_a_whole_scrape_of_odd_values_parses() -> None:
         "".join(info(v, v) for v in ODD) + 'vllm:cache_config_info{block_size="16"} 1\n'
     snap = parse_engine_metrics(text, 0.0)
     assert snap.block_size == 16 and snap.num_gpu_blocks is None
+
+
+@pytest.mark.parametrize("odd", [False, True])
+def test_a_page_is_read_up_to_a_bounded_number_of_wanted_lines(odd: bool) -> None:
+    """The parse runs on the event loop: a page of a million wanted lines (or of odd ones,
+    parsed again line by line) costs what MAX_SAMPLE_LINES of them cost, the first ones."""
+    junk = "vllm:num_requests_running{engine=\"x\" junk\n" if odd else ""
+    page = (junk + 'vllm:num_requests_running{engine="0"} 1\n') * (MAX_SAMPLE_LINES + 50)
+    page += "vllm:num_requests_waiting 7\n"  # after the bound: never read
+    snap = parse_engine_metrics(page, 0.0)
+    read = MAX_SAMPLE_LINES // 2 if odd else MAX_SAMPLE_LINES
+    assert (snap.num_requests_running, snap.num_requests_waiting) == (read, None)
 
 
 def batch(*events: object, ts: object = 1.0) -> bytes:
