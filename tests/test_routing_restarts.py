@@ -16,7 +16,7 @@ from gateway.replicas.fleet import counters_reset
 from gateway.routing.config import RoutingConfig
 from gateway.routing.decision import ReplicaState
 from gateway.routing.facts import Restarted
-from gateway.routing.restarts import SAME_RESTART_S, RestartMark, settle
+from gateway.routing.restarts import SAME_RESTART_S, START_SKEW_S, RestartMark, settle
 from gateway.routing.router import Router
 from gateway.settings import ReplicaSettings, ServerSettings, Settings
 from gateway.usage.config import UsageConfig
@@ -38,10 +38,15 @@ def mark(at: float, started: float | None = None, local: bool = L) -> RestartMar
     (mark(0.0, 100.0), mark(3.0, 100.0, R), False, mark(0.0, 100.0)),  # another's sight
     (mark(5.0, 100.0, R), mark(3.0, 100.0), False, mark(3.0, 100.0)),  # first sight kept
     (mark(10.0, 200.0), mark(12.0, 100.0, R), False, mark(10.0, 200.0)),  # superseded
+    # this instance lagging behind another's newer sight: its old one changes nothing
+    (mark(10.0, 200.0, R), mark(12.0, 100.0), False, mark(10.0, 200.0, R)),
+    # a newer start told with an earlier time: facts before the later time stay void
+    (mark(10.0, 100.0), mark(8.0, 200.0, R), True, mark(10.0, 200.0, R)),
     (mark(0.0, 100.0), mark(500.0, 100.0, R), False, mark(0.0, 100.0)),  # same, late
     # this instance's own signs without a start time fire once per restart
     (mark(0.0), mark(10.0), True, mark(10.0)),
     (mark(10.0), mark(5.0), False, mark(10.0)),
+    (mark(10.0), mark(10.0), False, mark(10.0)),  # two signs of one restart at one moment
     # another instance's sight without a start time: by proximity
     (mark(0.0), mark(5.0, None, R), False, mark(0.0)),
     (mark(0.0, None, R), mark(5.0), False, mark(0.0)),  # now known to this instance
@@ -61,6 +66,19 @@ def test_after_a_remote_sight_this_instances_own_next_sign_is_new() -> None:
     _, first = settle(mark(0.0, None, R), mark(2.0))  # the same restart, seen here too
     assert first.local
     assert settle(first, mark(12.0)) == (True, mark(12.0))  # the next crash
+
+
+@pytest.mark.parametrize("poison", [1e300, 1e15, 10_000.0])
+def test_a_start_time_after_its_sighting_freezes_no_detection(poison: float) -> None:
+    """A `Restarted` fact whose start time lies after the moment it was seen (another
+    version's bug, or anyone who can write the Redis stream: facts.py) must not stand as
+    the latest process start: every real restart after it would be "superseded" and never
+    clear the index again. Such a start time is read as none (beyond START_SKEW_S)."""
+    new, kept = settle(None, mark(0.0, poison, R))
+    assert new and kept.started is None
+    assert settle(kept, mark(100.0, 200.0)) == (True, mark(100.0, 200.0))  # a real one
+    # A start time within the allowed skew of the sighting is the engine's own.
+    assert settle(None, mark(0.0, START_SKEW_S)) == (True, mark(0.0, START_SKEW_S))
 
 
 def snapshot(prompt: float | None = None, gen: float | None = None,

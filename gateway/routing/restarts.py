@@ -8,6 +8,8 @@ it saw as a `Restarted` fact. Each clear of the replica's index drops what was l
 the last one, so one restart must clear once, and every new one must clear again, even
 seconds later (a crash-looping engine holds nothing its previous process cached).
 
+A start time later than its sighting (beyond `START_SKEW_S`) is read as none.
+
 Identity, in order:
 1. Both sightings carry the engine's process start time: the same process start is the
    same restart; an older one is a restart already superseded; a later one is new, however
@@ -28,6 +30,11 @@ from dataclasses import dataclass
 # one restart (each instance sees it at its own next scrape, usage.scrape_interval_s apart
 # at most; its KV events and its /metrics show it at different moments).
 SAME_RESTART_S = 60.0
+# A process start time later than its sighting by more than this is no start time (clocks
+# of replica and gateway differ by seconds): one from a fact written with a far-future start
+# (another version's bug, or anyone who can write the Redis stream) would otherwise stand as
+# the latest process start, and every real restart after it would be "superseded".
+START_SKEW_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +51,8 @@ def settle(last: RestartMark | None, seen: RestartMark) -> tuple[bool, RestartMa
     again keeps the first sighting's time (block facts from before it stay void), any start
     time either carried, and "local" when either was (so this instance's next own sign
     without a start time is new). An older restart, superseded, leaves the mark alone."""
+    if seen.started is not None and not seen.started <= seen.at + START_SKEW_S:
+        seen = RestartMark(seen.at, None, seen.local)
     if last is None:
         return True, seen
     if last.started is not None and seen.started is not None:
