@@ -19,7 +19,7 @@ from gateway.replicas.scrape import MAX_SAMPLE_LINES, parse_engine_metrics
 from gateway.tasks import FailureLog, every, supervised
 from gateway.usage.snapshot import EngineSnapshot
 
-ODD = ["inf", "+Inf", "-Inf", "NaN", "nan", "1e308", "-1e308", "1e999", "-5", "2.5e15",
+ODD = ["inf", "+Inf", "-Inf", "NaN", "nan", "1e308", "-1e308", "1e999", "-5", "-0.5", "2.5e15",
        "abc", "", "0x10", "1" * 400, "-" + "1" * 400]
 
 
@@ -55,6 +55,10 @@ def test_an_odd_sample_value_is_no_reading(name: str, value: str) -> None:
      "num_requests_running", 2.0),  # one engine's odd figure skipped, the other's summed
     ("vllm:kv_cache_usage_perc 1.5\n", "kv_cache_usage", 1.0),  # a fraction: clamped
     ("vllm:kv_cache_usage_perc 0.25\n", "kv_cache_usage", 0.25),
+    ('vllm:kv_cache_usage_perc{engine="0"} 0.9\nvllm:kv_cache_usage_perc{engine="1"} 0.2\n',
+     "kv_cache_usage", 0.9),  # the fullest engine, in whatever order
+    ('process_start_time_seconds{a="0"} 1.7e9\nprocess_start_time_seconds{a="1"} 1.6e9\n',
+     "process_start_time_seconds", 1.7e9),
     ("llamacpp:kv_cache_usage_ratio 7\n", "kv_cache_usage", 1.0),
     ("vllm:kv_cache_usage_perc 1e16\n", "kv_cache_usage", None),
     ("process_start_time_seconds 0\n", "process_start_time_seconds", None),  # unknown
@@ -75,6 +79,7 @@ def test_values_read_as_defined(text: str, field: str, value: float | None) -> N
     *[(odd, "1000", None) for odd in ODD],
     *[("16", odd, None) for odd in ODD],
     ("16.5", "1000", None),  # not whole
+    ("0" * 40 + "16", "1000", None),  # over 32 characters: not read at all
     ("0", "1000", None),  # no block of 0 tokens
     ("16", "0", None),
     ("16", str(2**32), 16 * 2**32),  # the bound itself
