@@ -197,6 +197,49 @@ def test_the_failure_log_remembers_a_bounded_number_of_kinds() -> None:
     assert log.failed("a", RuntimeError()) is True  # forgotten first: logged again
 
 
+def test_a_logged_line_counts_the_failures_not_logged_since(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    log = FailureLog(logging.getLogger("test.count"), 60.0, clock=clock)
+    with caplog.at_level(logging.ERROR, logger="test.count"):
+        for at in (0.0, 10.0, 20.0, 60.0, 70.0, 120.0):
+            clock.now = at
+            log.failed("scrape a", RuntimeError())
+    assert [r.not_logged for r in caplog.records] == [0, 2, 1]  # type: ignore[attr-defined]
+
+
+def test_the_kind_logged_longest_ago_is_forgotten_first() -> None:
+    clock = Clock()
+    log = FailureLog(logging.getLogger("test"), 60.0, clock=clock, capacity=2)
+    for what, at in (("a", 0.0), ("b", 1.0), ("a", 100.0), ("c", 101.0)):  # b goes
+        clock.now = at
+        assert log.failed(what, RuntimeError()) is True
+    clock.now = 102.0
+    assert log.failed("a", RuntimeError()) is False  # logged at 100, still remembered
+    assert log.failed("b", RuntimeError()) is True
+
+
+async def test_a_supervised_loop_that_ran_long_starts_its_backoff_over() -> None:
+    clock = Clock()
+    slept: list[float] = []
+    runs = [1.0, 1.0, 100.0, 1.0, None]  # how long each run lasts before failing; None: ends
+
+    async def loop() -> None:
+        length = runs.pop(0)
+        if length is None:
+            return
+        clock.now += length
+        raise RuntimeError("the Redis reader broke")
+
+    async def sleep(delay: float) -> None:
+        slept.append(delay)
+
+    await asyncio.wait_for(supervised("reader", loop, FailureLog(logging.getLogger("t")),
+                                      sleep=sleep, clock=clock,
+                                      retry=Backoff(base_s=0.5, cap_s=30.0)), 10)
+    assert slept == [0.5, 1.0, 0.5, 1.0]  # the run of 100 s > the cap: from the base again
+
+
 async def test_a_periodic_action_goes_on_after_errors() -> None:
     runs = 0
     done = asyncio.Event()
