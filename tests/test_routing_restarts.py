@@ -68,6 +68,36 @@ def test_after_a_remote_sight_this_instances_own_next_sign_is_new() -> None:
     assert settle(first, mark(12.0)) == (True, mark(12.0))  # the next crash
 
 
+def signed(at: float, *signs: str) -> RestartMark:
+    return RestartMark(at, None, True, frozenset(signs))
+
+
+@pytest.mark.parametrize(("steps", "new"), [
+    # One restart of a vLLM without a start time (multiprocess metrics): its KV event
+    # sequence starts again at once, its counters go backwards at the next scrape. Two
+    # signs of one restart: one clear (a second dropped the bindings made in between).
+    ([signed(0.0, "events"), signed(5.0, "counters")], [True, False]),
+    # a crash loop: the same sign again is a new restart, however soon
+    ([signed(0.0, "counters"), signed(10.0, "counters")], [True, True]),
+    ([signed(0.0, "events"), signed(5.0, "counters"), signed(15.0, "events")],
+     [True, False, True]),
+    ([signed(0.0, "events"), signed(5.0, "counters"), signed(15.0, "counters")],
+     [True, False, True]),
+    # different signs far apart: two restarts
+    ([signed(0.0, "events"), signed(SAME_RESTART_S, "counters")], [True, True]),
+    # down too long, then the counters of the same comeback
+    ([signed(0.0, "down"), signed(0.5, "counters")], [True, False]),
+])
+def test_two_signs_of_one_restart_clear_once(steps: list[RestartMark],
+                                             new: list[bool]) -> None:
+    last: RestartMark | None = None
+    got = []
+    for seen in steps:
+        fresh, last = settle(last, seen)
+        got.append(fresh)
+    assert got == new
+
+
 @pytest.mark.parametrize("poison", [1e300, 1e15, 10_000.0])
 def test_a_start_time_after_its_sighting_freezes_no_detection(poison: float) -> None:
     """A `Restarted` fact whose start time lies after the moment it was seen (another
@@ -186,3 +216,27 @@ async def test_a_crash_looping_replica_is_forgotten_at_every_restart(signal: str
             await s.monitor.scrape_all()
             assert s.router.indexed_blocks("r") == 0, restart
             engine.prompt_tokens += 100
+
+
+async def test_kv_events_then_counters_of_one_restart_clear_once() -> None:
+    """A vLLM without a start time (multiprocess metrics): the KV feed tells the restart at
+    once (`replica_restarted(name, now)`, as app.py wires it), the next scrape shows the
+    counters gone backwards; what was routed in between is kept. The next crash's counters
+    clear again."""
+    engine, clock = Engine(started=None), Clock()
+    app = app_for(engine, clock)
+    async with app.running():
+        s = app.services
+        assert s is not None
+        await s.monitor.scrape_all()
+        clock.now += 10
+        s.router.replica_restarted("r", clock())  # the KV event sequence started over
+        assert routed(s.router, clock()) > 0
+        clock.now += 5
+        engine.prompt_tokens = 10.0  # the same restart, at the next scrape
+        await s.monitor.scrape_all()
+        assert s.router.indexed_blocks("r") > 0
+        clock.now += 10
+        engine.prompt_tokens = 1.0  # the next crash
+        await s.monitor.scrape_all()
+        assert s.router.indexed_blocks("r") == 0

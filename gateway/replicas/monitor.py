@@ -214,7 +214,7 @@ class FleetMonitor:
         if memory_verdict(down_since, self.clock(), self.forget_after_s):
             log.warning("replica memory cleared", extra={
                 "replica": replica.name, "reason": "down too long"})
-            self.router.replica_restarted(replica.name, self.clock())
+            self.router.replica_restarted(replica.name, self.clock(), sign="down")
         self.router.add_replica(replica.name)
         # The configured capacity holds from the start: a replica without /metrics
         # (llama.cpp's default) never gets a scrape that would set it.
@@ -293,7 +293,8 @@ class FleetMonitor:
             started = snapshot.process_start_time_seconds if new_process else None
             log.warning("replica restarted", extra={"replica": replica.name,
                                                     "process_start_time": started})
-            self.router.replica_restarted(replica.name, self.clock(), started)
+            self.router.replica_restarted(replica.name, self.clock(), started,
+                                          sign="counters")
         self.apply_capacity(replica, snapshot.block_size)
         self.publish(replica)
 

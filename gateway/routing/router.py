@@ -373,14 +373,16 @@ class Router:
                       self._queued, self._live):
             table.pop(replica, None)
 
-    def replica_restarted(self, replica: str, now: float,
-                          started: float | None = None) -> None:
+    def replica_restarted(self, replica: str, now: float, started: float | None = None,
+                          sign: str = "events") -> None:
         """The replica restarted at about `now` (a new process, whose start time is
         `started` when the engine shows it; its counters gone backwards, or down too long
         to tell): its cache is empty, and so are the facts about it from before, here and,
         through the `Restarted` fact, on every other instance; the sessions bound to it
-        are forgotten, its capacity figures kept."""
-        if self._restart(replica, RestartMark(now, started)) and self._publish is not None:
+        are forgotten, its capacity figures kept. `sign`: the kind of sign seen
+        (restarts.py; "events" for the KV feed, the one caller that names none)."""
+        seen = RestartMark(now, started, signs=frozenset((sign,)))
+        if self._restart(replica, seen) and self._publish is not None:
             self._publish(Restarted(replica, started))
 
     def _restart(self, replica: str, seen: RestartMark) -> bool:
