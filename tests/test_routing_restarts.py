@@ -240,3 +240,14 @@ async def test_kv_events_then_counters_of_one_restart_clear_once() -> None:
         engine.prompt_tokens = 1.0  # the next crash
         await s.monitor.scrape_all()
         assert s.router.indexed_blocks("r") == 0
+
+
+def test_a_replica_that_left_leaves_no_restart_behind() -> None:
+    """`remove_replica`: everything about it goes, its last restart too (pods come and go
+    under an InferencePool, each with its own name: the map is bounded by the fleet)."""
+    router = Router(RoutingConfig())
+    for name in ("a", "b"):
+        router.add_replica(name)
+        router.replica_restarted(name, 1000.0, started=990.0)
+    router.remove_replica("a")
+    assert set(router._restarted) == {"b"}

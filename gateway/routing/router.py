@@ -100,7 +100,7 @@ class Router:
         self._last_sweep = float("-inf")
         self._last_settle = 0.0
         # replica -> its last restart (cache empty since its `at`): older block facts void;
-        # one entry per replica the router was told of, like the tables above
+        # one entry per replica the router was told of, removed with it like the tables
         self._restarted: dict[str, RestartMark] = {}
 
     # the protocol -----------------------------------------------------------------------
@@ -370,7 +370,7 @@ class Router:
         self._index.remove_replica(replica)
         self._sessions.forget_replica(replica)
         for table in (self._limits, self._capacity_tokens, self._engine_block, self._pending,
-                      self._queued, self._live):
+                      self._queued, self._live, self._restarted):
             table.pop(replica, None)
 
     def replica_restarted(self, replica: str, now: float, started: float | None = None,
