@@ -10,7 +10,8 @@ monitoring of any replica nor routing. The boundary catches `Exception` only: ca
 - `FailureLog`: the rate limit of those log lines, per kind of failure (`what`, e.g.
   "scrape r1"): the first at once with its traceback, then at most one every `every_s`
   seconds with the count of those not logged since. At most `capacity` kinds are kept
-  (the one logged longest ago is forgotten first): replicas come and go.
+  (the one logged longest ago is forgotten first): replicas come and go. `due` is the same
+  rate limit for a caller that words its own line (a replica's undecodable KV events).
 - `every`: run an action every `interval_s` seconds, each run inside the boundary.
 - `supervised`: run a loop; when it ends with an error, log it and start it again after a
   capped backoff (from 0.5 s to 30 s; the schedule starts over once a run lasted longer
@@ -46,19 +47,27 @@ class FailureLog:
         self._seen: OrderedDict[str, tuple[float, int]] = OrderedDict()
         self.failures = 0  # all of them, logged or not
 
-    def failed(self, what: str, exc: BaseException) -> bool:
-        """Count a failure of `what`; True when it was logged now."""
+    def due(self, what: str) -> int | None:
+        """Count a failure of `what`: when its line is due now, how many were not logged
+        since the last one; else None (for a caller that words its own line)."""
         self.failures += 1
         now = self._clock()
         last = self._seen.get(what)
         if last is not None and now - last[0] < self._every_s:
             self._seen[what] = (last[0], last[1] + 1)
-            return False
+            return None
         skipped = last[1] if last is not None else 0
         self._seen.pop(what, None)
         self._seen[what] = (now, 0)
         while len(self._seen) > self._capacity:
             self._seen.popitem(last=False)
+        return skipped
+
+    def failed(self, what: str, exc: BaseException) -> bool:
+        """Count a failure of `what`; True when it was logged now."""
+        skipped = self.due(what)
+        if skipped is None:
+            return False
         self._log.error("%s failed (%s); going on (%d more not logged since the last)",
                         what, type(exc).__name__, skipped, exc_info=exc,
                         extra={"task": what, "not_logged": skipped})

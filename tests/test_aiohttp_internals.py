@@ -23,9 +23,11 @@ from importlib.metadata import version
 from pathlib import Path
 
 import aiohttp
+import pytest
 from packaging.requirements import Requirement
 
 from gateway.proxy.client import AiohttpUpstream, _PeekingConnector
+from gateway.upstream.seam import Timeouts
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
@@ -56,6 +58,10 @@ def test_installed_aiohttp_is_in_the_pinned_range() -> None:
     pin = next(Requirement(d) for d in deps if Requirement(d).name == "aiohttp")
     assert pin.specifier.contains(version("aiohttp")), (version("aiohttp"), str(pin))
     assert not pin.specifier.contains("3.9.5") and not pin.specifier.contains("4.0.0")
+    # 3.10.x has no `_retry_connection`: it re-sends every idempotent method after a broken
+    # connection whatever the session says (a DELETE the engine read arrives twice); and
+    # before 3.14 `ClientSession` takes no `max_headers`, so the client cannot even open.
+    assert not pin.specifier.contains("3.10.11") and not pin.specifier.contains("3.13.5")
 
 
 def test_the_session_retry_switch_keeps_its_name_and_meaning() -> None:
@@ -66,7 +72,21 @@ def test_the_session_retry_switch_keeps_its_name_and_meaning() -> None:
     tests/test_upstream_no_resend.py's."""
     assert "_retry_connection" in aiohttp.ClientSession.ATTRS
     request = inspect.getsource(aiohttp.ClientSession._request)
+    # The switch gates the re-send (3.14.0 words the branch `if retry_persistent_connection:
+    # ... continue`, later ones `if not retry_persistent_connection: raise`).
     assert "self._retry_connection and method in IDEMPOTENT_METHODS" in request
-    assert "if not retry_persistent_connection:" in request
+    assert "retry_persistent_connection = False" in request
     source = inspect.getsource(AiohttpUpstream._open)
     assert "session._retry_connection = False" in source
+
+
+async def test_an_aiohttp_without_the_switch_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installed past the pin, an aiohttp with no `_retry_connection` (3.10) would re-send
+    every idempotent method: the client refuses to open rather than send a DELETE twice."""
+    monkeypatch.setattr(aiohttp.ClientSession, "ATTRS",
+                        aiohttp.ClientSession.ATTRS - {"_retry_connection"})
+    upstream = AiohttpUpstream()
+    with pytest.raises(RuntimeError, match="re-send of idempotent methods"):
+        await upstream.send("DELETE", "http://127.0.0.1:9/v1/responses/r", [], None,
+                            Timeouts(connect_s=1, read_s=1, total_s=1))
+    await upstream.aclose()

@@ -6,6 +6,7 @@ rules as tables."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import time
 from collections.abc import Callable
@@ -137,3 +138,39 @@ async def test_catch_up_gap_loss_and_restart(encoding: Encoding) -> None:
         pub.close()
         ctx.term()
     assert not index.live("r", time.monotonic())
+
+
+async def test_a_feed_of_garbage_is_logged_rate_limited_and_read_past(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A replica whose feed sends undecodable batches (not msgpack, wrong shapes, a seq
+    frame of 3 bytes) as fast as it can: each one counted, the log told at most once a
+    minute with the count (before: one warning line per batch, a log flood at the
+    replica's rate), and the good batch after them applied."""
+    ctx = zmq_asyncio.Context()
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    pub = KVPublisher(ctx, ep, None)
+    index = KVIndex()
+    index.add_replica("r", "m", 4)
+    tokens = list(range(4))
+    own = chain_token_hashes(tokens, namespace("m", None, None), 4)
+    sub = KVSubscriber("r", EventSource(ep, None, "kv"), index, ctx, time.monotonic)
+    task = asyncio.create_task(sub.run())
+    garbage = [b"\xc1", b"\x92\xa1x\xff", b"\x93" * 50, b""]
+    try:
+        await until(lambda: index.live("r", time.monotonic()))
+        await asyncio.sleep(0.3)  # let the SUB connection settle
+        with caplog.at_level(logging.WARNING, logger="gateway.events"):
+            for i in range(400):
+                pub._pub.send_multipart((b"kv", i.to_bytes(8, "big"),
+                                         garbage[i % len(garbage)]))
+            pub._pub.send_multipart((b"kv", b"abc", b"\x90"))
+            await until(lambda: sub.stats.decode_errors == 401)
+            pub.publish(0.0, [stored(tokens, 100, None)])
+            await until(lambda: index.matched("r", own, time.monotonic()) == 1)
+        lines = [r for r in caplog.records if "undecodable" in r.getMessage()]
+        assert 1 <= len(lines) <= 2, len(lines)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        pub.close()
+        ctx.term()

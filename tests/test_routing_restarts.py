@@ -16,7 +16,7 @@ from gateway.replicas.fleet import counters_reset
 from gateway.routing.config import RoutingConfig
 from gateway.routing.decision import ReplicaState
 from gateway.routing.facts import Restarted
-from gateway.routing.restarts import SAME_RESTART_S, RestartMark, settle
+from gateway.routing.restarts import SAME_RESTART_S, START_SKEW_S, RestartMark, settle
 from gateway.routing.router import Router
 from gateway.settings import ReplicaSettings, ServerSettings, Settings
 from gateway.usage.config import UsageConfig
@@ -38,10 +38,15 @@ def mark(at: float, started: float | None = None, local: bool = L) -> RestartMar
     (mark(0.0, 100.0), mark(3.0, 100.0, R), False, mark(0.0, 100.0)),  # another's sight
     (mark(5.0, 100.0, R), mark(3.0, 100.0), False, mark(3.0, 100.0)),  # first sight kept
     (mark(10.0, 200.0), mark(12.0, 100.0, R), False, mark(10.0, 200.0)),  # superseded
+    # this instance lagging behind another's newer sight: its old one changes nothing
+    (mark(10.0, 200.0, R), mark(12.0, 100.0), False, mark(10.0, 200.0, R)),
+    # a newer start told with an earlier time: facts before the later time stay void
+    (mark(10.0, 100.0), mark(8.0, 200.0, R), True, mark(10.0, 200.0, R)),
     (mark(0.0, 100.0), mark(500.0, 100.0, R), False, mark(0.0, 100.0)),  # same, late
     # this instance's own signs without a start time fire once per restart
     (mark(0.0), mark(10.0), True, mark(10.0)),
     (mark(10.0), mark(5.0), False, mark(10.0)),
+    (mark(10.0), mark(10.0), False, mark(10.0)),  # two signs of one restart at one moment
     # another instance's sight without a start time: by proximity
     (mark(0.0), mark(5.0, None, R), False, mark(0.0)),
     (mark(0.0, None, R), mark(5.0), False, mark(0.0)),  # now known to this instance
@@ -61,6 +66,49 @@ def test_after_a_remote_sight_this_instances_own_next_sign_is_new() -> None:
     _, first = settle(mark(0.0, None, R), mark(2.0))  # the same restart, seen here too
     assert first.local
     assert settle(first, mark(12.0)) == (True, mark(12.0))  # the next crash
+
+
+def signed(at: float, *signs: str) -> RestartMark:
+    return RestartMark(at, None, True, frozenset(signs))
+
+
+@pytest.mark.parametrize(("steps", "new"), [
+    # One restart of a vLLM without a start time (multiprocess metrics): its KV event
+    # sequence starts again at once, its counters go backwards at the next scrape. Two
+    # signs of one restart: one clear (a second dropped the bindings made in between).
+    ([signed(0.0, "events"), signed(5.0, "counters")], [True, False]),
+    # a crash loop: the same sign again is a new restart, however soon
+    ([signed(0.0, "counters"), signed(10.0, "counters")], [True, True]),
+    ([signed(0.0, "events"), signed(5.0, "counters"), signed(15.0, "events")],
+     [True, False, True]),
+    ([signed(0.0, "events"), signed(5.0, "counters"), signed(15.0, "counters")],
+     [True, False, True]),
+    # different signs far apart: two restarts
+    ([signed(0.0, "events"), signed(SAME_RESTART_S, "counters")], [True, True]),
+    # down too long, then the counters of the same comeback
+    ([signed(0.0, "down"), signed(0.5, "counters")], [True, False]),
+])
+def test_two_signs_of_one_restart_clear_once(steps: list[RestartMark],
+                                             new: list[bool]) -> None:
+    last: RestartMark | None = None
+    got = []
+    for seen in steps:
+        fresh, last = settle(last, seen)
+        got.append(fresh)
+    assert got == new
+
+
+@pytest.mark.parametrize("poison", [1e300, 1e15, 10_000.0])
+def test_a_start_time_after_its_sighting_freezes_no_detection(poison: float) -> None:
+    """A `Restarted` fact whose start time lies after the moment it was seen (another
+    version's bug, or anyone who can write the Redis stream: facts.py) must not stand as
+    the latest process start: every real restart after it would be "superseded" and never
+    clear the index again. Such a start time is read as none (beyond START_SKEW_S)."""
+    new, kept = settle(None, mark(0.0, poison, R))
+    assert new and kept.started is None
+    assert settle(kept, mark(100.0, 200.0)) == (True, mark(100.0, 200.0))  # a real one
+    # A start time within the allowed skew of the sighting is the engine's own.
+    assert settle(None, mark(0.0, START_SKEW_S)) == (True, mark(0.0, START_SKEW_S))
 
 
 def snapshot(prompt: float | None = None, gen: float | None = None,
@@ -168,3 +216,38 @@ async def test_a_crash_looping_replica_is_forgotten_at_every_restart(signal: str
             await s.monitor.scrape_all()
             assert s.router.indexed_blocks("r") == 0, restart
             engine.prompt_tokens += 100
+
+
+async def test_kv_events_then_counters_of_one_restart_clear_once() -> None:
+    """A vLLM without a start time (multiprocess metrics): the KV feed tells the restart at
+    once (`replica_restarted(name, now)`, as app.py wires it), the next scrape shows the
+    counters gone backwards; what was routed in between is kept. The next crash's counters
+    clear again."""
+    engine, clock = Engine(started=None), Clock()
+    app = app_for(engine, clock)
+    async with app.running():
+        s = app.services
+        assert s is not None
+        await s.monitor.scrape_all()
+        clock.now += 10
+        s.router.replica_restarted("r", clock())  # the KV event sequence started over
+        assert routed(s.router, clock()) > 0
+        clock.now += 5
+        engine.prompt_tokens = 10.0  # the same restart, at the next scrape
+        await s.monitor.scrape_all()
+        assert s.router.indexed_blocks("r") > 0
+        clock.now += 10
+        engine.prompt_tokens = 1.0  # the next crash
+        await s.monitor.scrape_all()
+        assert s.router.indexed_blocks("r") == 0
+
+
+def test_a_replica_that_left_leaves_no_restart_behind() -> None:
+    """`remove_replica`: everything about it goes, its last restart too (pods come and go
+    under an InferencePool, each with its own name: the map is bounded by the fleet)."""
+    router = Router(RoutingConfig())
+    for name in ("a", "b"):
+        router.add_replica(name)
+        router.replica_restarted(name, 1000.0, started=990.0)
+    router.remove_replica("a")
+    assert set(router._restarted) == {"b"}

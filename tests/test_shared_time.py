@@ -164,3 +164,49 @@ def test_an_older_fact_does_not_move_a_newer_binding() -> None:
     r.apply(Sent("r2", [2], "s"), 90.0)  # published earlier, arrived later
     assert r.session_replica("s") == "r1"
     assert r.session_load("r2", 100.0) == 0.0
+
+
+@needs_redis
+async def test_two_instances_clear_once_per_restart_and_again_at_the_next(
+        redis_url: str) -> None:
+    """Two instances, each publishing and applying, see one crash-looping replica: the
+    restart both see (A first, B at its own next scrape, the same start time) clears each
+    index once, so what both routed in between is kept; the next one, 10 s later, seen by
+    B first, clears both again."""
+    routers: dict[str, Router] = {}
+    states = {n: SharedState(RedisSettings(url=redis_url),
+                             lambda f, at, n=n: routers[n].apply(f, at),  # type: ignore[misc]
+                             ResponseAffinity(), time.time, instance=n) for n in "AB"}
+    for n, state in states.items():
+        routers[n] = router(publish=state.publish)
+        await state.start()
+    a, b = routers["A"], routers["B"]
+    try:
+        def routed(tag: str) -> None:
+            for i, r in enumerate((a, b)):
+                r.decide(body(i, tag), "chat", "m", f"{tag}{i}", [ReplicaState("r1", 0)],
+                         time.time())
+
+        def told(to_a: int, to_b: int) -> Callable[[], bool]:  # facts each has applied
+            return lambda: states["A"].applied >= to_a and states["B"].applied >= to_b
+
+        routed("before")
+        await until(told(1, 1))
+        start = time.time() - 5
+        a.replica_restarted("r1", time.time(), started=start)
+        await until(lambda: b.indexed_blocks("r1") == 0)
+        assert a.indexed_blocks("r1") == 0
+        routed("between")
+        await until(told(2, 3))
+        held = a.indexed_blocks("r1"), b.indexed_blocks("r1")
+        assert min(held) > 0
+        b.replica_restarted("r1", time.time(), started=start)  # the same, seen by B
+        routed("after")  # a marker: once A has this, it would have had any fact before
+        await until(told(3, 4))
+        assert a.indexed_blocks("r1") >= held[0] and b.indexed_blocks("r1") >= held[1]
+        b.replica_restarted("r1", time.time() + 10, started=start + 10)  # the next crash
+        await until(lambda: a.indexed_blocks("r1") == 0)
+        assert b.indexed_blocks("r1") == 0
+    finally:
+        for state in states.values():
+            await state.aclose()

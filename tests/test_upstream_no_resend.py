@@ -27,7 +27,8 @@ class DroppingBackend:
     (keep-alive), the next read whole and the connection dropped. `calls` counts arrivals
     of those calls by method."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer_first: bool = True) -> None:
+        self.answer_first = answer_first  # False: every call read and dropped
         self.calls: Counter[str] = Counter()
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -53,8 +54,10 @@ class DroppingBackend:
                     writer.write(response("200 OK", body))
                     continue
                 self.calls[method.decode()] += 1
-                if answered:
-                    break  # read whole (no body), then the connection goes
+                if answered or not self.answer_first:
+                    if length := _length(head):
+                        await reader.readexactly(length)
+                    break  # read whole, then the connection goes
                 answered = True
                 writer.write(response("200 OK", STORED))
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -63,9 +66,17 @@ class DroppingBackend:
             writer.close()
 
 
+def _length(head: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
 @contextlib.asynccontextmanager
-async def dropping_backend() -> AsyncIterator[DroppingBackend]:
-    backend = DroppingBackend()
+async def dropping_backend(answer_first: bool = True) -> AsyncIterator[DroppingBackend]:
+    backend = DroppingBackend(answer_first)
     await backend.start()
     try:
         yield backend
@@ -84,3 +95,19 @@ async def test_a_forwarded_call_read_and_dropped_reaches_the_engine_once(method:
         assert again.status_code == 502, again.text
         assert again.json()["error"]["code"] == "upstream_protocol_error"
         assert backend.calls == {method: 2}  # each call arrived once
+
+
+@pytest.mark.parametrize("method", ["DELETE", "GET", "PUT", "POST"])
+async def test_a_call_dropped_on_a_fresh_connection_reaches_the_engine_once(
+        method: str) -> None:
+    """The first call to a replica goes out on a new connection, which the backend reads
+    and drops: aiohttp's re-send (on for idempotent methods whether the connection was
+    pooled or new) would have sent it again on another new one."""
+    async with dropping_backend(answer_first=False) as backend, serve(
+        {"r1": f"http://127.0.0.1:{backend.port}"}
+    ) as gw, httpx.AsyncClient(timeout=10) as client:
+        body = b'{"x": 1}' if method in ("PUT", "POST") else None
+        got = await client.request(method, gw.url + "/v1/responses/resp_1", content=body,
+                                   headers={"content-type": "application/json"})
+        assert got.status_code == 502, got.text
+        assert backend.calls == {method: 1}

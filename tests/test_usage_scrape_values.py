@@ -15,11 +15,11 @@ import pytest
 from gateway.backoff import Backoff
 from gateway.events.decode import EventDecodeError, decode_payload
 from gateway.events.source import SourceError, parse_sources
-from gateway.replicas.scrape import parse_engine_metrics
+from gateway.replicas.scrape import MAX_SAMPLE_LINES, parse_engine_metrics
 from gateway.tasks import FailureLog, every, supervised
 from gateway.usage.snapshot import EngineSnapshot
 
-ODD = ["inf", "+Inf", "-Inf", "NaN", "nan", "1e308", "-1e308", "1e999", "-5", "2.5e15",
+ODD = ["inf", "+Inf", "-Inf", "NaN", "nan", "1e308", "-1e308", "1e999", "-5", "-0.5", "2.5e15",
        "abc", "", "0x10", "1" * 400, "-" + "1" * 400]
 
 
@@ -55,6 +55,10 @@ def test_an_odd_sample_value_is_no_reading(name: str, value: str) -> None:
      "num_requests_running", 2.0),  # one engine's odd figure skipped, the other's summed
     ("vllm:kv_cache_usage_perc 1.5\n", "kv_cache_usage", 1.0),  # a fraction: clamped
     ("vllm:kv_cache_usage_perc 0.25\n", "kv_cache_usage", 0.25),
+    ('vllm:kv_cache_usage_perc{engine="0"} 0.9\nvllm:kv_cache_usage_perc{engine="1"} 0.2\n',
+     "kv_cache_usage", 0.9),  # the fullest engine, in whatever order
+    ('process_start_time_seconds{a="0"} 1.7e9\nprocess_start_time_seconds{a="1"} 1.6e9\n',
+     "process_start_time_seconds", 1.7e9),
     ("llamacpp:kv_cache_usage_ratio 7\n", "kv_cache_usage", 1.0),
     ("vllm:kv_cache_usage_perc 1e16\n", "kv_cache_usage", None),
     ("process_start_time_seconds 0\n", "process_start_time_seconds", None),  # unknown
@@ -75,6 +79,7 @@ def test_values_read_as_defined(text: str, field: str, value: float | None) -> N
     *[(odd, "1000", None) for odd in ODD],
     *[("16", odd, None) for odd in ODD],
     ("16.5", "1000", None),  # not whole
+    ("0" * 40 + "16", "1000", None),  # over 32 characters: not read at all
     ("0", "1000", None),  # no block of 0 tokens
     ("16", "0", None),
     ("16", str(2**32), 16 * 2**32),  # the bound itself
@@ -92,6 +97,18 @@ def test_a_whole_scrape_of_odd_values_parses() -> None:
         "".join(info(v, v) for v in ODD) + 'vllm:cache_config_info{block_size="16"} 1\n'
     snap = parse_engine_metrics(text, 0.0)
     assert snap.block_size == 16 and snap.num_gpu_blocks is None
+
+
+@pytest.mark.parametrize("odd", [False, True])
+def test_a_page_is_read_up_to_a_bounded_number_of_wanted_lines(odd: bool) -> None:
+    """The parse runs on the event loop: a page of a million wanted lines (or of odd ones,
+    parsed again line by line) costs what MAX_SAMPLE_LINES of them cost, the first ones."""
+    junk = "vllm:num_requests_running{engine=\"x\" junk\n" if odd else ""
+    page = (junk + 'vllm:num_requests_running{engine="0"} 1\n') * (MAX_SAMPLE_LINES + 50)
+    page += "vllm:num_requests_waiting 7\n"  # after the bound: never read
+    snap = parse_engine_metrics(page, 0.0)
+    read = MAX_SAMPLE_LINES // 2 if odd else MAX_SAMPLE_LINES
+    assert (snap.num_requests_running, snap.num_requests_waiting) == (read, None)
 
 
 def batch(*events: object, ts: object = 1.0) -> bytes:
@@ -178,6 +195,49 @@ def test_the_failure_log_remembers_a_bounded_number_of_kinds() -> None:
     assert [log.failed(w, RuntimeError()) for w in "abc"] == [True] * 3
     assert log.failed("c", RuntimeError()) is False
     assert log.failed("a", RuntimeError()) is True  # forgotten first: logged again
+
+
+def test_a_logged_line_counts_the_failures_not_logged_since(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    log = FailureLog(logging.getLogger("test.count"), 60.0, clock=clock)
+    with caplog.at_level(logging.ERROR, logger="test.count"):
+        for at in (0.0, 10.0, 20.0, 60.0, 70.0, 120.0):
+            clock.now = at
+            log.failed("scrape a", RuntimeError())
+    assert [r.not_logged for r in caplog.records] == [0, 2, 1]  # type: ignore[attr-defined]
+
+
+def test_the_kind_logged_longest_ago_is_forgotten_first() -> None:
+    clock = Clock()
+    log = FailureLog(logging.getLogger("test"), 60.0, clock=clock, capacity=2)
+    for what, at in (("a", 0.0), ("b", 1.0), ("a", 100.0), ("c", 101.0)):  # b goes
+        clock.now = at
+        assert log.failed(what, RuntimeError()) is True
+    clock.now = 102.0
+    assert log.failed("a", RuntimeError()) is False  # logged at 100, still remembered
+    assert log.failed("b", RuntimeError()) is True
+
+
+async def test_a_supervised_loop_that_ran_long_starts_its_backoff_over() -> None:
+    clock = Clock()
+    slept: list[float] = []
+    runs = [1.0, 1.0, 100.0, 1.0, None]  # how long each run lasts before failing; None: ends
+
+    async def loop() -> None:
+        length = runs.pop(0)
+        if length is None:
+            return
+        clock.now += length
+        raise RuntimeError("the Redis reader broke")
+
+    async def sleep(delay: float) -> None:
+        slept.append(delay)
+
+    await asyncio.wait_for(supervised("reader", loop, FailureLog(logging.getLogger("t")),
+                                      sleep=sleep, clock=clock,
+                                      retry=Backoff(base_s=0.5, cap_s=30.0)), 10)
+    assert slept == [0.5, 1.0, 0.5, 1.0]  # the run of 100 s > the cap: from the base again
 
 
 async def test_a_periodic_action_goes_on_after_errors() -> None:

@@ -26,6 +26,7 @@ from typing import Any
 from gateway.events.decode import END_SEQ, EventBatch, EventDecodeError, decode_message
 from gateway.events.kvindex import KVIndex
 from gateway.events.source import EventSource, classify
+from gateway.tasks import FailureLog
 
 log = logging.getLogger("gateway.events")
 
@@ -56,6 +57,7 @@ class KVSubscriber:
         self._index = index
         self._ctx = ctx  # a zmq.asyncio.Context
         self._clock = clock
+        self._decode_log = FailureLog(log)  # the rate limit of the undecodable-batch line
         self._replay_timeout = replay_timeout_s
 
     async def run(self) -> None:
@@ -84,7 +86,7 @@ class KVSubscriber:
                     batch = decode_message(frames)
                 except EventDecodeError as exc:
                     self.stats.decode_errors += 1
-                    log.warning("replica %s: undecodable KV event batch: %s", self.replica, exc)
+                    self._undecodable(exc)
                     continue
                 action = classify(expected, batch.seq, floor)
                 if action == "duplicate":
@@ -109,6 +111,14 @@ class KVSubscriber:
         finally:
             self._index.set_connected(self.replica, False, self._clock())
             sub.close(0)
+
+    def _undecodable(self, exc: EventDecodeError) -> None:
+        """Said at once, then at most once a minute with a count: a replica sending garbage
+        as fast as it can must not flood the log (every batch is counted in `stats`)."""
+        skipped = self._decode_log.due("undecodable")
+        if skipped is not None:
+            log.warning("replica %s: undecodable KV event batch: %s (%d more since the "
+                        "last line)", self.replica, exc, skipped)
 
     def _apply(self, batch: EventBatch) -> None:
         self.stats.batches += 1
@@ -161,7 +171,7 @@ class KVSubscriber:
                     batch = decode_message(frames)
                 except EventDecodeError as exc:
                     self.stats.decode_errors += 1
-                    log.warning("replica %s: undecodable replayed batch: %s", self.replica, exc)
+                    self._undecodable(exc)
                     continue
                 if batch.seq >= start:
                     out.append(batch)

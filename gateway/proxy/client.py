@@ -202,6 +202,12 @@ class AiohttpUpstream:
 
     def _open(self) -> aiohttp.ClientSession:
         # Built on first use, inside the running loop (aiohttp binds its session to it).
+        # An aiohttp without the switch of its re-send of idempotent methods (3.10, installed
+        # past the pin) would re-send whatever the session says (below): refused here rather
+        # than found as a DELETE that reached the engine twice.
+        if "_retry_connection" not in aiohttp.ClientSession.ATTRS:
+            raise RuntimeError(f"aiohttp {aiohttp.__version__} cannot turn off its re-send "
+                               "of idempotent methods; install the pinned version")
         lim = self.limits
         connector = _PeekingConnector(
             limit=0, limit_per_host=lim.connections_per_replica,

@@ -54,7 +54,7 @@ from gateway.replicas.scrape import parse_engine_metrics
 from gateway.routing.router import Router
 from gateway.settings import Settings
 from gateway.tasks import FailureLog, every, guarded
-from gateway.upstream.errors import UpstreamError
+from gateway.upstream.errors import UpstreamError, UpstreamProtocolError
 from gateway.upstream.seam import Timeouts, Upstream
 from gateway.usage.extract import usage_from_body
 from gateway.usage.metrics import GatewayMetrics
@@ -70,6 +70,14 @@ DETAILS_PROBE_PROMPT = (
 )
 DETAILS_PROBE_TIMEOUT_S = 30.0
 SUSPECT_SPACING_S = 0.5  # between the probes of a suspect run
+# A body of /health, /v1/models or /metrics larger than this is a failed probe or scrape,
+# never read further nor parsed: real vLLM /metrics is ~100 KB an engine, and parsing costs
+# ~10 us a line on the event loop (64 MiB of it stalled all routing for seconds).
+MAX_PROBE_BYTES = 8 * 1024 * 1024
+
+
+class ProbeBodyTooLarge(UpstreamProtocolError):
+    """A replica's answer to a probe or scrape was over `MAX_PROBE_BYTES`."""
 
 
 def warning_due(failures: int) -> bool:
@@ -100,6 +108,10 @@ class FleetMonitor:
             connect_s=server.health_timeout_s, read_s=server.health_timeout_s,
             total_s=server.health_timeout_s,
         )
+        # Every GET of the monitor ends by this deadline, whatever the transport does: the
+        # client's own timeouts (total, and the wait for a pool slot) end it well before,
+        # and a step that hung instead would hold up the whole round of every replica.
+        self.get_deadline_s = 2 * server.health_timeout_s + 1.0
         self.probe_timeouts = Timeouts(
             connect_s=server.connect_timeout_s, read_s=server.read_timeout_s,
             total_s=DETAILS_PROBE_TIMEOUT_S,
@@ -137,16 +149,26 @@ class FleetMonitor:
                                        self.failures) for r in replicas))
 
     async def _get(self, replica: Replica, path: str) -> tuple[int, bytes]:
-        resp = await self.probes.send(
-            "GET", replica.url + path, replica.upstream_headers, None, self.timeouts
-        )
-        try:
-            body = await resp.read()
-        except BaseException:
-            resp.abort()
-            raise
-        resp.release()
-        return resp.status, body
+        """GET `path`: its status and body, bounded in time (`get_deadline_s`: TimeoutError)
+        and in bytes (`ProbeBodyTooLarge`)."""
+        async with asyncio.timeout(self.get_deadline_s):
+            resp = await self.probes.send(
+                "GET", replica.url + path, replica.upstream_headers, None, self.timeouts
+            )
+            try:
+                parts: list[bytes] = []
+                size = 0
+                async for chunk in resp.chunks():
+                    size += len(chunk)
+                    if size > MAX_PROBE_BYTES:
+                        raise ProbeBodyTooLarge(
+                            f"GET {path} answered over {MAX_PROBE_BYTES} bytes")
+                    parts.append(chunk)
+            except BaseException:
+                resp.abort()
+                raise
+            resp.release()
+        return resp.status, b"".join(parts)
 
     # health ------------------------------------------------------------------------------
 
@@ -192,7 +214,7 @@ class FleetMonitor:
         if memory_verdict(down_since, self.clock(), self.forget_after_s):
             log.warning("replica memory cleared", extra={
                 "replica": replica.name, "reason": "down too long"})
-            self.router.replica_restarted(replica.name, self.clock())
+            self.router.replica_restarted(replica.name, self.clock(), sign="down")
         self.router.add_replica(replica.name)
         # The configured capacity holds from the start: a replica without /metrics
         # (llama.cpp's default) never gets a scrape that would set it.
@@ -256,6 +278,9 @@ class FleetMonitor:
         asked_at, in_flight = self.clock(), replica.in_flight
         try:
             status, body = await self._get(replica, "/metrics")
+        except ProbeBodyTooLarge as exc:  # the replica's fault, not the network's: said
+            self.failures.failed(f"scrape {replica.name}", exc)
+            status, body = 0, b""
         except UpstreamError:
             status, body = 0, b""
         if status != 200:
@@ -271,7 +296,8 @@ class FleetMonitor:
             started = snapshot.process_start_time_seconds if new_process else None
             log.warning("replica restarted", extra={"replica": replica.name,
                                                     "process_start_time": started})
-            self.router.replica_restarted(replica.name, self.clock(), started)
+            self.router.replica_restarted(replica.name, self.clock(), started,
+                                          sign="counters")
         self.apply_capacity(replica, snapshot.block_size)
         self.publish(replica)
 

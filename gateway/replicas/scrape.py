@@ -6,7 +6,8 @@ no `# TYPE` line). The filter is what keeps a scrape cheap: real vLLM 0.32 expor
 lines, mostly histogram buckets, of which about a dozen are read, and the parser costs
 ~10 us a line. A scrape must never fail because of one odd line, and the parser stops at
 the first line it cannot read, so a text it rejects is parsed again line by line and the
-unreadable lines are skipped.
+unreadable lines are skipped. At most `MAX_SAMPLE_LINES` wanted lines are read (the first
+ones): the parse runs on the event loop.
 
 Any value, read as nothing rather than raised on (tests/test_usage_scrape_values.py):
 - a sample whose value is NaN, infinite, negative or above `MAX_VALUE` (1e15: no count,
@@ -45,6 +46,7 @@ llama.cpp reports no cache config, so capacity stays unknown (configured elsewhe
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import islice
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -82,11 +84,16 @@ _KV = frozenset({"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
                  "llamacpp:kv_cache_usage_ratio"})
 MAX_VALUE = 1e15  # above any real count, counter (tokens) or unix time
 MAX_LABEL = 1 << 32  # above any real block size or block count
+# Lines with a wanted name read from one text (the rest skipped): real vLLM has about a
+# dozen an engine; the bound keeps one page's parse to tens of milliseconds on the event
+# loop, where 8 MiB of wanted lines took seconds (~10 us a line, twice when one is odd).
+MAX_SAMPLE_LINES = 4096
 
 
 def _samples(text: str) -> Iterator[Sample]:
     """Every readable sample of the text whose name is wanted."""
-    lines = [line for line in text.splitlines() if line.startswith(_PREFIXES)]
+    lines = list(islice((line for line in text.splitlines() if line.startswith(_PREFIXES)),
+                        MAX_SAMPLE_LINES))
     try:
         families = list(text_string_to_metric_families("\n".join(lines)))
     except Exception:

@@ -107,7 +107,7 @@ class Router:
         self._last_sweep = float("-inf")
         self._last_settle = 0.0
         # replica -> its last restart (cache empty since its `at`): older block facts void;
-        # one entry per replica the router was told of, like the tables above
+        # one entry per replica the router was told of, removed with it like the tables
         self._restarted: dict[str, RestartMark] = {}
 
     # the protocol -----------------------------------------------------------------------
@@ -392,17 +392,19 @@ class Router:
         self._index.remove_replica(replica)
         self._sessions.forget_replica(replica)
         for table in (self._limits, self._capacity_tokens, self._engine_block, self._pending,
-                      self._queued, self._live):
+                      self._queued, self._live, self._restarted):
             table.pop(replica, None)
 
-    def replica_restarted(self, replica: str, now: float,
-                          started: float | None = None) -> None:
+    def replica_restarted(self, replica: str, now: float, started: float | None = None,
+                          sign: str = "events") -> None:
         """The replica restarted at about `now` (a new process, whose start time is
         `started` when the engine shows it; its counters gone backwards, or down too long
         to tell): its cache is empty, and so are the facts about it from before, here and,
         through the `Restarted` fact, on every other instance; the sessions bound to it
-        are forgotten, its capacity figures kept."""
-        if self._restart(replica, RestartMark(now, started)) and self._publish is not None:
+        are forgotten, its capacity figures kept. `sign`: the kind of sign seen
+        (restarts.py; "events" for the KV feed, the one caller that names none)."""
+        seen = RestartMark(now, started, signs=frozenset((sign,)))
+        if self._restart(replica, seen) and self._publish is not None:
             self._publish(Restarted(replica, started))
 
     def _restart(self, replica: str, seen: RestartMark) -> bool:
