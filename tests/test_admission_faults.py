@@ -231,9 +231,10 @@ def test_a_low_flood_does_not_hold_the_class_above_it() -> None:
     print(f"high p90 unloaded {unloaded_p90:.3f} s, flooded {high_p90:.3f} s; "
           f"low p90 {low_p90:.3f} s ({len(lows)} answers)")
     # within one run, so a loaded machine slows both sides; 2x the unloaded figure with
-    # 100 ms of slack: a flooded engine's steps (a newcomer joins at the next one) and a
-    # busy machine's scheduling; the queue's failure is seconds (main: 3.6 s, as `low`)
-    assert high_p90 < 2 * unloaded_p90 + 0.1, (alone, loaded)
+    # 150 ms of slack: a flooded engine's steps (a newcomer joins at the next one) and a
+    # busy machine's scheduling (20-70 ms here at a load average of 2-9); the queue's
+    # failure is seconds (main: 3.5 s, as `low`)
+    assert high_p90 < 2 * unloaded_p90 + 0.15, (alone, loaded)
     assert high_p90 < 0.5
     assert high_p90 < low_p90 / 4, (loaded, lows)
 
