@@ -40,14 +40,20 @@ class AdmissionConfig:
     # lowered to the cap. Tenants not named get `default_priority_cap`.
     priority_caps: Mapping[str, Priority] = field(default_factory=dict)
     default_priority_cap: Priority = "normal"
-    # Room on a replica: below these it takes another request at once. A replica with
-    # nothing in flight always has room.
-    replica_max_in_flight: int = 64
+    # Room on a replica (room.py): its engine's own signals (the last scrape's running and
+    # waiting requests and KV usage, plus what this gateway sent there since), so no
+    # engine setting needs copying here. Optional cap on this gateway's requests there
+    # (0: none; what the engine runs at once is learned from its scrapes).
+    replica_max_in_flight: int = 0
     replica_max_queued_prefill_tokens: int = 32_768  # four steps of vLLM's 8192-token budget
     kv_usage_limit: float = 0.97  # last scraped vllm:kv_cache_usage_perc
-    # The share of that room `normal` and `low` may fill; the rest is kept for `high`, so
-    # a high request meets a short engine queue (vLLM itself schedules first come, first
-    # served unless started with --scheduling-policy priority).
+    # A scrape older than this many `usage.scrape_interval_s` (a failed one, say) is not
+    # used: room comes from the gateway's own counts until a scrape succeeds again.
+    stale_after_scrapes: float = 3.0
+    # The share of the sequences (the engine's, and the cap when set) `normal` and `low`
+    # may fill; the rest is kept for `high`, so a high request meets a free sequence, not
+    # an engine queue (vLLM schedules first come, first served unless started with
+    # --scheduling-policy priority).
     lower_class_room: float = 0.75
     # The share of the queued-prefill room they may fill: what a request admitted now
     # finds in front of it in the engine (vLLM runs the prefill of requests already
@@ -77,9 +83,11 @@ class AdmissionConfig:
             raise ValueError("admission.max_queue must be >= 1")
         for name in ("high_max_wait_s", "normal_max_wait_s", "low_max_wait_s",
                      "high_weight", "normal_weight", "low_weight", "recheck_s",
-                     "replica_max_in_flight", "replica_max_queued_prefill_tokens"):
+                     "replica_max_queued_prefill_tokens", "stale_after_scrapes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"admission.{name} must be positive")
+        if self.replica_max_in_flight < 0:
+            raise ValueError("admission.replica_max_in_flight must be >= 0 (0: no cap)")
         if self.own_replica_max_wait_s < 0:
             raise ValueError("admission.own_replica_max_wait_s must be >= 0")
         for name in ("lower_class_room", "lower_class_prefill_room"):

@@ -14,11 +14,23 @@ whenever a request finishes (`done`) and every `recheck_s` while any waits (a fi
 frees queued prefill without a call here); each one whose binding says go (room.py) is
 decided by the router among the replicas with room, charged to its flow, and released.
 
+Late binding to the fleet as it is now: each pass reads the healthy candidates of each
+waiting model from the fleet (`Fleet.candidates`, what the request path asks on arrival),
+so a replica that went down while requests waited receives none of them and one that came
+up (or joined) serves them. A replica that a request left with no whole answer (its
+connection refused or cut: a replica dying is seen there seconds before the probes mark
+it down) is doubted: it takes no request from the queue until a health probe, asked
+for at once (`FleetMonitor.suspect`), succeeds after that. Room comes from each
+replica's own engine signals (engine.py, room.py), and a new scrape that shows the
+engine's queue empty ends the queued prefill of what was sent before it
+(`Router.engine_began`).
+
 A waiter whose client disconnects is cancelled by the request path: its future is
 cancelled at once, so the dispatcher never releases it, and it leaves its flow in the
 same step. A waiter still queued at its class's limit is shed (`wait_timeout`).
 Bounds: `max_queue` waiters; flows <= 3 classes x tenants; the per-class wait samples
-kept for `/stats` are a ring of `WAIT_SAMPLES`.
+kept for `/stats` are a ring of `WAIT_SAMPLES`; one learned `Capacity` per replica of the
+fleet.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.admission import priority
 from gateway.admission.config import CLASSES, AdmissionConfig, Priority
+from gateway.admission.fleetview import FleetView
 from gateway.admission.room import ReplicaLoad, RoomLimits, bind, has_room, reserved
 from gateway.admission.shares import FairShare, Flow, RecentTokens
 from gateway.admission.shedding import (
@@ -49,12 +62,13 @@ from gateway.routing.config import RoutingConfig
 from gateway.routing.router import Router
 
 if TYPE_CHECKING:  # annotations only: replicas reach usage, whose metrics name admission's labels
-    from gateway.replicas.fleet import Replica
+    from gateway.replicas.fleet import Fleet, Replica
     from gateway.routing.plan import RoutePlan
     from gateway.usage.metrics import GatewayMetrics
 
 WAIT_SAMPLES = 4096  # per class, for the /stats quantiles
 NO_TENANT = "none"
+Pools = Mapping[tuple[str, str | None], Sequence["Replica"]]  # (model, pin) -> candidates
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +102,7 @@ class _Waiter:
     flow: Flow
     tokens: float
     preview: RoutePlan
-    pool: Sequence[Replica]
+    pool: Sequence[Replica]  # at arrival: read again each pass only without a fleet
     arrived: float  # timer
     # when it first chose to wait for its own replica while another had room (late
     # binding's clock: the time it waited with no room anywhere is not a choice to stay)
@@ -100,8 +114,14 @@ class _Waiter:
 class Gate:
     def __init__(self, config: AdmissionConfig, routing: RoutingConfig, router: Router,
                  metrics: GatewayMetrics, clock: Callable[[], float],
-                 timer: Callable[[], float]) -> None:
+                 timer: Callable[[], float], *, fleet: Fleet | None = None,
+                 scrape_interval_s: float = 5.0,
+                 suspect: Callable[[Replica], None] | None = None) -> None:
         self.config = config
+        # where waiters may go on each pass, and each replica's load (fleetview.py);
+        # no fleet (tests of the queue alone): their arrival's candidates still healthy
+        self._fleet_view = FleetView(fleet, router, clock,
+                                     config.stale_after_scrapes * scrape_interval_s, suspect)
         self.router = router
         self.metrics = metrics
         self.clock = clock
@@ -109,17 +129,23 @@ class Gate:
         self._per_token = routing.prefill_s_per_token
         self._in_flight_s = routing.in_flight_s
         self._prior_s = routing.prefill_s_per_token * routing.session_prior_tokens
-        full = RoomLimits(config.replica_max_in_flight,
-                          config.replica_max_queued_prefill_tokens, config.kv_usage_limit)
+        cap = float(config.replica_max_in_flight or math.inf)
+        full = RoomLimits(cap, config.replica_max_queued_prefill_tokens, config.kv_usage_limit)
         lower = reserved(full, config.lower_class_room,
                          config.lower_class_prefill_room)
         # `high` is not held back for queued prefill: that wait is the same in the engine
         # as here (it goes behind what is queued either way) plus a dispatch, and the
         # lower classes' share keeps that queue to about a step; only sequence slots
         # and the KV cache hold it here.
-        high = RoomLimits(config.replica_max_in_flight, math.inf, config.kv_usage_limit)
+        high = RoomLimits(cap, math.inf, config.kv_usage_limit)
         self._class_limits: dict[Priority, RoomLimits] = {
             "high": high, "normal": lower, "low": lower}
+        # While `normal` or `high` requests come, `low` also leaves `normal` its share of
+        # what `low` would fill (so a `normal` request beside a `low` flood finds a free
+        # sequence, as `high` does beside both); alone, `low` fills what `normal` would.
+        self._low_yielding = reserved(lower, config.lower_class_room, 1.0)
+        self._active_s = 2.0 * config.share_half_life_s
+        self._above_low_at = -math.inf  # timer: the last arrival of a class above `low`
         self._shares = FairShare(config.class_weight, config.tenant_weight)
         self._drain = DrainRate(floor=1.0 / routing.prefill_s_per_token)
         self._recent = RecentTokens(config.share_half_life_s)
@@ -150,7 +176,9 @@ class Gate:
                                cfg.default_priority_cap)
         flow: Flow = (cls, ask.tenant or NO_TENANT)
         pool = [r for r in candidates if r.name == ask.pin] or candidates
-        limits = self._class_limits[cls]
+        if cls != "low":
+            self._above_low_at = self.timer()
+        limits = self._limits(cls, self.timer())
         if self._count == 0 and all(has_room(self._load(r), limits) for r in pool):
             return self._go(ask, cls, flow, pool, ask.ts, 0.0, queued=False)
         now = self.timer()
@@ -208,6 +236,7 @@ class Gate:
         name = ticket.replica
         if name is None:
             return
+        self._fleet_view.doubt(ticket.plan.outcome)
         left = self._admitted.get(name, 0) - 1
         if left > 0:
             self._admitted[name] = left
@@ -234,18 +263,22 @@ class Gate:
             "shed": dict(self._shed),
             "wait_ms": {c: _quantiles(self._waits[c]) for c in CLASSES},
             "admitted_tokens": dict(self._admitted_tokens),
+            # per replica, where its room came from at the last look and how old the
+            # engine's figures were (fleet-wide, like the replicas' own gauges)
+            "replicas": self._fleet_view.stats(),
         }
 
     # internals --------------------------------------------------------------------------
 
     def _load(self, replica: Replica, queued: float | None = None) -> ReplicaLoad:
-        snap = replica.snapshot
-        name = replica.name
-        return ReplicaLoad(
-            name=name, in_flight=max(replica.in_flight, self._admitted.get(name, 0)),
-            queued_prefill_tokens=(self.router.queued_tokens(name) if queued is None
-                                   else queued),
-            kv_usage=snap.kv_cache_usage if snap is not None else None)
+        own = max(replica.in_flight, self._admitted.get(replica.name, 0))
+        return self._fleet_view.load(replica, own, queued)
+
+    def _limits(self, cls: Priority, now: float) -> RoomLimits:
+        """`cls`'s room limits at `now` (timer): `low` yields more while others come."""
+        if cls == "low" and now - self._above_low_at <= self._active_s:
+            return self._low_yielding
+        return self._class_limits[cls]
 
     def _fair_part(self, flow: Flow) -> float:
         """`flow`'s weighted share among the tenants waiting in its class, itself in."""
@@ -292,8 +325,15 @@ class Gate:
             return
         now = self.timer()
         cfg = self.config
+        self._fleet_view.forget_left()
+        pools: dict[tuple[str, str | None], list[Replica]] = {}
+        for q in self._flows.values():
+            for w in q:
+                key = (w.ask.model, w.ask.pin)
+                if key not in pools:
+                    pools[key] = self._fleet_view.pool(w.ask.model, w.ask.pin, w.pool)
         queued = self.router.queued_by_replica()
-        replicas = {r.name: r for q in self._flows.values() for w in q for r in w.pool}
+        replicas = {r.name: r for pool in pools.values() for r in pool}
         base = {name: self._load(r, queued.get(name, 0.0)) for name, r in replicas.items()}
         rounds = 0
         while self._count and rounds <= cfg.max_queue:
@@ -301,31 +341,31 @@ class Gate:
             # only, and scanning every lower-class waiter each recheck for nothing made
             # the dispatcher the gateway's main CPU cost with a thousand waiting
             roomy = {c: {name for name, ld in base.items()
-                         if has_room(ld, self._class_limits[c])}
+                         if has_room(ld, self._limits(c, now))}
                      for c in {c for c, _ in self._flows}}
             if not any(roomy.values()):
                 return  # nobody can go anywhere: the common case under overload
             rounds += 1
-            released = self._release_one(base, roomy, now)
+            released = self._release_one(base, roomy, now, pools)
             if released is None:
                 return
             base[released] = self._load(replicas[released])
 
     def _release_one(self, base: dict[str, ReplicaLoad], roomy: Mapping[Priority, set[str]],
-                     now: float) -> str | None:
+                     now: float, pools: Pools) -> str | None:
         """Release the first waiter in fair-share order that may go; the replica it went
         to, None when none may. Matching first: a `normal` or `low` waiter that would have
         to leave the replica holding its prefix is passed over, in a first round, for one
         whose own replica has room (a freed replica goes to a conversation it holds);
         `high` keeps its place in either round, and so does a tenant owed its share."""
         for matching in (True, False):
-            went = self._release_pass(base, roomy, now, matching)
+            went = self._release_pass(base, roomy, now, matching, pools)
             if went is not None:
                 return went
         return None
 
     def _release_pass(self, base: dict[str, ReplicaLoad], roomy: Mapping[Priority, set[str]],
-                      now: float, matching: bool) -> str | None:
+                      now: float, matching: bool, pools: Pools) -> str | None:
         cfg = self.config
         for flow in self._shares.order(self._tokens, lambda f: self._recent.part(f, now)):
             room = roomy.get(flow[0])
@@ -333,19 +373,20 @@ class Gate:
                 continue  # bind would answer "full" for each of its waiters
             keeps_place = flow[0] == "high" or (matching and self._owed(flow, now))
             for w in list(self._flows.get(flow, ())):
-                if w.future.done() or not any(r.name in room for r in w.pool):
+                pool = pools.get((w.ask.model, w.ask.pin), ())
+                if w.future.done() or not any(r.name in room for r in pool):
                     continue  # cancelled (it leaves in its own task), or nowhere to go
                 loads = [dataclasses.replace(base[r.name],
                                              predicted_tokens=w.preview.predicted.get(r.name, 0))
-                         for r in w.pool]
-                b = bind(loads, self._class_limits[w.cls], self._per_token, self._in_flight_s,
+                         for r in pool]
+                b = bind(loads, self._limits(w.cls, now), self._per_token, self._in_flight_s,
                          0.0 if w.own_since is None else now - w.own_since,
                          cfg.own_replica_max_wait_s, self._prior_s)
                 if b.why == "own" and w.own_since is None:
                     w.own_since = now
                 if not b.go or (matching and b.why == "elsewhere" and not keeps_place):
                     continue
-                allowed = [r for r in w.pool if r.name in b.replicas]
+                allowed = [r for r in pool if r.name in b.replicas]
                 self._leave(w)
                 try:
                     ticket = self._go(w.ask, w.cls, w.flow, allowed, self.clock(),

@@ -1,14 +1,20 @@
 """Room on a replica and the late-binding choice (pure).
 
-A replica has room for another request when the gateway's view of it is below every
-limit: requests in flight (`replica_max_in_flight`, the part of vLLM's `max_num_seqs` this
-gateway wants running, not waiting), prefill the gateway sent there that has no first
-token yet (`replica_max_queued_prefill_tokens`: beyond a few of vLLM's 8192-token prefill
-steps, another request only waits in the engine, where the gateway can no longer move it
-or let a higher class pass; fewer than that starves the engine's chunked prefill), and
-the last scraped KV usage (`kv_usage_limit`: a full cache preempts and recomputes). A
-replica with nothing in flight always has room, so a replica the limits misjudge cannot
-block the queue for ever.
+A replica has room for another request when it is healthy and below every limit:
+- **what its engine says** (engine.py, when its last scrape is fresh): nothing waits in
+  the engine now and its occupancy (running + waiting, plus what this gateway sent since
+  the scrape) is below what the engine has shown it runs at once (`seq_limit`); a class
+  other than `high` sees `seq_share` of that (`lower_class_room`), so `high` finds a free
+  sequence in the engine, not a queue it cannot pass. Its KV usage is below
+  `kv_usage_limit` (a full cache preempts and recomputes).
+- **the gateway's own counts** (always; the only ones when the scrape is stale or the
+  replica exports none): its requests there against the learned `seq_limit` (if any) and
+  the optional `replica_max_in_flight` cap, and the prefill it sent there that the engine
+  has not begun (`replica_max_queued_prefill_tokens`: beyond a few of vLLM's 8192-token
+  prefill steps another request only waits in the engine, where the gateway can no longer
+  move it or let a higher class pass).
+A healthy replica with nothing of this gateway's in flight always has room, so signals
+that misjudge it cannot block the queue for ever; an unhealthy one never has.
 
 Late binding (`bind`): a waiting request goes when some candidate has room. If the
 replicas holding the longest prefix of its prompt (its "own" replica: a follow-up's
@@ -27,6 +33,7 @@ plus `in_flight_s` per request over the in-flight limit.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -34,18 +41,25 @@ from typing import Literal
 
 @dataclass(frozen=True, slots=True)
 class RoomLimits:
-    max_in_flight: int
+    max_in_flight: float  # the optional cap on this gateway's requests (inf: none)
     max_queued_prefill_tokens: float
     kv_usage_limit: float
+    seq_share: float = 1.0  # of what the engine runs at once (`ReplicaLoad.seq_limit`)
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaLoad:
     name: str
     in_flight: int  # this gateway's requests there (admitted, not yet finished)
-    queued_prefill_tokens: float  # sent there, no first token yet (Router.queued_tokens)
-    kv_usage: float | None = None  # last scrape, None when unknown
+    queued_prefill_tokens: float  # sent there, not begun by the engine (Router.queued_tokens)
+    kv_usage: float | None = None  # fresh scrape's, None when unknown or stale
     predicted_tokens: int = 0  # cached tokens this request would get there
+    healthy: bool = True
+    # engine.py's view: running + waiting now and waiting now (None: no fresh scrape), and
+    # what the engine runs at once (None: never scraped)
+    occupancy: float | None = None
+    engine_waiting: float | None = None
+    seq_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,23 +73,38 @@ class Binding:
 
 def reserved(limits: RoomLimits, share: float,
              prefill_share: float | None = None) -> RoomLimits:
-    """The limits a lower class sees: `share` of the in-flight room and `prefill_share`
-    (default `share`) of the queued prefill (at least one request and one token), the
-    rest kept free for `high`, so a high request finds room at once and a short queue in
-    the engine (vLLM runs already-running requests' prefill first, whatever the policy)."""
+    """The limits a lower class sees: `share` of the sequences (the engine's, and the cap
+    when set) and `prefill_share` (default `share`) of the queued prefill (at least one
+    request and one token), the rest kept free for `high`, so a high request finds a free
+    sequence at once and a short queue in the engine (vLLM runs already-running requests'
+    prefill first, whatever the policy)."""
     prefill = share if prefill_share is None else prefill_share
-    return RoomLimits(max(1, int(limits.max_in_flight * share)),
+    cap = limits.max_in_flight
+    return RoomLimits(max(1, int(cap * share)) if math.isfinite(cap) else cap,
                       max(1.0, limits.max_queued_prefill_tokens * prefill),
-                      limits.kv_usage_limit)
+                      limits.kv_usage_limit, limits.seq_share * share)
+
+
+def _over(load: ReplicaLoad, limits: RoomLimits) -> float:
+    """Requests there beyond the tightest sequence limit, plus one (<= 0: below it)."""
+    over = load.in_flight - limits.max_in_flight + 1
+    if load.seq_limit is not None:
+        used = load.occupancy if load.occupancy is not None else load.in_flight
+        over = max(over, used - max(1, int(load.seq_limit * limits.seq_share)) + 1)
+    return over
 
 
 def has_room(load: ReplicaLoad, limits: RoomLimits) -> bool:
+    if not load.healthy:
+        return False
     if load.in_flight <= 0:
         return True
-    if load.in_flight >= limits.max_in_flight:
+    if _over(load, limits) > 0:
         return False
     if load.queued_prefill_tokens >= limits.max_queued_prefill_tokens:
         return False
+    if load.engine_waiting:
+        return False  # the engine holds requests it cannot run yet: another only queues
     return load.kv_usage is None or load.kv_usage < limits.kv_usage_limit
 
 
@@ -84,7 +113,9 @@ def wait_estimate(load: ReplicaLoad, limits: RoomLimits, prefill_s_per_token: fl
     """Seconds until `load` probably has room again (0 when it has room now)."""
     if has_room(load, limits):
         return 0.0
-    over = max(0, load.in_flight - limits.max_in_flight + 1)
+    if not load.healthy:
+        return math.inf
+    over = max(0.0, _over(load, limits)) + (load.engine_waiting or 0.0)
     return prefill_s_per_token * load.queued_prefill_tokens + in_flight_s * over
 
 

@@ -172,7 +172,9 @@ class GatewayApp:
             services.shared = await start_shared_state(settings, router, services, metrics,
                                                       self.clock)
         gate = Gate(settings.admission, settings.routing, router, metrics, self.clock,
-                    self.timer)
+                    self.timer, fleet=fleet,
+                    scrape_interval_s=settings.usage.scrape_interval_s,
+                    suspect=monitor.suspect)
         services.gate = gate
         self.services = services
         self._proxy = Proxy(gate=gate,

@@ -43,6 +43,12 @@ class Replica:
     upstream_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     down_since: float | None = None  # when probes last marked it down (None: up or never up)
     start_time: float | None = None  # the engine process's start time (/metrics), if shown
+    # when the last stored scrape was asked for, and this gateway's requests in flight there
+    # at that moment (what the admission queue needs to age the snapshot and to add what it
+    # sent since: gateway/admission/engine.py)
+    scraped_at: float | None = None
+    in_flight_at_scrape: int = 0
+    probed_ok_at: float | None = None  # when a health probe last succeeded
 
     @property
     def name(self) -> str:
@@ -161,6 +167,7 @@ class Fleet:
         r = self.replicas[name]
         if ok:
             r.failures = 0
+            r.probed_ok_at = now
             if not r.healthy:
                 r.healthy = True
                 return "up"
@@ -186,11 +193,16 @@ class Fleet:
         if r.settings.models is None:
             r.models = frozenset(str(c["id"]) for c in cards if isinstance(c.get("id"), str))
 
-    def set_snapshot(self, name: str, snapshot: EngineSnapshot) -> bool:
-        """Store a scrape; True when it shows the engine restarted since the last one."""
+    def set_snapshot(self, name: str, snapshot: EngineSnapshot, asked_at: float | None = None,
+                     in_flight: int = 0) -> bool:
+        """Store a scrape (asked for at `asked_at`, default its own time, with `in_flight`
+        requests of this gateway there then); True when it shows the engine restarted
+        since the last one."""
         r = self.replicas[name]
         restarted = counters_reset(r.snapshot, snapshot)
         r.snapshot = snapshot
+        r.scraped_at = snapshot.ts if asked_at is None else asked_at
+        r.in_flight_at_scrape = in_flight
         return restarted
 
     def model_list(self) -> list[dict[str, object]]:

@@ -48,6 +48,7 @@ any policy); only `prefix` uses them to choose.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -169,6 +170,20 @@ class Router:
         live = self._live.get(o.replica)
         if live is not None:
             live.pop(plan, None)
+
+    def engine_began(self, replica: str, asked_at: float, waiting: float | None) -> None:
+        """A scrape of `replica` asked for at `asked_at` shows `waiting` requests in its
+        engine's queue: of this gateway's requests sent there before it and still counted
+        as queued prefill, all but the `waiting` youngest have begun (`began`), so their
+        prefill no longer waits, whether or not a first byte came (a non-streamed answer's
+        first byte is its last)."""
+        pend = self._pending.get(replica)
+        if not pend:
+            return
+        before = sorted((item[1], i, plan) for i, (plan, item) in enumerate(pend.items())
+                        if item[1] < asked_at)
+        for _, _, plan in before[:began(len(before), waiting)]:
+            self._unqueue(plan, replica)
 
     def retried(self, plan: RoutePlan, replica: str, now: float) -> None:
         """The request path moved `plan` to `replica`: the replica tried before never
@@ -576,3 +591,13 @@ def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def began(sent_before: int, waiting: float | None) -> int:
+    """Of `sent_before` requests sent to a replica before a scrape that shows `waiting`
+    requests in its engine's queue, how many have left that queue: all but the `waiting`
+    youngest (vLLM admits first come, first served; other clients' waiting requests only
+    make the count lower, never wrongly higher). None or an odd value: none known."""
+    if waiting is None or not math.isfinite(waiting) or waiting < 0:
+        return 0
+    return max(0, sent_before - int(min(waiting, sent_before)))

@@ -74,7 +74,11 @@ FLEET_STATS: Mapping[str, Spec] = {
         "model": True, "sources": True, "state": True, "block_size": True, "problem": True,
         "parity": True, "events": {"gaps": True, "lost": True, "restarts": True,
                                    "decode_errors": True}}}},
-    "admission": {"enabled": True, "queued": True, "shed": True, "wait_ms": True},
+    # per replica, where the queue's room came from: load and age, like `replicas` above
+    "admission": {"enabled": True, "queued": True, "shed": True, "wait_ms": True,
+                  "replicas": {"*": {"source": True, "snapshot_age_s": True,
+                                     "seq_limit": True, "occupancy": True,
+                                     "engine_waiting": True}}},
 }
 
 # What a tenant's key reads of its own tenant besides the fleet-wide fields; "{tenant}"

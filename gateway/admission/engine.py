@@ -1,0 +1,126 @@
+"""What a replica's engine says about its own room (pure): its last scraped
+`vllm:num_requests_running` / `vllm:num_requests_waiting` / KV usage, how old that scrape
+is, what the engine has shown it can run, and what this gateway sent or finished since.
+
+- **Fresh or stale.** A scrape older than `max_age_s` (or none) is not used: the room comes
+  from the gateway's own counts (`source = "gateway"`), so a failed scrape can never freeze
+  the gate with the last load it saw (a KV usage of 0.98 kept for ever, say).
+- **Occupancy now** = running + waiting at the scrape + (this gateway's requests there now
+  - its requests there when the scrape was taken): between scrapes the gateway adds what it
+  sent and takes off what finished; load from other clients shows in the scraped counts.
+  Waiting now = the scraped waiting less what finished since (a finish lets one in).
+- **What it can run** (`Capacity`, learned by `learn` from each new scrape): vLLM does not
+  export `max_num_seqs`, but it shows it: the running count stays at it while requests
+  wait. Scrapes that show requests waiting and the same running count (at least the most
+  it was ever seen running) for `SATURATION_S` fix that count as its limit; shorter does
+  not (a request that arrived just before a scrape waits for the next step; long prompts
+  wait for the token budget while the running count grows, a step at a time). Until
+  then the engine is assumed to run `max(PROBE_SEQS, 2 x the most it was seen running)`:
+  the limit doubles as the engine proves it runs more, so a replica is neither flooded at
+  start nor held to a guess. Learned from any scrape, fresh or not: it is the engine's
+  configuration, not its load; once learned it stays for the gateway's life (a queue
+  that held the same running count that long for another reason, a full KV cache, is
+  taken as the limit too: the concurrency that cache allowed).
+
+Bounds: one `Capacity` per replica in the fleet (the gate drops those that left).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+# the sequences an engine is assumed to run before any scrape showed more (vLLM's default
+# max_num_seqs is 256 to 1024; small test engines run 4): see the module docstring
+PROBE_SEQS = 8
+# how long requests must be seen waiting beside the same running count for that count to
+# be taken as the engine's limit (several of vLLM's steps, even long prefill ones)
+SATURATION_S = 2.0
+
+Source = Literal["engine", "gateway"]
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    """One scrape as the gate reads it."""
+
+    ts: float  # when it was asked for (wall clock)
+    running: float | None
+    waiting: float | None
+    kv_usage: float | None
+    own_at_scrape: int  # this gateway's requests in flight there when it was asked for
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What the engine has shown it can run (learned, see the module docstring)."""
+
+    last_ts: float | None = None  # the scrape last learned from
+    saturated: int | None = None  # most running seen while requests waited there
+    most_running: int | None = None  # most running seen at all (None: never shown)
+    queued_running: int | None = None  # running at the last scrape, if requests waited
+    queued_since: float | None = None  # since when requests wait beside that count
+
+    @property
+    def seq_limit(self) -> int | None:
+        """What the engine runs at once; None when it never showed a running count (an
+        engine without these metrics is held by the gateway's own counts only)."""
+        if self.saturated is not None:
+            return max(1, self.saturated)
+        if self.most_running is None:
+            return None
+        return max(PROBE_SEQS, 2 * self.most_running)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineView:
+    source: Source
+    age_s: float | None  # of the last scrape (None: never scraped)
+    occupancy: float | None  # running + waiting now, estimated (None when stale)
+    waiting: float | None  # waiting now, estimated (None when stale)
+    kv_usage: float | None  # None when stale or not exported
+    seq_limit: int | None  # what it runs at once (None: never scraped)
+
+
+def _count(x: float | None) -> int | None:
+    if x is None or not math.isfinite(x) or x < 0:
+        return None
+    return int(min(x, 2**31))
+
+
+def learn(cap: Capacity, scrape: Scrape | None) -> Capacity:
+    """Fold a scrape into what the engine has shown it can run (once per scrape)."""
+    if scrape is None or scrape.ts == cap.last_ts:
+        return cap
+    running, waiting = _count(scrape.running), _count(scrape.waiting)
+    if running is None:
+        return Capacity(scrape.ts, cap.saturated, cap.most_running)
+    saturated = cap.saturated
+    most = max(cap.most_running or 0, running)
+    if not waiting or running <= 0:
+        return Capacity(scrape.ts, saturated, most)
+    since = scrape.ts
+    if running == cap.queued_running and cap.queued_since is not None:
+        since = cap.queued_since
+        if scrape.ts - since >= SATURATION_S and running >= most:
+            saturated = max(running, saturated or 0)
+    return Capacity(scrape.ts, saturated, most, running, since)
+
+
+def view(scrape: Scrape | None, cap: Capacity, own_now: int, now: float,
+         max_age_s: float) -> EngineView:
+    """The engine's room as the gate should read it at `now` (module docstring)."""
+    seq_limit = cap.seq_limit
+    if scrape is None:
+        return EngineView("gateway", None, None, None, None, seq_limit)
+    age = max(0.0, now - scrape.ts)
+    running, waiting = _count(scrape.running), _count(scrape.waiting)
+    if age > max_age_s or running is None or waiting is None:
+        return EngineView("gateway", age, None, None, None, seq_limit)
+    delta = own_now - scrape.own_at_scrape
+    kv = scrape.kv_usage if scrape.kv_usage is not None and math.isfinite(
+        scrape.kv_usage) else None
+    return EngineView("engine", age, float(max(own_now, running + waiting + delta)),
+                      float(max(0, waiting + min(0, delta))), kv, seq_limit)
+

@@ -1,0 +1,128 @@
+"""The fleet as the admission queue reads it at each look: where a waiter may go now, and
+each replica's load with its engine's own signals (no I/O; the clock is given).
+
+- **Where** (`pool`): the fleet's healthy candidates for the model at this moment
+  (`Fleet.candidates`, as the request path asks on arrival; a pinned request its replica
+  alone), so a replica that went down while requests waited gets none of them and one that
+  came up serves them. Without a fleet (the queue's own tests): the arrival's candidates
+  still healthy.
+- **Trusted** (`doubt`, `trusted`): a replica a request left with no whole answer (no
+  usage: refused, cut mid-stream, an error answer, or its client left first) is doubted,
+  and a probe is asked for at once (`suspect`: `FleetMonitor.suspect`); it takes nothing
+  from the queue until a probe succeeds after that. A replica that dies shows there
+  seconds before the probes mark it down.
+- **Load** (`load`): engine.py's reading of the last scrape (fresh or stale, what was sent
+  since, what the engine runs at once) with room.py's inputs; a new fresh scrape ends the
+  queued prefill of what it shows out of the engine's waiting queue
+  (`Router.engine_began`).
+
+Bounds: one learned `Capacity`, one last `EngineView` and one doubt per replica of the
+fleet; those of replicas that left are dropped (`forget_left`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from gateway.admission.engine import Capacity, EngineView, Scrape, learn, view
+from gateway.admission.room import ReplicaLoad
+from gateway.routing.router import Router
+from gateway.upstream.errors import GatewayError
+
+if TYPE_CHECKING:  # annotations only: replicas reach usage, whose metrics name admission's labels
+    from gateway.replicas.fleet import Fleet, Replica
+    from gateway.routing.decision import Outcome
+
+
+class FleetView:
+    def __init__(self, fleet: Fleet | None, router: Router, clock: Callable[[], float],
+                 max_age_s: float, suspect: Callable[[Replica], None] | None) -> None:
+        self.fleet = fleet
+        self.router = router
+        self.clock = clock  # wall clock, as the scrapes' and probes' times
+        self.max_age_s = max_age_s
+        self._suspect = suspect
+        self._capacity: dict[str, Capacity] = {}  # what each engine showed it runs
+        self._views: dict[str, EngineView] = {}  # the last read, for /stats
+        self._doubted: dict[str, float] = {}  # replica -> when a request left it unanswered
+
+    def pool(self, model: str, pin: str | None,
+             arrival: Sequence[Replica]) -> list[Replica]:
+        """Where a waiter for `model` (pinned to `pin`) may go now (module docstring)."""
+        if self.fleet is None:
+            return [r for r in arrival if r.healthy]
+        if pin is not None:
+            r = self.fleet.replicas.get(pin)
+            return [r] if r is not None and r.healthy else []
+        try:
+            return list(self.fleet.candidates(model))
+        except GatewayError:  # none healthy now: it waits for one to come up
+            return []
+
+    def doubt(self, outcome: Outcome) -> None:
+        """A request is over: no usage means no whole answer from its replica."""
+        fleet, suspect = self.fleet, self._suspect
+        if outcome.prompt_tokens is not None or fleet is None or suspect is None:
+            return
+        replica = fleet.replicas.get(outcome.replica)
+        if replica is not None and replica.healthy:
+            self._doubted[replica.name] = self.clock()
+            suspect(replica)
+
+    def trusted(self, replica: Replica) -> bool:
+        """Healthy and not doubted (or probed fine since)."""
+        if not replica.healthy:
+            return False
+        since = self._doubted.get(replica.name)
+        if since is None:
+            return True
+        if replica.probed_ok_at is not None and replica.probed_ok_at >= since:
+            del self._doubted[replica.name]
+            return True
+        return False
+
+    def load(self, replica: Replica, own: int, queued: float | None = None) -> ReplicaLoad:
+        """`replica`'s load as room.py weighs it, `own` of this gateway's requests there:
+        its engine's signals when its last scrape is fresh, this gateway's counts always;
+        `queued`: its queued prefill tokens if already read (None: read here)."""
+        name = replica.name
+        snap = replica.snapshot
+        scrape = None
+        if snap is not None and replica.scraped_at is not None:
+            scrape = Scrape(replica.scraped_at, snap.num_requests_running,
+                            snap.num_requests_waiting, snap.kv_cache_usage,
+                            replica.in_flight_at_scrape)
+        old = self._capacity.get(name, Capacity())
+        cap = self._capacity[name] = learn(old, scrape)
+        v = self._views[name] = view(scrape, cap, own, self.clock(), self.max_age_s)
+        if scrape is not None and cap.last_ts != old.last_ts and v.source == "engine":
+            # a new scrape: what it shows past the engine's queue has begun its prefill
+            self.router.engine_began(name, scrape.ts, scrape.waiting)
+            queued = None
+        return ReplicaLoad(
+            name=name, in_flight=own,
+            queued_prefill_tokens=(self.router.queued_tokens(name) if queued is None
+                                   else queued),
+            kv_usage=v.kv_usage, healthy=self.trusted(replica), occupancy=v.occupancy,
+            engine_waiting=v.waiting, seq_limit=v.seq_limit)
+
+    def forget_left(self) -> None:
+        """Drop what was learned of replicas that left the fleet (the bound on the maps)."""
+        fleet = self.fleet
+        if fleet is None or len(self._capacity) <= len(fleet.replicas):
+            return
+        for name in [n for n in self._capacity if n not in fleet.replicas]:
+            self._capacity.pop(name, None)
+            self._views.pop(name, None)
+            self._doubted.pop(name, None)
+
+    def stats(self) -> dict[str, Any]:
+        """Per replica, where its room came from at the last look (`/stats`)."""
+        return {name: {
+            "source": v.source,
+            "snapshot_age_s": None if v.age_s is None else round(v.age_s, 3),
+            "seq_limit": v.seq_limit,
+            "occupancy": v.occupancy,
+            "engine_waiting": v.waiting,
+        } for name, v in sorted(self._views.items())}
