@@ -5,10 +5,13 @@ replica, with the rules the relay path needs.
   at most `connections_per_replica` of them. A request over that waits for a free slot at
   most `pool_wait_s`, then fails with `UpstreamPoolBusy` (nothing was sent: the gateway's
   own congestion, answered 503 with Retry-After; never the replica's fault). The slots are
-  one `asyncio.Semaphore` per replica origin (so the map is bounded by the configured
-  fleet), taken before aiohttp is asked for a connection and given back when the response
-  is released or aborted: the wait for a slot is bounded on its own, apart from the
-  connect timeout, and aiohttp's own per-host limit (the same number) never queues.
+  one `asyncio.Semaphore` per replica origin (so the map is bounded by the fleet: when a
+  replica leaves, every origin no live replica has loses its slots, idle pooled connections
+  and closing record, `retain_origins`; one a request still on its way made again after is
+  dropped at the next departure), taken before aiohttp is asked for a connection and
+  given back when the response is released or aborted: the wait for a slot is bounded on
+  its own, apart from the connect timeout, and aiohttp's own per-host limit (the same
+  number) never queues.
 - Delivery: only a failure to open the connection (refused, DNS, socket-connect timeout:
   `ClientConnectorError`, `ConnectionTimeoutError`) is `UpstreamConnectError`, "not
   delivered", which the caller may retry on another replica.
@@ -41,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import select
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +126,14 @@ class _PeekingConnector(aiohttp.TCPConnector):
         if not should_close and not self._closing.keep((key.host, key.port or 0)):
             should_close = True
         super()._release(key, protocol, should_close=should_close)
+
+    def forget(self, host: str, port: int) -> None:
+        """Close and drop the idle pooled connections to (host, port): its replica left.
+        Connections in use are left to their requests (closed when they end, or pooled
+        and then closed by the idle timeout)."""
+        for key in [k for k in self._conns if (k.host, k.port) == (host, port)]:
+            for proto, _ in self._conns.pop(key, ()):
+                proto.close()
 
 
 def _peer_open(conn: Connection) -> bool:
@@ -228,6 +239,19 @@ class AiohttpUpstream:
         # same way, and tests/test_aiohttp_internals.py fails if the attribute moves.
         session._retry_connection = False
         return session
+
+    def retain_origins(self, live: Collection[str]) -> None:
+        """Drop the slots, idle pooled connections and closing records of every origin not
+        in `live` (module docstring); a request holding a dropped slot gives it back to
+        that semaphore, which nothing else reads."""
+        connector = self._session.connector if self._session is not None else None
+        for gone in [o for o in self._slots if o not in live]:
+            del self._slots[gone]
+            target = URL(gone)
+            peer = (target.host or "", target.port or 0)
+            self._closing.forget(peer)
+            if isinstance(connector, _PeekingConnector):
+                connector.forget(*peer)
 
     async def send(
         self, method: str, url: str, headers: Sequence[tuple[str, str]], body: bytes | None,
