@@ -18,9 +18,13 @@ import orjson
 import pytest
 
 from gateway.admission.config import AdmissionConfig
-from gateway.proxy.app import GatewayApp
+from gateway.events.kvindex import KVIndex
+from gateway.events.tokenmode import TokenMode
+from gateway.proxy.app import GatewayApp, Services
 from gateway.replicas.departure import depart, origin
 from gateway.replicas.fleet import Fleet
+from gateway.routing.config import RoutingConfig
+from gateway.routing.router import Router
 from gateway.settings import ReplicaSettings, ServerSettings, Settings
 from gateway.upstream.counters import UpstreamCounters
 from gateway.usage.config import UsageConfig
@@ -239,14 +243,17 @@ async def _assert_gone(app: GatewayApp, client: httpx.AsyncClient, name: str) ->
     assert names_held(services, [name]) == []
 
 
-async def _step(monitor: Any, what: str) -> None:
-    replica = monitor.fleet.replicas["a"]
+async def _step(services: Services, what: str) -> None:
+    monitor = services.monitor
+    replica = services.fleet.replicas["a"]
     if what == "probe":
         await monitor.probe_all()
     elif what == "scrape":
         await monitor.scrape_all()
     elif what == "models":
         await monitor.refresh_models()
+    elif what == "details":
+        await monitor.probe_details(replica, services.recorder)
     else:  # "up": the first good probe after down reads models and metrics at once
         replica.healthy = False
         replica.failures = 1
@@ -254,7 +261,7 @@ async def _step(monitor: Any, what: str) -> None:
 
 
 IN_FLIGHT = [("probe", "/health"), ("scrape", "/metrics"), ("models", "/v1/models"),
-             ("up", "/v1/models"), ("up", "/metrics")]
+             ("up", "/v1/models"), ("up", "/metrics"), ("details", "/v1/completions")]
 
 
 @pytest.mark.parametrize(("step", "path"), IN_FLIGHT, ids=[f"{s} {p}" for s, p in IN_FLIGHT])
@@ -274,7 +281,7 @@ async def test_a_replica_leaving_while_the_monitor_waits_on_it(
                     == 200
             assert 'replica="a"' in (await client.get("/metrics")).text
             fake.block = ("a", path)
-            task = asyncio.create_task(_step(services.monitor, step))
+            task = asyncio.create_task(_step(services, step))
             async with asyncio.timeout(10):
                 await fake.reached.wait()
             assert services.remove_replica("a") is not None
@@ -312,16 +319,24 @@ async def test_a_replica_leaving_while_a_request_is_on_it(
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
-async def test_a_late_answer_never_reaches_the_replica_that_took_the_name() -> None:
+TAKEN = [("probe", "/health"), ("scrape", "/metrics"), ("models", "/v1/models")]
+
+
+@pytest.mark.parametrize(("step", "path"), TAKEN, ids=[s for s, _ in TAKEN])
+async def test_a_late_answer_never_reaches_the_replica_that_took_the_name(
+        step: str, path: str) -> None:
     fake = Blocking()
     app = GatewayApp(_settings(), upstream=fake.upstream)
     async with app.running():
         services = app.services
         assert services is not None
-        fake.block = ("a", "/health")
+        monitor = services.monitor
+        fake.block = ("a", path)
         old = services.fleet.replicas["a"]
         old.failures = 2  # it failed before: a late good answer would clear that
-        task = asyncio.create_task(services.monitor.probe(old))
+        run = {"probe": monitor.probe, "scrape": monitor.scrape,
+               "models": monitor.refresh_model}[step]
+        task = asyncio.create_task(run(old))
         async with asyncio.timeout(10):
             await fake.reached.wait()
         services.remove_replica("a")
@@ -329,8 +344,64 @@ async def test_a_late_answer_never_reaches_the_replica_that_took_the_name() -> N
         new.failures = 2
         fake.release.set()
         async with asyncio.timeout(10):
-            assert await task is True
-        assert (new.healthy, new.failures) == (False, 2)
+            await task
+        assert (new.healthy, new.failures, new.snapshot, new.start_time, new.models,
+                new.model_cards) == (False, 2, None, None, None, ())
+
+
+@pytest.mark.parametrize("step", ["probe", "scrape", "models", "details"])
+async def test_a_step_begun_after_the_replica_left_sends_nothing(
+        step: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A round takes its list of replicas before it starts: one that left meanwhile gets no
+    request (the client pool would keep its origin again) and no error."""
+    fake = Blocking()
+    app = GatewayApp(_settings(), upstream=fake.upstream)
+    async with app.running():
+        services = app.services
+        assert services is not None
+        monitor = services.monitor
+        old = services.fleet.replicas["a"]
+        services.remove_replica("a")
+        sent = len(fake.upstream.requests)
+        if step == "details":
+            await monitor.probe_details(old, services.recorder)
+        else:
+            await {"probe": monitor.probe, "scrape": monitor.scrape,
+                   "models": monitor.refresh_model}[step](old)
+        assert fake.upstream.requests[sent:] == []
+        assert names_held(services, ["a"]) == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def test_a_suspect_run_and_stored_responses_go_with_the_replica() -> None:
+    fake = Blocking()
+    app = GatewayApp(_settings(), upstream=fake.upstream)
+    async with app.running():
+        services = app.services
+        assert services is not None
+        services.affinity.remember("resp_1", "a")  # a Responses API answer stored on a
+        fake.block = ("a", "/health")
+        services.monitor.suspect(services.fleet.replicas["a"])  # a request found it away
+        async with asyncio.timeout(10):
+            await fake.reached.wait()
+        services.remove_replica("a")
+        assert names_held(services, ["a"]) == []
+        assert services.affinity.lookup("resp_1") is None
+        fake.release.set()
+
+
+def test_the_token_modes_view_goes_with_the_replica() -> None:
+    index = KVIndex()
+    tokens = TokenMode({}, index)
+    router = Router(RoutingConfig(), tokens)
+    for name in ("a", "b"):
+        router.add_replica(name)
+        index.add_replica(name, MODEL, 16)
+        index.set_connected(name, True, 1.0)
+        tokens._live[name] = True  # what a lookup with a renderer learns
+    router.remove_replica("a")
+    assert index.state("a") is None and index.state("b") is not None
+    assert names_held(router, ["a"]) == [] and names_held(router, ["b"]) != []
 
 
 def test_the_walk_finds_a_name_in_each_kind_of_place() -> None:
