@@ -21,6 +21,7 @@ from gateway.admission.config import AdmissionConfig
 from gateway.events.kvindex import KVIndex
 from gateway.events.tokenmode import TokenMode
 from gateway.proxy.app import GatewayApp, Services
+from gateway.proxy.closing import ClosingPeers
 from gateway.replicas.departure import depart, origin
 from gateway.replicas.fleet import Fleet
 from gateway.routing.config import RoutingConfig
@@ -128,6 +129,18 @@ def test_depart(name: str, left: bool, live_origins: set[str] | None) -> None:
 ])
 def test_origin_is_the_client_pools_key(url: str, want: str) -> None:
     assert origin(url) == want
+
+
+def test_a_departed_peers_closing_record_goes() -> None:
+    closing = ClosingPeers(after=2)
+    for peer in (("10.0.0.1", 8000), ("10.0.0.2", 8000)):
+        closing.checked(peer, False)
+        closing.checked(peer, False)
+        assert closing.keep(peer) is False  # learnt: closes after every answer
+    closing.forget(("10.0.0.1", 8000))
+    assert names_held(closing, ["10.0.0.1"]) == []
+    assert closing.keep(("10.0.0.1", 8000)) is True  # a new replica there starts afresh
+    assert closing.keep(("10.0.0.2", 8000)) is False
 
 
 # -- metrics and /stats rows of a departed replica -----------------------------------------
