@@ -2,7 +2,9 @@
 (`Members.apply`, what `PoolWatch` calls with every endpoint set), while health probing
 and client requests go on: each pod is a real listener on loopback (its own port, so its
 own origin in the client pools), replaced one at a time (the new pod joins and turns
-healthy, then the old one leaves and stops listening).
+healthy, then the old one leaves and stops listening). Then the same churn through the
+official `kubernetes` client's watch of a fake API server (tests/fake_kube.py), the pods
+sharing one listener (one address and target port, as loopback allows).
 
 Shown: probing goes on at the live pods after every update; no ERROR is logged; requests
 keep being answered; and what the gateway holds per replica stays bounded by the live
@@ -18,16 +20,19 @@ import logging
 import re
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from aiohttp import web
 
-from gateway.epp.pool import Members
+from gateway.epp.pool import Members, PoolWatch
 from gateway.proxy.app import GatewayApp
 from gateway.proxy.client import AiohttpUpstream
 from gateway.settings import ServerSettings, Settings
 from gateway.usage.config import UsageConfig
+from tests.fake_kube import fake_kube, pod
 from tests.held_names import names_held
 from tests.proxy_fakes import COMPLETION, MODEL, chat
 from tests.servers import free_port
@@ -194,4 +199,56 @@ async def test_rolling_updates_keep_probing_and_stay_bounded(
 
     assert len(departed) == PODS * UPDATES
     assert statuses[200] >= sum(statuses.values()) * 0.99, statuses
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def _pool(port: int) -> dict[str, Any]:
+    return {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+            "metadata": {"name": "vllm", "namespace": "ns"},
+            "spec": {"selector": {"matchLabels": {"app": "vllm"}},
+                     "targetPorts": [{"number": port}]}}
+
+
+async def test_rolling_updates_through_the_kubernetes_watch(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from kubernetes import config
+
+    caplog.set_level(logging.INFO)
+    app = GatewayApp(_settings())
+    async with pods() as pool, app.running():
+        port = await pool.start()
+        services = app.services
+        assert services is not None
+        fleet = services.fleet
+        members = Members(fleet, services.monitor, services.remove_replica,
+                          lambda endpoints: None)
+        with fake_kube(_pool(port)) as kube:
+            api = config.new_client_from_config(  # type: ignore[no-untyped-call]
+                config_file=str(kube.kubeconfig(tmp_path / "kubeconfig")))
+            watch = PoolWatch(api, "ns", "vllm", members.apply, asyncio.get_running_loop())
+            watch.start()
+            try:
+                for k in range(PODS):
+                    kube.put(pod(f"vllm-0-{k}", "127.0.0.1", True, {"app": "vllm"}))
+                await until("the first pods up", lambda: len(fleet.healthy()) == PODS)
+                for update in range(1, UPDATES + 1):
+                    for k in range(PODS):
+                        new, old = f"vllm-{update}-{k}:{port}", f"vllm-{update - 1}-{k}:{port}"
+                        kube.put(pod(new.split(":")[0], "127.0.0.1", True, {"app": "vllm"}))
+                        await until(f"{new} up", lambda: new in fleet.replicas  # noqa: B023
+                                    and fleet.replicas[new].healthy)  # noqa: B023
+                        kube.delete(old.split(":")[0])
+                        await until(f"{old} gone", lambda: old not in fleet.replicas)  # noqa: B023
+                    probed = probed_again(pool, [port])
+                    await until(f"update {update}: probing goes on", probed)
+                live = set(fleet.replicas)
+                transport = httpx.ASGITransport(app=app)
+                async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+                    text = (await c.get("/metrics")).text
+                assert text.count("gateway_replica_healthy{") == PODS
+                assert set(_replica_labels(text)) <= {*live, "none", "departed"}
+                departed = {f"vllm-{u}-{k}:{port}" for u in range(UPDATES) for k in range(PODS)}
+                assert names_held(services, departed) == []
+            finally:
+                watch.stop()
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
