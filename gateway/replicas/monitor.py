@@ -232,8 +232,6 @@ class FleetMonitor:
             log.warning("replica memory cleared", extra={
                 "replica": replica.name, "reason": "down too long"})
             self.router.replica_restarted(replica.name, self.clock(), sign="down")
-        if not self.fleet.holds(replica):
-            return
         self.router.add_replica(replica.name)
         # The configured capacity holds from the start: a replica without /metrics
         # (llama.cpp's default) never gets a scrape that would set it.
@@ -243,7 +241,7 @@ class FleetMonitor:
                     f"model refresh {replica.name}", self.failures),
             guarded(functools.partial(self.scrape, replica), f"scrape {replica.name}",
                     self.failures))
-        if self.recorder is not None and self.fleet.holds(replica):
+        if self.recorder is not None:
             task = asyncio.create_task(guarded(
                 functools.partial(self.probe_details, replica, self.recorder),
                 f"details probe {replica.name}", self.failures))
