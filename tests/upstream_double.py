@@ -8,7 +8,7 @@ so tests can check what went upstream and that cancelled streams closed their co
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from gateway.proxy.upstream import RawHeaders, Timeouts
@@ -64,6 +64,7 @@ class MockUpstream:
         self.handler = handler
         self.requests: list[MockRequest] = []
         self.responses: list[MockResponse] = []
+        self.retained: list[frozenset[str]] = []  # live origins told at each departure
 
     async def send(
         self, method: str, url: str, headers: Sequence[tuple[str, str]], body: bytes | None,
@@ -74,6 +75,9 @@ class MockUpstream:
         response = MockResponse(await self.handler(request))
         self.responses.append(response)
         return response
+
+    def retain_origins(self, live: Collection[str]) -> None:
+        self.retained.append(frozenset(live))
 
     async def aclose(self) -> None:
         return None

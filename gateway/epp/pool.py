@@ -7,7 +7,9 @@ gives one endpoint per target port (`ip:port`), each a replica named `<pod>:<por
 then watches them (the official `kubernetes` client, in one thread: its watch blocks),
 handing the loop the whole endpoint set after every change; a broken watch is listed and
 watched again after `RETRY_S`. `Members` applies a set to the fleet, the router and the
-picker: joiners are probed at once (down until then), leavers forgotten.
+picker: joiners are probed at once (down until then), leavers forgotten everywhere at once
+(`remove`: `Services.remove_replica`, gateway.replicas.departure), so what the picker holds
+per replica is bounded by the live pods, whatever the churn.
 
 A pod counts while it has an IP, its `Ready` condition is True and it is not being
 deleted. The pool's own changes (another selector) need a restart of the picker.
@@ -159,9 +161,9 @@ class PoolWatch:
 class Members:
     """Applies the pool's endpoint sets to the fleet, router and picker (on the loop)."""
 
-    def __init__(self, fleet: Any, router: Any, monitor: Any,
+    def __init__(self, fleet: Any, monitor: Any, remove: Callable[[str], object],
                  set_endpoints: Callable[[Mapping[str, str]], None]) -> None:
-        self.fleet, self.router, self.monitor = fleet, router, monitor
+        self.fleet, self.monitor, self.remove = fleet, monitor, remove
         self.set_endpoints = set_endpoints
         self._probes: set[asyncio.Task[None]] = set()
 
@@ -169,8 +171,7 @@ class Members:
         current = {name: r.url for name, r in self.fleet.replicas.items()}
         new, gone = changes(current, wanted)
         for name in gone:
-            self.fleet.remove(name)
-            self.router.remove_replica(name)
+            self.remove(name)
             log.info("replica left the pool", extra={"replica": name})
         for name, url in new.items():
             replica = self.fleet.add(ReplicaSettings(name=name, url=url))

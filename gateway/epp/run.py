@@ -144,7 +144,7 @@ async def serve_epp(settings: Settings) -> int:
         if epp.pool:
             from gateway.epp.pool import Members, PoolWatch
 
-            members = Members(services.fleet, services.router, services.monitor,
+            members = Members(services.fleet, services.monitor, services.remove_replica,
                               picker.set_endpoints)
             watch = PoolWatch(kube_api(), pool_namespace(epp.pool_namespace), epp.pool,
                               members.apply, asyncio.get_running_loop())

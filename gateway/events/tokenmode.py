@@ -49,6 +49,11 @@ class TokenMode:
         self.index = index
         self._live: dict[str, bool] = {}
 
+    def forget_replica(self, replica: str) -> None:
+        """The replica left the fleet: its liveness and its blocks go."""
+        self._live.pop(replica, None)
+        self.index.remove_replica(replica)
+
     def models(self) -> list[str]:
         return list(self._renderers)
 

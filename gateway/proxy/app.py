@@ -57,7 +57,8 @@ from gateway.proxy.tokenmode import EventFeeds, SimRenderer, start_token_mode
 
 if TYPE_CHECKING:
     from gateway.shared.redis_state import SharedState
-from gateway.replicas.fleet import Fleet
+from gateway.replicas.departure import depart
+from gateway.replicas.fleet import Fleet, Replica
 from gateway.replicas.monitor import FleetMonitor
 from gateway.routing.affinity import AffinityStore, ResponseAffinity
 from gateway.routing.router import Router
@@ -106,6 +107,15 @@ class Services:
     shared: SharedState | None = None  # routing state shared through Redis ([redis])
     gate: Gate | None = None  # the admission queue ([admission])
 
+    def remove_replica(self, name: str) -> Replica | None:
+        """A replica left the fleet: out of every per-replica map at once
+        (gateway.replicas.departure lists them); None when no replica had that name."""
+        return depart(self.fleet, name, (
+            self.router.remove_replica, self.metrics.remove_replica,
+            self.monitor.forget_replica, self.recorder.forget_replica,
+            self.affinity.forget_replica,
+        ), (self.upstream, self.probes))
+
 
 class GatewayApp:
     def __init__(
@@ -148,7 +158,8 @@ class GatewayApp:
             log.info("[tokens] with [auth] keys and no [auth] tenant_cache_salt: routing on "
                      "the engines' shared blocks; replica, prediction and route are withheld "
                      "from non-admin keys (set tenant_cache_salt to isolate tenants)")
-        metrics = GatewayMetrics()
+        # a record of a replica that left is counted apart, never as a new series of it
+        metrics = GatewayMetrics(live=fleet.replicas.__contains__)
         hygiene = settings.hygiene
         recorder = UsageRecorder(
             settings.usage, metrics, access_log=server.access_log, started_at=self.clock(),

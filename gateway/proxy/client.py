@@ -5,10 +5,13 @@ replica, with the rules the relay path needs.
   at most `connections_per_replica` of them. A request over that waits for a free slot at
   most `pool_wait_s`, then fails with `UpstreamPoolBusy` (nothing was sent: the gateway's
   own congestion, answered 503 with Retry-After; never the replica's fault). The slots are
-  one `asyncio.Semaphore` per replica origin (so the map is bounded by the configured
-  fleet), taken before aiohttp is asked for a connection and given back when the response
-  is released or aborted: the wait for a slot is bounded on its own, apart from the
-  connect timeout, and aiohttp's own per-host limit (the same number) never queues.
+  one `asyncio.Semaphore` per replica origin (so the map is bounded by the fleet: when a
+  replica leaves, every origin no live replica has loses its slots, idle pooled connections
+  and closing record, `retain_origins`; one a request still on its way made again after is
+  dropped at the next departure), taken before aiohttp is asked for a connection and
+  given back when the response is released or aborted: the wait for a slot is bounded on
+  its own, apart from the connect timeout, and aiohttp's own per-host limit (the same
+  number) never queues.
 - Delivery: only a failure to open the connection (refused, DNS, socket-connect timeout:
   `ClientConnectorError`, `ConnectionTimeoutError`) is `UpstreamConnectError`, "not
   delivered", which the caller may retry on another replica.
@@ -41,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import select
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +55,7 @@ from aiohttp.connector import Connection
 from aiohttp.tracing import Trace
 from yarl import URL
 
-from gateway.proxy.closing import ClosingPeers
+from gateway.proxy.closing import ClosingPeers, Peer
 from gateway.upstream.errors import (
     UpstreamConnectError,
     UpstreamPoolBusy,
@@ -93,9 +96,11 @@ class _PeekingConnector(aiohttp.TCPConnector):
     `closing`; and `_release`, where a connection goes back to the pool, to close instead
     the connections of replicas that close after every answer anyway."""
 
-    def __init__(self, *, closing: ClosingPeers, **kwargs: Any) -> None:
+    def __init__(self, *, closing: ClosingPeers, pooled: Callable[[Peer], bool],
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._closing = closing
+        self._pooled = pooled  # False for the origin of a replica that left
 
     async def _get(self, key: ConnectionKey, traces: list[Trace]) -> Connection | None:
         peer = (key.host, key.port or 0)
@@ -120,9 +125,18 @@ class _PeekingConnector(aiohttp.TCPConnector):
         # aiohttp's one way back into the pool (at an answer's end, often inside the
         # request when the body came with the head): a replica that closes after every
         # answer gets its connection closed here instead (proxy/closing.py).
-        if not should_close and not self._closing.keep((key.host, key.port or 0)):
-            should_close = True
+        peer = (key.host, key.port or 0)
+        if not should_close and (not self._pooled(peer) or not self._closing.keep(peer)):
+            should_close = True  # (a departed replica's connection is never pooled again)
         super()._release(key, protocol, should_close=should_close)
+
+    def forget(self, host: str, port: int) -> None:
+        """Close and drop the idle pooled connections to (host, port): its replica left.
+        Connections in use are left to their requests (closed when they end, or pooled
+        and then closed by the idle timeout)."""
+        for key in [k for k in self._conns if (k.host, k.port) == (host, port)]:
+            for proto, _ in self._conns.pop(key, ()):
+                proto.close()
 
 
 def _peer_open(conn: Connection) -> bool:
@@ -198,6 +212,7 @@ class AiohttpUpstream:
         self.limits = limits or ClientLimits()
         self._session: aiohttp.ClientSession | None = None
         self._slots: dict[str, asyncio.Semaphore] = {}  # per replica origin (module docstring)
+        self._peers: set[Peer] = set()  # (host, port) of each origin in `_slots`
         self._closing = ClosingPeers()
 
     def _open(self) -> aiohttp.ClientSession:
@@ -212,6 +227,7 @@ class AiohttpUpstream:
         connector = _PeekingConnector(
             limit=0, limit_per_host=lim.connections_per_replica,
             keepalive_timeout=lim.idle_s, ttl_dns_cache=60, closing=self._closing,
+            pooled=self._peers.__contains__,
         )
         session = aiohttp.ClientSession(
             connector=connector, auto_decompress=False,
@@ -228,6 +244,19 @@ class AiohttpUpstream:
         # same way, and tests/test_aiohttp_internals.py fails if the attribute moves.
         session._retry_connection = False
         return session
+
+    def retain_origins(self, live: Collection[str]) -> None:
+        """Drop the slots, idle pooled connections and closing records of every origin not
+        in `live` (module docstring); a request holding a dropped slot gives it back to
+        that semaphore, which nothing else reads."""
+        connector = self._session.connector if self._session is not None else None
+        for gone in [o for o in self._slots if o not in live]:
+            del self._slots[gone]
+            peer = _peer(URL(gone))
+            self._peers.discard(peer)
+            self._closing.forget(peer)
+            if isinstance(connector, _PeekingConnector):
+                connector.forget(*peer)
 
     async def send(
         self, method: str, url: str, headers: Sequence[tuple[str, str]], body: bytes | None,
@@ -250,6 +279,7 @@ class AiohttpUpstream:
         slot = self._slots.get(origin)
         if slot is None:
             slot = self._slots[origin] = asyncio.Semaphore(self.limits.connections_per_replica)
+            self._peers.add(_peer(target))
         if not slot.locked():  # a free slot is taken at once: no timer to arm
             await slot.acquire()
             return slot
@@ -293,6 +323,11 @@ class AiohttpUpstream:
         session, self._session = self._session, None
         if session is not None:
             await session.close()
+
+
+def _peer(target: URL) -> Peer:
+    """(host, port) as the connector keys its pool."""
+    return (target.host or "", target.port or 0)
 
 
 def _describe(exc: BaseException) -> str:

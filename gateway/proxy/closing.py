@@ -42,6 +42,11 @@ class ClosingPeers:
             gone, _ = self._closed.popitem(last=False)
             self._answers.pop(gone, None)
 
+    def forget(self, peer: Peer) -> None:
+        """The replica at `peer` left the fleet."""
+        self._closed.pop(peer, None)
+        self._answers.pop(peer, None)
+
     def keep(self, peer: Peer) -> bool:
         """Whether an answer from `peer` should leave its connection in the pool."""
         if self._closed.get(peer, 0) < self._after:

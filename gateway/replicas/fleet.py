@@ -15,6 +15,12 @@ Memory rule (`memory_verdict`, pure): a replica that went down keeps its routing
 (index, session bindings) while it is down; it is cleared once, when the replica is seen
 restarted (its `/metrics` process start time changed, or a cumulative engine counter went
 backwards: `counters_reset`) or when it comes back after more than `forget_after_s` down.
+
+Departure rule: a replica may leave at any moment (an InferencePool pod deleted while its
+probe, scrape or requests are in flight). Every setter takes a name that left as a result
+nobody waits for: it changes nothing and raises nothing (`holds` tells the monitor whether
+the `Replica` it probed is still the one of that name, so a late answer never reaches a
+new replica that took the name).
 """
 
 from __future__ import annotations
@@ -129,8 +135,14 @@ class Fleet:
         return r
 
     def remove(self, name: str) -> Replica | None:
-        """A replica that left; requests in flight to it finish on their own."""
+        """A replica that left; requests in flight to it finish on their own. Only the
+        whole departure (`gateway.replicas.departure`) calls this: every other map keyed
+        by the name goes at the same time."""
         return self.replicas.pop(name, None)
+
+    def holds(self, replica: Replica) -> bool:
+        """`replica` is still in the fleet (not gone, nor replaced by one of its name)."""
+        return self.replicas.get(replica.name) is replica
 
     def healthy(self) -> list[Replica]:
         return [r for r in self.replicas.values() if r.healthy]
@@ -164,7 +176,9 @@ class Fleet:
         raise not_found(model)
 
     def probe_result(self, name: str, ok: bool, now: float) -> Transition:
-        r = self.replicas[name]
+        r = self.replicas.get(name)
+        if r is None:
+            return None  # left while probed (module docstring)
         if ok:
             r.failures = 0
             r.probed_ok_at = now
@@ -181,14 +195,18 @@ class Fleet:
 
     def set_start_time(self, name: str, start_time: float | None) -> bool:
         """Store the engine's process start time; True when it shows a restart."""
-        r = self.replicas[name]
+        r = self.replicas.get(name)
+        if r is None:
+            return False
         fresh = restarted(r.start_time, start_time)
         if start_time is not None:
             r.start_time = start_time
         return fresh
 
     def set_models(self, name: str, cards: Sequence[dict[str, object]]) -> None:
-        r = self.replicas[name]
+        r = self.replicas.get(name)
+        if r is None:
+            return
         r.model_cards = tuple(cards)
         if r.settings.models is None:
             r.models = frozenset(str(c["id"]) for c in cards if isinstance(c.get("id"), str))
@@ -198,7 +216,9 @@ class Fleet:
         """Store a scrape (asked for at `asked_at`, default its own time, with `in_flight`
         requests of this gateway there then); True when it shows the engine restarted
         since the last one."""
-        r = self.replicas[name]
+        r = self.replicas.get(name)
+        if r is None:
+            return False
         restarted = counters_reset(r.snapshot, snapshot)
         r.snapshot = snapshot
         r.scraped_at = snapshot.ts if asked_at is None else asked_at

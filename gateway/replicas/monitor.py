@@ -38,6 +38,12 @@ boundary (gateway/tasks.py), per replica: whatever a replica answers, or whateve
 wrong with one, is logged (rate-limited) and the other replicas, and the next round, are
 probed and scraped as usual; the gateway starts whatever its first round met. The parsers
 of what replicas send take any value without raising (replicas/scrape.py).
+
+A replica that leaves (`forget_replica`, from gateway.replicas.departure) while its probe,
+scrape, model refresh or details probe is in flight: the answer that comes back after is
+dropped quietly (`Fleet.holds`: the `Replica` probed is no longer the fleet's), never
+stored, published as a metric or told to the router, nor logged as a failure; its suspect
+run is cancelled.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ from gateway.replicas.scrape import parse_engine_metrics
 from gateway.routing.router import Router
 from gateway.settings import Settings
 from gateway.tasks import FailureLog, every, guarded
-from gateway.upstream.errors import UpstreamError, UpstreamProtocolError
+from gateway.upstream.errors import UpstreamConnectError, UpstreamError, UpstreamProtocolError
 from gateway.upstream.seam import Timeouts, Upstream
 from gateway.usage.extract import usage_from_body
 from gateway.usage.metrics import GatewayMetrics
@@ -78,6 +84,12 @@ MAX_PROBE_BYTES = 8 * 1024 * 1024
 
 class ProbeBodyTooLarge(UpstreamProtocolError):
     """A replica's answer to a probe or scrape was over `MAX_PROBE_BYTES`."""
+
+
+class ReplicaLeft(UpstreamConnectError):
+    """The replica left the fleet before this GET was sent: nothing is sent (the client
+    pool would keep its origin again), and the step ends like an unreachable replica's,
+    then drops its result (`Fleet.holds`)."""
 
 
 def warning_due(failures: int) -> bool:
@@ -151,6 +163,8 @@ class FleetMonitor:
     async def _get(self, replica: Replica, path: str) -> tuple[int, bytes]:
         """GET `path`: its status and body, bounded in time (`get_deadline_s`: TimeoutError)
         and in bytes (`ProbeBodyTooLarge`)."""
+        if not self.fleet.holds(replica):
+            raise ReplicaLeft(f"{replica.name} left the fleet")
         async with asyncio.timeout(self.get_deadline_s):
             resp = await self.probes.send(
                 "GET", replica.url + path, replica.upstream_headers, None, self.timeouts
@@ -188,7 +202,10 @@ class FleetMonitor:
         except Exception as exc:
             ok = False  # is no 200: a failed probe, not a stopped health loop
             reason = type(exc).__name__
-            self.failures.failed(f"health probe {replica.name}", exc)
+            if self.fleet.holds(replica):
+                self.failures.failed(f"health probe {replica.name}", exc)
+        if not self.fleet.holds(replica):
+            return ok  # it left while probed: nobody waits for this answer
         failed_before = replica.failures > 0
         transition = self.fleet.probe_result(replica.name, ok, self.clock())
         if transition is not None:
@@ -238,7 +255,18 @@ class FleetMonitor:
         task = asyncio.create_task(guarded(functools.partial(self._probe_suspect, replica),
                                            f"suspect probe {replica.name}", self.failures))
         self._suspects[replica.name] = task
-        task.add_done_callback(lambda _: self._suspects.pop(replica.name, None))
+        task.add_done_callback(functools.partial(self._suspect_done, replica.name))
+
+    def _suspect_done(self, name: str, task: asyncio.Task[None]) -> None:
+        if self._suspects.get(name) is task:  # not a later run for a replica of that name
+            del self._suspects[name]
+
+    def forget_replica(self, name: str) -> None:
+        """The replica left: its suspect run ends (what its other steps get back is dropped
+        when it comes: module docstring)."""
+        task = self._suspects.pop(name, None)
+        if task is not None:
+            task.cancel()
 
     async def _probe_suspect(self, replica: Replica) -> None:
         for i in range(self.fleet.unhealthy_after):
@@ -248,6 +276,8 @@ class FleetMonitor:
                 return
 
     def publish(self, replica: Replica) -> None:
+        if not self.fleet.holds(replica):
+            return  # a departed replica's series went with it; never made again
         self.metrics.replica_state(
             replica.name, replica.healthy, replica.in_flight, replica.snapshot
         )
@@ -262,6 +292,8 @@ class FleetMonitor:
             status, body = await self._get(replica, "/v1/models")
             doc = orjson.loads(body) if status == 200 else None
         except (UpstreamError, orjson.JSONDecodeError):
+            return
+        if not self.fleet.holds(replica):
             return
         data = doc.get("data") if isinstance(doc, dict) else None
         if isinstance(data, list):
@@ -279,10 +311,13 @@ class FleetMonitor:
         try:
             status, body = await self._get(replica, "/metrics")
         except ProbeBodyTooLarge as exc:  # the replica's fault, not the network's: said
-            self.failures.failed(f"scrape {replica.name}", exc)
+            if self.fleet.holds(replica):
+                self.failures.failed(f"scrape {replica.name}", exc)
             status, body = 0, b""
         except UpstreamError:
             status, body = 0, b""
+        if not self.fleet.holds(replica):
+            return  # it left while scraped
         if status != 200:
             self.apply_capacity(replica)  # no engine figure this time: keep the last/configured
             return
@@ -305,7 +340,7 @@ class FleetMonitor:
         """Tell the router the replica's capacity: the engine's last reported figure, else
         the configured `capacity_tokens`, else (None) the router's default. Only for a
         healthy replica: `set_capacity` would add a replica that went down meanwhile."""
-        if replica.healthy:
+        if replica.healthy and self.fleet.holds(replica):
             self.router.set_capacity(replica.name, replica.capacity_tokens(), block_size)
 
     # cached_tokens reporting -------------------------------------------------------------
@@ -320,6 +355,8 @@ class FleetMonitor:
         headers = [("content-type", "application/json"), *replica.upstream_headers]
         answered = False
         for _ in range(2):
+            if not self.fleet.holds(replica):
+                return
             try:
                 resp = await self.upstream.send("POST", replica.url + "/v1/completions",
                                                 headers, body, self.probe_timeouts)
@@ -333,6 +370,8 @@ class FleetMonitor:
                 log.debug("details probe failed", extra={"replica": replica.name,
                                                          "error": str(exc)})
                 return
+            if not self.fleet.holds(replica):
+                return  # it left meanwhile: no verdict about a name that is gone
             usage = usage_from_body(data) if resp.status == 200 else None
             if usage is None or usage.prompt_tokens is None:
                 continue

@@ -388,8 +388,11 @@ class Router:
         self._index.set_capacity(replica, nominal)
 
     def remove_replica(self, replica: str) -> None:
-        """The replica left the fleet: everything about it goes."""
+        """The replica left the fleet: everything about it goes (the token mode's view of
+        it too)."""
         self._index.remove_replica(replica)
+        if self._tokens is not None:
+            self._tokens.forget_replica(replica)
         self._sessions.forget_replica(replica)
         for table in (self._limits, self._capacity_tokens, self._engine_block, self._pending,
                       self._queued, self._live, self._restarted):

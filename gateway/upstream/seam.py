@@ -16,7 +16,7 @@ shape (`tests.upstream_double.MockUpstream`).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,5 +53,9 @@ class Upstream(Protocol):
         self, method: str, url: str, headers: Sequence[tuple[str, str]], body: bytes | None,
         timeouts: Timeouts,
     ) -> UpstreamResponse: ...
+
+    def retain_origins(self, live: Collection[str]) -> None:
+        """A replica left the fleet: drop what is kept per origin (`scheme://host:port`)
+        for every origin not in `live`."""
 
     async def aclose(self) -> None: ...

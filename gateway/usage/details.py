@@ -45,6 +45,11 @@ class CachedTokensReporting:
         self._missing[replica] = n + 1
         return n == 0
 
+    def forget(self, replica: str) -> None:
+        """The replica left the fleet."""
+        self._reporting.discard(replica)
+        self._missing.pop(replica, None)
+
     def missing(self) -> list[str]:
         return sorted(self._missing)
 

@@ -68,11 +68,18 @@ gateway.usage.exposure lists (a family added here is private until it is listed 
 Cardinality: every label value is bounded by configuration or by a fixed set, never by what
 a client sends. `model` is a model some replica serves, or "unknown" (the request path
 replaces a name no replica lists before the record is made: `UNKNOWN_MODEL`), so at most
-(served models + 2); `replica`: the configured replicas; `tenant`: the configured API keys'
+(served models + 2); `replica`: the replicas in the fleet now (configured, or an
+InferencePool's live pods) + "none" + "departed"; `tenant`: the configured API keys'
 tenants + "none"; `route`: the policies' reasons + "forward" (about 10); `status`: HTTP
 statuses the gateway or an engine answered (at most 500 values, 10-20 in practice);
 `reason`, `kind`, `severity`, `sink`, `class`: fixed sets in the code. So the request series are at
 most models x replicas x tenants x routes x statuses, whatever clients send.
+
+Departures: `remove_replica(name)` drops every series labelled with that replica, in every
+family of this registry that has a `replica` label (the upstream counters' too), and the
+cached children that point at them; a request that ends after its replica left is counted
+under `replica="departed"` (`live`), so churn never makes a series again for a name that
+is gone. The replica series are bounded by the live fleet + 2, whatever the churn.
 
 Speed: `observe` runs once per request. `.labels()` costs a lock and a dict lookup per
 metric, so the children for one label tuple are resolved once and cached in a dict keyed
@@ -82,14 +89,16 @@ by that tuple (bounded by label cardinality, like the registry itself).
 from __future__ import annotations
 
 import contextlib
-from typing import Final, NamedTuple
+from collections.abc import Callable
+from typing import Any, Final, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 
 from gateway.admission.config import CLASSES as ADMISSION_CLASSES
 from gateway.admission.shedding import SHED_REASONS
 from gateway.routing.decision import MOVE_REASONS
-from gateway.usage.record import UsageRecord
+from gateway.usage.record import DEPARTED, UsageRecord
 from gateway.usage.snapshot import EngineSnapshot
 
 UNKNOWN_MODEL: Final = "unknown"  # the label of every model name no replica serves
@@ -162,7 +171,10 @@ class _HistChildren(NamedTuple):
 
 
 class GatewayMetrics:
-    def __init__(self) -> None:
+    def __init__(self, live: Callable[[str], bool] | None = None) -> None:
+        # whether a replica is in the fleet now (None: every name is, a fleet that never
+        # changes); a record of one that left is labelled DEPARTED
+        self.live = live
         r = self.registry = CollectorRegistry(auto_describe=True)
         self._requests = Counter(
             "gateway_requests", "Proxied requests by outcome.",
@@ -303,6 +315,8 @@ class GatewayMetrics:
     def observe(self, rec: UsageRecord) -> None:
         model = rec.model or NONE_LABEL
         replica = _label(rec.replica)
+        if not self.live_or_none(rec.replica):
+            replica = DEPARTED
         tokens_key = (model, replica, _label(rec.tenant), _label(rec.route))
         req_key = (*tokens_key, str(rec.status))
         req = self._request_children.get(req_key)
@@ -365,6 +379,10 @@ class GatewayMetrics:
                 without.inc()
             elif prompt > 0:
                 hist.ratio.observe(min(1.0, cached / prompt))
+
+    def live_or_none(self, replica: str | None) -> bool:
+        """No replica (the gateway answered), or one in the fleet now."""
+        return replica is None or self.live is None or self.live(replica)
 
     # -- request path events -----------------------------------------------------------
 
@@ -459,11 +477,29 @@ class GatewayMetrics:
                 gauge.labels(name).set(value)
 
     def remove_replica(self, name: str) -> None:
-        """Forget a replica's gauges (it left the fleet)."""
-        for gauge in (self._healthy, self._in_flight, self._kv, self._waiting, self._running,
-                      self._hits, self._queries, self._capacity):  # fmt: skip
-            with contextlib.suppress(KeyError):
-                gauge.remove(name)
+        """The replica left the fleet: every series labelled with it goes, in every family
+        of the registry with a `replica` label, and the cached children of those series
+        (a name that comes back starts from new ones)."""
+        for family in replica_families(self.registry):
+            family.remove_by_labels({"replica": name})
+        _drop_keys(self._request_children, name)
+        _drop_keys(self._token_children, name)
+        _drop_keys(self._hist_children, name)
+        self._without_children.pop(name, None)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _drop_keys(cache: dict[Any, Any], replica: str) -> None:
+    """Drop a cache's children whose label tuple names `replica` (its second label)."""
+    for key in [k for k in cache if k[1] == replica]:
+        del cache[key]
+
+
+def replica_families(registry: CollectorRegistry) -> list[MetricWrapperBase]:
+    """Every family registered on `registry` with a `replica` label: a family added later,
+    here or elsewhere on the gateway's registry, is found without a list to keep."""
+    collectors = list(registry._collector_to_names)  # no public way to list them
+    return [c for c in collectors
+            if isinstance(c, MetricWrapperBase) and "replica" in c._labelnames]

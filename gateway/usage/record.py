@@ -15,6 +15,9 @@ from typing import Any, Final
 
 from gateway.hygiene.finding import Finding
 
+# The replica of a request that ended after its replica left the fleet, in the metrics and
+# the /stats windows (the usage log and sinks keep the real name: they hold no map of it).
+DEPARTED: Final = "departed"
 ENDPOINT_KINDS: Final = frozenset({"chat", "completions", "responses", "messages"})
 
 

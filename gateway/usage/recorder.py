@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,7 +48,7 @@ from gateway.usage.config import UsageConfig
 from gateway.usage.details import CachedTokensReporting, missing_cached_tokens_warning
 from gateway.usage.findings import LatestFindings, costly_kinds
 from gateway.usage.metrics import GatewayMetrics
-from gateway.usage.record import UsageRecord
+from gateway.usage.record import DEPARTED, UsageRecord
 from gateway.usage.sinks import FileSink, Sink, SinkPump, StdoutSink
 from gateway.usage.snapshot import EngineSnapshot
 from gateway.usage.stats import UsageWindows
@@ -195,13 +196,15 @@ class UsageRecorder:
             if self._access_log:
                 log_access(rec)
             self._metrics.observe(rec)
-            self._windows.add(rec)
+            live = self._metrics.live_or_none(rec.replica)
+            # a request that ended after its replica left: no row of that name again
+            self._windows.add(rec if live else dataclasses.replace(rec, replica=DEPARTED))
             if rec.findings:
                 self._latest.add(rec)
                 if self._finding_log is not None:
                     self._log_findings(rec)
             self._log_summary(rec.ts)
-            if self._details.add(rec):
+            if live and self._details.add(rec):
                 log.warning("%s", missing_cached_tokens_warning(rec.replica or ""))
             if self._pumps:
                 line = orjson.dumps(rec) + b"\n"
@@ -221,6 +224,13 @@ class UsageRecorder:
         if self._details.probe(replica, reports):
             log.warning("%s", missing_cached_tokens_warning(replica),
                         extra={"replica": replica, "source": "startup probe"})
+
+    def forget_replica(self, replica: str) -> None:
+        """The replica left the fleet: its cached_tokens verdict goes and its /stats rows
+        count as "departed" (a record that ends after is not tracked under its name:
+        `GatewayMetrics.live`)."""
+        self._details.forget(replica)
+        self._windows.forget_replica(replica)
 
     def missing_cached_tokens_replicas(self) -> list[str]:
         """Replicas that send usage without cached_tokens (see gateway.usage.details)."""

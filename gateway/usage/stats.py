@@ -47,7 +47,7 @@ import math
 from typing import Any, Final
 
 from gateway.usage.findings import FindingTally
-from gateway.usage.record import UsageRecord
+from gateway.usage.record import DEPARTED, UsageRecord
 from gateway.usage.sketch import QuantileSketch
 
 NONE_KEY: Final = "none"
@@ -190,6 +190,18 @@ class Bucket:
         if rec.stream and ttft is not None and completion is not None and completion > 1:
             self.tpot.add((rec.latency_ms - ttft) / (completion - 1))
 
+    def rename_replica(self, old: str, new: str) -> None:
+        """Count `old`'s rows as `new`'s (merged where `new` has the same model and
+        tenant)."""
+        for key in [k for k in self.totals if k[1] == old]:
+            t = self.totals.pop(key)
+            to = (key[0], new, key[2])
+            mine = self.totals.get(to)
+            if mine is None:
+                self.totals[to] = t
+            else:
+                mine.merge(t)
+
     def merge(self, o: Bucket) -> None:
         for key, t in o.totals.items():
             mine = self.totals.get(key)
@@ -265,6 +277,13 @@ class UsageWindows:
         limit = self._newest - self._keep
         for idx in [i for i in self._buckets if i <= limit]:
             self._archive.merge(self._buckets.pop(idx))
+
+    def forget_replica(self, replica: str) -> None:
+        """The replica left the fleet: its rows, in every window and since start, are
+        counted as `DEPARTED`'s from now on (totals kept; the rows bounded by the live
+        fleet + "departed" + the gateway's own answers)."""
+        for bucket in (*self._buckets.values(), self._archive):
+            bucket.rename_replica(replica, DEPARTED)
 
     def bucket_count(self) -> int:
         return len(self._buckets)
