@@ -18,9 +18,11 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   then the engine is assumed to run `max(PROBE_SEQS, 2 x the most it was seen running)`:
   the limit doubles as the engine proves it runs more, so a replica is neither flooded at
   start nor held to a guess. Learned from any scrape, fresh or not: it is the engine's
-  configuration, not its load; once learned it stays for the gateway's life (a queue
-  that held the same running count that long for another reason, a full KV cache, is
-  taken as the limit too: the concurrency that cache allowed).
+  configuration, not its load; once learned it stays until the engine restarts (it may
+  come back with another `--max-num-seqs`) or its replica leaves the fleet, when
+  fleetview.py starts learning afresh (a queue that held the same running count that
+  long for another reason, a full KV cache, is taken as the limit too: the concurrency
+  that cache allowed).
 
 Bounds: one `Capacity` per replica in the fleet (the gate drops those that left).
 """

@@ -16,6 +16,9 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   queued prefill of what it shows out of the engine's waiting queue
   (`Router.engine_began`).
 
+What an engine showed it runs is learnt afresh after each restart the router takes as new
+(`Router.restarts`) and when its replica leaves and comes back (another `Replica`).
+
 Bounds: one learned `Capacity`, one last `EngineView` and one doubt per replica of the
 fleet; those of replicas that left are dropped (`forget_left`).
 """
@@ -44,6 +47,8 @@ class FleetView:
         self.max_age_s = max_age_s
         self._suspect = suspect
         self._capacity: dict[str, Capacity] = {}  # what each engine showed it runs
+        # whose engine that was: the replica object and its restart count when learnt
+        self._learnt_of: dict[str, tuple[Replica, int]] = {}
         self._views: dict[str, EngineView] = {}  # the last read, for /stats
         self._doubted: dict[str, float] = {}  # replica -> when a request left it unanswered
 
@@ -94,6 +99,14 @@ class FleetView:
                             snap.num_requests_waiting, snap.kv_cache_usage,
                             replica.in_flight_at_scrape)
         old = self._capacity.get(name, Capacity())
+        epoch = (replica, self.router.restarts(name))
+        seen = self._learnt_of.get(name)
+        if seen is None or seen[0] is not replica or seen[1] != epoch[1]:
+            if seen is not None:
+                # another engine: it restarted (maybe with another --max-num-seqs) or its
+                # replica left and came back; the scrape at hand may predate that
+                old = Capacity(last_ts=None if scrape is None else scrape.ts)
+            self._learnt_of[name] = epoch
         cap = self._capacity[name] = learn(old, scrape)
         v = self._views[name] = view(scrape, cap, own, self.clock(), self.max_age_s)
         if scrape is not None and cap.last_ts != old.last_ts and v.source == "engine":
@@ -114,6 +127,7 @@ class FleetView:
             return
         for name in [n for n in self._capacity if n not in fleet.replicas]:
             self._capacity.pop(name, None)
+            self._learnt_of.pop(name, None)
             self._views.pop(name, None)
             self._doubted.pop(name, None)
 

@@ -25,6 +25,14 @@ replica's own engine signals (engine.py, room.py), and a new scrape that shows t
 engine's queue empty ends the queued prefill of what was sent before it
 (`Router.engine_began`).
 
+Error boundary (gateway/tasks.py): every pass (on arrival, in `done`, in the ticker) runs
+inside it, so an error in one (the router, the drain rate, metrics) is logged,
+rate-limited, and the next pass starts afresh: the ticker goes on, another request's
+`done` never raises it, a waiter never stays queued with nobody to release it. A waiter
+whose own decision fails is answered at once (a 400 for a body the router cannot render,
+else an OpenAI-shaped 500 `internal_error`); the accounting after a decision (shares,
+metrics) cannot undo it.
+
 A waiter whose client disconnects is cancelled by the request path: its future is
 cancelled at once, so the dispatcher never releases it, and it leaves its flow in the
 same step. A waiter still queued at its class's limit is shed (`wait_timeout`).
@@ -38,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -60,11 +69,15 @@ from gateway.admission.shedding import (
 )
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import Router
+from gateway.tasks import FailureLog, supervised
+from gateway.upstream.errors import GatewayError
 
 if TYPE_CHECKING:  # annotations only: replicas reach usage, whose metrics name admission's labels
     from gateway.replicas.fleet import Fleet, Replica
     from gateway.routing.plan import RoutePlan
     from gateway.usage.metrics import GatewayMetrics
+
+log = logging.getLogger("gateway.admission")
 
 WAIT_SAMPLES = 4096  # per class, for the /stats quantiles
 NO_TENANT = "none"
@@ -159,6 +172,7 @@ class Gate:
             c: deque(maxlen=WAIT_SAMPLES) for c in CLASSES}
         self._shed: dict[ShedReason, int] = dict.fromkeys(SHED_REASONS, 0)
         self._admitted_tokens: dict[str, int] = {}
+        self.failures = FailureLog(log)  # the dispatcher's error boundary (module docstring)
 
     # the protocol -----------------------------------------------------------------------
 
@@ -210,11 +224,11 @@ class Gate:
         self._flows.setdefault(flow, deque()).append(waiter)
         self._tokens[flow] = self._tokens.get(flow, 0.0) + tokens
         self._count += 1
-        self._depth()
-        self._dispatch()
-        if not waiter.future.done():
-            self._start_ticker()
-        try:
+        try:  # from here on, whatever happens, it leaves its flow (`_leave`, below)
+            self._depth()
+            self._dispatch_guarded()
+            if not waiter.future.done():
+                self._start_ticker()
             async with asyncio.timeout(max_wait - (self.timer() - now)):
                 return await waiter.future
         except TimeoutError:
@@ -243,7 +257,7 @@ class Gate:
         else:
             self._admitted.pop(name, None)
         if self._count:
-            self._dispatch()
+            self._dispatch_guarded()  # never an error in this request's own cleanup
 
     async def aclose(self) -> None:
         if self._ticker is not None:
@@ -304,7 +318,20 @@ class Gate:
         decision = plan.decision
         name = decision.replica
         self._admitted[name] = self._admitted.get(name, 0) + 1
-        tokens = decision.estimated_prompt_tokens
+        # decided and counted: from here the request goes whatever the accounting does
+        # (an error there would leave a ticket nobody holds, its slot taken for ever)
+        try:
+            self._account(cls, flow, decision.estimated_prompt_tokens, waited_s,
+                          queued=queued)
+        except Exception as exc:  # the boundary: the shares are wrong, the request goes
+            self.failures.failed("admission accounting", exc)
+        engine = None
+        if cls != "normal" and self._priority_replicas.issuperset(decision.ranked):
+            engine = priority.ENGINE_PRIORITY[cls]
+        return Ticket(plan, cls, name, engine, waited_s * 1000.0 if queued else None)
+
+    def _account(self, cls: Priority, flow: Flow, tokens: int, waited_s: float, *,
+                 queued: bool) -> None:
         if queued:
             self._shares.charge(flow, tokens)
         self._recent.add(flow, tokens, self.timer())
@@ -312,10 +339,6 @@ class Gate:
         self._admitted_tokens[tenant] = self._admitted_tokens.get(tenant, 0) + tokens
         self._waits[cls].append(waited_s * 1000.0)
         self.metrics.admission_admitted(cls, tenant, tokens, waited_s)
-        engine = None
-        if cls != "normal" and self._priority_replicas.issuperset(decision.ranked):
-            engine = priority.ENGINE_PRIORITY[cls]
-        return Ticket(plan, cls, name, engine, waited_s * 1000.0 if queued else None)
 
     def _dispatch(self) -> None:
         """Release every waiter that may go now, in fair-share order. Each replica's load
@@ -391,8 +414,14 @@ class Gate:
                 try:
                     ticket = self._go(w.ask, w.cls, w.flow, allowed, self.clock(),
                                       now - w.arrived, queued=True, preview=w.preview)
-                except ValueError as exc:
+                except ValueError as exc:  # a body the router cannot render: 400
                     w.future.set_exception(exc)
+                    return allowed[0].name
+                except Exception as exc:  # a bug: this waiter is answered, the rest go on
+                    self.failures.failed("admission decision", exc)
+                    w.future.set_exception(GatewayError(
+                        500, "The gateway failed to route this request.",
+                        code="internal_error"))
                     return allowed[0].name
                 w.future.set_result(ticket)
                 self._drain.add(now, ticket.plan.decision.estimated_prompt_tokens)
@@ -442,14 +471,24 @@ class Gate:
         for c, n in queued.items():
             self.metrics.admission_queued(c, n)
 
+    def _dispatch_guarded(self) -> None:
+        """`_dispatch` inside the error boundary: a pass that fails is logged (rate-limited)
+        and the next one (a `done`, an arrival, the ticker) starts afresh; every waiter
+        stays in its flow, answered by a later pass or at its class's limit."""
+        try:
+            self._dispatch()
+        except Exception as exc:  # the boundary: anything but cancellation
+            self.failures.failed("admission dispatch", exc)
+
     def _start_ticker(self) -> None:
         if self._ticker is None or self._ticker.done():
-            self._ticker = asyncio.create_task(self._tick())
+            self._ticker = asyncio.create_task(
+                supervised("admission ticker", self._tick, self.failures))
 
     async def _tick(self) -> None:
         while self._count:
             await asyncio.sleep(self.config.recheck_s)
-            self._dispatch()
+            self._dispatch_guarded()
 
 
 def _quantiles(samples: deque[float]) -> dict[str, float | None]:

@@ -109,6 +109,8 @@ class Router:
         # replica -> its last restart (cache empty since its `at`): older block facts void;
         # one entry per replica the router was told of, removed with it like the tables
         self._restarted: dict[str, RestartMark] = {}
+        # replica -> how many restarts this router took as new (`restarts`), bounded the same
+        self._restart_count: dict[str, int] = {}
 
     # the protocol -----------------------------------------------------------------------
     def decide(
@@ -392,7 +394,7 @@ class Router:
         self._index.remove_replica(replica)
         self._sessions.forget_replica(replica)
         for table in (self._limits, self._capacity_tokens, self._engine_block, self._pending,
-                      self._queued, self._live, self._restarted):
+                      self._queued, self._live, self._restarted, self._restart_count):
             table.pop(replica, None)
 
     def replica_restarted(self, replica: str, now: float, started: float | None = None,
@@ -413,9 +415,16 @@ class Router:
         scrape, and a second clear would drop what was learnt in between."""
         new, self._restarted[replica] = settle(self._restarted.get(replica), seen)
         if new:
+            self._restart_count[replica] = self._restart_count.get(replica, 0) + 1
             self._index.clear(replica)
             self._sessions.forget_replica(replica)
         return new
+
+    def restarts(self, replica: str) -> int:
+        """How many restarts of `replica` were taken as new since it joined (however they
+        were seen: its metrics, its KV events, down too long, another instance's fact):
+        what was learnt of its engine before the last one is void (admission/fleetview.py)."""
+        return self._restart_count.get(replica, 0)
 
     def share(self, publish: Callable[[Fact], None] | None) -> None:
         """Publish every fact this router learns to `publish` (shared state), or stop."""

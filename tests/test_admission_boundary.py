@@ -1,0 +1,194 @@
+"""The admission queue's error boundary and what it forgets (in process: a Gate with a
+Fleet and a real Router, no network).
+
+- An error in a dispatch pass (the router, the drain rate, metrics) never stops the
+  ticker, never escapes into another request's `done`, never strands a waiter: the waiter
+  whose own decision failed is answered at once with an OpenAI-shaped 500, the others go on.
+- What an engine was seen to run at once is forgotten when it restarts (it may come back
+  with another --max-num-seqs) and when its replica leaves the fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gateway.admission.gate import Gate
+from gateway.replicas.fleet import Fleet
+from gateway.routing.router import Router
+from gateway.settings import ReplicaSettings
+from gateway.upstream.errors import GatewayError
+from tests.test_admission_engine import Clock, ask, busy, snap, world
+
+
+class Flaky:
+    """Wraps one of the router's methods: raises RuntimeError while `on` (or for the asks
+    whose text is in `texts`), else calls through."""
+
+    def __init__(self, router: Router, method: str, texts: tuple[str, ...] = ()) -> None:
+        self.real = getattr(router, method)
+        self.on = False
+        self.raised = 0
+        self.texts = texts
+        setattr(router, method, self)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        text = ""
+        if args and isinstance(args[0], dict):
+            text = args[0]["messages"][0]["content"]
+        if self.on or text in self.texts:
+            self.raised += 1
+            raise RuntimeError("a bug in one pass")
+        return self.real(*args, **kwargs)
+
+
+async def until(check: Any) -> None:
+    """Wait (bounded: 5 s, in steps of 1 ms) until `check()`."""
+    for _ in range(5000):
+        if check():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition not met in time")
+
+
+def test_the_ticker_goes_on_after_an_error_in_a_pass() -> None:
+    async def run() -> str:
+        g, router, fleet, _, _ = world(replica_max_in_flight=1, own_replica_max_wait_s=0.0)
+        a, b = fleet.replicas["a"], fleet.replicas["b"]
+        b.healthy = False
+        held = await busy(g, fleet, "a", 1)
+        waiter = asyncio.create_task(g.admit(ask("w"), [a]))
+        await until(lambda: g.stats()["queued"]["normal"] == 1)
+        flaky = Flaky(router, "queued_by_replica")
+        flaky.on = True
+        await until(lambda: flaky.raised >= 2)  # ticks met the error and went on
+        flaky.on = False
+        b.healthy = True  # only the ticker can see this: nothing finishes meanwhile
+        ticket = await asyncio.wait_for(waiter, 5)
+        g.done(held[0])
+        g.done(ticket)
+        await g.aclose()
+        return ticket.plan.decision.replica
+    assert asyncio.run(run()) == "b"
+
+
+def test_an_error_in_a_pass_does_not_escape_into_another_requests_done() -> None:
+    async def run() -> tuple[str, int]:
+        g, router, fleet, _, _ = world(replica_max_in_flight=1, own_replica_max_wait_s=0.0)
+        a = fleet.replicas["a"]
+        fleet.replicas["b"].healthy = False
+        (held,) = await busy(g, fleet, "a", 1)
+        waiter = asyncio.create_task(g.admit(ask("w"), [a]))
+        await until(lambda: g.stats()["queued"]["normal"] == 1)
+        flaky = Flaky(router, "queued_by_replica")
+        flaky.on = True
+        a.in_flight -= 1
+        held.plan.outcome.prompt_tokens = 8
+        g.done(held)  # its own cleanup: the pass it runs fails, but not this call
+        flaky.on = False
+        ticket = await asyncio.wait_for(waiter, 5)  # the ticker releases it
+        g.done(ticket)
+        await g.aclose()
+        return ticket.plan.decision.replica, g._count
+    assert asyncio.run(run()) == ("a", 0)
+
+
+def test_an_error_in_the_pass_on_arrival_leaves_the_waiter_waiting() -> None:
+    async def run() -> tuple[str, int]:
+        g, router, fleet, _, _ = world(replica_max_in_flight=1, own_replica_max_wait_s=0.0)
+        a, b = fleet.replicas["a"], fleet.replicas["b"]
+        b.healthy = False
+        held = await busy(g, fleet, "a", 1)
+        flaky = Flaky(router, "queued_by_replica")
+        flaky.on = True
+        waiter = asyncio.create_task(g.admit(ask("w"), [a]))
+        await until(lambda: flaky.raised >= 1)
+        await asyncio.sleep(0.01)
+        assert not waiter.done() and g.stats()["queued"]["normal"] == 1
+        flaky.on = False
+        b.healthy = True
+        ticket = await asyncio.wait_for(waiter, 5)
+        g.done(held[0])
+        g.done(ticket)
+        await g.aclose()
+        return ticket.plan.decision.replica, g._count
+    assert asyncio.run(run()) == ("b", 0)
+
+
+def test_a_waiter_whose_decision_fails_is_answered_at_once_and_the_others_go() -> None:
+    async def run() -> tuple[BaseException | None, str, int]:
+        g, router, fleet, _, _ = world(replica_max_in_flight=1, own_replica_max_wait_s=0.0)
+        a, b = fleet.replicas["a"], fleet.replicas["b"]
+        b.healthy = False
+        held = await busy(g, fleet, "a", 1)
+        Flaky(router, "decide", texts=("w0",))
+        w0 = asyncio.create_task(g.admit(ask("w0"), [a]))
+        await until(lambda: g.stats()["queued"]["normal"] == 1)
+        w1 = asyncio.create_task(g.admit(ask("w1"), [a]))
+        await until(lambda: g.stats()["queued"]["normal"] == 2)
+        b.healthy = True  # room for one: w0 first, whose decision fails
+        err = None
+        try:
+            await asyncio.wait_for(w0, 5)  # at once, not at its 30 s max wait
+        except GatewayError as exc:
+            err = exc
+        ticket = await asyncio.wait_for(w1, 5)
+        g.done(held[0])
+        g.done(ticket)
+        await g.aclose()
+        return err, ticket.plan.decision.replica, g._count
+    err, went, count = asyncio.run(run())
+    assert isinstance(err, GatewayError) and err.status == 500
+    assert err.code == "internal_error" and went == "b" and count == 0
+
+
+# what an engine showed it runs: forgotten with the engine --------------------------------
+
+def saturate(g: Gate, fleet: Fleet, clock: Clock, running: int) -> Any:
+    """Scrapes of replica a showing `running` requests running and 2 waiting, 3 s long."""
+    a = fleet.replicas["a"]
+    for _ in range(4):
+        clock.t += 1.0
+        fleet.set_snapshot("a", snap(clock, running=running, waiting=2), clock.t, 0)
+        g._load(a)
+    return g.stats()["replicas"]["a"]["seq_limit"]
+
+
+def test_a_restarted_engine_is_learned_again() -> None:
+    """Seen running 8 at most while requests waited; restarted with --max-num-seqs 2: it
+    runs 2 with requests waiting, and 2 is what it runs (not the old 8 for ever)."""
+    async def run() -> tuple[int, int]:
+        g, router, fleet, clock, _ = world()
+        router.add_replica("a")
+        before = saturate(g, fleet, clock, 8)
+        clock.t += 1.0
+        router.replica_restarted("a", clock.t, clock.t - 0.5, sign="counters")
+        after = saturate(g, fleet, clock, 2)
+        await g.aclose()
+        return before, after
+    assert asyncio.run(run()) == (8, 2)
+
+
+def test_a_replica_that_left_and_came_back_is_learned_again() -> None:
+    async def run() -> tuple[int, int | None]:
+        g, _, fleet, clock, _ = world()
+        before = saturate(g, fleet, clock, 8)
+        fleet.remove("a")
+        back = fleet.add(ReplicaSettings(name="a", url="http://a:8000", models=("m",)))
+        back.healthy = True
+        g._load(back)  # not scraped yet: nothing known of what it runs
+        await g.aclose()
+        return before, g.stats()["replicas"]["a"]["seq_limit"]
+    assert asyncio.run(run()) == (8, None)
+
+
+@pytest.mark.parametrize("started", [None, 5.0])
+def test_restarts_are_counted_per_replica(started: float | None) -> None:
+    router = world()[1]
+    router.add_replica("a")
+    assert router.restarts("a") == 0
+    router.replica_restarted("a", 100.0, started, sign="counters")
+    router.replica_restarted("a", 100.0, started, sign="counters")  # the same one again
+    assert router.restarts("a") == 1 and router.restarts("b") == 0
