@@ -4,7 +4,8 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
 - **Where** (`pool`): the fleet's healthy candidates for the model at this moment
   (`Fleet.candidates`, as the request path asks on arrival; a pinned request its replica
   alone), so a replica that went down while requests waited gets none of them and one that
-  came up serves them. Without a fleet (the queue's own tests): the arrival's candidates
+  came up serves them. When none is left, the fleet's 503 (or 404) is raised: the gate
+  answers the waiters with it, as a request arriving then is answered. Without a fleet (the queue's own tests): the arrival's candidates
   still healthy.
 - **Trusted** (`doubt`, `trusted`): a replica a request left with no whole answer (no
   usage: refused, cut mid-stream, an error answer, or its client left first) is doubted,
@@ -31,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 from gateway.admission.engine import Capacity, EngineView, Scrape, learn, view
 from gateway.admission.room import ReplicaLoad
 from gateway.routing.router import Router
-from gateway.upstream.errors import GatewayError
 
 if TYPE_CHECKING:  # annotations only: replicas reach usage, whose metrics name admission's labels
     from gateway.replicas.fleet import Fleet, Replica
@@ -60,10 +60,9 @@ class FleetView:
         if pin is not None:
             r = self.fleet.replicas.get(pin)
             return [r] if r is not None and r.healthy else []
-        try:
-            return list(self.fleet.candidates(model))
-        except GatewayError:  # none healthy now: it waits for one to come up
-            return []
+        # none healthy (503) or none serving it (404): raised, as a request arriving now
+        # is told; waiting would only end in a 429 that blames load
+        return list(self.fleet.candidates(model))
 
     def doubt(self, outcome: Outcome) -> None:
         """A request is over: no usage means no whole answer from its replica."""

@@ -17,7 +17,8 @@ decided by the router among the replicas with room, charged to its flow, and rel
 Late binding to the fleet as it is now: each pass reads the healthy candidates of each
 waiting model from the fleet (`Fleet.candidates`, what the request path asks on arrival),
 so a replica that went down while requests waited receives none of them and one that came
-up (or joined) serves them. A replica that a request left with no whole answer (its
+up (or joined) serves them; when none is left, its waiters are answered at once with the
+error an arrival gets then (503 `no_healthy_replica`), not held to their class's limit. A replica that a request left with no whole answer (its
 connection refused or cut: a replica dying is seen there seconds before the probes mark
 it down) is doubted: it takes no request from the queue until a health probe, asked
 for at once (`FleetMonitor.suspect`), succeeds after that. Room comes from each
@@ -350,11 +351,17 @@ class Gate:
         cfg = self.config
         self._fleet_view.forget_left()
         pools: dict[tuple[str, str | None], list[Replica]] = {}
+        gone: dict[tuple[str, str | None], GatewayError] = {}
         for q in self._flows.values():
             for w in q:
                 key = (w.ask.model, w.ask.pin)
-                if key not in pools:
-                    pools[key] = self._fleet_view.pool(w.ask.model, w.ask.pin, w.pool)
+                if key not in pools and key not in gone:
+                    try:
+                        pools[key] = self._fleet_view.pool(w.ask.model, w.ask.pin, w.pool)
+                    except GatewayError as err:  # no replica left for it (fleetview.py)
+                        gone[key] = err
+        if gone:
+            self._answer(gone)
         queued = self.router.queued_by_replica()
         replicas = {r.name: r for pool in pools.values() for r in pool}
         base = {name: self._load(r, queued.get(name, 0.0)) for name, r in replicas.items()}
@@ -442,6 +449,19 @@ class Gate:
             self._tokens.pop(w.flow, None)
             self._shares.forget_idle(self._tokens)
         self._depth()
+
+    def _answer(self, gone: Mapping[tuple[str, str | None], GatewayError]) -> None:
+        """Answer the waiters for models no replica can serve now with the fleet's error
+        (503 none healthy, 404 none serving it): what an arrival is told at that moment."""
+        for q in list(self._flows.values()):
+            for w in list(q):
+                err = gone.get((w.ask.model, w.ask.pin))
+                if err is None:
+                    continue
+                self._leave(w)
+                if not w.future.done():  # one error each: a raised one gathers a traceback
+                    w.future.set_exception(GatewayError(err.status, err.message, code=err.code,
+                                                        param=err.param))
 
     def _displace(self, cls: Priority) -> None:
         """Shed the youngest waiter of the lowest class below `cls` for a newcomer."""
