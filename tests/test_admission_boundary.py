@@ -11,11 +11,13 @@ Fleet and a real Router, no network).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
 
-from gateway.admission.gate import Gate
+from gateway.admission.engine import Capacity, Scrape, learn, view
+from gateway.admission.gate import Ask, Gate
 from gateway.replicas.fleet import Fleet
 from gateway.routing.router import Router
 from gateway.settings import ReplicaSettings
@@ -192,3 +194,47 @@ def test_restarts_are_counted_per_replica(started: float | None) -> None:
     router.replica_restarted("a", 100.0, started, sign="counters")
     router.replica_restarted("a", 100.0, started, sign="counters")  # the same one again
     assert router.restarts("a") == 1 and router.restarts("b") == 0
+
+
+# odd engine figures ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("odd", [1e308, 2.0**40, 1e9])
+def test_an_impossible_running_count_teaches_nothing(odd: float) -> None:
+    """One scrape with a running count no engine runs (1e308, a counter read as a gauge)
+    is no figure: afterwards the engine's queue beside 4 running still shows its limit
+    (were 1e308 taken as the most it ran, 4 could never be the limit again)."""
+    cap = learn(Capacity(), Scrape(0.0, odd, 0.0, None, 0))
+    assert cap.most_running is None and cap.seq_limit is None
+    assert view(Scrape(0.0, odd, 0.0, None, 0), cap, 1, 0.5, 10.0).source == "gateway"
+    for ts in (1.0, 2.0, 3.0, 4.0):
+        cap = learn(cap, Scrape(ts, 4.0, 2.0, None, 0))
+    assert cap.seq_limit == 4
+
+
+def test_without_engine_figures_a_non_streamed_prefill_ends_by_the_cost_model() -> None:
+    """An engine that exports no running/waiting counts (llama.cpp) or whose scrapes fail:
+    a non-streamed request's first byte is its last, and nothing else says its prefill
+    began. It counts as queued prefill for the time the routing cost model gives its
+    prompt (and those sent before it), not until its answer ends: otherwise 4 prompts of
+    ~5k tokens hold `normal`'s prefill room for their whole generation."""
+    async def run() -> tuple[int, str, float]:
+        g, router, fleet, clock, _ = world()
+        fleet.replicas["b"].healthy = False
+        a = fleet.replicas["a"]
+        def doc(i: int) -> Ask:  # ~6.9k tokens, sent now (the router's clock)
+            return dataclasses.replace(ask(f"document {i}: " + "alpha beta " * 2500),
+                                       ts=clock.t)
+        big = [await g.admit(doc(i), [a]) for i in range(3)]
+        a.in_flight = 3
+        waiter = asyncio.create_task(g.admit(doc(9), [a]))
+        await until(lambda: g.stats()["queued"]["normal"] == 1)
+        queued = int(router.queued_tokens("a"))
+        # the three prompts' prefill at 33 us a token is well under a second
+        clock.t += 1.0
+        ticket = await asyncio.wait_for(waiter, 5)
+        for t in [*big, ticket]:
+            g.done(t)
+        await g.aclose()
+        return queued, g.stats()["replicas"]["a"]["source"], ticket.plan.decision.replica
+    queued, source, went = asyncio.run(run())
+    assert queued > 16384 and source == "gateway" and went == "a"

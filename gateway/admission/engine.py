@@ -40,6 +40,11 @@ PROBE_SEQS = 8
 # be taken as the engine's limit (several of vLLM's steps, even long prefill ones)
 SATURATION_S = 2.0
 
+# a running count above this is no figure (no engine runs that many sequences at once: a
+# counter exported as a gauge, a corrupt line); learnt, it would stand as the most the
+# engine ever ran, and no real limit below it could be learnt after it
+MAX_RUNNING = 1 << 16
+
 Source = Literal["engine", "gateway"]
 
 
@@ -85,17 +90,19 @@ class EngineView:
     seq_limit: int | None  # what it runs at once (None: never scraped)
 
 
-def _count(x: float | None) -> int | None:
-    if x is None or not math.isfinite(x) or x < 0:
+def _count(x: float | None, most: int = 2**31) -> int | None:
+    """A count as scraped, None when it is none (missing, nan, inf, negative, above
+    `most`)."""
+    if x is None or not math.isfinite(x) or x < 0 or x > most:
         return None
-    return int(min(x, 2**31))
+    return int(x)
 
 
 def learn(cap: Capacity, scrape: Scrape | None) -> Capacity:
     """Fold a scrape into what the engine has shown it can run (once per scrape)."""
     if scrape is None or scrape.ts == cap.last_ts:
         return cap
-    running, waiting = _count(scrape.running), _count(scrape.waiting)
+    running, waiting = _count(scrape.running, MAX_RUNNING), _count(scrape.waiting)
     if running is None:
         return Capacity(scrape.ts, cap.saturated, cap.most_running)
     saturated = cap.saturated
@@ -117,7 +124,7 @@ def view(scrape: Scrape | None, cap: Capacity, own_now: int, now: float,
     if scrape is None:
         return EngineView("gateway", None, None, None, None, seq_limit)
     age = max(0.0, now - scrape.ts)
-    running, waiting = _count(scrape.running), _count(scrape.waiting)
+    running, waiting = _count(scrape.running, MAX_RUNNING), _count(scrape.waiting)
     if age > max_age_s or running is None or waiting is None:
         return EngineView("gateway", age, None, None, None, seq_limit)
     delta = own_now - scrape.own_at_scrape

@@ -5,8 +5,8 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   (`Fleet.candidates`, as the request path asks on arrival; a pinned request its replica
   alone), so a replica that went down while requests waited gets none of them and one that
   came up serves them. When none is left, the fleet's 503 (or 404) is raised: the gate
-  answers the waiters with it, as a request arriving then is answered. Without a fleet (the queue's own tests): the arrival's candidates
-  still healthy.
+  answers the waiters with it, as a request arriving then is answered. Without a fleet
+  (the queue's own tests): the arrival's candidates still healthy.
 - **Trusted** (`doubt`, `trusted`): a replica a request left with no whole answer (no
   usage: refused, cut mid-stream, an error answer, or its client left first) is doubted,
   and a probe is asked for at once (`suspect`: `FleetMonitor.suspect`); it takes nothing
@@ -15,7 +15,9 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
 - **Load** (`load`): engine.py's reading of the last scrape (fresh or stale, what was sent
   since, what the engine runs at once) with room.py's inputs; a new fresh scrape ends the
   queued prefill of what it shows out of the engine's waiting queue
-  (`Router.engine_began`).
+  (`Router.engine_began`); without engine figures (none exported, or the scrape stale) a
+  request's prefill ends by the routing cost model (`Router.estimate_began`), not at a
+  non-streamed answer's last byte.
 
 What an engine showed it runs is learnt afresh after each restart the router takes as new
 (`Router.restarts`) and when its replica leaves and comes back (another `Replica`).
@@ -111,6 +113,9 @@ class FleetView:
         if scrape is not None and cap.last_ts != old.last_ts and v.source == "engine":
             # a new scrape: what it shows past the engine's queue has begun its prefill
             self.router.engine_began(name, scrape.ts, scrape.waiting)
+            queued = None
+        elif v.source == "gateway":  # no figure from the engine: the cost model's estimate
+            self.router.estimate_began(name, self.clock())
             queued = None
         return ReplicaLoad(
             name=name, in_flight=own,

@@ -18,13 +18,14 @@ Late binding to the fleet as it is now: each pass reads the healthy candidates o
 waiting model from the fleet (`Fleet.candidates`, what the request path asks on arrival),
 so a replica that went down while requests waited receives none of them and one that came
 up (or joined) serves them; when none is left, its waiters are answered at once with the
-error an arrival gets then (503 `no_healthy_replica`), not held to their class's limit. A replica that a request left with no whole answer (its
-connection refused or cut: a replica dying is seen there seconds before the probes mark
-it down) is doubted: it takes no request from the queue until a health probe, asked
-for at once (`FleetMonitor.suspect`), succeeds after that. Room comes from each
-replica's own engine signals (engine.py, room.py), and a new scrape that shows the
-engine's queue empty ends the queued prefill of what was sent before it
-(`Router.engine_began`).
+error an arrival gets then (503 `no_healthy_replica`), not held to their class's limit.
+A replica that a request left with no whole answer (its connection refused or cut: a
+replica dying is seen there seconds before the probes mark it down) is doubted: it takes
+no request from the queue until a health probe, asked for at once
+(`FleetMonitor.suspect`), succeeds after that. Room comes from each replica's own engine
+signals (engine.py, room.py), and a new scrape that shows the engine's queue empty ends
+the queued prefill of what was sent before it (`Router.engine_began`; without engine
+figures, the cost model's estimate: `Router.estimate_began`).
 
 Error boundary (gateway/tasks.py): every pass (on arrival, in `done`, in the ticker) runs
 inside it, so an error in one (the router, the drain rate, metrics) is logged,

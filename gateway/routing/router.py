@@ -187,6 +187,23 @@ class Router:
         for _, _, plan in before[:began(len(before), waiting)]:
             self._unqueue(plan, replica)
 
+    def estimate_began(self, replica: str, now: float) -> None:
+        """No engine figure says which requests sent to `replica` began (an engine without
+        running/waiting counts, llama.cpp's; or its scrapes fail): each counts as begun once
+        the cost model's prefill time of its prompt and of those sent before it (first
+        come, first served) has passed since it was sent, else a non-streamed one, whose
+        first byte is its last, would count as queued prefill until its answer ended.
+        O(n log n) in the requests queued there, asked only without engine figures."""
+        pend = self._pending.get(replica)
+        if not pend:
+            return
+        per_token = self.config.prefill_s_per_token
+        ahead = 0.0
+        for plan, (tokens, at) in sorted(pend.items(), key=lambda kv: kv[1][1]):
+            ahead += tokens
+            if now - at >= ahead * per_token:
+                self._unqueue(plan, replica)
+
     def retried(self, plan: RoutePlan, replica: str, now: float) -> None:
         """The request path moved `plan` to `replica`: the replica tried before never
         received it (not delivered), so nothing of it was scheduled there."""
