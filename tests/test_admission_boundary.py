@@ -238,3 +238,60 @@ def test_without_engine_figures_a_non_streamed_prefill_ends_by_the_cost_model() 
         return queued, g.stats()["replicas"]["a"]["source"], ticket.plan.decision.replica
     queued, source, went = asyncio.run(run())
     assert queued > 16384 and source == "gateway" and went == "a"
+
+
+# the fleet view's own decisions ----------------------------------------------------------
+
+def test_a_probe_from_before_the_doubt_does_not_clear_it() -> None:
+    """A good probe at 1000.5, then a request left the replica unanswered at 1001: only a
+    probe after 1001 makes it trusted again."""
+    async def run() -> tuple[bool, bool]:
+        g, _, fleet, clock, _ = world(replica_max_in_flight=1)
+        a = fleet.replicas["a"]
+        fleet.probe_result("a", True, clock.t + 0.5)
+        clock.t += 1.0
+        (held,) = await busy(g, fleet, "a", 1)
+        a.in_flight -= 1
+        g.done(held)  # no usage: doubted
+        view = g._fleet_view
+        before = view.trusted(a)
+        fleet.probe_result("a", True, clock.t + 0.1)
+        await g.aclose()
+        return before, view.trusted(a)
+    assert asyncio.run(run()) == (False, True)
+
+
+def test_a_waiter_pinned_to_a_replica_that_went_down_is_not_sent_there() -> None:
+    async def run() -> tuple[bool, str]:
+        g, _, fleet, _, _ = world(replica_max_in_flight=1)
+        a = fleet.replicas["a"]
+        fleet.replicas["b"].healthy = False
+        (held,) = await busy(g, fleet, "a", 1)
+        pinned = dataclasses.replace(ask("continue"), pin="a")
+        waiter = asyncio.create_task(g.admit(pinned, [a]))
+        await until(lambda: g.stats()["queued"]["normal"] == 1)
+        a.healthy = False  # its request ends: nothing of the gateway's left there
+        a.in_flight -= 1
+        held.plan.outcome.prompt_tokens = 8
+        g.done(held)
+        await asyncio.sleep(0.02)
+        went_down = waiter.done()
+        a.healthy = True  # back: the continuation goes
+        fleet.probe_result("a", True, 2000.0)
+        ticket = await asyncio.wait_for(waiter, 5)
+        g.done(ticket)
+        await g.aclose()
+        return went_down, ticket.plan.decision.replica
+    assert asyncio.run(run()) == (False, "a")
+
+
+def test_what_was_learnt_of_a_replica_that_left_is_dropped() -> None:
+    async def run() -> list[str]:
+        g, _, fleet, clock, _ = world()
+        saturate(g, fleet, clock, 4)
+        g._load(fleet.replicas["b"])
+        fleet.remove("a")
+        g._fleet_view.forget_left()
+        await g.aclose()
+        return sorted(g.stats()["replicas"])
+    assert asyncio.run(run()) == ["b"]
