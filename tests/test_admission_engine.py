@@ -7,6 +7,7 @@ wait), a stale scrape that stops throttling, a scrape that ends queued prefill."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from typing import Any
 
@@ -251,9 +252,11 @@ def test_a_scrape_with_an_empty_engine_queue_ends_a_non_streamed_requests_prefil
         g, router, fleet, clock, _ = world()
         fleet.replicas["b"].healthy = False
         a = fleet.replicas["a"]
-        tickets = [await g.admit(ask("a long prompt " * 200), [a])]
+        def now(a_: Ask) -> Ask:  # sent at the router's clock (no scrape yet: the cost
+            return dataclasses.replace(a_, ts=clock.t)  # model counts from there)
+        tickets = [await g.admit(now(ask("a long prompt " * 200)), [a])]
         short = router.queued_tokens("a")
-        tickets.append(await g.admit(ask("short"), [a]))
+        tickets.append(await g.admit(now(ask("short")), [a]))
         short = router.queued_tokens("a") - short
         a.in_flight = 2
         queued = router.queued_tokens("a")

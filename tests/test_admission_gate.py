@@ -272,7 +272,9 @@ def test_high_is_not_held_for_queued_prefill_that_holds_normal() -> None:
         g = Gate(AdmissionConfig(enabled=True, replica_max_in_flight=4,
                                  replica_max_queued_prefill_tokens=10,
                                  default_priority_cap="high", recheck_s=0.001),
-                 routing, Router(routing), GatewayMetrics(), Clock(), Clock())
+                 # the wall clock stands still: no figure from an engine, so the cost
+                 # model would end the held prompt's prefill as time passed
+                 routing, Router(routing), GatewayMetrics(), lambda: 0.0, Clock())
         fleet = [replica("a")]
         held = await g.admit(ask("a long prompt with no first token yet " * 60), fleet)
         fleet[0].in_flight += 1  # 1 of 4 sequences, ~400 prefill tokens queued (> 10)

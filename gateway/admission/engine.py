@@ -18,9 +18,11 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   then the engine is assumed to run `max(PROBE_SEQS, 2 x the most it was seen running)`:
   the limit doubles as the engine proves it runs more, so a replica is neither flooded at
   start nor held to a guess. Learned from any scrape, fresh or not: it is the engine's
-  configuration, not its load; once learned it stays for the gateway's life (a queue
-  that held the same running count that long for another reason, a full KV cache, is
-  taken as the limit too: the concurrency that cache allowed).
+  configuration, not its load; once learned it stays until the engine restarts (it may
+  come back with another `--max-num-seqs`) or its replica leaves the fleet, when
+  fleetview.py starts learning afresh (a queue that held the same running count that
+  long for another reason, a full KV cache, is taken as the limit too: the concurrency
+  that cache allowed).
 
 Bounds: one `Capacity` per replica in the fleet (the gate drops those that left).
 """
@@ -37,6 +39,11 @@ PROBE_SEQS = 8
 # how long requests must be seen waiting beside the same running count for that count to
 # be taken as the engine's limit (several of vLLM's steps, even long prefill ones)
 SATURATION_S = 2.0
+
+# a running count above this is no figure (no engine runs that many sequences at once: a
+# counter exported as a gauge, a corrupt line); learnt, it would stand as the most the
+# engine ever ran, and no real limit below it could be learnt after it
+MAX_RUNNING = 1 << 16
 
 Source = Literal["engine", "gateway"]
 
@@ -83,17 +90,19 @@ class EngineView:
     seq_limit: int | None  # what it runs at once (None: never scraped)
 
 
-def _count(x: float | None) -> int | None:
-    if x is None or not math.isfinite(x) or x < 0:
+def _count(x: float | None, most: int = 2**31) -> int | None:
+    """A count as scraped, None when it is none (missing, nan, inf, negative, above
+    `most`)."""
+    if x is None or not math.isfinite(x) or x < 0 or x > most:
         return None
-    return int(min(x, 2**31))
+    return int(x)
 
 
 def learn(cap: Capacity, scrape: Scrape | None) -> Capacity:
     """Fold a scrape into what the engine has shown it can run (once per scrape)."""
     if scrape is None or scrape.ts == cap.last_ts:
         return cap
-    running, waiting = _count(scrape.running), _count(scrape.waiting)
+    running, waiting = _count(scrape.running, MAX_RUNNING), _count(scrape.waiting)
     if running is None:
         return Capacity(scrape.ts, cap.saturated, cap.most_running)
     saturated = cap.saturated
@@ -115,7 +124,7 @@ def view(scrape: Scrape | None, cap: Capacity, own_now: int, now: float,
     if scrape is None:
         return EngineView("gateway", None, None, None, None, seq_limit)
     age = max(0.0, now - scrape.ts)
-    running, waiting = _count(scrape.running), _count(scrape.waiting)
+    running, waiting = _count(scrape.running, MAX_RUNNING), _count(scrape.waiting)
     if age > max_age_s or running is None or waiting is None:
         return EngineView("gateway", age, None, None, None, seq_limit)
     delta = own_now - scrape.own_at_scrape

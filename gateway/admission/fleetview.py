@@ -4,8 +4,9 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
 - **Where** (`pool`): the fleet's healthy candidates for the model at this moment
   (`Fleet.candidates`, as the request path asks on arrival; a pinned request its replica
   alone), so a replica that went down while requests waited gets none of them and one that
-  came up serves them. Without a fleet (the queue's own tests): the arrival's candidates
-  still healthy.
+  came up serves them. When none is left, the fleet's 503 (or 404) is raised: the gate
+  answers the waiters with it, as a request arriving then is answered. Without a fleet
+  (the queue's own tests): the arrival's candidates still healthy.
 - **Trusted** (`doubt`, `trusted`): a replica a request left with no whole answer (no
   usage: refused, cut mid-stream, an error answer, or its client left first) is doubted,
   and a probe is asked for at once (`suspect`: `FleetMonitor.suspect`); it takes nothing
@@ -14,7 +15,12 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
 - **Load** (`load`): engine.py's reading of the last scrape (fresh or stale, what was sent
   since, what the engine runs at once) with room.py's inputs; a new fresh scrape ends the
   queued prefill of what it shows out of the engine's waiting queue
-  (`Router.engine_began`).
+  (`Router.engine_began`); without engine figures (none exported, or the scrape stale) a
+  request's prefill ends by the routing cost model (`Router.estimate_began`), not at a
+  non-streamed answer's last byte.
+
+What an engine showed it runs is learnt afresh after each restart the router takes as new
+(`Router.restarts`) and when its replica leaves and comes back (another `Replica`).
 
 Bounds: one learned `Capacity`, one last `EngineView` and one doubt per replica of the
 fleet; those of replicas that left are dropped (`forget_left`).
@@ -28,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 from gateway.admission.engine import Capacity, EngineView, Scrape, learn, view
 from gateway.admission.room import ReplicaLoad
 from gateway.routing.router import Router
-from gateway.upstream.errors import GatewayError
 
 if TYPE_CHECKING:  # annotations only: replicas reach usage, whose metrics name admission's labels
     from gateway.replicas.fleet import Fleet, Replica
@@ -44,6 +49,8 @@ class FleetView:
         self.max_age_s = max_age_s
         self._suspect = suspect
         self._capacity: dict[str, Capacity] = {}  # what each engine showed it runs
+        # whose engine that was: the replica object and its restart count when learnt
+        self._learnt_of: dict[str, tuple[Replica, int]] = {}
         self._views: dict[str, EngineView] = {}  # the last read, for /stats
         self._doubted: dict[str, float] = {}  # replica -> when a request left it unanswered
 
@@ -55,10 +62,9 @@ class FleetView:
         if pin is not None:
             r = self.fleet.replicas.get(pin)
             return [r] if r is not None and r.healthy else []
-        try:
-            return list(self.fleet.candidates(model))
-        except GatewayError:  # none healthy now: it waits for one to come up
-            return []
+        # none healthy (503) or none serving it (404): raised, as a request arriving now
+        # is told; waiting would only end in a 429 that blames load
+        return list(self.fleet.candidates(model))
 
     def doubt(self, outcome: Outcome) -> None:
         """A request is over: no usage means no whole answer from its replica."""
@@ -94,11 +100,22 @@ class FleetView:
                             snap.num_requests_waiting, snap.kv_cache_usage,
                             replica.in_flight_at_scrape)
         old = self._capacity.get(name, Capacity())
+        epoch = (replica, self.router.restarts(name))
+        seen = self._learnt_of.get(name)
+        if seen is None or seen[0] is not replica or seen[1] != epoch[1]:
+            if seen is not None:
+                # another engine: it restarted (maybe with another --max-num-seqs) or its
+                # replica left and came back; the scrape at hand may predate that
+                old = Capacity(last_ts=None if scrape is None else scrape.ts)
+            self._learnt_of[name] = epoch
         cap = self._capacity[name] = learn(old, scrape)
         v = self._views[name] = view(scrape, cap, own, self.clock(), self.max_age_s)
         if scrape is not None and cap.last_ts != old.last_ts and v.source == "engine":
             # a new scrape: what it shows past the engine's queue has begun its prefill
             self.router.engine_began(name, scrape.ts, scrape.waiting)
+            queued = None
+        elif v.source == "gateway":  # no figure from the engine: the cost model's estimate
+            self.router.estimate_began(name, self.clock())
             queued = None
         return ReplicaLoad(
             name=name, in_flight=own,
@@ -114,6 +131,7 @@ class FleetView:
             return
         for name in [n for n in self._capacity if n not in fleet.replicas]:
             self._capacity.pop(name, None)
+            self._learnt_of.pop(name, None)
             self._views.pop(name, None)
             self._doubted.pop(name, None)
 

@@ -17,13 +17,23 @@ decided by the router among the replicas with room, charged to its flow, and rel
 Late binding to the fleet as it is now: each pass reads the healthy candidates of each
 waiting model from the fleet (`Fleet.candidates`, what the request path asks on arrival),
 so a replica that went down while requests waited receives none of them and one that came
-up (or joined) serves them. A replica that a request left with no whole answer (its
-connection refused or cut: a replica dying is seen there seconds before the probes mark
-it down) is doubted: it takes no request from the queue until a health probe, asked
-for at once (`FleetMonitor.suspect`), succeeds after that. Room comes from each
-replica's own engine signals (engine.py, room.py), and a new scrape that shows the
-engine's queue empty ends the queued prefill of what was sent before it
-(`Router.engine_began`).
+up (or joined) serves them; when none is left, its waiters are answered at once with the
+error an arrival gets then (503 `no_healthy_replica`), not held to their class's limit.
+A replica that a request left with no whole answer (its connection refused or cut: a
+replica dying is seen there seconds before the probes mark it down) is doubted: it takes
+no request from the queue until a health probe, asked for at once
+(`FleetMonitor.suspect`), succeeds after that. Room comes from each replica's own engine
+signals (engine.py, room.py), and a new scrape that shows the engine's queue empty ends
+the queued prefill of what was sent before it (`Router.engine_began`; without engine
+figures, the cost model's estimate: `Router.estimate_began`).
+
+Error boundary (gateway/tasks.py): every pass (on arrival, in `done`, in the ticker) runs
+inside it, so an error in one (the router, the drain rate, metrics) is logged,
+rate-limited, and the next pass starts afresh: the ticker goes on, another request's
+`done` never raises it, a waiter never stays queued with nobody to release it. A waiter
+whose own decision fails is answered at once (a 400 for a body the router cannot render,
+else an OpenAI-shaped 500 `internal_error`); the accounting after a decision (shares,
+metrics) cannot undo it.
 
 A waiter whose client disconnects is cancelled by the request path: its future is
 cancelled at once, so the dispatcher never releases it, and it leaves its flow in the
@@ -38,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -60,11 +71,15 @@ from gateway.admission.shedding import (
 )
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import Router
+from gateway.tasks import FailureLog, supervised
+from gateway.upstream.errors import GatewayError
 
 if TYPE_CHECKING:  # annotations only: replicas reach usage, whose metrics name admission's labels
     from gateway.replicas.fleet import Fleet, Replica
     from gateway.routing.plan import RoutePlan
     from gateway.usage.metrics import GatewayMetrics
+
+log = logging.getLogger("gateway.admission")
 
 WAIT_SAMPLES = 4096  # per class, for the /stats quantiles
 NO_TENANT = "none"
@@ -159,6 +174,7 @@ class Gate:
             c: deque(maxlen=WAIT_SAMPLES) for c in CLASSES}
         self._shed: dict[ShedReason, int] = dict.fromkeys(SHED_REASONS, 0)
         self._admitted_tokens: dict[str, int] = {}
+        self.failures = FailureLog(log)  # the dispatcher's error boundary (module docstring)
 
     # the protocol -----------------------------------------------------------------------
 
@@ -210,11 +226,11 @@ class Gate:
         self._flows.setdefault(flow, deque()).append(waiter)
         self._tokens[flow] = self._tokens.get(flow, 0.0) + tokens
         self._count += 1
-        self._depth()
-        self._dispatch()
-        if not waiter.future.done():
-            self._start_ticker()
-        try:
+        try:  # from here on, whatever happens, it leaves its flow (`_leave`, below)
+            self._depth()
+            self._dispatch_guarded()
+            if not waiter.future.done():
+                self._start_ticker()
             async with asyncio.timeout(max_wait - (self.timer() - now)):
                 return await waiter.future
         except TimeoutError:
@@ -243,7 +259,7 @@ class Gate:
         else:
             self._admitted.pop(name, None)
         if self._count:
-            self._dispatch()
+            self._dispatch_guarded()  # never an error in this request's own cleanup
 
     async def aclose(self) -> None:
         if self._ticker is not None:
@@ -304,7 +320,20 @@ class Gate:
         decision = plan.decision
         name = decision.replica
         self._admitted[name] = self._admitted.get(name, 0) + 1
-        tokens = decision.estimated_prompt_tokens
+        # decided and counted: from here the request goes whatever the accounting does
+        # (an error there would leave a ticket nobody holds, its slot taken for ever)
+        try:
+            self._account(cls, flow, decision.estimated_prompt_tokens, waited_s,
+                          queued=queued)
+        except Exception as exc:  # the boundary: the shares are wrong, the request goes
+            self.failures.failed("admission accounting", exc)
+        engine = None
+        if cls != "normal" and self._priority_replicas.issuperset(decision.ranked):
+            engine = priority.ENGINE_PRIORITY[cls]
+        return Ticket(plan, cls, name, engine, waited_s * 1000.0 if queued else None)
+
+    def _account(self, cls: Priority, flow: Flow, tokens: int, waited_s: float, *,
+                 queued: bool) -> None:
         if queued:
             self._shares.charge(flow, tokens)
         self._recent.add(flow, tokens, self.timer())
@@ -312,10 +341,6 @@ class Gate:
         self._admitted_tokens[tenant] = self._admitted_tokens.get(tenant, 0) + tokens
         self._waits[cls].append(waited_s * 1000.0)
         self.metrics.admission_admitted(cls, tenant, tokens, waited_s)
-        engine = None
-        if cls != "normal" and self._priority_replicas.issuperset(decision.ranked):
-            engine = priority.ENGINE_PRIORITY[cls]
-        return Ticket(plan, cls, name, engine, waited_s * 1000.0 if queued else None)
 
     def _dispatch(self) -> None:
         """Release every waiter that may go now, in fair-share order. Each replica's load
@@ -327,11 +352,17 @@ class Gate:
         cfg = self.config
         self._fleet_view.forget_left()
         pools: dict[tuple[str, str | None], list[Replica]] = {}
+        gone: dict[tuple[str, str | None], GatewayError] = {}
         for q in self._flows.values():
             for w in q:
                 key = (w.ask.model, w.ask.pin)
-                if key not in pools:
-                    pools[key] = self._fleet_view.pool(w.ask.model, w.ask.pin, w.pool)
+                if key not in pools and key not in gone:
+                    try:
+                        pools[key] = self._fleet_view.pool(w.ask.model, w.ask.pin, w.pool)
+                    except GatewayError as err:  # no replica left for it (fleetview.py)
+                        gone[key] = err
+        if gone:
+            self._answer(gone)
         queued = self.router.queued_by_replica()
         replicas = {r.name: r for pool in pools.values() for r in pool}
         base = {name: self._load(r, queued.get(name, 0.0)) for name, r in replicas.items()}
@@ -391,8 +422,14 @@ class Gate:
                 try:
                     ticket = self._go(w.ask, w.cls, w.flow, allowed, self.clock(),
                                       now - w.arrived, queued=True, preview=w.preview)
-                except ValueError as exc:
+                except ValueError as exc:  # a body the router cannot render: 400
                     w.future.set_exception(exc)
+                    return allowed[0].name
+                except Exception as exc:  # a bug: this waiter is answered, the rest go on
+                    self.failures.failed("admission decision", exc)
+                    w.future.set_exception(GatewayError(
+                        500, "The gateway failed to route this request.",
+                        code="internal_error"))
                     return allowed[0].name
                 w.future.set_result(ticket)
                 self._drain.add(now, ticket.plan.decision.estimated_prompt_tokens)
@@ -413,6 +450,19 @@ class Gate:
             self._tokens.pop(w.flow, None)
             self._shares.forget_idle(self._tokens)
         self._depth()
+
+    def _answer(self, gone: Mapping[tuple[str, str | None], GatewayError]) -> None:
+        """Answer the waiters for models no replica can serve now with the fleet's error
+        (503 none healthy, 404 none serving it): what an arrival is told at that moment."""
+        for q in list(self._flows.values()):
+            for w in list(q):
+                err = gone.get((w.ask.model, w.ask.pin))
+                if err is None:
+                    continue
+                self._leave(w)
+                if not w.future.done():  # one error each: a raised one gathers a traceback
+                    w.future.set_exception(GatewayError(err.status, err.message, code=err.code,
+                                                        param=err.param))
 
     def _displace(self, cls: Priority) -> None:
         """Shed the youngest waiter of the lowest class below `cls` for a newcomer."""
@@ -442,14 +492,24 @@ class Gate:
         for c, n in queued.items():
             self.metrics.admission_queued(c, n)
 
+    def _dispatch_guarded(self) -> None:
+        """`_dispatch` inside the error boundary: a pass that fails is logged (rate-limited)
+        and the next one (a `done`, an arrival, the ticker) starts afresh; every waiter
+        stays in its flow, answered by a later pass or at its class's limit."""
+        try:
+            self._dispatch()
+        except Exception as exc:  # the boundary: anything but cancellation
+            self.failures.failed("admission dispatch", exc)
+
     def _start_ticker(self) -> None:
         if self._ticker is None or self._ticker.done():
-            self._ticker = asyncio.create_task(self._tick())
+            self._ticker = asyncio.create_task(
+                supervised("admission ticker", self._tick, self.failures))
 
     async def _tick(self) -> None:
         while self._count:
             await asyncio.sleep(self.config.recheck_s)
-            self._dispatch()
+            self._dispatch_guarded()
 
 
 def _quantiles(samples: deque[float]) -> dict[str, float | None]:

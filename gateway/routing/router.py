@@ -109,6 +109,8 @@ class Router:
         # replica -> its last restart (cache empty since its `at`): older block facts void;
         # one entry per replica the router was told of, removed with it like the tables
         self._restarted: dict[str, RestartMark] = {}
+        # replica -> how many restarts this router took as new (`restarts`), bounded the same
+        self._restart_count: dict[str, int] = {}
 
     # the protocol -----------------------------------------------------------------------
     def decide(
@@ -184,6 +186,23 @@ class Router:
                         if item[1] < asked_at)
         for _, _, plan in before[:began(len(before), waiting)]:
             self._unqueue(plan, replica)
+
+    def estimate_began(self, replica: str, now: float) -> None:
+        """No engine figure says which requests sent to `replica` began (an engine without
+        running/waiting counts, llama.cpp's; or its scrapes fail): each counts as begun once
+        the cost model's prefill time of its prompt and of those sent before it (first
+        come, first served) has passed since it was sent, else a non-streamed one, whose
+        first byte is its last, would count as queued prefill until its answer ended.
+        O(n log n) in the requests queued there, asked only without engine figures."""
+        pend = self._pending.get(replica)
+        if not pend:
+            return
+        per_token = self.config.prefill_s_per_token
+        ahead = 0.0
+        for plan, (tokens, at) in sorted(pend.items(), key=lambda kv: kv[1][1]):
+            ahead += tokens
+            if now - at >= ahead * per_token:
+                self._unqueue(plan, replica)
 
     def retried(self, plan: RoutePlan, replica: str, now: float) -> None:
         """The request path moved `plan` to `replica`: the replica tried before never
@@ -395,7 +414,7 @@ class Router:
             self._tokens.forget_replica(replica)
         self._sessions.forget_replica(replica)
         for table in (self._limits, self._capacity_tokens, self._engine_block, self._pending,
-                      self._queued, self._live, self._restarted):
+                      self._queued, self._live, self._restarted, self._restart_count):
             table.pop(replica, None)
 
     def replica_restarted(self, replica: str, now: float, started: float | None = None,
@@ -416,9 +435,16 @@ class Router:
         scrape, and a second clear would drop what was learnt in between."""
         new, self._restarted[replica] = settle(self._restarted.get(replica), seen)
         if new:
+            self._restart_count[replica] = self._restart_count.get(replica, 0) + 1
             self._index.clear(replica)
             self._sessions.forget_replica(replica)
         return new
+
+    def restarts(self, replica: str) -> int:
+        """How many restarts of `replica` were taken as new since it joined (however they
+        were seen: its metrics, its KV events, down too long, another instance's fact):
+        what was learnt of its engine before the last one is void (admission/fleetview.py)."""
+        return self._restart_count.get(replica, 0)
 
     def share(self, publish: Callable[[Fact], None] | None) -> None:
         """Publish every fact this router learns to `publish` (shared state), or stop."""
