@@ -203,6 +203,7 @@ async def _serve(settings: Settings, sock: socket.socket) -> int:
             ws="none",
             server_header=False, proxy_headers=False, workers=1,
             timeout_graceful_shutdown=settings.server.shutdown_grace_s,
+            timeout_keep_alive=settings.server.keep_alive_s,
         )
         server = DrainingServer(config)
         serving = asyncio.ensure_future(server.serve(sockets=[sock]))

@@ -86,6 +86,12 @@ class ServerSettings:
     # complete this long after its first byte has its connection closed (slowloris).
     max_head_bytes: int = 64 * 1024
     head_timeout_s: float = 30.0
+    # An idle kept-alive client connection is closed after this long. Longer than the
+    # pools of the clients that call the gateway (httpx, under the official openai client,
+    # drops an idle connection after 5 s, aiohttp after 15 s): at uvicorn's own 5 s the
+    # server closed connections the client was just reusing, and the client's request
+    # failed unread. 75 s is nginx's default.
+    keep_alive_s: float = 75.0
     # Request headers that name a session, earliest first (gateway.proxy.session): the
     # gateway's own, then the agent harnesses' (Claude Code, OpenCode, Codex).
     session_headers: tuple[str, ...] = SESSION_HEADERS
@@ -96,7 +102,7 @@ class ServerSettings:
         if self.max_body_bytes <= 0:
             raise ValueError("server.max_body_bytes must be positive")
         for name in ("connect_timeout_s", "read_timeout_s", "health_interval_s",
-                     "client_body_timeout_s", "max_head_bytes", "head_timeout_s",
+                     "client_body_timeout_s", "max_head_bytes", "head_timeout_s", "keep_alive_s",
                      "health_timeout_s", "models_refresh_s", "upstream_connections",
                      "upstream_idle_s", "max_response_bytes", "upstream_pool_wait_s",
                      "probe_connections", "forget_after_s"):
