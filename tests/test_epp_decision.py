@@ -194,3 +194,16 @@ async def test_replica_hosts_are_resolved_to_addresses(url: str, want: set[str])
     from gateway.epp.run import resolve_endpoints
 
     assert (await resolve_endpoints({"r": url}))["r"] in want
+
+
+@pytest.mark.parametrize(("value", "hint", "want"), [
+    (None, None, None),
+    (None, frozenset({"a:1"}), frozenset({"a:1"})),
+    ("10.0.0.1:80", None, frozenset({"10.0.0.1:80"})),
+    ("10.0.0.1:80, 10.0.0.2:80", frozenset({"10.0.0.2:80"}), frozenset({"10.0.0.2:80"})),
+    ("", None, frozenset()),  # names nothing: allows nothing (503), not everything
+    ("garbage", None, frozenset()),
+])
+def test_conformance_selection(value: str | None, hint: frozenset[str] | None,
+                               want: frozenset[str] | None) -> None:
+    assert decision.test_selection(value, hint) == want

@@ -67,7 +67,8 @@ def records(path: Path, rid: str, timeout: float = 15.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists():
-            for line in path.read_text().splitlines():
+            # whole lines only: the last may be half written
+            for line in path.read_text().split("\n")[:-1]:
                 if line.strip() and (rec := json.loads(line))["request_id"] == rid:
                     return rec  # type: ignore[no-any-return]
         time.sleep(0.05)

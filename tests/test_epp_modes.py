@@ -424,3 +424,29 @@ async def test_served_from_the_fallback_the_next_turn_follows(urls: list[str]) -
         await w.close()
         assert epp.app.services is not None
         assert not any(r.in_flight for r in epp.app.services.fleet.replicas.values())
+
+
+# the conformance suite's hooks ---------------------------------------------------------
+
+@pytest.mark.parametrize("on", [True, False])
+async def test_conformance_hooks(urls: list[str], on: bool) -> None:
+    async with running_epp(urls, conformance=on) as epp:
+        for chosen in epp.endpoints:
+            w = Wire(epp)
+            await w.send(headers(extra=[(decision.TEST_SELECTION, chosen)]),
+                         *chunks(chat("same prompt every time"), 1))
+            first, _ = await w.read(2)
+            pick = set_headers(first.request_headers)[decision.DESTINATION]
+            if on:
+                assert lb(first) == chosen  # that endpoint and no other, no fallback
+            await w.send(response_headers(served=pick))
+            (rh,) = await w.read(1)
+            echoed = set_headers(rh.response_headers).get(decision.TEST_SERVED)
+            assert echoed == (pick if on else None)
+            await w.close()
+        w = Wire(epp)
+        await w.send(headers(extra=[(decision.TEST_SELECTION, "10.9.9.9:80")]),
+                     *chunks(chat("nowhere"), 1))
+        (first,) = await w.read(1)
+        assert (first.immediate_response.status.code == 503) is on
+        await w.close()

@@ -84,6 +84,9 @@ class Stream:
         headers = messages.headers_of(request.request_headers)
         self.length_sent = headers.get("content-length")
         self.hint = _hint(request)
+        if self.picker.epp.conformance:
+            self.hint = decision.test_selection(headers.get(decision.TEST_SELECTION),
+                                                self.hint)
         self.flow = self.picker.start(headers)
         self.plan = modes.request_plan(self.modes, request.request_headers.end_of_stream)
         if self.plan == "headers":
@@ -153,10 +156,15 @@ class Stream:
         headers = messages.headers_of(request.response_headers)
         meta, attrs = messages.served_values(request)
         status = int(headers.get(":status", "0") or 0)
+        served = decision.served_endpoint(meta, attrs)
         added = self.picker.response_started(
-            flow, status, decision.served_endpoint(meta, attrs),
-            headers.get("content-type", ""),
+            flow, status, served, headers.get("content-type", ""),
             unreachable=decision.unreachable(status, attrs.get(decision.CODE_DETAILS)))
+        if self.picker.epp.conformance:
+            endpoint = served or (self.picker.endpoints.get(flow.replica.name)
+                                  if flow.replica is not None else None)
+            if endpoint:
+                added = [*added, (decision.TEST_SERVED, endpoint)]
         end = request.response_headers.end_of_stream
         override = None if end else modes.response_override(
             self.modes, flow.wants_body, flow.sse)
