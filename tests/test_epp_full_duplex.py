@@ -37,6 +37,7 @@ RULES = " ".join(f"Rule {i}: answer politely, cite the article, keep answers sho
                  for i in range(30))
 # the replicas take a prompt of 1 MiB (their default context would refuse it)
 SIM = ["--max-model-len", "2000000", "--kv-blocks", "32768"]
+LIMIT = 3 << 20  # the picker's body limit here (server.max_body_bytes)
 
 
 class Stack:
@@ -54,7 +55,8 @@ def stack(request: pytest.FixtureRequest,
     work = tmp_path_factory.mktemp(request.param)
     usage = work / "usage.jsonl"
     env = {"GATEWAY_USAGE__LOG_PATH": str(usage), "GATEWAY_HYGIENE__HEADER": "true",
-           "GATEWAY_EPP__RESPONSE": "body", "GATEWAY_USAGE__STARTUP_PROBE": "false"}
+           "GATEWAY_EPP__RESPONSE": "body", "GATEWAY_USAGE__STARTUP_PROBE": "false",
+           "GATEWAY_SERVER__MAX_BODY_BYTES": str(LIMIT)}
     template = FULL_DUPLEX if request.param == "full-duplex" else TEMPLATE
     with (replicas(2, SIM) as pool,
           epp([r.url for r in pool], env=env, log_path=work / "epp.log") as (port, _),
@@ -114,6 +116,24 @@ def test_a_1_mib_body_in_many_chunks_reaches_the_replica_whole(stack: Stack) -> 
     assert direct.status_code == 200
     # the replica counted the same prompt: every byte arrived, in order
     assert through.json()["usage"]["prompt_tokens"] == direct.json()["usage"]["prompt_tokens"]
+
+
+def test_a_body_over_the_limit_is_a_413_not_a_stall(stack: Stack) -> None:
+    raw = json.dumps({"model": MODEL, "messages": [
+        {"role": "user", "content": "y" * (LIMIT + 1000)}]}).encode()
+    before = [r.served() for r in stack.pool]
+
+    def pieces() -> Iterator[bytes]:
+        for i in range(0, len(raw), 65536):
+            yield raw[i:i + 65536]
+
+    r = httpx.post(stack.url + "/v1/chat/completions", content=pieces(),
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 413, r.text[:300]
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == "request_too_large"
+    assert [r.served() for r in stack.pool] == before  # no replica saw any of it
 
 
 def test_follow_ups_report_cached_tokens_on_one_replica(stack: Stack) -> None:

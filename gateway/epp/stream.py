@@ -108,8 +108,9 @@ class Stream:
         if self.picked:  # STREAMED, picked at the headers: each chunk flows on
             return [messages.request_body_continue()]
         if self.plan == "body":
-            if self.modes.request == modes.BUFFERED_PARTIAL and not modes.whole(
-                    part.body, part.end_of_stream):
+            if len(part.body) > self.max_body or (
+                    self.modes.request == modes.BUFFERED_PARTIAL
+                    and not modes.whole(part.body, part.end_of_stream)):
                 raise self._too_large()
             self.picked = True
             return [messages.routed(self.picker.route(flow, part.body, self.hint),
