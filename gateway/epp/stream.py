@@ -34,7 +34,7 @@ Out = list[ext.ProcessingResponse]
 class Stream:
     __slots__ = ("answer", "answer_over", "body", "chunks", "closed", "flow", "hint",
                  "length_sent", "max_answer", "max_body", "modes", "picked", "picker",
-                 "plan", "response_mode", "response_over")
+                 "plan", "response_mode", "response_over", "selection")
 
     def __init__(self, picker: Picker, max_body: int, max_answer: int) -> None:
         self.picker = picker
@@ -43,6 +43,7 @@ class Stream:
         self.modes: modes.Modes | None = None
         self.flow: Flow | None = None
         self.hint: frozenset[str] | None = None
+        self.selection: str | None = None  # `test-epp-endpoint-selection` (conformance)
         self.plan: modes.RequestPlan = "headers"
         self.length_sent: str | None = None  # the client's Content-Length
         self.body = bytearray()  # the request body gathered (full duplex, STREAMED early)
@@ -85,13 +86,12 @@ class Stream:
         self.length_sent = headers.get("content-length")
         self.hint = _hint(request)
         if self.picker.epp.conformance:
-            self.hint = decision.test_selection(headers.get(decision.TEST_SELECTION),
-                                                self.hint)
+            self.selection = headers.get(decision.TEST_SELECTION)
         self.flow = self.picker.start(headers)
         self.plan = modes.request_plan(self.modes, request.request_headers.end_of_stream)
         if self.plan == "headers":
             self.picked = True
-            return [messages.routed(self.picker.route(self.flow, None, self.hint),
+            return [messages.routed(self.picker.route(self.flow, None, self._allowed()),
                                     body_phase=False)]
         if self.plan == "body":
             return [messages.request_headers_continue()]
@@ -113,7 +113,7 @@ class Stream:
                     and not modes.whole(part.body, part.end_of_stream)):
                 raise self._too_large()
             self.picked = True
-            return [messages.routed(self.picker.route(flow, part.body, self.hint),
+            return [messages.routed(self.picker.route(flow, part.body, self._allowed()),
                                     body_phase=True)]
         if len(self.body) + len(part.body) > self.max_body:
             raise self._too_large()
@@ -132,7 +132,7 @@ class Stream:
         body = bytes(self.body)
         self.body = bytearray()
         self.picked = True
-        destination = self.picker.route(self.flow, body, self.hint)
+        destination = self.picker.route(self.flow, body, self._allowed())
         if not self.modes.duplex_request:  # STREAMED: each chunk passes as it was
             return [messages.routed(destination, body_phase=False),
                     *[messages.request_body_continue()] * self.chunks]
@@ -140,6 +140,11 @@ class Stream:
         return [messages.routed(destination, body_phase=False,
                                 headers=[("content-length", length)] if length else ()),
                 *messages.streamed_body(body, end)]
+
+    def _allowed(self) -> frozenset[str] | None:
+        """The data plane's subset hint (as last sent), narrowed by the conformance
+        suite's selection header when `[epp] conformance` is on."""
+        return decision.test_selection(self.selection, self.hint)
 
     def _too_large(self) -> GatewayError:
         err = too_large(self.max_body)
