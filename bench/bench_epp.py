@@ -13,6 +13,8 @@ Measured per case (JSON / 64-chunk SSE, concurrency C), medians of `--rounds` ro
 - the EPP's CPU per request (utime+stime of its process, /proc/<pid>/stat) reading the
   request only (`[epp] response = "headers"`: response headers, no body), and with the
   response accounting (`response = "body"`: a JSON answer whole, a stream chunk by chunk);
+- the same in llm-d's configuration (deploy/envoy/envoy-full-duplex.yaml.template: both
+  bodies FULL_DUPLEX_STREAMED, every chunk through the picker and back; accounting on);
 - Envoy's own CPU per request (C++; for scale, not the budget);
 - `gateway serve`'s CPU per request relaying the same request (the budget: the EPP with
   accounting must cost at most this);
@@ -55,7 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gateway.epp.envoyconf import render  # noqa: E402
-from tests.epp_stack import TEMPLATE, envoy_binary, wait_serving  # noqa: E402
+from tests.epp_stack import FULL_DUPLEX, TEMPLATE, envoy_binary, wait_serving  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -147,15 +149,19 @@ def main(argv: list[str] | None = None) -> int:
         # two pickers (request only / with accounting), each behind its own Envoy
         targets: dict[str, tuple[str, subprocess.Popen[bytes], subprocess.Popen[bytes] | None]]
         targets = {}
-        for mode in ("headers", "body"):
+        # the third: llm-d's configuration (both bodies FULL_DUPLEX_STREAMED: every chunk
+        # of the request and of the answer goes through the picker and back)
+        for mode in ("headers", "body", "full-duplex"):
             grpc_port, listen, admin = free_port(), free_port(), free_port()
             epp = start([str(BIN / "gateway"), "epp", "--port", str(grpc_port),
                          *(a for b in backends for a in ("--backend", b))],
-                        {**env, "GATEWAY_EPP__RESPONSE": mode}, work / f"epp-{mode}.log")
+                        {**env, "GATEWAY_EPP__RESPONSE": "body" if mode == "full-duplex"
+                         else mode}, work / f"epp-{mode}.log")
             procs.append(epp)
             wait_serving(grpc_port, proc=epp)
             config = work / f"envoy-{mode}.yaml"
-            config.write_text(render(TEMPLATE.read_text(), listen_port=listen,
+            template = FULL_DUPLEX if mode == "full-duplex" else TEMPLATE
+            config.write_text(render(template.read_text(), listen_port=listen,
                                      admin_port=admin, epp_port=grpc_port,
                                      endpoints=[("127.0.0.1", p) for p in ports],
                                      fail_open=False))

@@ -212,6 +212,11 @@ class EppSettings:
     # Concurrent ext_proc streams (one per request in flight through Envoy); more wait
     # in gRPC's queue. A bound on the EPP's per-request state.
     max_streams: int = 4096
+    # The Gateway API Inference Extension conformance suite's hooks (off: never in
+    # production): a request header `test-epp-endpoint-selection: ip:port[,ip:port]`
+    # restricts the pick to those endpoints (none of them ready: 503), and the answer
+    # carries the endpoint that served it in `x-conformance-test-served-endpoint`.
+    conformance: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

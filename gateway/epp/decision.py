@@ -29,6 +29,9 @@ from gateway.routing.decision import ReplicaState
 DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"
 SUBSET = "x-gateway-destination-endpoint-subset"
+# the conformance suite's hooks (`[epp] conformance`)
+TEST_SELECTION = "test-epp-endpoint-selection"
+TEST_SERVED = "x-conformance-test-served-endpoint"
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 # Envoy's attribute for the upstream host a response came from (ip:port).
@@ -66,6 +69,16 @@ def subset_hint(values: Sequence[object] | None) -> frozenset[str] | None:
             if sep and host and port.isdigit():
                 out.add(f"{host}:{int(port)}")
     return frozenset(out)
+
+
+def test_selection(value: str | None, hint: frozenset[str] | None) -> frozenset[str] | None:
+    """The candidates with the conformance suite's `test-epp-endpoint-selection` header
+    (`ip:port[,ip:port]`) applied on top of the data plane's subset hint: the header's
+    endpoints, within the hint when there is one. No header: the hint as it was."""
+    if value is None:
+        return hint
+    chosen = subset_hint(value.split(",")[:MAX_HINT_ENDPOINTS]) or frozenset()
+    return chosen if hint is None else chosen & hint
 
 
 def restrict(candidates: Sequence[str], endpoints: Mapping[str, str],

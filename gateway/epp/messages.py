@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
@@ -19,7 +18,6 @@ from gateway.proxy.errors import GatewayError
 ATTRIBUTES_NAMESPACE = "envoy.filters.http.ext_proc"
 MAX_HEADER_CHARS = 8192
 
-_MODE = processing_mode_pb2.ProcessingMode
 CONTINUE = ext.ProcessingResponse  # alias for readability at call sites
 
 
@@ -75,9 +73,16 @@ def _set(headers: Sequence[tuple[str, str]]) -> ext.HeaderMutation:
         for k, v in headers])
 
 
-def routed(destination: str, *, body_phase: bool) -> ext.ProcessingResponse:
-    """The pick: the destination header and the same value as `envoy.lb` metadata."""
-    common = ext.CommonResponse(header_mutation=_set([(decision.DESTINATION, destination)]))
+def routed(destination: str, *, body_phase: bool,
+           headers: Sequence[tuple[str, str]] = ()) -> ext.ProcessingResponse:
+    """The pick: the destination header (the pick alone: an ORIGINAL_DST cluster reads it
+    as one address) and `headers` (e.g. `Content-Length`); the pick and its fallbacks,
+    `ip:port,ip:port...`, as `envoy.lb` metadata (where `override_host` reads them first);
+    and `clear_route_cache` (a route chosen on the header is chosen again with it)."""
+    common = ext.CommonResponse(
+        header_mutation=_set([(decision.DESTINATION, destination.split(",", 1)[0]),
+                              *headers]),
+        clear_route_cache=True)
     meta = struct_pb2.Struct()
     meta.fields[decision.LB_NAMESPACE].struct_value.fields[
         decision.DESTINATION].string_value = destination
@@ -88,21 +93,49 @@ def routed(destination: str, *, body_phase: bool) -> ext.ProcessingResponse:
                                   dynamic_metadata=meta)
 
 
+# A body sent back in full duplex is cut into messages of at most this many bytes (the
+# reference picker's size: well under gRPC's and Envoy's default message limits).
+BODY_PIECE = 62_000
+
+
+def streamed(chunk: bytes, end: bool, *, request: bool) -> ext.ProcessingResponse:
+    """A body chunk sent back (full duplex: Envoy forwards what the processor sends)."""
+    body = ext.BodyResponse(response=ext.CommonResponse(body_mutation=ext.BodyMutation(
+        streamed_response=ext.StreamedBodyResponse(body=chunk, end_of_stream=end))))
+    if request:
+        return ext.ProcessingResponse(request_body=body)
+    return ext.ProcessingResponse(response_body=body)
+
+
+def streamed_body(body: bytes, end: bool) -> list[ext.ProcessingResponse]:
+    """The whole request body back, in BODY_PIECE pieces; `end` on the last."""
+    pieces = [body[i:i + BODY_PIECE] for i in range(0, len(body), BODY_PIECE)] or [b""]
+    return [streamed(p, end and i == len(pieces) - 1, request=True)
+            for i, p in enumerate(pieces)]
+
+
+def request_body_continue() -> ext.ProcessingResponse:
+    return ext.ProcessingResponse(request_body=ext.BodyResponse())
+
+
+def trailers(request: bool) -> ext.ProcessingResponse:
+    if request:
+        return ext.ProcessingResponse(request_trailers=ext.TrailersResponse())
+    return ext.ProcessingResponse(response_trailers=ext.TrailersResponse())
+
+
 def request_headers_continue() -> ext.ProcessingResponse:
     return ext.ProcessingResponse(request_headers=ext.HeadersResponse())
 
 
-def response_headers(added: Sequence[tuple[str, str]], body: str | None,
+def response_headers(added: Sequence[tuple[str, str]], override: int | None,
                      ) -> ext.ProcessingResponse:
-    """The gateway's headers on the answer; `body` = "streamed" asks Envoy for every chunk
-    of the response body, "buffered" for the body in one message (BUFFERED_PARTIAL: an
-    answer larger than Envoy's buffer limit comes as its first part, and the rest flows
-    on instead of failing the response); None: no body, as configured."""
+    """The gateway's headers on the answer, and the response body mode asked for
+    (`gateway.epp.modes.response_override`; None: none)."""
     out = ext.ProcessingResponse(response_headers=ext.HeadersResponse(
         response=ext.CommonResponse(header_mutation=_set(added))))
-    if body is not None:
-        out.mode_override.response_body_mode = (
-            _MODE.STREAMED if body == "streamed" else _MODE.BUFFERED_PARTIAL)
+    if override is not None:
+        out.mode_override.response_body_mode = override
     return out
 
 

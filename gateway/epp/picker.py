@@ -261,7 +261,10 @@ class Picker:
         flow.replica = new
         flow.ex.replica = name
         if flow.plan is not None:
-            flow.plan.outcome.replica = name  # the router moves its bookkeeping
+            # the router moves its bookkeeping (the prompt's blocks, the session binding,
+            # the pending count) to where the request was served, as `gateway serve` does
+            # when it retries: the next turn goes where the cache now is
+            self.s.router.retried(flow.plan, name, self.s.clock())
 
     def _first_byte(self, flow: Flow) -> None:
         if flow.ex.outcome.first_byte is None:

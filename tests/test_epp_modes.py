@@ -1,0 +1,452 @@
+"""The picker over real gRPC on loopback in each processing mode a data plane may
+configure, the mode named in the stream's first message (`protocol_config`) as Envoy
+names it: the protocol's own cases (the ones the llm-d router's hermetic EPP tests
+cover) and the exact shape of every answer. Replicas are real simulated ones (the picker
+probes them); the picker sends them nothing itself, so every check is on what it answers
+and records."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Sequence
+
+import grpc
+import orjson
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+from google.protobuf import struct_pb2
+
+from gateway.epp import decision, messages, modes
+from tests.servers import sim
+from tests.test_epp_grpc import MODEL, Epp, running_epp
+
+FD, ST, BUF, PART, NONE = (modes.FULL_DUPLEX_STREAMED, modes.STREAMED, modes.BUFFERED,
+                           modes.BUFFERED_PARTIAL, modes.NONE)
+
+
+@pytest.fixture(scope="module")
+def urls() -> Iterator[list[str]]:
+    with sim(2, ["--speed", "1000"]) as found:
+        yield found
+
+
+class Wire:
+    """One ext_proc stream: messages sent as a data plane sends them, answers read."""
+
+    def __init__(self, epp: Epp) -> None:
+        self.queue: asyncio.Queue[ext.ProcessingRequest | None] = asyncio.Queue()
+        self.call = epp.stub.Process(self._requests())
+
+    async def _requests(self) -> AsyncIterator[ext.ProcessingRequest]:
+        while (item := await self.queue.get()) is not None:
+            yield item
+
+    async def send(self, *reqs: ext.ProcessingRequest) -> None:
+        for r in reqs:
+            await self.queue.put(r)
+
+    async def read(self, n: int = 1) -> list[ext.ProcessingResponse]:
+        out = []
+        for _ in range(n):
+            got = await asyncio.wait_for(self.call.read(), 10)
+            assert isinstance(got, ext.ProcessingResponse), f"stream ended after {out}"
+            out.append(got)
+        return out
+
+    async def ended(self) -> bool:
+        """The picker ended the stream (after an immediate response)."""
+        return await asyncio.wait_for(self.call.read(), 10) is grpc.aio.EOF
+
+    async def close(self) -> None:
+        await self.queue.put(None)
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await asyncio.wait_for(self.call.read(), 10)
+
+
+def _struct(values: dict[str, object]) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    s.update(values)
+    return s
+
+
+def headers(path: str = "/v1/chat/completions", method: str = "POST", *, end: bool = False,
+            mode: tuple[int, int] | None = (FD, FD), without_waiting: bool = False,
+            hint: list[str] | None = None, extra: Sequence[tuple[str, str]] = (),
+            ) -> ext.ProcessingRequest:
+    req = ext.ProcessingRequest()
+    for k, v in ((":path", path), (":method", method), *extra):
+        req.request_headers.headers.headers.add(key=k, raw_value=v.encode())
+    req.request_headers.end_of_stream = end
+    if mode is not None:
+        req.protocol_config.request_body_mode = mode[0]  # type: ignore[assignment]
+        req.protocol_config.response_body_mode = mode[1]  # type: ignore[assignment]
+        req.protocol_config.send_body_without_waiting_for_header_response = without_waiting
+    if hint is not None:
+        req.metadata_context.filter_metadata[decision.SUBSET_NAMESPACE].CopyFrom(
+            _struct({decision.SUBSET: hint}))
+    return req
+
+
+def chat(content: str) -> bytes:
+    return orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": content}]})
+
+
+def chunks(raw: bytes, n: int, *, end: bool = True) -> list[ext.ProcessingRequest]:
+    size = -(-len(raw) // n)
+    out = []
+    for i in range(0, len(raw), size):
+        req = ext.ProcessingRequest()
+        req.request_body.body = raw[i:i + size]
+        req.request_body.end_of_stream = end and i + size >= len(raw)
+        out.append(req)
+    return out
+
+
+def request_trailers() -> ext.ProcessingRequest:
+    req = ext.ProcessingRequest()
+    req.request_trailers.SetInParent()
+    return req
+
+
+def response_headers(status: int = 200, content_type: str = "application/json",
+                     served: str | None = None, end: bool = False) -> ext.ProcessingRequest:
+    req = ext.ProcessingRequest()
+    for k, v in ((":status", str(status)), ("content-type", content_type)):
+        req.response_headers.headers.headers.add(key=k, raw_value=v.encode())
+    req.response_headers.end_of_stream = end
+    if served is not None:  # the protocol's report of the endpoint that served it
+        req.metadata_context.filter_metadata[decision.LB_NAMESPACE].CopyFrom(
+            _struct({decision.SERVED: served}))
+    return req
+
+
+def response_body(chunk: bytes, end: bool) -> ext.ProcessingRequest:
+    req = ext.ProcessingRequest()
+    req.response_body.body = chunk
+    req.response_body.end_of_stream = end
+    return req
+
+
+def set_headers(resp: ext.HeadersResponse | ext.BodyResponse) -> dict[str, str]:
+    return {h.header.key: h.header.raw_value.decode()
+            for h in resp.response.header_mutation.set_headers}
+
+
+def lb(resp: ext.ProcessingResponse) -> str:
+    return resp.dynamic_metadata.fields[decision.LB_NAMESPACE].struct_value.fields[
+        decision.DESTINATION].string_value
+
+
+def streamed(resps: Sequence[ext.ProcessingResponse], phase: str) -> tuple[bytes, list[bool]]:
+    """The body sent back and each message's end_of_stream."""
+    parts = [getattr(r, phase).response.body_mutation.streamed_response for r in resps]
+    assert all(r.WhichOneof("response") == phase for r in resps)
+    return b"".join(p.body for p in parts), [p.end_of_stream for p in parts]
+
+
+USAGE_JSON = (b'{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}],'
+              b'"usage":{"prompt_tokens":7,"completion_tokens":1,"total_tokens":8,'
+              b'"prompt_tokens_details":{"cached_tokens":5}}}')
+USAGE_SSE = [b'data: {"choices":[{"index":0,"delta":{"content":"o"}}]}\n\n',
+             b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1,',
+             b'"prompt_tokens_details":{"cached_tokens":5}}}\n\ndata: [DONE]\n\n']
+
+
+# full duplex: the request -----------------------------------------------------------
+
+@pytest.mark.parametrize(("length", "want_length"), [
+    (None, True),  # chunked: Content-Length is set
+    ("wrong", True),
+    ("right", False),  # the body goes back as it came: nothing to fix
+])
+async def test_full_duplex_request_answer_shape(urls: list[str], length: str | None,
+                                                want_length: bool) -> None:
+    raw = chat("split in three " * 40)
+    extra = [] if length is None else [
+        ("content-length", str(len(raw)) if length == "right" else "3")]
+    async with running_epp(urls, response="body") as epp:
+        w = Wire(epp)
+        await w.send(headers(extra=extra), *chunks(raw, 3))
+        first, *body = await w.read(2)
+        # one headers response carrying the pick, then the body; nothing before the end
+        assert first.WhichOneof("response") == "request_headers"
+        hr = first.request_headers
+        assert hr.response.clear_route_cache
+        got = set_headers(hr)
+        pick = got.pop(decision.DESTINATION)
+        assert got == ({"content-length": str(len(raw))} if want_length else {})
+        assert pick in epp.endpoints  # one address: ORIGINAL_DST reads it so
+        assert lb(first).split(",")[0] == pick
+        assert set(lb(first).split(",")) == set(epp.endpoints)  # the fallback too
+        assert streamed(body, "request_body") == (raw, [True])
+        await w.close()
+    assert epp.records[0].replica is not None
+
+
+async def test_a_large_body_in_many_chunks_goes_back_whole(urls: list[str]) -> None:
+    raw = chat(bytes(range(33, 127)).decode() * ((1 << 20) // 94 + 1))
+    assert len(raw) > 1 << 20
+    async with running_epp(urls) as epp:
+        w = Wire(epp)
+        await w.send(headers(), *chunks(raw, 64))
+        (first,) = await w.read(1)
+        assert first.WhichOneof("response") == "request_headers"
+        n = -(-len(raw) // messages.BODY_PIECE)
+        body, ends = streamed(await w.read(n), "request_body")
+        assert body == raw and ends == [False] * (n - 1) + [True]
+        await w.close()
+
+
+async def test_request_trailers_end_the_request(urls: list[str]) -> None:
+    raw = chat("with trailers")
+    async with running_epp(urls) as epp:
+        w = Wire(epp)
+        await w.send(headers(), *chunks(raw, 2, end=False), request_trailers())
+        first, second, third = await w.read(3)
+        assert first.WhichOneof("response") == "request_headers"
+        assert streamed([second], "request_body") == (raw, [False])  # trailers follow
+        assert third.WhichOneof("response") == "request_trailers"
+        await w.close()
+
+
+@pytest.mark.parametrize("which", ["all", "some", "none"])
+async def test_subset_hint(urls: list[str], which: str) -> None:
+    async with running_epp(urls) as epp:
+        hint = {"all": epp.endpoints, "some": epp.endpoints[1:],
+                "none": ["10.9.9.9:8000"]}[which]
+        w = Wire(epp)
+        await w.send(headers(hint=hint), *chunks(chat(f"hinted {which}"), 2))
+        (first,) = await w.read(1)
+        if which == "none":
+            im = first.immediate_response
+            assert im.status.code == 503
+            assert orjson.loads(im.body)["error"]["message"] == (
+                "No ready endpoint in the subset the gateway allowed is available.")
+            assert await w.ended()
+        else:
+            assert set(lb(first).split(",")) == set(hint)  # fallbacks inside it too
+            await w.close()
+    if which == "none":
+        assert epp.records[-1].status == 503
+
+
+@pytest.mark.parametrize(("raw", "code"), [
+    (b'{"model": "' + MODEL.encode() + b'", "messages": [', "invalid_json"),
+    (b'{"messages": [{"role": "user", "content": "x"}]}', "missing_required_parameter"),
+])
+async def test_a_bad_body_is_a_400_in_openais_shape(urls: list[str], raw: bytes,
+                                                   code: str) -> None:
+    async with running_epp(urls) as epp:
+        w = Wire(epp)
+        await w.send(headers(), *chunks(raw, 2))
+        (first,) = await w.read(1)
+        im = first.immediate_response
+        assert im.status.code == 400
+        assert orjson.loads(im.body)["error"]["code"] == code
+        assert await w.ended()
+    (rec,) = epp.records
+    assert rec.status == 400
+
+
+async def test_a_body_over_the_limit_is_a_413(urls: list[str]) -> None:
+    async with running_epp(urls) as epp:
+        assert epp.app.services is not None
+        limit = epp.app.services.settings.server.max_body_bytes
+        w = Wire(epp)
+        part = ext.ProcessingRequest()
+        part.request_body.body = b"x" * (limit // 2 + 1)
+        await w.send(headers(), part, part)  # the second goes past the limit, not at end
+        (first,) = await w.read(1)
+        im = first.immediate_response
+        assert im.status.code == 413
+        assert orjson.loads(im.body)["error"]["code"] == "request_too_large"
+        assert await w.ended()
+    (rec,) = epp.records
+    assert rec.status == 413
+
+
+async def test_a_header_only_get_is_picked_at_its_headers(urls: list[str]) -> None:
+    async with running_epp(urls) as epp:
+        w = Wire(epp)
+        await w.send(headers("/v1/models", "GET", end=True))
+        (first,) = await w.read(1)
+        hr = first.request_headers
+        assert hr.response.clear_route_cache
+        assert set(set_headers(hr)) == {decision.DESTINATION}
+        assert set_headers(hr)[decision.DESTINATION] == lb(first).split(",")[0]
+        # the answer: headers, then the body passed back, the record ended at its end
+        await w.send(response_headers(), response_body(b'{"data": []}', True))
+        rh, rb = await w.read(2)
+        assert not rh.HasField("mode_override")  # full duplex is never overridden
+        assert streamed([rb], "response_body") == (b'{"data": []}', [True])
+        await w.close()
+    assert epp.records[-1].route == "forward"
+
+
+# full duplex: the response -----------------------------------------------------------
+
+@pytest.mark.parametrize(("content_type", "parts"), [
+    ("text/event-stream", USAGE_SSE),
+    ("application/json", [USAGE_JSON[:40], USAGE_JSON[40:90], USAGE_JSON[90:]]),
+])
+async def test_response_chunks_pass_back_and_usage_is_read(
+        urls: list[str], content_type: str, parts: list[bytes]) -> None:
+    async with running_epp(urls, response="body") as epp:
+        w = Wire(epp)
+        await w.send(headers(), *chunks(chat("usage"), 1))
+        await w.read(2)
+        await w.send(response_headers(content_type=content_type))
+        (rh,) = await w.read(1)
+        assert rh.WhichOneof("response") == "response_headers"
+        assert set_headers(rh.response_headers)["x-gateway-replica"]
+        for i, p in enumerate(parts):  # each chunk back as it comes, before the next
+            await w.send(response_body(p, i == len(parts) - 1))
+            assert streamed(await w.read(1), "response_body") == (
+                p, [i == len(parts) - 1])
+        await w.close()
+    (rec,) = epp.records
+    assert (rec.status, rec.prompt_tokens, rec.cached_tokens) == (200, 7, 5)
+
+
+async def test_response_trailers_are_answered_and_end_the_record(urls: list[str]) -> None:
+    async with running_epp(urls, response="body") as epp:
+        w = Wire(epp)
+        await w.send(headers(), *chunks(chat("trailers"), 1))
+        await w.read(2)
+        await w.send(response_headers(content_type="text/event-stream"),
+                     response_body(USAGE_SSE[0] + USAGE_SSE[1] + USAGE_SSE[2], False),
+                     ext.ProcessingRequest(response_trailers=ext.HttpTrailers()))
+        _, rb, rt = await w.read(3)
+        assert streamed([rb], "response_body")[1] == [False]
+        assert rt.WhichOneof("response") == "response_trailers"
+        assert len(epp.records) == 1  # ended at the trailers, not at the stream's close
+        await w.close()
+    assert (epp.records[0].status, epp.records[0].cached_tokens) == (200, 5)
+
+
+# the other modes -----------------------------------------------------------------------
+
+async def test_buffered_picks_in_the_body_response(urls: list[str]) -> None:
+    async with running_epp(urls) as epp:
+        w = Wire(epp)
+        await w.send(headers(mode=(BUF, NONE)))
+        (hr,) = await w.read(1)
+        assert hr.WhichOneof("response") == "request_headers"
+        assert not hr.request_headers.response.HasField("header_mutation")
+        await w.send(*chunks(chat("buffered"), 1))
+        (br,) = await w.read(1)
+        assert br.WhichOneof("response") == "request_body"
+        assert br.request_body.response.clear_route_cache
+        assert set_headers(br.request_body)[decision.DESTINATION] == lb(br).split(",")[0]
+        assert not br.request_body.response.HasField("body_mutation")  # the body is Envoy's
+        # the JSON answer asked for whole (mode override), read, answered "continue"
+        await w.send(response_headers())
+        (rh,) = await w.read(1)
+        assert rh.mode_override.response_body_mode == PART
+        await w.send(response_body(USAGE_JSON, True))
+        (rb,) = await w.read(1)
+        assert rb.WhichOneof("response") == "response_body"
+        assert not rb.response_body.response.HasField("body_mutation")
+        await w.close()
+    assert (epp.records[0].prompt_tokens, epp.records[0].cached_tokens) == (7, 5)
+
+
+@pytest.mark.parametrize(("raw", "end", "picked"), [
+    (chat("whole"), True, True),
+    (chat("whole, trailers follow"), False, True),
+    (chat("over Envoy's buffer")[:30], False, False),  # a first part only: 413
+])
+async def test_buffered_partial(urls: list[str], raw: bytes, end: bool, picked: bool) -> None:
+    async with running_epp(urls) as epp:
+        w = Wire(epp)
+        await w.send(headers(mode=(PART, NONE)))
+        await w.read(1)
+        await w.send(*chunks(raw, 1, end=end))
+        (br,) = await w.read(1)
+        if picked:
+            assert set_headers(br.request_body)[decision.DESTINATION] in epp.endpoints
+        else:
+            assert br.immediate_response.status.code == 413
+        await w.close()
+
+
+async def test_no_request_body_mode_picks_at_the_headers(urls: list[str]) -> None:
+    async with running_epp(urls) as epp:
+        w = Wire(epp)
+        await w.send(headers(mode=(NONE, NONE)))
+        (hr,) = await w.read(1)
+        assert set_headers(hr.request_headers)[decision.DESTINATION] in epp.endpoints
+        await w.close()
+
+
+@pytest.mark.parametrize("without_waiting", [False, True])
+async def test_streamed(urls: list[str], without_waiting: bool) -> None:
+    raw = chat("streamed " * 30)
+    async with running_epp(urls) as epp:
+        w = Wire(epp)
+        await w.send(headers(mode=(ST, ST), without_waiting=without_waiting))
+        if not without_waiting:  # Envoy waits for the headers answer: the pick is there
+            (hr,) = await w.read(1)
+            assert set_headers(hr.request_headers)[decision.DESTINATION] in epp.endpoints
+        await w.send(*chunks(raw, 3))
+        got = await w.read(4 if without_waiting else 3)
+        if without_waiting:  # gathered: the pick first, then each chunk answered
+            assert set_headers(got.pop(0).request_headers)[decision.DESTINATION]
+        assert [r.WhichOneof("response") for r in got] == ["request_body"] * 3
+        assert not any(r.request_body.response.HasField("body_mutation") for r in got)
+        await w.close()
+    # gathered: routed on the prompt; picked at the headers: as a body-less call
+    assert (epp.records[0].route == "forward") is not without_waiting
+
+
+# the served endpoint ---------------------------------------------------------------------
+
+async def test_served_from_the_fallback_the_next_turn_follows(urls: list[str]) -> None:
+    """Envoy reports (`x-gateway-destination-endpoint-served`) that a fallback served the
+    request: the router is told, so the conversation's next turn goes there."""
+    history = [{"role": "system", "content": "A long shared system prompt. " * 40},
+               {"role": "user", "content": "first question"}]
+    async with running_epp(urls, response="body") as epp:
+        w = Wire(epp)
+        await w.send(headers(), *chunks(orjson.dumps({"model": MODEL, "messages": history}), 1))
+        first, _ = await w.read(2)
+        _, fallback = lb(first).split(",")
+        await w.send(response_headers(served=fallback), response_body(USAGE_JSON, True))
+        await w.read(2)
+        await w.close()
+        history += [{"role": "assistant", "content": "ok"},
+                    {"role": "user", "content": "second question"}]
+        w = Wire(epp)
+        await w.send(headers(), *chunks(orjson.dumps({"model": MODEL, "messages": history}), 1))
+        second, _ = await w.read(2)
+        assert set_headers(second.request_headers)[decision.DESTINATION] == fallback
+        await w.close()
+        assert epp.app.services is not None
+        assert not any(r.in_flight for r in epp.app.services.fleet.replicas.values())
+
+
+# the conformance suite's hooks ---------------------------------------------------------
+
+@pytest.mark.parametrize("on", [True, False])
+async def test_conformance_hooks(urls: list[str], on: bool) -> None:
+    async with running_epp(urls, conformance=on) as epp:
+        for chosen in epp.endpoints:
+            w = Wire(epp)
+            await w.send(headers(extra=[(decision.TEST_SELECTION, chosen)]),
+                         *chunks(chat("same prompt every time"), 1))
+            first, _ = await w.read(2)
+            pick = set_headers(first.request_headers)[decision.DESTINATION]
+            if on:
+                assert lb(first) == chosen  # that endpoint and no other, no fallback
+            await w.send(response_headers(served=pick))
+            (rh,) = await w.read(1)
+            echoed = set_headers(rh.response_headers).get(decision.TEST_SERVED)
+            assert echoed == (pick if on else None)
+            await w.close()
+        w = Wire(epp)
+        await w.send(headers(extra=[(decision.TEST_SELECTION, "10.9.9.9:80")]),
+                     *chunks(chat("nowhere"), 1))
+        (first,) = await w.read(1)
+        assert (first.immediate_response.status.code == 503) is on
+        await w.close()
