@@ -18,11 +18,8 @@ _SKIP_MODULES = ("prometheus_client", "aiohttp", "asyncio", "logging", "httpx", 
                  "concurrent", "uvloop", "redis", "multidict", "yarl", "starlette", "_asyncio")
 
 
-# Paths the walk leaves out: the admission queue's fleet view (gateway/admission/, under
-# review apart) drops a departed replica's engine figures at its next release pass
-# (`FleetView.forget_left`), not at the departure; the departure reaches it once the gate
-# has a `forget_replica`.
-NOT_YET = ("services.gate",)
+# Paths the walk leaves out: none (the admission queue forgets at the departure too).
+NOT_YET: tuple[str, ...] = ()
 
 
 def names_held(root: object, names: Iterable[str], limit: int = 500_000) -> list[str]:

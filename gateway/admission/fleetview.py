@@ -130,10 +130,15 @@ class FleetView:
         if fleet is None or len(self._capacity) <= len(fleet.replicas):
             return
         for name in [n for n in self._capacity if n not in fleet.replicas]:
-            self._capacity.pop(name, None)
-            self._learnt_of.pop(name, None)
-            self._views.pop(name, None)
-            self._doubted.pop(name, None)
+            self.forget(name)
+
+    def forget(self, name: str) -> None:
+        """`name` left the fleet: nothing learned of its engine stays (at the departure,
+        not at the next release pass, which comes only while requests wait)."""
+        self._capacity.pop(name, None)
+        self._learnt_of.pop(name, None)
+        self._views.pop(name, None)
+        self._doubted.pop(name, None)
 
     def stats(self) -> dict[str, Any]:
         """Per replica, where its room came from at the last look (`/stats`)."""

@@ -247,6 +247,12 @@ class Gate:
         finally:
             self._leave(waiter)
 
+    def forget_replica(self, name: str) -> None:
+        """`name` left the fleet: its engine figures and admitted count go with it (a
+        request still in flight there gives back a count that is no longer kept)."""
+        self._fleet_view.forget(name)
+        self._admitted.pop(name, None)
+
     def done(self, ticket: Ticket) -> None:
         """The request is over: its room is free again."""
         name = ticket.replica

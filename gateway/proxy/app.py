@@ -110,11 +110,13 @@ class Services:
     def remove_replica(self, name: str) -> Replica | None:
         """A replica left the fleet: out of every per-replica map at once
         (gateway.replicas.departure lists them); None when no replica had that name."""
-        return depart(self.fleet, name, (
+        parts: list[Callable[[str], object]] = [
             self.router.remove_replica, self.metrics.remove_replica,
             self.monitor.forget_replica, self.recorder.forget_replica,
-            self.affinity.forget_replica,
-        ), (self.upstream, self.probes))
+            self.affinity.forget_replica]
+        if self.gate is not None:
+            parts.append(self.gate.forget_replica)
+        return depart(self.fleet, name, parts, (self.upstream, self.probes))
 
 
 class GatewayApp:
