@@ -91,7 +91,7 @@ class ServerSettings:
     # drops an idle connection after 5 s, aiohttp after 15 s): at uvicorn's own 5 s the
     # server closed connections the client was just reusing, and the client's request
     # failed unread. 75 s is nginx's default.
-    keep_alive_s: float = 75.0
+    keep_alive_s: int = 75  # whole seconds (uvicorn's timeout_keep_alive)
     # Request headers that name a session, earliest first (gateway.proxy.session): the
     # gateway's own, then the agent harnesses' (Claude Code, OpenCode, Codex).
     session_headers: tuple[str, ...] = SESSION_HEADERS

@@ -58,9 +58,9 @@ def test_an_idle_connection_outlives_the_clients_own_pools() -> None:
 
 
 def test_the_idle_bound_is_the_setting() -> None:
-    """With keep_alive_s = 0.5 the gateway closes an idle connection itself (bounded wait
+    """With keep_alive_s = 1 the gateway closes an idle connection itself (bounded wait
     for its end of stream)."""
-    with gateway({"GATEWAY_KEEP_ALIVE_S": "0.5"}) as port, \
+    with gateway({"GATEWAY_KEEP_ALIVE_S": "1"}) as port, \
             socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         assert answered(s)
         started = time.monotonic()
