@@ -4,6 +4,7 @@ fresh one computes, for any sequence of bodies."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from hypothesis import given, settings
@@ -13,9 +14,13 @@ from gateway.hygiene.analyzer import _SCANNED_ROLES, HygieneAnalyzer
 from gateway.hygiene.config import HygieneConfig
 from gateway.hygiene.prompt import parse
 
+# Timestamps near now (derived from the clock: "the current time" is judged against it).
+_NOW = datetime.datetime.now(datetime.UTC)
+_T1 = _NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
+_T2 = (_NOW + datetime.timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
 systems = st.sampled_from([
-    "You are helpful.", "You are  helpful.\n", "Now: 2026-11-24T12:00:01Z. Be brief.",
-    "Now: 2026-11-24T12:00:02Z. Be brief.", "Request id 3f2a9c1e-77b1-4c55-9a51-1f0e2d3c4b5a.",
+    "You are helpful.", "You are  helpful.\n", f"Now: {_T1}. Be brief.",
+    f"Now: {_T2}. Be brief.", "Request id 3f2a9c1e-77b1-4c55-9a51-1f0e2d3c4b5a.",
     "Be brief.",
 ])
 tool_names = st.lists(st.sampled_from(["search", "fetch", "calc"]), max_size=2, unique=True)
