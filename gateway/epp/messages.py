@@ -74,15 +74,19 @@ def _set(headers: Sequence[tuple[str, str]]) -> ext.HeaderMutation:
 
 
 def routed(destination: str, *, body_phase: bool,
-           headers: Sequence[tuple[str, str]] = ()) -> ext.ProcessingResponse:
+           headers: Sequence[tuple[str, str]] = (), body: bytes | None = None,
+           ) -> ext.ProcessingResponse:
     """The pick: the destination header (the pick alone: an ORIGINAL_DST cluster reads it
     as one address) and `headers` (e.g. `Content-Length`); the pick and its fallbacks,
     `ip:port,ip:port...`, as `envoy.lb` metadata (where `override_host` reads them first);
-    and `clear_route_cache` (a route chosen on the header is chosen again with it)."""
+    and `clear_route_cache` (a route chosen on the header is chosen again with it).
+    `body` (a buffered body response only): the request body to forward instead."""
     common = ext.CommonResponse(
         header_mutation=_set([(decision.DESTINATION, destination.split(",", 1)[0]),
                               *headers]),
         clear_route_cache=True)
+    if body is not None:
+        common.body_mutation.body = body
     meta = struct_pb2.Struct()
     meta.fields[decision.LB_NAMESPACE].struct_value.fields[
         decision.DESTINATION].string_value = destination
@@ -118,6 +122,15 @@ def request_body_continue() -> ext.ProcessingResponse:
     return ext.ProcessingResponse(request_body=ext.BodyResponse())
 
 
+def request_body_replaced(body: bytes | None) -> ext.ProcessingResponse:
+    """A STREAMED chunk's answer when the picker changed the body: the first chunk
+    becomes the whole new body (`body`), each later one is cleared (None)."""
+    mutation = (ext.BodyMutation(body=body) if body is not None
+                else ext.BodyMutation(clear_body=True))
+    return ext.ProcessingResponse(request_body=ext.BodyResponse(
+        response=ext.CommonResponse(body_mutation=mutation)))
+
+
 def trailers(request: bool) -> ext.ProcessingResponse:
     if request:
         return ext.ProcessingResponse(request_trailers=ext.TrailersResponse())
@@ -144,8 +157,10 @@ def response_body_continue() -> ext.ProcessingResponse:
 
 
 def immediate(err: GatewayError, headers: Sequence[tuple[str, str]]) -> ext.ProcessingResponse:
-    """An answer from the EPP itself: 503 no ready endpoint, 429 shed, 400 bad body..."""
+    """An answer from the EPP itself: 503 no ready endpoint, 429 shed (with its
+    `Retry-After`), 400 bad body..."""
+    extra = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in err.headers()]
     return ext.ProcessingResponse(immediate_response=ext.ImmediateResponse(
         status=http_status_pb2.HttpStatus(code=err.status),
-        headers=_set([("content-type", "application/json"), *headers]),
+        headers=_set([("content-type", "application/json"), *headers, *extra]),
         body=err.body(), details=err.code[:64]))
