@@ -96,7 +96,6 @@ class Proxy:
         gate: Gate, salts: TenantSalts | None = None,
     ) -> None:
         self.gate = gate  # admission: the gateway queue
-        self.salts = salts or TenantSalts((), "")  # each tenant's cache namespace
         self.affinity = affinity  # Responses API: which replica created which response
         self.fleet = fleet
         self.router = router
@@ -118,8 +117,17 @@ class Proxy:
         # the inference request's bookkeeping, admission and priorities, as `gateway epp`'s
         self.flow = RequestFlow(
             fleet=fleet, router=router, analyzer=analyzer, metrics=metrics, recorder=recorder,
-            auth=auth, gate=gate, salts=self.salts, affinity=affinity, clock=clock,
-            timer=timer)
+            auth=auth, gate=gate, salts=salts or TenantSalts((), ""), affinity=affinity,
+            clock=clock, timer=timer)
+
+    @property
+    def salts(self) -> TenantSalts:
+        """Each tenant's cache namespace (the flow's)."""
+        return self.flow.salts
+
+    @salts.setter
+    def salts(self, value: TenantSalts) -> None:
+        self.flow.salts = value
 
     # the path ---------------------------------------------------------------------------
 
