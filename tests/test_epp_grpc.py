@@ -26,7 +26,7 @@ from gateway.epp import decision
 from gateway.epp.picker import Picker
 from gateway.epp.server import SERVICE_NAME, EppServer
 from gateway.proxy.app import GatewayApp
-from gateway.settings import EppSettings, parse_settings
+from gateway.settings import AuthSettings, EppSettings, parse_settings
 from gateway.usage.record import UsageRecord
 from tests.servers import sim
 
@@ -46,16 +46,17 @@ class Epp:
     app: GatewayApp
     records: list[UsageRecord]
     endpoints: list[str]
+    picker: Picker
 
 
 @contextlib.asynccontextmanager
 async def running_epp(urls: list[str], admission: AdmissionConfig | None = None,
-                      **epp: object) -> AsyncIterator[Epp]:
+                      auth: AuthSettings | None = None, **epp: object) -> AsyncIterator[Epp]:
     settings = parse_settings(None, {}, backends=urls)
     settings = dataclasses.replace(
         settings, epp=EppSettings(port=0, **epp),  # type: ignore[arg-type]
         usage=dataclasses.replace(settings.usage, startup_probe=False),
-        admission=admission or settings.admission)
+        admission=admission or settings.admission, auth=auth or settings.auth)
     app = GatewayApp(settings)
     async with app.running():
         services = app.services
@@ -74,7 +75,7 @@ async def running_epp(urls: list[str], admission: AdmissionConfig | None = None,
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
                 yield Epp(ext_grpc.ExternalProcessorStub(channel), channel, app, records,
-                          [decision.endpoint_of(u) for u in urls])
+                          [decision.endpoint_of(u) for u in urls], picker)
         finally:
             await server.stop(0)
 
