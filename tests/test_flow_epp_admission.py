@@ -10,7 +10,9 @@ with `[admission]` on and each replica's room one request (`replica_max_in_fligh
 - `high` outranks `low`; a second tenant cannot outrank with a body `priority` (the
   body the picker returns carries none), and never sees the first tenant's route or
   replica where serve withholds them;
-- a replica that leaves while requests are queued receives none of them."""
+- a replica that leaves while requests are queued receives none of them;
+- in each mode that carries the body, the client's `priority` is removed from the body
+  the picker returns, with its Content-Length."""
 
 from __future__ import annotations
 
@@ -23,12 +25,15 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 
 from gateway.admission.config import AdmissionConfig
-from gateway.epp import decision
+from gateway.epp import decision, modes
 from gateway.proxy.tenancy import TenantSalts
 from gateway.settings import AuthSettings
 from tests.proxy_fakes import COMPLETION
 from tests.servers import sim
 from tests.test_epp_grpc import MODEL, Epp, Stream, response_headers, running_epp
+from tests.test_epp_modes import Wire, set_headers, streamed
+from tests.test_epp_modes import chunks as split
+from tests.test_epp_modes import headers as modes_headers
 
 ONE_EACH = AdmissionConfig(enabled=True, replica_max_in_flight=1, max_queue=8,
                            default_priority_cap="high")
@@ -222,3 +227,46 @@ async def test_a_replica_that_leaves_gets_none_of_the_queued(two: list[str]) -> 
             header, meta = picked(await asyncio.wait_for(task, 10))
             assert header == meta == stay_ep  # no fallback to the departed one either
             await finish(s)
+
+
+# the body returned in each mode ---------------------------------------------------------
+
+def _forwarded(resps: Sequence[ext.ProcessingResponse], mode: str) -> tuple[bytes, str]:
+    """(the request body the data plane forwards, its Content-Length) from the picker's
+    answers in each processing mode."""
+    first, *rest = resps
+    if mode == "buffered":
+        common = first.request_body.response
+        return common.body_mutation.body, set_headers(first.request_body)["content-length"]
+    length = set_headers(first.request_headers)["content-length"]
+    if mode == "duplex":
+        return streamed(rest, "request_body")[0], length
+    mutations = [r.request_body.response.body_mutation for r in rest]  # STREAMED
+    assert [m.WhichOneof("mutation") for m in mutations] == (
+        ["body"] + ["clear_body"] * (len(mutations) - 1))
+    return mutations[0].body, length
+
+
+@pytest.mark.parametrize("mode", ["buffered", "duplex", "streamed"])
+async def test_the_clients_priority_never_reaches_the_engine(one: list[str], mode: str,
+                                                            ) -> None:
+    raw = orjson.dumps({"model": MODEL, "priority": -50,
+                        "messages": [{"role": "user", "content": "jump the queue " * 30}]})
+    async with running_epp(one) as epp:  # admission off: the class is `normal`, no priority
+        w = Wire(epp)
+        if mode == "buffered":
+            await w.send(modes_headers(mode=None), *split(raw, 1))
+            assert (await w.read(1))[0].HasField("request_headers")
+            resps = await w.read(1)
+        elif mode == "duplex":
+            await w.send(modes_headers(), *split(raw, 3))
+            resps = await w.read(2)
+        else:
+            await w.send(modes_headers(mode=(modes.STREAMED, modes.NONE),
+                                       without_waiting=True), *split(raw, 3))
+            resps = await w.read(4)
+        body, length = _forwarded(resps, mode)
+        sent = orjson.loads(body)
+        assert "priority" not in sent and sent["messages"] == orjson.loads(raw)["messages"]
+        assert length == str(len(body))
+        await w.close()
