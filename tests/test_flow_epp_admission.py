@@ -27,7 +27,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from gateway.admission.config import AdmissionConfig
 from gateway.epp import decision, modes
 from gateway.proxy.tenancy import TenantSalts
-from gateway.settings import AuthSettings
+from gateway.settings import AuthSettings, EppSettings
 from tests.proxy_fakes import COMPLETION
 from tests.servers import sim
 from tests.test_epp_grpc import MODEL, Epp, Stream, response_headers, running_epp
@@ -136,7 +136,7 @@ async def test_a_flood_is_shed_and_a_client_gone_leaves_the_queue(one: list[str]
         await first
         waiting = [await start(epp, f"waiter {i}") for i in range(2)]
         await until(lambda: queued(epp)["normal"] == 2, "the waiters never queued")
-        s, shed = await start(epp, "one too many")
+        _, shed = await start(epp, "one too many")
         im = (await shed).immediate_response
         assert im.status.code == 429
         heads = {h.header.key: h.header.raw_value for h in im.headers.set_headers}
@@ -270,3 +270,9 @@ async def test_the_clients_priority_never_reaches_the_engine(one: list[str], mod
         assert "priority" not in sent and sent["messages"] == orjson.loads(raw)["messages"]
         assert length == str(len(body))
         await w.close()
+
+
+def test_shed_in_flight_names_its_replacement() -> None:
+    with pytest.raises(ValueError, match=r"replaced by \[admission\]"):
+        EppSettings(shed_in_flight=2)
+    assert EppSettings().shed_in_flight == 0
