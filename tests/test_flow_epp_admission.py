@@ -276,3 +276,19 @@ def test_shed_in_flight_names_its_replacement() -> None:
     with pytest.raises(ValueError, match=r"replaced by \[admission\]"):
         EppSettings(shed_in_flight=2)
     assert EppSettings().shed_in_flight == 0
+
+
+async def test_a_forwarded_call_loses_the_clients_priority_too(one: list[str]) -> None:
+    async with running_epp(one) as epp:
+        s = Stream(epp)
+        tokenize = ext.ProcessingRequest()
+        for k, v in ((":path", "/tokenize"), (":method", "POST")):
+            tokenize.request_headers.headers.headers.add(key=k, raw_value=v.encode())
+        assert (await s.ask(tokenize)).HasField("request_headers")
+        body = ext.ProcessingRequest()
+        body.request_body.body = orjson.dumps({"model": MODEL, "prompt": "x", "priority": 3})
+        body.request_body.end_of_stream = True
+        resp = await s.ask(body)
+        assert orjson.loads(resp.request_body.response.body_mutation.body) == {
+            "model": MODEL, "prompt": "x"}
+        await s.close()

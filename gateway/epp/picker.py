@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from gateway.admission import priority
 from gateway.epp import decision
 from gateway.flow.core import RequestFlow, Turn
 from gateway.proxy.app import Services
@@ -195,11 +196,16 @@ class Picker:
 
     def _forward(self, flow: Flow, raw: bytes | None, hint: frozenset[str] | None) -> Routed:
         """Any other call: the least busy healthy replica serving the body's model."""
-        model = None
+        model, body = None, None
         if raw:
             doc = parse_json(raw)
-            if isinstance(doc, dict) and isinstance(doc.get("model"), str):
-                model = doc["model"]
+            if isinstance(doc, dict):
+                if isinstance(doc.get("model"), str):
+                    model = doc["model"]
+                # as serve: vLLM's pooling, score, tokenize... bodies take `priority` too,
+                # and no class is granted here (the engine's default)
+                if priority.stamp(doc, None):
+                    body = orjson.dumps(doc)
         if model is not None:
             flow.ex.model = model if self.s.fleet.known_model(model) else UNKNOWN_MODEL
             found = self.s.fleet.candidates(model)
@@ -209,7 +215,7 @@ class Picker:
         ranked = tuple(r.name for r in sorted(replicas, key=lambda r: r.in_flight))
         flow.ex.route = "forward"
         flow.added.append(("x-gateway-route", "forward"))
-        return Routed(self._pick(flow, ranked, ranked, hint))
+        return Routed(self._pick(flow, ranked, ranked, hint), body)
 
     def _candidates(self, found: list[Replica], hint: frozenset[str] | None,
                     model: str | None) -> list[Replica]:
