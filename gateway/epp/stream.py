@@ -14,6 +14,13 @@ the order and the gathering.
     response_body     -> each chunk passed back (full duplex) or answered; usage read
     response_trailers -> answered; the record ends if the body had not ended it
 
+The pick is awaited (`Picker.route`: the admission queue may hold it; the stream waits
+with it, and its cancellation takes the request out of the queue). When the request flow
+changed the body (the granted `priority`, the tenant's engine salt), the changed body is
+what the data plane forwards: the buffered body response's mutation, the body sent back
+in full duplex, the first STREAMED chunk replaced and the rest cleared; `Content-Length`
+set to its length in each.
+
 Bounds: a gathered request body holds at most `max_body` bytes (more is a 413 in OpenAI's
 shape); a JSON answer read in pieces at most `max_answer` bytes (past that its usage is not
 read; the answer still flows on).
