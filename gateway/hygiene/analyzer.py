@@ -42,7 +42,7 @@ from gateway.hygiene.config import HygieneConfig
 from gateway.hygiene.conversations import MessageOwners
 from gateway.hygiene.drift import Divergence, Snapshot, diverge
 from gateway.hygiene.finding import Finding
-from gateway.hygiene.patterns import STRONG, WEAK, Hit, scan_text
+from gateway.hygiene.patterns import STRONG, WEAK, Hit, classify_span, scan_text
 from gateway.hygiene.prompt import TEMPLATE_OVERHEAD, Prompt, parse, validate
 from gateway.hygiene.remedy import remedy, where
 
@@ -238,7 +238,8 @@ class HygieneAnalyzer:
             span=self._span(d.kind, raw),
             tokens_at_risk=tokens,
             session=session,
-            remedy=remedy(d.kind, where(p, d.part, d.offset, raw, before)),
+            remedy=remedy(d.kind, where(p, d.part, d.offset, _time_of_day(d.kind, raw),
+                                        before)),
         )
 
     def _pattern_findings(
@@ -277,7 +278,7 @@ class HygieneAnalyzer:
                         span=self._span(hit.kind, value),
                         tokens_at_risk=tokens,
                         session=session,
-                        remedy=remedy(hit.kind, where(p, k, hit.start, value)),
+                        remedy=remedy(hit.kind, where(p, k, hit.start, hit.dated)),
                     )
                 )
         return out
@@ -286,6 +287,14 @@ class HygieneAnalyzer:
         if self.config.redact:
             return f"<{kind}:{len(text)} chars>"
         return text[:_SPAN_CHARS]
+
+
+def _time_of_day(kind: str, text: str) -> bool:
+    """Whether a timestamp drift found names more than a date (the remedy rounds it)."""
+    if kind != "timestamp":
+        return True
+    hit = classify_span(text, 0)
+    return hit is None or hit.dated
 
 
 def _scoped(tenant: str | None, digest: int) -> int:

@@ -26,10 +26,10 @@ from typing import Final, NamedTuple
 
 from gateway.hygiene.prompt import Prompt, Tool
 
-MAX_REMEDY_CHARS: Final = 320  # a remedy is one line; the header carries it whole
+MAX_REMEDY_CHARS: Final = 400  # a remedy is one line; the header carries it whole
 MIN_RATE_SPAN_S: Final = 60.0
 _MAX_NAMES: Final = 6
-_NAME_CHARS: Final = 32
+_NAME_CHARS: Final = 24
 
 # One sf-token per family for the response header (`fix=`).
 FIX_CODES: Final[Mapping[str, str]] = {
@@ -53,7 +53,7 @@ class Where(NamedTuple):
     place: str  # "message 0 (system)", "tool 'search' in the tool definitions", "the prompt"
     target: str  # where volatile content belongs: "the last user message (message 3)"
     offset: int  # the character the finding starts at
-    text: str  # the offending text as sent: looked at (a time of day?), never shown
+    time_of_day: bool  # a timestamp names a time of day or an instant (not a bare date)
     tool: str  # the tool the finding sits in, "" when none
     names: tuple[str, ...]  # the tools in the order this request sent them
     before: tuple[str, ...]  # the tools in the order the previous request sent them
@@ -63,9 +63,10 @@ def fix_code(kind: str) -> str:
     return FIX_CODES.get(kind, _DEFAULT_CODE)
 
 
-def where(p: Prompt, k: int, offset: int, text: str,
+def where(p: Prompt, k: int, offset: int, time_of_day: bool = True,
           before: Sequence[str] = ()) -> Where:
-    """The `Where` of a finding at character `offset` of part `k` of `p`."""
+    """The `Where` of a finding at character `offset` of part `k` of `p`; `time_of_day`:
+    the pattern hit's `dated` (False for a bare date)."""
     part = p.parts[k]
     tool = ""
     if part.role == "tools":
@@ -76,8 +77,8 @@ def where(p: Prompt, k: int, offset: int, text: str,
         place = "the prompt"
     else:
         place = f"message {part.message_index} ({part.role})"
-    return Where(place, target(p), offset, text, tool, tuple(t.name for t in p.tools),
-                 tuple(before))
+    return Where(place, target(p), offset, time_of_day, tool,
+                 tuple(t.name for t in p.tools), tuple(before))
 
 
 def target(p: Prompt) -> str:
@@ -103,7 +104,7 @@ def per_hour(tokens: int, span_s: float) -> int:
 
 
 def _timestamp(w: Where) -> str:
-    if ":" in w.text:  # a time of day: it changes every second or minute
+    if w.time_of_day:  # it changes every second or minute
         return (f"move the time from {w.place} into {w.target}, after the cached prefix, "
                 "or round it to the day")
     return (f"move the date from {w.place} into {w.target}, or keep it: it breaks the "
@@ -126,9 +127,9 @@ def _counter(w: Where) -> str:
 
 
 def _tool_order(w: Where) -> str:
-    return (f"send the tools in one fixed order, e.g. sorted by name {_names(sorted(w.names))}"
-            f": this request sent {_names(w.names)}, the previous one {_names(w.before)}; or "
-            "set [hygiene] rewrite_sort_tools")
+    return (f"sort the tools by name {_names(sorted(w.names))}: this request sent "
+            f"{_names(w.names)}, the previous one {_names(w.before)}; or set [hygiene] "
+            "rewrite_sort_tools")
 
 
 def _json_key_order(w: Where) -> str:
