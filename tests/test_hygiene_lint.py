@@ -289,3 +289,16 @@ def test_on_a_terminal_a_report_with_json_on_request(tmp_path: Path) -> None:
              .splitlines()]
     assert [(f["line"], f["kind"]) for f in found] == [(1, "timestamp"), (2, "timestamp")]
     assert all(f["remedy"].startswith("move the time") for f in found)
+
+
+def test_the_report_shows_no_control_characters(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """An unredacted span or a session id is the client's text: a terminal escape in it is
+    printed as `?`, never sent to the terminal."""
+    line = {"body": body(f"Current time: {STAMP}. " + RULES, "q"), "session": "s\x1b[2J1"}
+    f = tmp_path / "log.jsonl"
+    f.write_text(json.dumps(line) + "\n")
+    assert main(["lint", str(f), "--now", str(NOW), "--text", "--unredacted"]) == 0
+    out = capfd.readouterr().out
+    assert "\x1b" not in out and f", session s?[2J1: {STAMP}" in out, out

@@ -22,15 +22,22 @@ def _place(f: Finding) -> str:
     return "the tool definitions" if f.role == "tools" else "the prompt"
 
 
+def _shown(text: str) -> str:
+    """Text from a prompt or a client (an unredacted span, a tool name, a session id) on a
+    terminal: control characters (a newline, an escape sequence) shown as `?`."""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
 def finding_text(f: Finding) -> str:
     """A finding as three lines (no trailing newline)."""
-    session = f", session {f.session}" if f.session else ""
+    session = f", session {_shown(f.session)}" if f.session else ""
+    fix = _shown(f.remedy) or "keep the prompt prefix identical from request to request"
     line = f"line {f.line}: " if f.line is not None else ""
     return (f"{line}{f.kind} ({f.severity}, found by {f.evidence}) in {_place(f)} at "
-            f"character {f.char_offset}{session}: {f.span}\n"
+            f"character {f.char_offset}{session}: {_shown(f.span)}\n"
             f"  {f.tokens_at_risk} prompt tokens at risk: fixing it saves "
             f"{f.tokens_at_risk} tokens a request\n"
-            f"  fix: {f.remedy or 'keep the prompt prefix identical from request to request'}")
+            f"  fix: {fix}")
 
 
 @dataclass(slots=True)
