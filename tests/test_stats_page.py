@@ -4,6 +4,7 @@ reason when it is not installed)."""
 
 from __future__ import annotations
 
+import html
 import random
 import re
 import shutil
@@ -166,3 +167,25 @@ def test_hygiene_section_is_escaped() -> None:
     assert "<script>" not in page and page.count("&lt;script&gt;") == 5
     assert 'data-message="0" data-offset="23" data-tokens="700"' in page
     assert "70.0%" in page and "No findings by tenant." in page
+
+
+def test_the_findings_say_how_to_fix_them_and_what_that_saves() -> None:
+    """The kinds table: the saving per hour and the newest remedy; each latest finding its
+    own remedy; a tool name in a remedy is the client's text, so it is escaped."""
+    fix = "sort the tools by name ['<b>', 'a']: this request sent ['a', '<b>']"
+    row = {"kind": "tool_order", "severity": "warning", "findings": 3, "requests": 3,
+           "tokens_at_risk": 900, "share_of_prompt_tokens": 0.3,
+           "saving_tokens_per_hour": 54000, "remedy": fix}
+    hygiene = {"window": "1h", "covered_s": 60.0, "prompt_tokens": 3000, "findings": 3,
+               "tokens_at_risk": 900, "warn_share": 0.05, "by_kind": [row],
+               "by_model": {"m": [row]}, "by_tenant": {},
+               "latest": [{"ts": 0.0, "model": "m", "kind": "tool_order", "severity": "warning",
+                           "evidence": "drift", "message_index": None, "role": "tools",
+                           "char_offset": 1, "span": "<tool_order:9 chars>",
+                           "tokens_at_risk": 300, "remedy": fix}]}
+    page = render_page({**stats([], {}, []), "hygiene": hygiene}).decode()
+    shown = html.escape(fix, quote=True)
+    assert "'<b>'" not in page
+    assert page.count(f"<td class=fix>{shown}</td>") == 2
+    assert "<td>900</td><td>30.0%</td><td>54000</td>" in page
+    assert "<th>saving per hour</th>" in page and "<th>fix</th>" in page
