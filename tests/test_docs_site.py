@@ -160,3 +160,11 @@ def test_generated_output_is_not_committed() -> None:
     assert "site_dir: build/site" in (ROOT / "mkdocs.yml").read_text()
     assert "| `upstream_idle_s` |" not in "".join(
         p.read_text() for p in Path(ROOT / "docs").rglob("*.md") if not p.is_symlink())
+
+
+def test_ci_builds_the_site_strictly() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    line = next(line for line in ci.splitlines() if "mkdocs build" in line)
+    # --quiet hides the warnings --strict counts: a broken link would pass
+    assert "--strict" in line and "--quiet" not in line and "-q" not in line.split()
+    assert ".[docs]" in ci and "set -euo pipefail" in ci
