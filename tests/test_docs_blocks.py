@@ -110,3 +110,24 @@ def test_runnable_blocks_run(page: str, blocks: list[Block], tmp_path: Path) -> 
             "--log-level", "warning"]
     with running(argv, [f"http://{address}/ready"], timeout=60, log_path=tmp_path / "gw.log"):
         run_blocks(blocks, tmp_path, env, timeout=60)
+
+
+@pytest.mark.parametrize(("blocks", "passes"), [
+    ([("sh", "true\n")], True),
+    ([("sh", "false\necho after\n")], False),  # a failing command mid-block fails it
+    ([("sh", "false | cat\n")], False),  # and in a pipe
+    ([("sh", "echo $UNSET_IN_DOCS\n")], False),  # an unset variable is an error
+    ([("python", "x = 2\n"), ("python", "assert x == 2\n")], True),  # a page's names shared
+    ([("python", "raise SystemExit(3)\n")], False),
+    ([("python", "assert False\n"), ("sh", "true\n")], False),  # the first failure stops it
+])  # fmt: skip
+def test_the_driver_fails_on_a_failing_block(blocks: list[tuple[str, str]], passes: bool,
+                                              tmp_path: Path) -> None:
+    made = [Block("page.md", n + 1, lang, frozenset(), code)
+            for n, (lang, code) in enumerate(blocks)]
+    env = {k: v for k, v in os.environ.items() if k != "UNSET_IN_DOCS"}
+    if passes:
+        run_blocks(made, tmp_path, env, timeout=30)
+    else:
+        with pytest.raises(AssertionError, match=r"FAILED page\.md"):
+            run_blocks(made, tmp_path, env, timeout=30)
