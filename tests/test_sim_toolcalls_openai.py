@@ -5,8 +5,10 @@ five turns with tool results completes, each turn's prefix cached."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -34,13 +36,27 @@ TOOLS: list[Any] = [{"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[openai.OpenAI]:
+def demo_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("demo") / "serve.log"
+
+
+@pytest.fixture(scope="module")
+def client(demo_log: Path) -> Iterator[openai.OpenAI]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # --demo-speed: the embedded replicas 20x faster than real time
     with running([*script("gateway"), "serve", "--demo-speed", "20"], [url + "/ready"],
-                 env={"GATEWAY_SERVER__PORT": str(port)}):
+                 env={"GATEWAY_SERVER__PORT": str(port)}, log_path=demo_log):
         yield openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def test_the_start_up_line_says_the_speed(client: openai.OpenAI, demo_log: Path) -> None:
+    lines = [json.loads(line) for line in demo_log.read_text().splitlines()
+             if line.startswith("{")]
+    started = [r for r in lines if r.get("msg", r.get("message", "")).startswith(
+        "embedded simulator started")]
+    assert len(started) == 1, lines
+    assert "at 20x an H100's real time" in started[0].get("msg", started[0].get("message"))
 
 
 def check_call(name: str | None, arguments: str | None, expect: set[str]) -> None:
@@ -121,5 +137,5 @@ def test_an_agent_loop_of_five_turns(client: openai.OpenAI) -> None:
                                            extra_headers={"x-session-id": "agent-loop"})
     assert final.choices[0].message.content and not final.choices[0].message.tool_calls
     # every later turn reuses the one before (the tool call re-renders as generated)
-    assert all(later > earlier for earlier, later in zip(cached, cached[1:], strict=False))
+    assert all(later > earlier for earlier, later in itertools.pairwise(cached))
     assert cached[-1] > 0

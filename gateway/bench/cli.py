@@ -33,7 +33,6 @@ import orjson
 from gateway import __version__
 from gateway.bench.analysis import analyse
 from gateway.bench.apis import APIS
-from gateway.bench.charts import turn_chart
 from gateway.bench.compare import (
     CompareOptions,
     DirtyCacheError,
@@ -299,6 +298,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if _failed(result):
         print("no chart: every request failed")
     else:
+        from gateway.bench.charts import turn_chart  # checked by main() before the run
+
         chart = turn_chart(summary["turns"], args.out / "turns.png", title=args.base_url)
         print(f"chart: {chart}")
     path = _write(args.out, "run.json", {
@@ -382,8 +383,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+# The commands that draw charts (matplotlib, the `bench` extra); replay draws none.
+CHARTED = frozenset({"run", "compare"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """--help and --version answer without the extra; a command that draws charts checks
+    for it before it runs (raises `MissingExtra`)."""
     args = build_parser().parse_args(argv)
+    if args.command in CHARTED:
+        import gateway.bench.charts  # noqa: F401  (raises MissingExtra without matplotlib)
     handlers = {"run": cmd_run, "replay": cmd_replay, "compare": cmd_compare}
     return handlers[args.command](args)
 

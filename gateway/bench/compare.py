@@ -35,7 +35,6 @@ from gateway.admission.config import AdmissionConfig
 from gateway.bench.analysis import analyse, read_usage_log
 from gateway.bench.apis import Api
 from gateway.bench.backends import contamination_notice, reset_caches
-from gateway.bench.charts import compare_chart
 from gateway.bench.failures import format_reasons
 from gateway.bench.groups import groups_table
 from gateway.bench.presets import BLOCK_SIZE, Preset
@@ -286,6 +285,8 @@ def compare(opts: CompareOptions, out: TextIO | None = None) -> dict[str, Any]:
     (opts.out_dir / "compare.json").write_bytes(
         orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
     )
+    from gateway.bench.charts import compare_chart  # the extra: checked before the run
+
     chart = compare_chart(
         {p: s["turns"] for p, s in summaries.items()},
         summaries,
