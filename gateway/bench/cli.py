@@ -31,6 +31,7 @@ import aiohttp
 import orjson
 
 from gateway import __version__
+from gateway.bench import explain
 from gateway.bench.analysis import analyse
 from gateway.bench.apis import APIS
 from gateway.bench.compare import (
@@ -284,6 +285,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = analyse(result, tokenize_url=args.tokenize_url or facts.tokenize_url
                       or args.base_url, block_size=facts.block_size or BLOCK_SIZE)
     print(summary_table({"run": summary}))
+    print(explain.PACING)
     if summary["timing"] != "sim":
         print("(latencies are wall-clock: the endpoint sent no simulator timing)")
     if "bound_error" in summary:
