@@ -102,6 +102,9 @@ def _workload_flags(p: argparse.ArgumentParser) -> None:
       help="keep only this tenant's sessions, unchanged (repeatable; presets with tenants)")
     a("--hygiene-break", action="store_true", default=None,
       help="put a per-request timestamp in every system prompt (a cache breaker)")
+    a("--tool-calls", action="store_true", default=None,
+      help="every turn asks for a tool call (tool_choice required) and the next sends it "
+      "back with a role: tool message carrying the tool's output, as an agent loop does")
     a("--seed", type=int, help="workload seed (default: the preset's); the same seed gives "
       "the same sessions")
     a("--out", type=Path, default=Path("bench-out"),
@@ -128,6 +131,7 @@ def _preset(args: argparse.Namespace) -> Preset:
         fanout=args.fanout,
         compaction_every=args.compaction_every,
         hygiene_break=args.hygiene_break,
+        tool_calls=args.tool_calls,
         seed=args.seed,
         arrival_interval_s=args.arrival_interval_s,
         only_tenants=tuple(args.only_tenants) if args.only_tenants else None,

@@ -83,7 +83,7 @@ class ServeConfig:
     tool_call_parser: str | None = None
     # tool_choice "auto": the share of answers that are a tool call (drawn per prompt from
     # the seed, so a prompt repeats its answer); named and "required" always call.
-    tool_call_probability: float = 0.5
+    tool_call_probability: float = 0.0
     seed: int = 0
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: POST /reset_prefix_cache exists
     force_include_usage: bool = False

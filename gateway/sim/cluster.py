@@ -49,7 +49,10 @@ class SimOptions:
     contract: Contract = CURRENT
     prompt_tokens_details: bool = True
     tool_call_parser: str | None = None  # set = --enable-auto-tool-choice --tool-call-parser
-    tool_call_probability: float = 0.5  # tool_choice "auto": the share that calls a tool
+    # tool_choice "auto": the share of answers that call a tool. 0 by default: the
+    # benchmarks send tools without a choice and their figures assume text answers
+    # (`gateway serve`'s demo sets its own, [demo] tool_call_probability).
+    tool_call_probability: float = 0.0
     dev_mode: bool = False
     force_include_usage: bool = False
     timing_comments: bool = False
