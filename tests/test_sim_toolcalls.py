@@ -34,8 +34,10 @@ SCHEMAS: list[tuple[str, dict[str, Any]]] = [
         "n": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
         "b": {"type": "boolean"}, "z": {"type": "null"},
         "e": {"enum": ["celsius", "fahrenheit"]}, "c": {"const": 42},
-        "u": {"type": ["integer", "null"]}},
-        "required": ["s", "i", "n", "b", "z", "e", "c", "u"], "additionalProperties": False}),
+        "u": {"type": ["integer", "null"]},
+        "x": {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 3}},
+        "required": ["s", "i", "n", "b", "z", "e", "c", "u", "x"],
+        "additionalProperties": False}),
     ("nested", {"type": "object", "properties": {
         "filter": {"type": "object", "properties": {
             "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2,
@@ -149,6 +151,8 @@ def test_streamed_fragments_rebuild_the_arguments(seed: int) -> None:
     ('{"name', 0, None),  # before the arguments: nothing yet
     ("s ", 14, None),
     (' {"', 20, (True, '{"')),  # the token that ends the head also starts the arguments
+    ('": ', 18, (True, "")),  # a token ending just before the arguments ends the head
+    ('{"', 21, (False, '{"')),  # ... and the next one is arguments only
     ("abc", 22, (False, "abc")),
     ("}}\n", 29, (False, "}")),  # the closing brace of the call itself is not arguments
     ("</", 31, None),
