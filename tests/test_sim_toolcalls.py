@@ -13,6 +13,7 @@ from gateway.sim.responses import ChunkWriter
 from gateway.sim.template import render_chat
 from gateway.sim.tokenizer import Tokenizer
 from gateway.sim.toolcalls import (
+    HARD_DEPTH,
     MAX_DEPTH,
     PlannedCall,
     StreamPlan,
@@ -69,6 +70,27 @@ def test_arguments_validate_against_the_schema(case: str, schema: dict[str, Any]
         value = arguments(schema, random.Random(seed))
         assert errors(value, schema) == [], (case, seed, value)
         json.dumps(value)  # JSON all the way down
+
+
+@pytest.mark.parametrize(("schema", "check"), [
+    ({"type": "array", "items": {"type": "integer"}, "minItems": 10**9},
+     lambda v: len(v) == 64),
+    ({"type": "string", "minLength": 10**9}, lambda v: len(v) == 4096),
+    ({"type": "string", "minLength": 5000, "maxLength": 6000}, lambda v: len(v) == 4096),
+])
+def test_a_hostile_schema_is_bounded(schema: dict[str, Any], check: Any) -> None:
+    assert check(arguments(schema, random.Random(0)))
+
+
+def test_required_nesting_stops_at_the_hard_depth() -> None:
+    chain: dict[str, Any] = {"type": "string"}
+    for _ in range(3000):  # deeper than Python's recursion would go
+        chain = {"type": "object", "properties": {"n": chain}, "required": ["n"]}
+    value = arguments(chain, random.Random(0))
+    depth = 0
+    while isinstance(value, dict):
+        value, depth = value["n"], depth + 1
+    assert value is None and depth == HARD_DEPTH + 1
 
 
 def test_optional_members_stop_at_the_depth_bound() -> None:

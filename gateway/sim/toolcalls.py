@@ -9,6 +9,9 @@ Pure decisions; the HTTP side (gateway.sim.app) feeds them the request and the t
   const, required and optional properties, nested objects and arrays, numeric and length
   bounds), nesting bounded by ``MAX_DEPTH``: below it optional properties and optional
   array items are left out. ``$ref`` and ``pattern`` are not followed (a string is drawn).
+  Bounds against a hostile schema (the answer would break it there, not the simulator):
+  at most ``MAX_ITEMS`` items per array, ``MAX_CHARS`` characters per string, and nothing
+  (null) below ``HARD_DEPTH`` levels of required nesting.
 - ``hermes_text``: the text the model emits for the call, exactly as Qwen2.5's template
   renders an assistant tool call back (``json.dumps`` separators), so the next turn's
   prompt extends through this reply and its prefix stays cached, as with real output.
@@ -31,6 +34,9 @@ from gateway.sim.generator import WORDS
 from gateway.sim.responses import ChunkWriter
 
 MAX_DEPTH = 4  # nesting of objects/arrays that still gets optional members
+HARD_DEPTH = 32  # required members nest no deeper (Python's recursion, a request's size)
+MAX_ITEMS = 64  # items of one array, whatever minItems asks
+MAX_CHARS = 4096  # characters of one string, whatever minLength asks
 _MAX_ITEMS = 3  # array length drawn when the schema does not bound it
 _INT_SPAN = 100
 
@@ -61,6 +67,8 @@ def arguments(schema: Any, rng: random.Random, depth: int = 0) -> Any:
     """A value valid for `schema` (a JSON-schema dict; anything else allows any value)."""
     if not isinstance(schema, Mapping):
         return _word(rng)
+    if depth > HARD_DEPTH:
+        return None
     if "const" in schema:
         return schema["const"]
     enum = schema.get("enum")
@@ -196,7 +204,7 @@ def _array(schema: Mapping[str, Any], rng: random.Random, depth: int) -> list[An
     high = _int_bound(schema.get("maxItems"), max(low, _MAX_ITEMS))
     if depth >= MAX_DEPTH:
         high = low
-    n = rng.randint(low, max(low, high))
+    n = min(MAX_ITEMS, rng.randint(low, max(low, high)))
     items = schema.get("items")
     return [arguments(items, rng, depth + 1) for _ in range(n)]
 
@@ -235,8 +243,8 @@ def _numeric_range(schema: Mapping[str, Any], step: float) -> tuple[float, float
 
 
 def _string(schema: Mapping[str, Any], rng: random.Random) -> str:
-    low = _int_bound(schema.get("minLength"), 0)
-    high = _int_bound(schema.get("maxLength"), max(low, 40))
+    low = min(MAX_CHARS, _int_bound(schema.get("minLength"), 0))
+    high = min(MAX_CHARS, _int_bound(schema.get("maxLength"), max(low, 40)))
     words: list[str] = []
     while len(" ".join(words)) < max(low, 1) or (len(words) < 2 and rng.random() < 0.5):
         words.append(_word(rng))
