@@ -231,6 +231,9 @@ class EppSettings:
 # `[demo]`, env `GATEWAY_DEMO__*`, flag `--demo-speed`); ignored when replicas are given.
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DemoSettings:
+    """The embedded simulator `gateway serve` starts when no replica is configured: its
+    speed (said in its start-up line) and its share of tool calls for tool_choice auto."""
+
     # Simulated seconds per wall second: 1 is an H100's real time for an 8B model (a
     # 32,700-token answer takes about 227 s), 10 answers it in about 23 s.
     speed: float = 1.0

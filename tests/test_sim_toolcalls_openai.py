@@ -139,3 +139,24 @@ def test_an_agent_loop_of_five_turns(client: openai.OpenAI) -> None:
     # every later turn reuses the one before (the tool call re-renders as generated)
     assert all(later > earlier for earlier, later in itertools.pairwise(cached))
     assert cached[-1] > 0
+
+
+def test_auto_calls_for_a_share_of_prompts_the_same_each_time(client: openai.OpenAI) -> None:
+    """The demo's [demo] tool_call_probability (0.5): some prompts call, others answer
+    text, and a prompt repeats its answer (drawn from the seed)."""
+    def kind(i: int) -> str | None:
+        answer = client.chat.completions.create(
+            model=MODEL, tools=TOOLS, tool_choice="auto", max_tokens=128,
+            messages=[{"role": "user", "content": f"auto question {i}"}])
+        c = answer.choices[0]
+        if c.message.tool_calls:
+            fn = c.message.tool_calls[0].function  # type: ignore[union-attr]
+            check_call(fn.name, fn.arguments, set(SCHEMAS))
+            assert c.finish_reason == "tool_calls"
+            return "call"
+        assert c.message.content and c.finish_reason in ("stop", "length")
+        return "text"
+
+    kinds = [kind(i) for i in range(12)]
+    assert set(kinds) == {"call", "text"}
+    assert [kind(i) for i in range(4)] == kinds[:4]
