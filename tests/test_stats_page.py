@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.usage.page import render_page
+from gateway.usage.page import duration, render_page
 from tests.filler import words
 from tests.servers import gateway, sim
 
@@ -149,6 +149,47 @@ def test_idle_time_is_a_gap(ts: list[float], runs: int) -> None:
     page = render_page({**stats(series, {}, []), "bucket_s": 10.0}).decode()
     assert page.count("<polyline class=overall") == runs
     assert page.count('<polyline class=replica data-replica="a"') == runs
+
+
+@pytest.mark.parametrize(("ts", "dots"), [
+    ([0.0, 10.0, 20.0], 0),  # one line of three points
+    ([0.0, 100.0, 200.0], 3),  # three lines of one point each: a dot each, or nothing shows
+    ([0.0, 10.0, 600.0], 1),
+])
+def test_a_replica_series_of_one_point_is_a_dot(ts: list[float], dots: int) -> None:
+    series = [{"ts": t, "cached_ratio": 0.5, "by_replica": {"a": 0.5}} for t in ts]
+    page = render_page({**stats(series, {}, []), "bucket_s": 10.0}).decode()
+    assert page.count('<circle class=replica-point data-replica="a"') == dots
+
+
+@pytest.mark.parametrize(("ms", "text"), [
+    (12.0, "12.0 ms"), (9999.9, "9999.9 ms"), (10_000.0, "10.0 s"), (226468, "226.5 s"),
+    (None, "n/a"),
+])
+def test_durations_read_in_seconds_when_long(ms: float | None, text: str) -> None:
+    assert duration(ms) == text
+
+
+def test_a_long_latency_shows_in_seconds_on_the_page() -> None:
+    s = stats([], {}, [])
+    s["windows"]["5m"] = {**s["windows"]["5m"], "latency": {"p99_ms": 226468.0}}
+    page = render_page(s).decode()
+    assert "<td>226.5 s</td>" in page and "226468" not in page
+    assert "<td>12.0 ms</td>" in page and "<th>latency p99</th>" in page
+
+
+HYGIENE_WARNING = ("hygiene: timestamp findings put 30% of the last hour's prompt tokens at "
+                   "risk (900 of 3000 tokens, 3 request(s)); the latest are under "
+                   "hygiene.latest in /stats")
+
+
+def test_a_hygiene_warning_points_to_the_findings_below() -> None:
+    page = render_page(stats([], {}, [HYGIENE_WARNING, "TTFT p99 is high"])).decode()
+    assert "hygiene.latest in /stats" not in page
+    assert '(900 of 3000 tokens, 3 request(s)); the findings and the latest requests are ' \
+        '<a href="#hygiene">below, under Hygiene</a></li>' in page
+    assert "<h2 id=hygiene>" in page
+    assert "<li>TTFT p99 is high</li>" in page
 
 
 def test_hygiene_section_is_escaped() -> None:
