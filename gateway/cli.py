@@ -21,6 +21,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+DESCRIPTION = """A caching-aware OpenAI-compatible gateway in front of vLLM replicas: it sends each
+request to the replica most likely to hold its prompt prefix in KV cache, finds what breaks
+those prefixes, and records cached tokens per request. `gateway serve` alone starts a
+demo (an embedded simulator); `gateway COMMAND --help` describes each command."""
+
 DESCRIPTIONS = {
     "serve": """Run the gateway: an OpenAI-compatible proxy in front of vLLM replicas that routes
 each request to the replica most likely to hold its prompt prefix in KV cache.
@@ -50,7 +55,7 @@ and timing model) on 127.0.0.1:PORT..PORT+N-1, with no GPU and no model download
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    parser = argparse.ArgumentParser(prog="gateway", description=DESCRIPTION)
     version = f"gateway {__version__}"
     parser.add_argument("--version", action="version", version=version)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -35,7 +35,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 import uvloop
@@ -57,9 +57,13 @@ from gateway.settings import (
 from gateway.tokens.render import TokenRenderer
 from gateway.usage.recorder import require_redis
 
+if TYPE_CHECKING:
+    from gateway.sim.cluster import SimOptions
+
 log = logging.getLogger("gateway.serve")
 
 EMBEDDED_REPLICAS = 4
+LONG_ANSWER_TOKENS = 32_700  # the example the start-up line gives (a near-full context)
 # The cyclic collector's first threshold (CPython's default is 700 allocations). A request
 # allocates a few hundred tracked objects and the requests in flight keep theirs alive, so
 # at 700 (32 in flight) a young collection ran every ~14 requests and traversed all of
@@ -69,12 +73,17 @@ EMBEDDED_REPLICAS = 4
 GC_YOUNG_THRESHOLD = 10_000
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, listener: str = "server",
+                  default_port: int = 8080) -> None:
+    """`listener`: the settings section --host/--port set (`gateway epp` names its gRPC
+    listener's, [epp], with its own default port)."""
     parser.add_argument("--config", metavar="FILE", help="TOML settings file")
     parser.add_argument("--backend", metavar="URL", action="append", default=[],
                         help="replica base URL (repeatable); replaces [[replicas]]")
-    parser.add_argument("--host", help="listen address (server.host, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="listen port (server.port, default 8080)")
+    parser.add_argument("--host",
+                        help=f"listen address ({listener}.host, default 127.0.0.1)")
+    parser.add_argument("--port", type=int,
+                        help=f"listen port ({listener}.port, default {default_port})")
     parser.add_argument("--policy", help="routing policy (routing.policy): prefix, "
                         "least_loaded, round_robin, session, random")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
@@ -84,6 +93,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "text (for a person at a terminal)")
     parser.add_argument("--no-access-log", action="store_true",
                         help="no line per request (server.access_log = false)")
+    if listener == "server":
+        parser.add_argument("--demo-speed", type=float, metavar="X",
+                            help="the embedded simulator's simulated seconds per wall second "
+                            "(demo.speed, default 1 = real time; 10 = ten times faster)")
 
 
 def load_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
@@ -107,6 +120,8 @@ def load_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
             overrides.setdefault("server", {})[key] = getattr(args, key)
     if getattr(args, "no_access_log", False):
         overrides.setdefault("server", {})["access_log"] = False
+    if getattr(args, "demo_speed", None) is not None:
+        overrides.setdefault("demo", {})["speed"] = args.demo_speed
     return parse_settings(text, env, source=source, backends=args.backend, overrides=overrides)
 
 
@@ -183,15 +198,17 @@ async def _serve(settings: Settings, sock: socket.socket) -> int:
         sim_models = [m for m, where in settings.tokens.models.items() if where == SIM]
         n = EMBEDDED_REPLICAS
         base = free_port_run(3 * n if sim_models else n)
+        demo = settings.demo
         options = SimOptions(replicas=n, port=base, block_size=settings.tokens.block_size,
-                             tool_call_parser=AGENT_TOOL_CALL_PARSER)
+                             tool_call_parser=AGENT_TOOL_CALL_PARSER, speed=demo.speed,
+                             tool_call_probability=demo.tool_call_probability)
         if sim_models:
             options = dataclasses.replace(options, model=sim_models[0],
                                           kv_events=KVEventsOptions(port=base + n))
         cluster = SimCluster(options)
         await cluster.start()
         settings = with_replicas(settings, [replica_from_url(u) for u in cluster.urls])
-        log.info("embedded simulator started", extra={"urls": cluster.urls})
+        log.info(demo_line(options), extra={"urls": cluster.urls, "speed": demo.speed})
     try:
         app = create_app(settings, sim_renderer=sim_renderer)
         config = uvicorn.Config(
@@ -228,6 +245,20 @@ async def _serve(settings: Settings, sock: socket.socket) -> int:
     finally:
         if cluster is not None:
             await cluster.stop()
+
+
+def demo_line(options: SimOptions) -> str:
+    """The start-up line of the embedded simulator: its speed, and what that means for a
+    long answer, so that a 32k-token max_tokens is no silent wait."""
+    step = options.step_time
+    per_token = step.t_base_s + step.t_weights_s
+    n = LONG_ANSWER_TOKENS
+    # batch-1 decode: a fixed cost per token plus the KV read growing with the context
+    long_s = (n * per_token + step.t_kv_token_s * n * n / 2) / options.speed
+    return (f"embedded simulator started: {options.replicas} simulated vLLM replicas of "
+            f"{options.model} at {options.speed:g}x an H100's real time (about "
+            f"{1000 * per_token / options.speed:.2g} ms per output token alone; max_tokens "
+            f"{n} takes about {long_s:.0f} s); demo.speed or --demo-speed sets it")
 
 
 def sim_renderer(model: str, block_size: int, max_pieces: int) -> TokenRenderer:

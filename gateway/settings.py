@@ -229,6 +229,28 @@ class EppSettings:
             raise ValueError("epp.max_streams must be positive")
 
 
+# The embedded simulator `gateway serve` starts when no replica is configured (TOML section
+# `[demo]`, env `GATEWAY_DEMO__*`, flag `--demo-speed`); ignored when replicas are given.
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DemoSettings:
+    """The embedded simulator `gateway serve` starts when no replica is configured: its
+    speed (said in its start-up line) and its share of tool calls for tool_choice auto."""
+
+    # Simulated seconds per wall second: 1 is an H100's real time for an 8B model (a
+    # 32,700-token answer takes about 227 s), 10 answers it in about 23 s.
+    speed: float = 1.0
+    # tool_choice "auto": the share of answers that are a tool call (named and "required"
+    # always are), drawn per prompt, so a prompt repeats its answer.
+    tool_call_probability: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not self.speed > 0 or self.speed == float("inf"):
+            raise ValueError(f"demo.speed must be a positive number, got {self.speed}")
+        if not 0 <= self.tool_call_probability <= 1:
+            raise ValueError("demo.tool_call_probability must lie within 0..1, got "
+                             f"{self.tool_call_probability}")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
@@ -241,6 +263,7 @@ class Settings:
     redis: RedisSettings = field(default_factory=RedisSettings)
     epp: EppSettings = field(default_factory=EppSettings)  # `gateway epp` only
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    demo: DemoSettings = field(default_factory=DemoSettings)  # the embedded simulator
 
 
 # table sections: name -> dataclass (replicas, an array of tables, is handled apart)
@@ -254,6 +277,7 @@ SECTIONS: dict[str, type[Any]] = {
     "redis": RedisSettings,
     "epp": EppSettings,
     "admission": AdmissionConfig,
+    "demo": DemoSettings,
 }
 
 

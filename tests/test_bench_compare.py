@@ -72,6 +72,11 @@ def test_compare_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     # tiny is a smoke run: its figures are shown, not judged, and pairs print as numbers
     assert all(c["met"] is None and not c["judged"] for c in result["checks"])
     assert "not judged" in out and "[NOT MET]" not in out and "[None" not in out
+    # the output explains itself: every column, the paced rows, why tiny compares nothing
+    for policy in [*policies, "prefix@none"]:
+        assert f"\n  {policy}: " in out
+    assert "req/s (paced)" in out and "not what the fleet could serve" in out
+    assert "its columns are no comparison of the policies" in out
 
 
 def test_one_session_at_a_time_reproduces_exactly(tmp_path: Path,

@@ -277,5 +277,8 @@ async def test_many_hanging_requests_at_once_leave_nothing_behind(
         answers = await asyncio.gather(*(
             client.post(url + "/v1/chat/completions", json=chat(m, stream=m == "stall-stream"))
             for m in modes))
-    assert sorted({a.status_code for a in answers}) == [200, 504]
+    # the bodies name the failure class when this fails (a 502 is a refused or reset
+    # connection, a 504 a timeout)
+    assert sorted({a.status_code for a in answers}) == [200, 504], sorted(
+        {a.text[:300] for a in answers if a.status_code not in (200, 504)})[:3]
     await settle(baseline, replica)

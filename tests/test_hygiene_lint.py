@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
+import re
+import select
 import shlex
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -177,3 +182,123 @@ def test_usage_records_are_read(
     assert [g if e[3] is not None else (*g[:3], None) for g, e in zip(got, expected,
                                                                       strict=True)] == expected
     assert err.count("skipped line") == skipped
+
+
+def stamped_every_minute(n: int) -> list[str]:
+    """n requests a minute apart, each with the time of its sending in the system prompt."""
+    return [json.dumps({"body": body(f"Current time: 2024-06-01T14:{3 + i:02d}:22Z. " + RULES,
+                                     "q"), "ts": NOW + 60 * i}) for i in range(n)]
+
+
+def test_each_json_finding_carries_its_remedy(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    rc, found, _ = lint(tmp_path, capfd, stamped_every_minute(1))
+    assert rc == 0
+    assert [(f["kind"], f["remedy"]) for f in found] == [
+        ("timestamp", "move the time from message 0 (system) into the last user message "
+         "(message 1), after the cached prefix, or round it to the day")]
+
+
+def test_the_report_for_a_person(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """`--text` (the default on a terminal): each finding with its place, its tokens at
+    risk, what fixing it saves and the fix; then per kind the saving per hour at the
+    input's own rate: three requests in 120 s are 90 an hour."""
+    f = tmp_path / "log.jsonl"
+    f.write_text("\n".join([*stamped_every_minute(3), "{not json"]) + "\n")
+    assert main(["lint", str(f), "--now", str(NOW), "--text"]) == 0
+    out, err = capfd.readouterr()
+    tokens = [int(t) for t in re.findall(r"^  (\d+) prompt tokens at risk: fixing it saves "
+                                         r"\1 tokens a request$", out, re.M)]
+    assert len(tokens) == 3 and len(set(tokens)) == 1 and tokens[0] > 100, out
+    assert out.count("  fix: move the time from message 0 (system) into the last user "
+                     "message (message 1), after the cached prefix, or round it to the "
+                     "day\n") == 3, out
+    assert re.search(r"^line 1: timestamp \(warning, found by pattern\) in message 0 "
+                     r"\(system\) at character 14: <timestamp:20 chars>$", out, re.M), out
+    assert out.endswith(
+        "Summary of 4 line(s), 1 unreadable, spanning 120 s:\n"
+        f"  timestamp (warning): 3 finding(s) in 3 request(s), {3 * tokens[0]} tokens at "
+        f"risk; fixing it saves about {90 * tokens[0]} tokens an hour at this input's rate\n")
+    assert "line 4" in err
+
+
+def test_the_report_without_times_has_no_rate(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Two timestamps in one request break its prefix once, at the first: the summary
+    counts the request once, at its costlier finding."""
+    f = tmp_path / "log.jsonl"
+    f.write_text(json.dumps(body(f"Current time: {STAMP}. {RULES[:600]} Updated: 14:03:20. "
+                                 + RULES[600:], "q"))
+                 + "\n")
+    assert main(["lint", str(f), "--now", str(NOW), "--text"]) == 0
+    out = capfd.readouterr().out
+    tokens = [int(t) for t in re.findall(r"^  (\d+) prompt tokens at risk", out, re.M)]
+    assert len(tokens) == 2, out
+    assert out.endswith(f"timestamp (warning): 2 finding(s) in 1 request(s), {max(tokens)} "
+                        "tokens at risk; no rate: the input has no ts\n"), out
+    f.write_text(json.dumps(body(RULES, "q")) + "\n")
+    assert main(["lint", str(f), "--text"]) == 0
+    assert capfd.readouterr().out == "No findings in 1 line(s).\n"
+
+
+def on_a_terminal(args: list[str]) -> str:
+    """What `gateway lint` prints with its stdout on a pseudo-terminal, as a person runs
+    it (read until the command closes it, within a deadline)."""
+    main_fd, tty_fd = pty.openpty()
+    proc = subprocess.Popen([*script("gateway"), "lint", *args], stdout=tty_fd,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    os.close(tty_fd)
+    out = b""
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([main_fd], [], [], 1.0)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(main_fd, 65536)
+            except OSError:  # EIO: the command closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(timeout=max(1.0, deadline - time.monotonic())) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        os.close(main_fd)
+    return out.decode().replace("\r\n", "\n")
+
+
+def test_on_a_terminal_a_report_with_json_on_request(tmp_path: Path) -> None:
+    """The default follows stdout: a report on a terminal; `--json` keeps JSON there; a pipe
+    (every other test here) gets JSON, so scripts that read `gateway lint` keep working."""
+    f = tmp_path / "log.jsonl"
+    f.write_text("\n".join(stamped_every_minute(2)) + "\n")
+    report = on_a_terminal([str(f), "--now", str(NOW)])
+    assert report.startswith("line 1: timestamp (warning, found by pattern) in message 0 "
+                             "(system) at character 14"), report
+    assert "  fix: move the time from message 0 (system)" in report
+    assert "Summary of 2 line(s), spanning 60 s:" in report
+    found = [json.loads(x) for x in on_a_terminal([str(f), "--now", str(NOW), "--json"])
+             .splitlines()]
+    assert [(f["line"], f["kind"]) for f in found] == [(1, "timestamp"), (2, "timestamp")]
+    assert all(f["remedy"].startswith("move the time") for f in found)
+
+
+def test_the_report_shows_no_control_characters(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """An unredacted span or a session id is the client's text: a terminal escape in it is
+    printed as `?`, never sent to the terminal."""
+    line = {"body": body(f"Current time: {STAMP}. " + RULES, "q"), "session": "s\x1b[2J1"}
+    f = tmp_path / "log.jsonl"
+    f.write_text(json.dumps(line) + "\n")
+    assert main(["lint", str(f), "--now", str(NOW), "--text", "--unredacted"]) == 0
+    out = capfd.readouterr().out
+    assert "\x1b" not in out and f", session s?[2J1: {STAMP}" in out, out

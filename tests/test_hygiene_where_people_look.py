@@ -34,6 +34,9 @@ def body(t: float) -> dict[str, Any]:
 
 
 OFFSET = len(PREFIX)  # where the timestamp starts in message 0
+# what to do about it, in every place that shows the finding
+FIX = ("move the time from message 0 (system) into the last user message (message 1), after "
+       "the cached prefix, or round it to the day")
 
 
 def send_twice(env: dict[str, str], tmp: Path
@@ -77,8 +80,14 @@ def test_the_timestamp_is_found_where_people_look(tmp_path: Path) -> None:
         assert (f["message_index"], f["role"], f["char_offset"], f["severity"]) == (
             0, "system", OFFSET, "warning")
         assert f["span"] == "<timestamp:19 chars>"  # redacted by default
+    assert {f["remedy"] for f in latest} == {FIX}
     row = next(r for r in hygiene["by_kind"] if r["kind"] == "timestamp")
     assert (row["findings"], row["requests"], row["tokens_at_risk"]) == (2, 2, 2 * cost)
+    # the saving per hour: the hour's tokens at risk over the seconds the window covers
+    # (the gateway just started: counted as a minute)
+    assert row["remedy"] == FIX
+    assert row["saving_tokens_per_hour"] == round(
+        2 * cost * 3600 / max(60.0, hygiene["covered_s"])) > 0
     assert row["share_of_prompt_tokens"] > 0.5
     assert any(w.startswith("hygiene: timestamp findings put") for w in stats["warnings"])
     assert stats["summary"]["warnings"] == len(stats["warnings"]) >= 1
@@ -87,18 +96,20 @@ def test_the_timestamp_is_found_where_people_look(tmp_path: Path) -> None:
         cache = answer.headers["x-gateway-cache"]
         assert cache.startswith(f"route={answer.headers['x-gateway-route']}, predicted=")
         assert (f"findings=1, first=timestamp, severity=warning, message=0, offset={OFFSET}, "
-                f"tokens_at_risk={cost}") in cache
+                f"tokens_at_risk={cost}, fix=move_or_round") in cache
         assert answer.headers["x-gateway-hygiene"] == f"timestamp@0:{OFFSET}"
+        assert answer.headers["x-gateway-fix"] == FIX
     # gateway lint on the usage log: one finding per record, with the record's line
-    assert [(f["line"], f["kind"], f["message_index"], f["char_offset"], f["tokens_at_risk"])
-            for f in linted] == [(1, "timestamp", 0, OFFSET, cost), (2, "timestamp", 0, OFFSET,
-                                                                     cost)]
+    assert [(f["line"], f["kind"], f["message_index"], f["char_offset"], f["tokens_at_risk"],
+             f["remedy"]) for f in linted] == [(1, "timestamp", 0, OFFSET, cost, FIX),
+                                               (2, "timestamp", 0, OFFSET, cost, FIX)]
     # the page as the browser built it
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (apt-get install chromium; .ci/run does)")
     rows = re.findall(r'<tr class="finding" data-kind="timestamp" data-message="0" '
                       rf'data-offset="{OFFSET}" data-tokens="{cost}">', dom)
     assert len(rows) == 2, dom[:3000]
+    assert dom.count(f'<td class="fix">{FIX}</td>') == 3  # the kind's row, both findings
     assert re.search(r'<tr class="kind" data-kind="timestamp" data-severity="warning">'
                      rf"<td>timestamp</td><td>warning</td><td>2</td><td>2</td>"
                      rf"<td>{2 * cost}</td>", dom)
@@ -117,4 +128,5 @@ def test_with_the_scanner_off_nothing_is_found(tmp_path: Path) -> None:
     for answer in answers:
         assert "first=" not in answer.headers["x-gateway-cache"]
         assert "x-gateway-hygiene" not in answer.headers
+        assert "x-gateway-fix" not in answer.headers
     assert 'class="finding"' not in page and "class=finding" not in page

@@ -11,6 +11,7 @@ import tomllib
 
 import pytest
 
+from gateway import __version__
 from tests.servers import ROOT
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -72,9 +73,19 @@ loaded = sorted(m for m in sys.modules if m.partition(".")[0] in BLOCKED)
 print("LOADED", loaded)
 
 from gateway.bench.entry import main as bench_main
+for name, argv in (("HELP", ["--help"]), ("RUNHELP", ["run", "--help"]),
+                   ("VERSION", ["--version"])):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            bench_main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    print(name, code, "usage: gateway-bench" in out.getvalue() or out.getvalue().strip())
 err = io.StringIO()
 with contextlib.redirect_stderr(err):
-    print("BENCH", bench_main(["run", "--help"]), err.getvalue().strip())
+    print("BENCH", bench_main(["run", "--base-url", "http://127.0.0.1:1"]),
+          err.getvalue().strip())
 
 from gateway.extras import MissingExtra
 from gateway.usage.config import UsageConfig
@@ -118,6 +129,13 @@ def test_core_modules_import_without_extras(probe: dict[str, str]) -> None:
     ],
 )
 def test_extra_features_name_their_extra(probe: dict[str, str], key: str, expected: str) -> None:
+    assert probe[key] == expected
+
+
+@pytest.mark.parametrize(("key", "expected"), [
+    ("HELP", "0 True"), ("RUNHELP", "0 True"), ("VERSION", f"0 gateway-bench {__version__}")])
+def test_bench_help_and_version_need_no_extra(probe: dict[str, str], key: str,
+                                              expected: str) -> None:
     assert probe[key] == expected
 
 

@@ -57,6 +57,8 @@ GOOD: list[tuple[str, dict[str, str], str, Any]] = [
     ("", {"GATEWAY_NOPE__X": "1"}, "server.port", 8080),
     # The real-vLLM tier's variable, inherited by the gateways it starts: not a setting.
     ("", {"GATEWAY_VLLM_PYTHON": "/opt/vllm/bin/python"}, "server.port", 8080),
+    ("", {"GATEWAY_DEMO__SPEED": "10"}, "demo.speed", 10.0),
+    ("[demo]\ntool_call_probability = 0.2", {}, "demo.tool_call_probability", 0.2),
 ]
 
 
@@ -89,6 +91,8 @@ BAD: list[tuple[str, dict[str, str], str]] = [
     ("[[replicas]]\nname = 'a'\nurl = 'http://x:1'\n[[replicas]]\nname = 'a'\n"
      "url = 'http://y:1'", {}, "duplicate replica name 'a'"),
     ("replicas = 3", {}, "array of tables"),
+    ("[demo]\nspeed = 0", {}, "demo.speed"),
+    ("[demo]\ntool_call_probability = 1.5", {}, "demo.tool_call_probability"),
 ]
 
 

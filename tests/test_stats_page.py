@@ -4,6 +4,7 @@ reason when it is not installed)."""
 
 from __future__ import annotations
 
+import html
 import random
 import re
 import shutil
@@ -14,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.usage.page import render_page
+from gateway.usage.page import duration, render_page
 from tests.filler import words
 from tests.servers import gateway, sim
 
@@ -150,6 +151,47 @@ def test_idle_time_is_a_gap(ts: list[float], runs: int) -> None:
     assert page.count('<polyline class=replica data-replica="a"') == runs
 
 
+@pytest.mark.parametrize(("ts", "dots"), [
+    ([0.0, 10.0, 20.0], 0),  # one line of three points
+    ([0.0, 100.0, 200.0], 3),  # three lines of one point each: a dot each, or nothing shows
+    ([0.0, 10.0, 600.0], 1),
+])
+def test_a_replica_series_of_one_point_is_a_dot(ts: list[float], dots: int) -> None:
+    series = [{"ts": t, "cached_ratio": 0.5, "by_replica": {"a": 0.5}} for t in ts]
+    page = render_page({**stats(series, {}, []), "bucket_s": 10.0}).decode()
+    assert page.count('<circle class=replica-point data-replica="a"') == dots
+
+
+@pytest.mark.parametrize(("ms", "text"), [
+    (12.0, "12.0 ms"), (9999.9, "9999.9 ms"), (10_000.0, "10.0 s"), (226468, "226.5 s"),
+    (None, "n/a"),
+])
+def test_durations_read_in_seconds_when_long(ms: float | None, text: str) -> None:
+    assert duration(ms) == text
+
+
+def test_a_long_latency_shows_in_seconds_on_the_page() -> None:
+    s = stats([], {}, [])
+    s["windows"]["5m"] = {**s["windows"]["5m"], "latency": {"p99_ms": 226468.0}}
+    page = render_page(s).decode()
+    assert "<td>226.5 s</td>" in page and "226468" not in page
+    assert "<td>12.0 ms</td>" in page and "<th>latency p99</th>" in page
+
+
+HYGIENE_WARNING = ("hygiene: timestamp findings put 30% of the last hour's prompt tokens at "
+                   "risk (900 of 3000 tokens, 3 request(s)); the latest are under "
+                   "hygiene.latest in /stats")
+
+
+def test_a_hygiene_warning_points_to_the_findings_below() -> None:
+    page = render_page(stats([], {}, [HYGIENE_WARNING, "TTFT p99 is high"])).decode()
+    assert "hygiene.latest in /stats" not in page
+    assert '(900 of 3000 tokens, 3 request(s)); the findings and the latest requests are ' \
+        '<a href="#hygiene">below, under Hygiene</a></li>' in page
+    assert "<h2 id=hygiene>" in page
+    assert "<li>TTFT p99 is high</li>" in page
+
+
 def test_hygiene_section_is_escaped() -> None:
     evil = '<script>alert(1)</script>'
     hygiene = {"window": "1h", "covered_s": 3600.0, "prompt_tokens": 1000, "findings": 1,
@@ -166,3 +208,25 @@ def test_hygiene_section_is_escaped() -> None:
     assert "<script>" not in page and page.count("&lt;script&gt;") == 5
     assert 'data-message="0" data-offset="23" data-tokens="700"' in page
     assert "70.0%" in page and "No findings by tenant." in page
+
+
+def test_the_findings_say_how_to_fix_them_and_what_that_saves() -> None:
+    """The kinds table: the saving per hour and the newest remedy; each latest finding its
+    own remedy; a tool name in a remedy is the client's text, so it is escaped."""
+    fix = "sort the tools by name ['<b>', 'a']: this request sent ['a', '<b>']"
+    row = {"kind": "tool_order", "severity": "warning", "findings": 3, "requests": 3,
+           "tokens_at_risk": 900, "share_of_prompt_tokens": 0.3,
+           "saving_tokens_per_hour": 54000, "remedy": fix}
+    hygiene = {"window": "1h", "covered_s": 60.0, "prompt_tokens": 3000, "findings": 3,
+               "tokens_at_risk": 900, "warn_share": 0.05, "by_kind": [row],
+               "by_model": {"m": [row]}, "by_tenant": {},
+               "latest": [{"ts": 0.0, "model": "m", "kind": "tool_order", "severity": "warning",
+                           "evidence": "drift", "message_index": None, "role": "tools",
+                           "char_offset": 1, "span": "<tool_order:9 chars>",
+                           "tokens_at_risk": 300, "remedy": fix}]}
+    page = render_page({**stats([], {}, []), "hygiene": hygiene}).decode()
+    shown = html.escape(fix, quote=True)
+    assert "'<b>'" not in page
+    assert page.count(f"<td class=fix>{shown}</td>") == 2
+    assert "<td>900</td><td>30.0%</td><td>54000</td>" in page
+    assert "<th>saving per hour</th>" in page and "<th>fix</th>" in page

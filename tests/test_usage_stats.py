@@ -228,11 +228,14 @@ def test_hygiene_by_kind_model_and_tenant() -> None:
     w.add(rec(NOW - 500, findings=(_finding("nonce", "warning", 999),)))  # outside the window
     h = w.summary(NOW, 60.0)["hygiene"]
     assert h["findings"] == 4 and h["tokens_at_risk"] == 1650
+    # saving per hour: the tokens at risk over the 60 s the window covers, times 60
     assert h["by_kind"] == [
         {"kind": "timestamp", "severity": "warning", "findings": 3, "requests": 2,
-         "tokens_at_risk": 1600, "share_of_prompt_tokens": 0.8},
+         "tokens_at_risk": 1600, "saving_tokens_per_hour": 96000, "remedy": "",
+         "share_of_prompt_tokens": 0.8},
         {"kind": "uuid", "severity": "info", "findings": 1, "requests": 1,
-         "tokens_at_risk": 50, "share_of_prompt_tokens": 0.025},
+         "tokens_at_risk": 50, "saving_tokens_per_hour": 3000, "remedy": "",
+         "share_of_prompt_tokens": 0.025},
     ]
     assert [r["tokens_at_risk"] for r in h["by_model"]["m1"]] == [900, 50]
     assert [r["tokens_at_risk"] for r in h["by_tenant"]["none"]] == [700]

@@ -31,9 +31,9 @@ import aiohttp
 import orjson
 
 from gateway import __version__
+from gateway.bench import explain
 from gateway.bench.analysis import analyse
 from gateway.bench.apis import APIS
-from gateway.bench.charts import turn_chart
 from gateway.bench.compare import (
     CompareOptions,
     DirtyCacheError,
@@ -102,6 +102,9 @@ def _workload_flags(p: argparse.ArgumentParser) -> None:
       help="keep only this tenant's sessions, unchanged (repeatable; presets with tenants)")
     a("--hygiene-break", action="store_true", default=None,
       help="put a per-request timestamp in every system prompt (a cache breaker)")
+    a("--tool-calls", action="store_true", default=None,
+      help="every turn asks for a tool call (tool_choice required) and the next sends it "
+      "back with a role: tool message carrying the tool's output, as an agent loop does")
     a("--seed", type=int, help="workload seed (default: the preset's); the same seed gives "
       "the same sessions")
     a("--out", type=Path, default=Path("bench-out"),
@@ -128,6 +131,7 @@ def _preset(args: argparse.Namespace) -> Preset:
         fanout=args.fanout,
         compaction_every=args.compaction_every,
         hygiene_break=args.hygiene_break,
+        tool_calls=args.tool_calls,
         seed=args.seed,
         arrival_interval_s=args.arrival_interval_s,
         only_tenants=tuple(args.only_tenants) if args.only_tenants else None,
@@ -285,6 +289,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = analyse(result, tokenize_url=args.tokenize_url or facts.tokenize_url
                       or args.base_url, block_size=facts.block_size or BLOCK_SIZE)
     print(summary_table({"run": summary}))
+    print(explain.PACING)
     if summary["timing"] != "sim":
         print("(latencies are wall-clock: the endpoint sent no simulator timing)")
     if "bound_error" in summary:
@@ -299,6 +304,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if _failed(result):
         print("no chart: every request failed")
     else:
+        from gateway.bench.charts import turn_chart  # checked by main() before the run
+
         chart = turn_chart(summary["turns"], args.out / "turns.png", title=args.base_url)
         print(f"chart: {chart}")
     path = _write(args.out, "run.json", {
@@ -382,8 +389,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+# The commands that draw charts (matplotlib, the `bench` extra); replay draws none.
+CHARTED = frozenset({"run", "compare"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """--help and --version answer without the extra; a command that draws charts checks
+    for it before it runs (raises `MissingExtra`)."""
     args = build_parser().parse_args(argv)
+    if args.command in CHARTED:
+        import gateway.bench.charts  # noqa: F401  (raises MissingExtra without matplotlib)
     handlers = {"run": cmd_run, "replay": cmd_replay, "compare": cmd_compare}
     return handlers[args.command](args)
 

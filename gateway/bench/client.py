@@ -38,6 +38,32 @@ class Exchange:
     sim_timing: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
     api_usage: dict[str, Any] = field(default_factory=dict)  # Messages: start + delta
+    # chat: the answer's tool calls (streamed deltas merged), as a message carries them
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+def merge_tool_calls(calls: list[dict[str, Any]], deltas: Any) -> None:
+    """Fold streamed tool-call deltas into whole calls: the first delta of an index brings
+    its id, type and name, the later ones fragments of its arguments."""
+    if not isinstance(deltas, list):
+        return
+    for d in deltas:
+        if not isinstance(d, dict):
+            continue
+        index = d.get("index", len(calls))
+        if not isinstance(index, int) or not 0 <= index <= len(calls):
+            continue  # out of order: not a stream this client understands
+        if index == len(calls):
+            calls.append({"id": "", "type": "function",
+                          "function": {"name": "", "arguments": ""}})
+        call = calls[index]
+        if d.get("id"):
+            call["id"] = str(d["id"])
+        fn = d.get("function")
+        if isinstance(fn, dict):
+            if fn.get("name"):
+                call["function"]["name"] = str(fn["name"])
+            call["function"]["arguments"] += str(fn.get("arguments") or "")
 
 
 def _api_usage(ex: Exchange, usage: Any) -> None:
@@ -108,6 +134,9 @@ def _sse_line(ex: Exchange, line: bytes, chat: bool, parts: list[str]) -> None:
         _usage(ex, chunk["usage"])
     for choice in chunk.get("choices") or ():
         parts.append(_choice_text(choice, chat, stream=True))
+        delta = choice.get("delta") if chat and isinstance(choice, dict) else None
+        if isinstance(delta, dict) and delta.get("tool_calls"):
+            merge_tool_calls(ex.tool_calls, delta["tool_calls"])
 
 
 async def post(
@@ -151,9 +180,12 @@ async def post(
                     return ex
                 payload = orjson.loads(raw)
                 _usage(ex, payload.get("usage"))
-                ex.text = "".join(
-                    _choice_text(c, chat, stream=False) for c in payload.get("choices") or ()
-                )
+                choices = payload.get("choices") or ()
+                ex.text = "".join(_choice_text(c, chat, stream=False) for c in choices)
+                message = choices[0].get("message") if chat and choices else None
+                if isinstance(message, dict) and message.get("tool_calls"):
+                    merge_tool_calls(ex.tool_calls, [
+                        {**c, "index": i} for i, c in enumerate(message["tool_calls"])])
                 return ex
             parts: list[str] = []
             buffer = b""

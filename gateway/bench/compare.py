@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,10 +33,10 @@ from typing import Any, TextIO
 import orjson
 
 from gateway.admission.config import AdmissionConfig
+from gateway.bench import explain
 from gateway.bench.analysis import analyse, read_usage_log
 from gateway.bench.apis import Api
 from gateway.bench.backends import contamination_notice, reset_caches
-from gateway.bench.charts import compare_chart
 from gateway.bench.failures import format_reasons
 from gateway.bench.groups import groups_table
 from gateway.bench.presets import BLOCK_SIZE, Preset
@@ -286,6 +287,8 @@ def compare(opts: CompareOptions, out: TextIO | None = None) -> dict[str, Any]:
     (opts.out_dir / "compare.json").write_bytes(
         orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
     )
+    from gateway.bench.charts import compare_chart  # the extra: checked before the run
+
     chart = compare_chart(
         {p: s["turns"] for p, s in summaries.items()},
         summaries,
@@ -293,6 +296,9 @@ def compare(opts: CompareOptions, out: TextIO | None = None) -> dict[str, Any]:
         title=f"preset {preset.name}: {preset.replicas} replicas x {preset.kv_blocks} KV blocks",
     )
     print(summary_table(summaries), file=out)
+    for line in explain.legend(summaries, opts.session_ids):
+        print(line, file=out)
+    print(explain.PACING, file=out)
     print(file=out)
     print(replica_table(summaries), file=out)
     print(file=out)
@@ -302,6 +308,8 @@ def compare(opts: CompareOptions, out: TextIO | None = None) -> dict[str, Any]:
         print(file=out)
     for line in format_checks(result["checks"]):
         print(line, file=out)
+    if preset.name == "tiny":
+        print(tiny_note(summaries, preset), file=out)
     for policy, summary in summaries.items():
         if summary.get("error_reasons"):
             print(f"\nfailed requests under {policy}:", file=out)
@@ -315,6 +323,19 @@ def compare(opts: CompareOptions, out: TextIO | None = None) -> dict[str, Any]:
               "--concurrency 1 reproduces them exactly)", file=out)
     print(f"\nresults: {opts.out_dir / 'compare.json'}  chart: {chart}", file=out)
     return result
+
+
+def tiny_note(summaries: Mapping[str, Mapping[str, Any]], preset: Preset) -> str:
+    """Why the smoke preset's columns are not a comparison of the policies."""
+    requests = max((s.get("requests") or 0 for s in summaries.values()), default=0)
+    working = max(((s.get("bound") or {}).get("working_set_blocks") or 0
+                   for s in summaries.values()), default=0)
+    cache = preset.replicas * preset.kv_blocks
+    held = f"{cache / working:.0%} of" if working else "most of"
+    return (f"(tiny checks that every column runs: {requests} requests on {preset.replicas} "
+            f"replicas whose caches hold {held} the working set, so a few requests placed "
+            "otherwise move a column by several points: its columns are no comparison of the "
+            "policies; --preset default is one, about 20 s a column)")
 
 
 def judged(opts: CompareOptions) -> bool:
@@ -389,7 +410,11 @@ def format_checks(checks: list[dict[str, Any]]) -> list[str]:
             lines.append(f"[   info] {c['check']}: {shown} (target {c['target']}, not judged)")
             continue
         verdict = {True: "MET", False: "NOT MET", None: "n/a"}[c["met"]]
-        lines.append(f"[{verdict:>7}] {c['check']}: {shown} (target {c['target']})")
+        means = explain.meaning(c["check"])
+        lines.append(f"[{verdict:>7}] {c['check']}: {shown} (target {c['target']})"
+                     + (f": {means}" if means else ""))
+    if explain.needs_not_met_note(checks):
+        lines.append(explain.NOT_MET)
     if checks and not checks[0].get("judged", True):
         lines.append("(targets are judged on the simulated default, large and xl presets "
                      "only: tiny is a smoke run, and given replicas bring their own cache)")

@@ -1,6 +1,6 @@
-"""The `gateway-bench` console script: checks the `bench` extra before loading the
-benchmark, so that a core install answers with the command that adds it (exit status 2)
-instead of an import traceback."""
+"""The `gateway-bench` console script: a core install answers --help and --version, and a
+command that needs the `bench` extra (its charts) answers with the command that adds it
+(exit status 2) instead of an import traceback."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from gateway.extras import MissingExtra
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from gateway.bench.cli import main as bench_main
+
     try:
-        from gateway.bench.cli import main as bench_main
+        return bench_main(argv)
     except MissingExtra as exc:
         print(f"gateway-bench: {exc}", file=sys.stderr)
         return 2
-    return bench_main(argv)
 
 
 if __name__ == "__main__":

@@ -215,7 +215,7 @@ class Runner:
         async with slots:
             session = AgentSession(
                 plan, wl.prompts[plan.agent], self.options.model, wl.config.hygiene_break,
-                self.options.limits,
+                self.options.limits, wl.config.tool_calls,
             )
             while not session.done:
                 if session.next_delay_s > 0:
@@ -225,7 +225,8 @@ class Runner:
                 if exchanges[0].error is not None:
                     self.progress.advance(self._remaining(plan, reqs[0].turn))
                     return False
-                session.reply(exchanges[0].text, exchanges[0].prompt_tokens)
+                session.reply(exchanges[0].text, exchanges[0].prompt_tokens,
+                              exchanges[0].tool_calls)
         return True
 
     @staticmethod

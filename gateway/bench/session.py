@@ -14,6 +14,15 @@ first (task, a summary, the newest exchange), as an agent does at its context li
 cuts the newest tool result if even that is too long. Prompt size is estimated from the
 characters per token that the endpoint's own usage reported on the previous turn.
 
+With `tool_calls` every request asks for a tool call (`tool_choice: "required"`) and the
+answer's calls go back into the history as an assistant message with `tool_calls`; the next
+turn answers each call with a `role: tool` message (the first carries the turn's tool
+result, the others a short output), as an agent loop does. Such a turn's `max_tokens` is at
+least `TOOL_CALL_MIN_TOKENS`, room for a call's arguments. A call cut short (arguments that
+do not parse) is not sent back as a call: a server answers 400 to one. An answer without
+whole calls (a server without tool calling) is fed back as text, and the tool result as a
+user message.
+
 With `hygiene_break` the system prompt starts with a timestamp that changes every turn, the
 classic prefix-cache killer: nothing after it can be reused across turns.
 """
@@ -21,6 +30,7 @@ classic prefix-cache killer: nothing after it can be reused across turns.
 from __future__ import annotations
 
 import datetime
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +49,9 @@ class TurnRequest:
     body: dict[str, Any]
 
 
+TOOL_OK = '{"status": "ok"}'  # the output of a call beyond a turn's first
+TOOL_CALL_MIN_TOKENS = 128  # a call's name and arguments fit (the workload's tools: ~40)
+
 # Before any usage is seen: fewer characters per token than English text averages, so the
 # first estimate errs towards compacting early rather than a 400.
 INITIAL_CHARS_PER_TOKEN = 2.5
@@ -55,7 +68,7 @@ class ServerLimits:
 class AgentSession:
     def __init__(
         self, plan: SessionPlan, prompt: AgentPrompt, model: str, hygiene_break: bool = False,
-        limits: ServerLimits | None = None,
+        limits: ServerLimits | None = None, tool_calls: bool = False,
     ) -> None:
         self.plan = plan
         self.prompt = prompt
@@ -67,6 +80,8 @@ class AgentSession:
         self._clock_s = plan.start_s
         self._chars_per_token = self.limits.chars_per_token or INITIAL_CHARS_PER_TOKEN
         self._last_chars = 0
+        self.tool_calls = tool_calls
+        self._open_calls: list[dict[str, Any]] = []  # the last answer's, to be answered
 
     def _system(self, turn: int) -> str:
         if not self.hygiene_break:
@@ -79,7 +94,11 @@ class AgentSession:
         """The bodies of the next turn: the main request first, then its siblings."""
         turn = self.plan.turns[self._next]
         self._clock_s += turn.delay_s
-        if turn.tool_result:
+        calls, self._open_calls = self._open_calls, []
+        for i, call in enumerate(calls):
+            output = turn.tool_result if i == 0 and turn.tool_result else TOOL_OK
+            self.history.append({"role": "tool", "tool_call_id": call["id"], "content": output})
+        if turn.tool_result and not calls:
             self.history.append({"role": "user", "content": turn.tool_result})
         if turn.compact and len(self.history) > 4:
             # Keep the task and the two newest messages; the middle becomes a summary.
@@ -104,6 +123,8 @@ class AgentSession:
     def _request(
         self, turn: int, sibling: int, messages: list[dict[str, Any]], max_tokens: int
     ) -> TurnRequest:
+        if self.tool_calls:
+            max_tokens = max(max_tokens, TOOL_CALL_MIN_TOKENS)
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -113,7 +134,9 @@ class AgentSession:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        if self.limits.tool_choice is not None:
+        if self.tool_calls:
+            body["tool_choice"] = "required"
+        elif self.limits.tool_choice is not None:
             body["tool_choice"] = self.limits.tool_choice
         return TurnRequest(
             session_id=self.plan.session_id,
@@ -123,12 +146,19 @@ class AgentSession:
             body=body,
         )
 
-    def reply(self, text: str, prompt_tokens: int | None = None) -> None:
-        """Feed back the main request's answer (and the prompt tokens its usage reported);
-        advances to the next turn."""
+    def reply(self, text: str, prompt_tokens: int | None = None,
+              tool_calls: list[dict[str, Any]] | None = None) -> None:
+        """Feed back the main request's answer (and the prompt tokens its usage reported,
+        and its tool calls, answered on the next turn); advances to the next turn."""
         if prompt_tokens and self._last_chars:
             self._chars_per_token = self._last_chars / prompt_tokens
-        self.history.append({"role": "assistant", "content": text})
+        whole = [c for c in tool_calls or () if _parses(c)]
+        if whole:
+            self.history.append({"role": "assistant", "content": text or None,
+                                 "tool_calls": whole})
+            self._open_calls = whole
+        else:
+            self.history.append({"role": "assistant", "content": text})
         self._next += 1
 
     def _prompt_chars(self, messages: list[dict[str, Any]]) -> int:
@@ -165,8 +195,20 @@ class AgentSession:
         return self.plan.turns[self._next].delay_s if not self.done else 0.0
 
 
+def _parses(call: dict[str, Any]) -> bool:
+    """A whole call: a name, and arguments that are a JSON object."""
+    fn = call.get("function")
+    if not isinstance(fn, dict) or not fn.get("name"):
+        return False
+    try:
+        return isinstance(json.loads(str(fn.get("arguments") or "")), dict)
+    except ValueError:
+        return False
+
+
 def _chars(messages: list[dict[str, Any]]) -> int:
-    return sum(len(str(m.get("content") or "")) for m in messages)
+    return sum(len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or ""))
+               for m in messages)
 
 
 def sample_body(workload: Workload) -> dict[str, Any] | None:

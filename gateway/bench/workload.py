@@ -67,6 +67,9 @@ class WorkloadConfig:
     compaction_every: int = 0  # 0 = never compact
     summary_tokens: int = 150
     hygiene_break: bool = False  # put a changing timestamp at the top of the system prompt
+    # Every turn asks for a tool call (tool_choice "required"); the next turn sends the
+    # assistant's call back with a `role: tool` message carrying the tool's output.
+    tool_calls: bool = False
     # (tenant, weight) and (class, weight); empty: no API key / no priority header
     tenants: tuple[tuple[str, float], ...] = ()
     priorities: tuple[tuple[str, float], ...] = ()

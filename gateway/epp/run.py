@@ -38,7 +38,7 @@ from gateway.proxy.app import GatewayApp
 from gateway.proxy.tokenmode import TokenModelError
 from gateway.serve import add_arguments as serve_arguments
 from gateway.serve import check_extras, load_settings
-from gateway.settings import Settings, scan_env
+from gateway.settings import EppSettings, Settings, scan_env
 from gateway.tasks import FailureLog, every
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    serve_arguments(parser)
+    serve_arguments(parser, listener="epp", default_port=EppSettings().port)
 
 
 def epp_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:

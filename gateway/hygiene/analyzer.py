@@ -20,6 +20,9 @@ Per request (`scan`):
    tool list costs a hash, not a scan.
 4. The new request becomes the entry's snapshot.
 
+Each finding carries its remedy, written from where it was found (gateway.hygiene.remedy):
+the previous request's tool order is at hand for a `tool_order` finding.
+
 `rewrite` applies the opt-in body rewrites. Findings are logged (deduplicated, summed up)
 by the usage recorder (gateway.hygiene.lograte) and shown to the client by
 gateway.proxy.headers. Pure: `now` is a parameter.
@@ -39,8 +42,9 @@ from gateway.hygiene.config import HygieneConfig
 from gateway.hygiene.conversations import MessageOwners
 from gateway.hygiene.drift import Divergence, Snapshot, diverge
 from gateway.hygiene.finding import Finding
-from gateway.hygiene.patterns import STRONG, WEAK, Hit, scan_text
+from gateway.hygiene.patterns import STRONG, WEAK, Hit, classify_span, scan_text
 from gateway.hygiene.prompt import TEMPLATE_OVERHEAD, Prompt, parse, validate
+from gateway.hygiene.remedy import remedy, where
 
 _SCANNED_ROLES = frozenset({"system", "developer", "user", "tools", "prompt"})
 # Parts every conversation of a template shares: they do not tell conversations apart.
@@ -134,7 +138,8 @@ class HygieneAnalyzer:
             seen = old.values
             d = diverge(old, p, head_only=head_only, known=hits)
             if d is not None:
-                findings.append(self._drift_finding(p, d, session, head_only=head_only))
+                findings.append(self._drift_finding(p, d, session, head_only=head_only,
+                                                    before=old.tool_names))
         findings.extend(self._pattern_findings(p, hits, same, seen, findings, session, now))
         values = (
             frozenset(p.parts[k].text[h.start : h.end] for k in scanned for h in hits[k])
@@ -214,9 +219,11 @@ class HygieneAnalyzer:
         return key
 
     def _drift_finding(
-        self, p: Prompt, d: Divergence, session: str | None, head_only: bool
+        self, p: Prompt, d: Divergence, session: str | None, head_only: bool,
+        before: tuple[str, ...],
     ) -> Finding:
         part = p.parts[d.part]
+        raw = part.text[d.offset : d.end]
         tokens = p.tokens_after(d.part, d.offset)
         # without a session, an unexplained difference may just be another user's prompt
         confident = d.classified or not head_only
@@ -228,9 +235,11 @@ class HygieneAnalyzer:
             message_index=part.message_index,
             role=part.role,
             char_offset=d.offset,
-            span=self._span(d.kind, part.text[d.offset : d.end]),
+            span=self._span(d.kind, raw),
             tokens_at_risk=tokens,
             session=session,
+            remedy=remedy(d.kind, where(p, d.part, d.offset, _time_of_day(d.kind, raw),
+                                        before)),
         )
 
     def _pattern_findings(
@@ -269,6 +278,7 @@ class HygieneAnalyzer:
                         span=self._span(hit.kind, value),
                         tokens_at_risk=tokens,
                         session=session,
+                        remedy=remedy(hit.kind, where(p, k, hit.start, hit.dated)),
                     )
                 )
         return out
@@ -277,6 +287,14 @@ class HygieneAnalyzer:
         if self.config.redact:
             return f"<{kind}:{len(text)} chars>"
         return text[:_SPAN_CHARS]
+
+
+def _time_of_day(kind: str, text: str) -> bool:
+    """Whether a timestamp drift found names more than a date (the remedy rounds it)."""
+    if kind != "timestamp":
+        return True
+    hit = classify_span(text, 0)
+    return hit is None or hit.dated
 
 
 def _scoped(tenant: str | None, digest: int) -> int:

@@ -4,8 +4,8 @@ Knobs:
 - `enabled`: run the analyzer at all.
 - `redact`: findings carry `<kind:N chars>` instead of the offending text.
 - `header`: answer proxied calls with `x-gateway-cache` (route, predicted cached tokens,
-  the first finding with its cost) and `x-gateway-hygiene` (every warning's place); on by
-  default (gateway.proxy.headers).
+  the first finding with its cost and fix), `x-gateway-hygiene` (every warning's place)
+  and `x-gateway-fix` (the first finding's remedy); on by default (gateway.proxy.headers).
 - `rewrite_sort_tools` / `rewrite_schema_keys`: opt-in body rewrites that keep the prefix
   stable (tools sorted by function name; JSON keys inside tool schemas sorted). Message
   content is never changed.

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from gateway.hygiene.remedy import MAX_REMEDY_CHARS
+
 Severity = Literal["warning", "info"]
 Evidence = Literal["pattern", "drift"]
 
@@ -21,6 +23,9 @@ class Finding:
     tokens_at_risk: int  # estimated prompt tokens behind the break
     session: str | None
     line: int | None = None  # input line number, for `gateway lint`
+    # What to do about it, written for this finding (gateway.hygiene.remedy); what it saves
+    # per request is `tokens_at_risk`.
+    remedy: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -33,6 +38,7 @@ class Finding:
             "span": self.span,
             "tokens_at_risk": self.tokens_at_risk,
             "session": self.session,
+            "remedy": self.remedy,
         }
         if self.line is not None:
             d["line"] = self.line
@@ -67,5 +73,7 @@ def findings_from_json(value: Any) -> tuple[Finding, ...]:
             role=f["role"] if isinstance(f.get("role"), str) else None,
             char_offset=f["char_offset"], span=str(f.get("span", "")),
             tokens_at_risk=f["tokens_at_risk"],
-            session=f["session"] if isinstance(f.get("session"), str) else None))
+            session=f["session"] if isinstance(f.get("session"), str) else None,
+            # records written before remedies existed have none
+            remedy=str(f.get("remedy") or "")[:MAX_REMEDY_CHARS]))
     return tuple(out)

@@ -15,7 +15,12 @@ request (`findings`); those are printed as they are, with the record's line. So
 `gateway lint usage.jsonl` shows what the gateway found, and `gateway lint bodies.jsonl`
 analyses request bodies a client kept itself.
 
-Output: one JSON finding per line (design.md section 4 schema plus the input `line`).
+Output: on a terminal, a report for a person (gateway.hygiene.lintreport): each finding,
+its place, the tokens at risk (what fixing it saves per request) and its remedy, then per
+kind the saving per hour at the input's rate (its `ts` span). With `--json`, or when stdout
+is not a terminal (a pipe, a file: the scripts that read `gateway lint` keep working), one
+JSON finding per line (design.md section 4 schema plus the input `line` and `remedy`);
+`--text` prints the report to a pipe too.
 An unreadable line (invalid JSON, not an object, `messages` not a list, ...) is skipped
 with a message on stderr naming it, and the skipped lines are counted at the end; later
 lines are still read. Exit status: 0; 1 with `--fail-on info|warning` when a finding of that
@@ -39,6 +44,7 @@ import orjson
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.hygiene.config import HygieneConfig
 from gateway.hygiene.finding import Finding, findings_from_json
+from gateway.hygiene.lintreport import Tally, finding_text
 from gateway.hygiene.prompt import validate
 
 _SEVERITY_RANK = {"info": 0, "warning": 1}
@@ -63,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--now", type=float, default=None, help="epoch seconds for lines without ts"
     )
+    form = parser.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true",
+                      help="one JSON finding per line (the default when stdout is not a "
+                      "terminal)")
+    form.add_argument("--text", action="store_true",
+                      help="the readable report (the default on a terminal) even into a pipe")
 
 
 MAX_SHOWN = 20  # unreadable lines named one by one; the rest are counted
@@ -75,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     skipped: list[LintInputError] = []
     counts = {"lines": 0, "fail": 0}
     gate = _SEVERITY_RANK[args.fail_on] if args.fail_on else None
+    text = args.text or (not args.json and sys.stdout.isatty())
+    tally = Tally()
 
     def on_error(err: LintInputError) -> None:
         if len(skipped) < MAX_SHOWN:
@@ -90,10 +104,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         with (contextlib.nullcontext(sys.stdin.buffer) if args.file == "-"
               else open(args.file, "rb")) as f:
-            for finding in lint_lines(lines(f), analyzer, now, args.min_severity, on_error):
-                out.write(orjson.dumps(finding.to_dict()) + b"\n")
+            for finding in lint_lines(lines(f), analyzer, now, args.min_severity, on_error,
+                                      on_time=tally.time):
+                if text:
+                    tally.add(finding)
+                    out.write(finding_text(finding).encode() + b"\n\n")
+                else:
+                    out.write(orjson.dumps(finding.to_dict()) + b"\n")
                 if gate is not None and _SEVERITY_RANK[finding.severity] >= gate:
                     counts["fail"] += 1
+            if text:
+                out.write(tally.summary(counts["lines"], len(skipped)).encode() + b"\n")
             out.flush()
     except BrokenPipeError:
         # `gateway lint log | head`: the reader left; not an error of ours. Python's own
@@ -117,9 +138,11 @@ def lint_lines(
     now: float,
     min_severity: str = "info",
     on_error: Callable[[LintInputError], None] | None = None,
+    on_time: Callable[[float], None] | None = None,
 ) -> Iterator[Finding]:
     """Findings for each line in order. An unreadable line raises LintInputError, or with
-    `on_error` is handed to it and skipped."""
+    `on_error` is handed to it and skipped. `on_time` hears each readable line's own `ts`
+    (lines without one are judged at `now` and not heard)."""
     floor = _SEVERITY_RANK[min_severity]
     for n, raw in enumerate(lines, start=1):
         if not raw.strip():
@@ -129,14 +152,18 @@ def lint_lines(
             obj = _object(n, raw)
             if _is_usage_record(obj):
                 found = _recorded(n, obj)
+                ts = _ts(obj)
             else:
-                body, endpoint, session, ts = _read(n, obj, now)
-                found = analyzer.scan(body, endpoint, session, ts, validated=True)  # checked
+                body, endpoint, session, ts = _read(n, obj)
+                found = analyzer.scan(body, endpoint, session, ts if ts is not None else now,
+                                      validated=True)  # checked
         except LintInputError as err:
             if on_error is None:
                 raise
             on_error(err)
             continue
+        if on_time is not None and ts is not None:
+            on_time(ts)
         for f in found:
             if _SEVERITY_RANK[f.severity] >= floor:
                 yield dataclasses.replace(f, line=n)
@@ -165,9 +192,15 @@ def _recorded(n: int, obj: Mapping[str, Any]) -> tuple[Finding, ...]:
         raise LintInputError(n, str(e)) from None
 
 
+def _ts(obj: Mapping[str, Any]) -> float | None:
+    ts = obj.get("ts")
+    return float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else None
+
+
 def _read(
-    n: int, obj: dict[str, Any], now: float
-) -> tuple[Mapping[str, Any], Literal["chat", "completions"], str | None, float]:
+    n: int, obj: dict[str, Any]
+) -> tuple[Mapping[str, Any], Literal["chat", "completions"], str | None, float | None]:
+    """(body, endpoint, session, the line's own ts or None)."""
     wrapped = isinstance(obj.get("body"), dict)
     body: dict[str, Any] = obj["body"] if wrapped else obj
     if "body" in obj and not wrapped:
@@ -183,9 +216,7 @@ def _read(
     except ValueError as e:
         raise LintInputError(n, str(e)) from None
     session = _session(obj if wrapped else {}, body)
-    ts = obj.get("ts") if wrapped else None
-    when = float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else now
-    return body, endpoint, session, when
+    return body, endpoint, session, _ts(obj) if wrapped else None
 
 
 def _session(wrapper: Mapping[str, Any], body: Mapping[str, Any]) -> str | None:

@@ -10,8 +10,10 @@ are an LRU capped at `max_keys`.
 Every finding held back is counted per (kind, severity) with the prompt tokens it put at
 risk (at most one row per kind and severity: bounded). `summary(now)` hands those counts
 over, and starts new ones, once at least `interval_s` has passed since the last summary
-and something was held back; the caller logs it as one line. Pure: time is the `now`
-argument.
+and something was held back; the caller logs it as one line. Each row carries the remedy
+of its kind's newest finding and what it would save per hour: the tokens at risk of every
+finding of that kind and severity in the span, logged or held back, scaled to an hour
+(gateway.hygiene.remedy.per_hour). Pure: time is the `now` argument.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.hygiene.finding import Finding
+from gateway.hygiene.remedy import per_hour
 
 Key = tuple[str | None, str, str | None, int | None]
 
@@ -33,6 +36,8 @@ class Held:
     severity: str
     findings: int
     tokens_at_risk: int  # summed: what these findings put at risk, request by request
+    saving_per_hour: int = 0  # every finding of the kind in the span, as a rate per hour
+    remedy: str = ""  # the newest finding's
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +51,10 @@ class Summary:
         return sum(h.findings for h in self.held)
 
     def text(self) -> str:
-        kinds = ", ".join(f"{h.kind} ({h.severity}) x{h.findings}, {h.tokens_at_risk} "
-                          "tokens at risk" for h in self.held)
+        kinds = "; ".join(f"{h.kind} ({h.severity}) x{h.findings}, {h.tokens_at_risk} "
+                          f"tokens at risk, fixing it saves about {h.saving_per_hour} tokens "
+                          f"an hour: {h.remedy or 'keep the prompt prefix stable'}"
+                          for h in self.held)
         return (f"{self.findings} more hygiene finding(s) in the last "
                 f"{self.until - self.since:.0f} s, not logged one by one: {kinds}")
 
@@ -61,6 +68,8 @@ class LogLimiter:
         self._window = 0.0
         self._count = 0
         self._held: dict[tuple[str, str], list[int]] = {}  # (kind, severity) -> [n, tokens]
+        # (kind, severity) -> [tokens at risk of every finding in the span, the newest remedy]
+        self._seen: dict[tuple[str, str], tuple[int, str]] = {}
         self._summary_at: float | None = None  # start of the span being summed up
 
     @property
@@ -75,6 +84,9 @@ class LogLimiter:
             self._window = now
             self._count = 0
         for f in findings:
+            seen = self._seen.get((f.kind, f.severity), (0, ""))
+            self._seen[(f.kind, f.severity)] = (seen[0] + f.tokens_at_risk,
+                                                f.remedy or seen[1])
             key: Key = (f.session, f.kind, f.role, f.message_index)
             last = self._last.get(key)
             if (last is not None and now - last < self._interval) \
@@ -102,8 +114,12 @@ class LogLimiter:
         since = self._summary_at
         if since is None or not self._held or (now - since < self._interval and not due):
             return None
-        held = sorted((Held(k, s, n, t) for (k, s), (n, t) in self._held.items()),
+        span = now - since
+        held = sorted((Held(k, s, n, t, per_hour(self._seen.get((k, s), (t, ""))[0], span),
+                            self._seen.get((k, s), (0, ""))[1])
+                       for (k, s), (n, t) in self._held.items()),
                       key=lambda h: (-h.tokens_at_risk, h.kind, h.severity))
         self._held = {}
+        self._seen = {}
         self._summary_at = now
         return Summary(since, now, tuple(held))

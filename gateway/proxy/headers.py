@@ -2,8 +2,10 @@
 may miss (pure: the route decision and the hygiene findings in, header pairs out).
 
     x-gateway-cache: route=prefix, predicted=1184, findings=2, first=timestamp,
-        severity=warning, message=0, offset=27, tokens_at_risk=1150
+        severity=warning, message=0, offset=27, tokens_at_risk=1150, fix=move_or_round
     x-gateway-hygiene: timestamp@0:27;uuid@tools:112
+    x-gateway-fix: move the time from message 0 (system) into the last user message
+        (message 3), after the cached prefix, or round it to the day
 
 `x-gateway-cache` is an RFC 8941 dictionary: `route` (the policy's reason, as
 `x-gateway-route`), `predicted` (the cached prompt tokens the gateway expects on the
@@ -11,8 +13,11 @@ chosen replica; absent when it cannot tell), and when the request has hygiene fi
 their number and the first one: the warning that puts the most prompt tokens at risk
 (else the costliest `info`), with its `kind` as `first`, `severity`, `message` (index into
 `messages`, or the part's role, e.g. `tools`), `offset` (the character within that
-message's content) and `tokens_at_risk`. `x-gateway-hygiene` lists every warning as
-`kind@message:offset` (at most 8). Both are on unless `[hygiene] header = false`.
+message's content), `tokens_at_risk` (also what fixing it saves per request) and `fix`
+(the remedy's family as one token, gateway.hygiene.remedy.FIX_CODES), last so that readers
+of the earlier items are undisturbed. `x-gateway-fix` is that first finding's remedy, one
+line of at most 320 characters in printable ASCII. `x-gateway-hygiene` lists every
+warning as `kind@message:offset` (at most 8). All are on unless `[hygiene] header = false`.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from gateway.hygiene.finding import Finding
+from gateway.hygiene.remedy import fix_code
 
 MAX_LISTED: Final = 8
 _TOKEN_OK: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -56,8 +62,18 @@ def cache_header(route: str, predicted: int | None, findings: Sequence[Finding])
         items += [f"findings={len(findings)}", f"first={_token(first.kind)}",
                   f"severity={first.severity}",
                   f"message={place if place.isdigit() else _token(place)}",
-                  f"offset={first.char_offset}", f"tokens_at_risk={first.tokens_at_risk}"]
+                  f"offset={first.char_offset}", f"tokens_at_risk={first.tokens_at_risk}",
+                  f"fix={fix_code(first.kind)}"]
     return ", ".join(items)
+
+
+def fix_header(findings: Sequence[Finding]) -> str | None:
+    """The first finding's remedy as header text: printable ASCII (a tool name in another
+    script becomes `?`), None when it has none."""
+    first = first_finding(findings)
+    if first is None or not first.remedy:
+        return None
+    return "".join(c if c.isascii() and c.isprintable() else "?" for c in first.remedy)
 
 
 def hygiene_header(findings: Sequence[Finding]) -> str | None:
@@ -75,4 +91,7 @@ def response_headers(route: str, predicted: int | None, findings: Sequence[Findi
     listed = hygiene_header(findings)
     if listed is not None:
         out.append((b"x-gateway-hygiene", listed.encode("latin-1")))
+    fix = fix_header(findings)
+    if fix is not None:
+        out.append((b"x-gateway-fix", fix.encode("ascii")))
     return out

@@ -41,8 +41,9 @@ fill one block has no conversation, and the cost model alone decides for it.
 Costs within `tie_tolerance_s` of the best are a tie, broken by the seeded RNG.
 
 Reasons (x-gateway-route): `prefix` when the chosen replica holds the longest prefix and it
-is longer than on some other candidate, else `session` when the session's replica won,
-`cold` when nothing matched anywhere, `load` otherwise.
+is longer than on some other candidate, else `session` when the session's replica won
+(also when nothing matched anywhere), `cold` when nothing matched anywhere and no
+session's replica won, `load` or `balance` otherwise.
 
 The simple policies: `least_loaded` (fewest in flight + queued, then fewest queued prefill
 tokens, ties at random), `round_robin`, `random`, `session` (rendezvous hash of the session
@@ -178,7 +179,9 @@ def prefix_choice(
     predicted = [c.predicted_tokens for c in candidates]
     best = max(predicted)
     if best <= 0:
-        reason = "cold"
+        # Nothing cached anywhere (a prefix-breaking change at the top, e.g. a timestamp):
+        # a session still following its replica went there for the session, not cold.
+        reason = "session" if chosen.name == session_replica else "cold"
     elif chosen.predicted_tokens == best and best > min(predicted):
         reason = "prefix"
     elif chosen.name == session_replica:

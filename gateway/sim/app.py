@@ -23,13 +23,16 @@ benchmarks can read engine latencies without wall-clock noise.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import uuid
+from array import array
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
+import xxhash
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -62,7 +65,9 @@ from gateway.sim.responses import (
 )
 from gateway.sim.template import render_chat
 from gateway.sim.tokenizer import ENDOFTEXT_ID, IM_END_ID, Tokenizer
+from gateway.sim.toolcalls import PlannedCall, ToolStream, choose
 
+_TOOL_SEED = 0x7001  # the tool-call draw's own stream, apart from the reply's words
 _ABORTED = ApiError(503, "The request was aborted (simulator shutting down).")
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
@@ -76,6 +81,10 @@ class ServeConfig:
     # vLLM's --enable-auto-tool-choice --tool-call-parser NAME: the parser's name, else None
     # (then tool_choice "auto", and tools without a tool_choice, are a 400 as in vLLM).
     tool_call_parser: str | None = None
+    # tool_choice "auto": the share of answers that are a tool call (drawn per prompt from
+    # the seed, so a prompt repeats its answer); named and "required" always call.
+    tool_call_probability: float = 0.0
+    seed: int = 0
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: POST /reset_prefix_cache exists
     force_include_usage: bool = False
     timing_comments: bool = False
@@ -156,7 +165,13 @@ class SimApp:
             params.continue_final_message,
         )
         ids = self.tokenizer.encode(text)
-        await self._generate(scope, receive, send, "chat", params.gen, ids, IM_END_ID)
+        call = None
+        if params.tools:
+            rng = random.Random(xxhash.xxh3_64_intdigest(
+                array("Q", ids).tobytes(), seed=self.config.seed ^ _TOOL_SEED))
+            fn = choose(params.tool_choice, params.tools, self.config.tool_call_probability, rng)
+            call = PlannedCall.draw(fn, rng) if fn is not None else None
+        await self._generate(scope, receive, send, "chat", params.gen, ids, IM_END_ID, call)
 
     async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
         params = protocol.parse_completion(protocol.parse_json(await read_body(receive)))
@@ -174,14 +189,16 @@ class SimApp:
         gen: protocol.GenerationParams,
         ids: list[int],
         stop: int,
+        call: PlannedCall | None = None,
     ) -> None:
         max_tokens = self._check_length(len(ids), gen.max_tokens)
         rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + request_id(scope)
         replica = self.replica
+        script = None if call is None else tuple(self.tokenizer.encode(call.text))
         try:
             req = replica.engine.new_request(
                 rid, ids, max_tokens, replica.arrive(), stop, salt_key(gen.cache_salt),
-                gen.priority)
+                gen.priority, script)
         except ValueError as exc:
             raise bad_request(str(exc), "priority") from None
         replica.in_flight += 1
@@ -190,9 +207,9 @@ class SimApp:
             watcher = asyncio.ensure_future(watch_disconnect(receive, replica, pending))
             try:
                 if gen.stream:
-                    await self._stream(send, endpoint, gen, pending, rid)
+                    await self._stream(send, endpoint, gen, pending, rid, call)
                 else:
-                    await self._unary(scope, receive, send, endpoint, pending, rid)
+                    await self._unary(scope, receive, send, endpoint, pending, rid, call)
             finally:
                 watcher.cancel()
                 replica.abort(pending)  # no-op once finished
@@ -200,7 +217,7 @@ class SimApp:
             replica.in_flight -= 1
 
     async def _unary(self, scope: Scope, receive: Receive, send: Send, endpoint: str,
-                     pending: Pending, rid: str) -> None:
+                     pending: Pending, rid: str, call: PlannedCall | None) -> None:
         await pending.queue.get()
         req = pending.request
         if req.status != "finished":
@@ -216,11 +233,18 @@ class SimApp:
             req.num_prompt_tokens, req.num_output_tokens, req.num_cached_tokens,
             created=endpoint == "chat",
         )
-        render = chat_body if endpoint == "chat" else completion_body
-        body = render(
-            rid, int(time.time()), self.config.model, text, req.finish_reason or "stop", usage,
-            contract=self.config.contract,
-        )
+        finish = req.finish_reason or "stop"
+        if endpoint != "chat":
+            body = completion_body(rid, int(time.time()), self.config.model, text, finish,
+                                   usage, contract=self.config.contract)
+        elif call is not None and finish == "stop":
+            # The whole call came out: vLLM's hermes parser returns it parsed.
+            body = chat_body(rid, int(time.time()), self.config.model, text, "tool_calls",
+                             usage, contract=self.config.contract, tool_calls=[call.message()])
+        else:
+            # A call cut by max_tokens does not parse: vLLM returns the text as content.
+            body = chat_body(rid, int(time.time()), self.config.model, text, finish, usage,
+                             contract=self.config.contract)
         headers = [(b"x-request-id", rid.split("-", 1)[1].encode())]
         if self.config.timing_comments:
             headers.append((b"x-sim-timing", orjson.dumps(_timing(req))))
@@ -233,6 +257,7 @@ class SimApp:
         gen: protocol.GenerationParams,
         pending: Pending,
         rid: str,
+        call: PlannedCall | None = None,
     ) -> None:
         force = self.config.force_include_usage
         include_usage = gen.include_usage or force
@@ -254,6 +279,7 @@ class SimApp:
         produced = 0
         piece = self.tokenizer.piece
         queue = pending.queue
+        tools = None if call is None else ToolStream(call, writer)
         while True:
             token = await queue.get()
             if token is None:
@@ -266,6 +292,13 @@ class SimApp:
             finished = req.status == "finished" and produced == req.num_output_tokens
             text = "" if token == req.stop_token and req.finish_reason == "stop" else piece(token)
             usage = running_usage(prompt, produced) if continuous else None
+            if tools is not None:
+                body = tools.token(text, req.finish_reason if finished else None, usage,
+                                   finished and not include_usage)
+                if body:
+                    more["body"] = body
+                    await send(more)
+                continue
             more["body"] = writer.content(
                 text, req.finish_reason if finished else None, usage,
                 last=finished and not include_usage,

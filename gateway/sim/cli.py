@@ -29,11 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--port", type=int, default=d.port, help="first port (default %(default)s)")
     a("--host", default=d.host, help="bind address (default %(default)s)")
     a("--model", default=d.model, help="served model name (default %(default)s)")
-    a("--kv-blocks", type=int, default=d.kv_blocks, help="KV blocks per replica")
-    a("--block-size", type=int, default=d.block_size, help="tokens per KV block")
-    a("--max-model-len", type=int, default=d.max_model_len)
-    a("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
-    a("--max-num-seqs", type=int, default=d.max_num_seqs)
+    a("--kv-blocks", type=int, default=d.kv_blocks,
+      help="KV blocks per replica (default %(default)s)")
+    a("--block-size", type=int, default=d.block_size,
+      help="tokens per KV block (default %(default)s)")
+    a("--max-model-len", type=int, default=d.max_model_len,
+      help="as vLLM: the context length, prompt and output (default %(default)s)")
+    a("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
+      help="as vLLM: tokens per engine step, prefill chunks included (default %(default)s)")
+    a("--max-num-seqs", type=int, default=d.max_num_seqs,
+      help="as vLLM: requests running at once per replica (default %(default)s)")
     a("--scheduling-policy", choices=["fcfs", "priority"], default=d.scheduling_policy,
       help="as vLLM: priority schedules waiting requests by their `priority` (lower first)")
     a(
@@ -42,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.speed,
         help="simulated seconds per wall second (1 = real time, 100 = 100x faster)",
     )
-    a("--seed", type=int, default=d.seed)
+    a("--seed", type=int, default=d.seed,
+      help="seeds the replies' words, tool calls and step-time noise (default %(default)s)")
     a(
         "--contract",
         choices=["0.23", "0.24", "0.32"],
@@ -55,7 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="as vLLM: accept tool_choice 'auto' (needs --tool-call-parser)",
     )
-    a("--tool-call-parser", help="as vLLM (the name is recorded, no parsing is simulated)")
+    a("--tool-call-parser",
+      help="as vLLM, with --enable-auto-tool-choice: tool_choice named, 'required' and "
+      "'auto' answer tool calls as the hermes parser returns them")
+    a("--tool-call-probability", type=float, default=d.tool_call_probability,
+      help="tool_choice 'auto': the share of answers that are a tool call, drawn per "
+      "prompt from --seed (default %(default)s)")
     a(
         "--dev-mode",
         action="store_true",
@@ -66,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="as vLLM without --enable-prompt-tokens-details: never fill prompt_tokens_details",
     )
-    a("--enable-force-include-usage", action="store_true")
+    a("--enable-force-include-usage", action="store_true",
+      help="as vLLM: every stream ends with a usage chunk, asked for or not")
     a(
         "--timing-comments",
         action="store_true",
@@ -130,6 +142,7 @@ def options_from(args: argparse.Namespace, env: Mapping[str, str]) -> SimOptions
         scheduling_policy=args.scheduling_policy,
         speed=args.speed,
         seed=args.seed,
+        tool_call_probability=args.tool_call_probability,
         contract=args.contract,
         tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
         dev_mode=args.dev_mode or env.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0"),

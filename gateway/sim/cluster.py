@@ -49,6 +49,10 @@ class SimOptions:
     contract: Contract = CURRENT
     prompt_tokens_details: bool = True
     tool_call_parser: str | None = None  # set = --enable-auto-tool-choice --tool-call-parser
+    # tool_choice "auto": the share of answers that call a tool. 0 by default: the
+    # benchmarks send tools without a choice and their figures assume text answers
+    # (`gateway serve`'s demo sets its own, [demo] tool_call_probability).
+    tool_call_probability: float = 0.0
     dev_mode: bool = False
     force_include_usage: bool = False
     timing_comments: bool = False
@@ -73,6 +77,7 @@ class SimOptions:
             "speed must be > 0": self.speed > 0,
             "log_interval must be > 0": self.log_interval > 0,
             "output_len must be >= 1": self.output_len >= 1,
+            "tool_call_probability must lie within 0..1": 0 <= self.tool_call_probability <= 1,
             "KV-event ports must lie within 1..65535": self.kv_events is None
             or 0 < self.kv_events.port <= 65535 - 2 * self.replicas + 1,
         }
@@ -139,6 +144,8 @@ class SimCluster:
                         contract=o.contract,
                         prompt_tokens_details=o.prompt_tokens_details,
                         tool_call_parser=o.tool_call_parser,
+                        tool_call_probability=o.tool_call_probability,
+                        seed=o.seed,
                         dev_mode=o.dev_mode,
                         force_include_usage=o.force_include_usage,
                         timing_comments=o.timing_comments,

@@ -85,9 +85,11 @@ class Engine:
         stop_token: int,
         first_extra: bytes = b"",
         priority: int = 0,
+        script: tuple[int, ...] | None = None,
     ) -> SimRequest:
         """Raises ValueError for a non-zero `priority` under the fcfs policy (vLLM's
-        processor does, and its server answers 400)."""
+        processor does, and its server answers 400). `script`: the reply's tokens (a tool
+        call), then the stop token, unless max_tokens cuts it."""
         if priority and self.config.scheduling_policy != "priority":
             raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled.")
         rng = self.generator.rng_for(prompt_ids)
@@ -95,7 +97,10 @@ class Engine:
         # A request must fit the pool on its own, or it would preempt itself forever.
         capacity = (cfg.num_gpu_blocks - 1) * cfg.block_size
         room = min(cfg.max_model_len, capacity) - len(prompt_ids)
-        natural = None if max_tokens is not None else self.generator.natural_len(rng)
+        if script is not None:
+            natural: int | None = len(script)
+        else:
+            natural = None if max_tokens is not None else self.generator.natural_len(rng)
         return SimRequest(
             request_id=request_id,
             token_ids=list(prompt_ids),
@@ -107,6 +112,7 @@ class Engine:
             arrival=arrival,
             first_extra=first_extra,
             priority=priority,
+            script=script,
         )
 
     def add(self, req: SimRequest) -> None:
@@ -167,6 +173,8 @@ class Engine:
             natural = req.natural_len
             if natural is not None and produced >= natural:
                 token = req.stop_token
+            elif req.script is not None:
+                token = req.script[produced]
             else:
                 previous = req.token_ids[-1] if produced else None
                 token = gen.next_token(req.rng, previous)

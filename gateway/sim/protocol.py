@@ -124,6 +124,12 @@ def parse_chat(body: Mapping[str, Any]) -> ChatParams:
         )
     parsed_tools = None if tools is None else [_tool(t, i) for i, t in enumerate(tools)]
     tool_choice = _tool_choice(body.get("tool_choice"), parsed_tools is not None)
+    if isinstance(tool_choice, dict):
+        fn = tool_choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not any(t["function"]["name"] == name for t in parsed_tools or ()):
+            # vLLM's check (the named function must be one of the tools)
+            raise bad_request(f"Tool '{name}' has not been passed in `tools`.", "tool_choice")
     add_gen = _opt(body, "add_generation_prompt", bool, "a boolean")
     cont = bool(_opt(body, "continue_final_message", bool, "a boolean"))
     if cont and add_gen:

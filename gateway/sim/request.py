@@ -30,6 +30,8 @@ class SimRequest:
     first_extra: bytes = b""
     priority: int = 0  # with the priority policy: lower is scheduled first
     every_extra: bytes = b""
+    # Scripted reply (a tool call's tokens): generated in this order, then the stop token.
+    script: tuple[int, ...] | None = None
     status: Status = "waiting"
     block_hashes: list[int] = field(default_factory=list)
     blocks: list[KVBlock] = field(default_factory=list)

@@ -62,16 +62,18 @@ class UsagePolicy:
 
 def chat_body(
     rid: str, created: int, model: str, text: str, finish: str, usage: dict[str, Any],
-    *, contract: Contract = CURRENT,
+    *, contract: Contract = CURRENT, tool_calls: list[dict[str, Any]] | None = None,
 ) -> bytes:
+    """`tool_calls`: the parsed calls (then `content` is null, as vLLM's hermes parser
+    leaves it when the reply is nothing but calls)."""
     message: dict[str, Any] = {
         "role": "assistant",
-        "content": text,
+        "content": None if tool_calls else text,
         "refusal": None,
         "annotations": None,
         "audio": None,
         "function_call": None,
-        "tool_calls": [],
+        "tool_calls": tool_calls or [],
         "reasoning": None,
     }
     choice: dict[str, Any] = {
@@ -95,7 +97,7 @@ def chat_body(
         "prompt_token_ids": None,
         "kv_transfer_params": None,
     }
-    if contract == "0.32":
+    if contract == "0.32" and not tool_calls:
         del message["tool_calls"]  # 0.32 leaves an empty tool_calls list out
         choice["routed_experts"] = None
         body["system_fingerprint"] = _FINGERPRINT
@@ -199,6 +201,22 @@ class ChunkWriter:
                 + (b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
                    if self.current else b',"stop_reason":null}]')
             )
+        tail = _usage_tail(usage)
+        if last and self.current:
+            tail += b',"system_fingerprint":"' + _FINGERPRINT.encode() + b'"'
+        return self._head + choice + tail + b"}\n\n"
+
+    def delta(
+        self, delta: dict[str, Any], finish: str | None, usage: dict[str, Any] | None,
+        last: bool = False,
+    ) -> bytes:
+        """A chat chunk with any delta (tool-call deltas, the empty finish delta)."""
+        choice = b'[{"index":0,"delta":' + orjson.dumps(delta) + b',"logprobs":null,'
+        if finish is None:
+            choice += b'"finish_reason":null,"token_ids":null}]'
+        else:
+            choice += b'"finish_reason":"' + finish.encode() + b'","stop_reason":null,' \
+                b'"token_ids":null}]'
         tail = _usage_tail(usage)
         if last and self.current:
             tail += b',"system_fingerprint":"' + _FINGERPRINT.encode() + b'"'

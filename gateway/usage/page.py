@@ -23,6 +23,7 @@ from gateway.usage.panels import pct as _pct
 
 REFRESH_S: Final = 10
 _W, _H, _PAD = 720, 240, 36
+_SECONDS_FROM_MS = 10_000.0
 _COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
             "#7f7f7f", "#bcbd22", "#17becf")
 
@@ -74,6 +75,10 @@ def _line_chart(series: Sequence[Mapping[str, Any]], bucket_s: float) -> str:
             pts = " ".join(xy(p["ts"], p["by_replica"][name]) for p in run)
             parts.append(f'<polyline class=replica data-replica="{_e(name)}" fill="none" '
                          f'stroke="{colour}" stroke-width="1.2" points="{pts}"/>')
+            if len(run) == 1:  # a line of one point draws nothing: a dot of its colour
+                cx, cy = pts.split(",")
+                parts.append(f'<circle class=replica-point data-replica="{_e(name)}" '
+                             f'cx="{cx}" cy="{cy}" r="3" fill="{colour}"/>')
     for run in runs(points, None, gap_s):
         overall = " ".join(xy(p["ts"], p["cached_ratio"]) for p in run)
         parts.append(f'<polyline class=overall fill="none" stroke="#000" stroke-width="2.5" '
@@ -88,6 +93,29 @@ def _line_chart(series: Sequence[Mapping[str, Any]], bucket_s: float) -> str:
     legend = "".join(f'<span style="color:{_COLOURS[i % len(_COLOURS)]}">&#9632; {_e(n)}</span> '
                      for i, n in enumerate(replicas))
     return "".join(parts) + f"<p class=legend><b>&#9632; all replicas</b> {legend}</p>"
+
+
+def duration(ms: object) -> str:
+    """A latency for a person: milliseconds while short, seconds from 10 s on (a long
+    answer's 226468 ms reads 226.5 s)."""
+    if not isinstance(ms, (int, float)) or isinstance(ms, bool):
+        return panels.num(ms)
+    if ms >= _SECONDS_FROM_MS:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms:.1f} ms"
+
+
+# The /stats warnings point at JSON; on the page the same findings are a section below.
+_STATS_POINTER = "; the latest are under hygiene.latest in /stats"
+
+
+def warning(text: str) -> str:
+    """One warning, escaped; a hygiene warning links to the findings on this page."""
+    if not text.startswith("hygiene:"):
+        return _e(text)
+    head = text.split(_STATS_POINTER, 1)[0]
+    return _e(head) + '; the findings and the latest requests are <a href="#hygiene">below, ' \
+        "under Hygiene</a>"
 
 
 def _replica_bars(by_replica: Mapping[str, Mapping[str, Any]]) -> str:
@@ -117,12 +145,12 @@ def render_page(stats: Mapping[str, Any]) -> bytes:
         f"<tr><td>{_e(name)}</td><td>{w.get('requests', 0)}</td>"
         f"<td>{_pct(w.get('cached_ratio'))}</td><td>{_pct(w.get('available'))}</td>"
         f"<td>{_pct(w.get('captured'))}</td><td>{_pct(w.get('delivered'))}</td>"
-        f"<td>{panels.num((w.get('ttft') or {}).get('p99_ms'))}</td>"
-        f"<td>{panels.num((w.get('latency') or {}).get('p99_ms'))}</td>"
+        f"<td>{duration((w.get('ttft') or {}).get('p99_ms'))}</td>"
+        f"<td>{duration((w.get('latency') or {}).get('p99_ms'))}</td>"
         f"<td>{_e(w.get('covered_s') if w.get('covered_s') is not None else 'since start')}"
         "</td></tr>"
         for name, w in windows.items())
-    warnings = "".join(f"<li>{_e(w)}</li>" for w in stats.get("warnings", [])) or \
+    warnings = "".join(f"<li>{warning(w)}</li>" for w in stats.get("warnings", [])) or \
         "<li class=none>none</li>"
     by_replica = windows.get("all", {}).get("by_replica", {})
     doc = f"""<!doctype html>
@@ -150,11 +178,11 @@ text-align: right }} td:first-child, th:first-child {{ text-align: left }}
 {_replica_bars(by_replica)}
 <h2>Windows</h2>
 <table><tr><th>window</th><th>requests</th><th>cached</th><th>available</th><th>captured</th>
-<th>delivered</th><th>TTFT p99 ms (streamed)</th><th>latency p99 ms</th><th>covered s</th>
+<th>delivered</th><th>TTFT p99 (streamed)</th><th>latency p99</th><th>covered s</th>
 </tr>{rows}</table>
 <h2>Errors</h2>
 {panels.errors(windows)}
-<h2>Hygiene: why prompts miss the cache</h2>
+<h2 id=hygiene>Hygiene: why prompts miss the cache</h2>
 {panels.hygiene(stats.get("hygiene"))}
 {panels.admission(stats.get("admission"))}
 <p class=empty>JSON: <a href="/stats">/stats</a> &middot;

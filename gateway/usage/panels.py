@@ -4,8 +4,9 @@ HTML-escaped; a part that is absent or empty says so instead of drawing an empty
 
 - `replicas`: health, in-flight, running and waiting requests, KV-cache usage and level.
 - `errors`: answers by status of 400 and above per window, the gateway's own apart.
-- `hygiene`: findings by kind with the prompt tokens at risk and their share, by model and
-  tenant, and the latest few with their place (message index, character offset) and span.
+- `hygiene`: findings by kind with the prompt tokens at risk, their share, the saving per
+  hour and the newest remedy, by model and tenant, and the latest few with their place
+  (message index, character offset), span and remedy.
 - `admission`: the gateway queue (queued per class, shed per reason, waits, admitted
   tokens per tenant), only where `/stats` has an `admission` section.
 """
@@ -83,7 +84,8 @@ def _kind_rows(rows: Sequence[Mapping[str, Any]], share: bool) -> list[str]:
                    f'data-severity="{esc(r.get("severity"))}"><td>{esc(r.get("kind"))}</td>'
                    f"<td>{esc(r.get('severity'))}</td><td>{esc(r.get('findings'))}</td>"
                    f"<td>{esc(r.get('requests'))}</td><td>{esc(r.get('tokens_at_risk'))}</td>"
-                   f"{extra}</tr>")
+                   f"{extra}<td>{num(r.get('saving_tokens_per_hour'))}</td>"
+                   f"<td class=fix>{esc(r.get('remedy') or '')}</td></tr>")
     return out
 
 
@@ -91,9 +93,11 @@ def _grouped(groups: Mapping[str, Sequence[Mapping[str, Any]]], label: str, tabl
              ) -> str:
     rows = [f"<tr><td>{esc(name)}</td><td>{esc(r.get('kind'))}</td>"
             f"<td>{esc(r.get('severity'))}</td><td>{esc(r.get('findings'))}</td>"
-            f"<td>{esc(r.get('tokens_at_risk'))}</td></tr>"
+            f"<td>{esc(r.get('tokens_at_risk'))}</td>"
+            f"<td>{num(r.get('saving_tokens_per_hour'))}</td></tr>"
             for name, kinds in sorted(groups.items()) for r in kinds]
-    return _table(table_id, (label, "kind", "severity", "findings", "tokens at risk"), rows,
+    return _table(table_id, (label, "kind", "severity", "findings", "tokens at risk",
+                             "saving per hour"), rows,
                   f"No findings by {label}.")
 
 
@@ -112,7 +116,7 @@ def _latest_rows(latest: Sequence[Mapping[str, Any]]) -> list[str]:
             f"<td>{esc(f.get('severity'))}</td><td>{esc(f.get('evidence'))}</td>"
             f"<td>{esc(place)}</td><td>{esc(f.get('char_offset'))}</td>"
             f"<td>{esc(f.get('tokens_at_risk'))}</td><td><code>{esc(f.get('span'))}</code>"
-            "</td></tr>")
+            f"</td><td class=fix>{esc(f.get('remedy') or '')}</td></tr>")
     return out
 
 
@@ -126,10 +130,12 @@ def hygiene(section: Mapping[str, Any] | None) -> str:
             f'{esc(section.get("window", ""))} ({num(covered)} s covered); a kind is a warning '
             f"from {pct(section.get('warn_share'))} of the prompt tokens.</p>")
     kinds = _table("hygiene-kinds", ("kind", "severity", "findings", "requests",
-                                     "tokens at risk", "share of prompt tokens"),
+                                     "tokens at risk", "share of prompt tokens",
+                                     "saving per hour", "fix (newest)"),
                    _kind_rows(section.get("by_kind") or [], True), "No findings.")
     latest = _table("hygiene-latest", ("time UTC", "model", "kind", "severity", "evidence",
-                                       "message", "offset", "tokens at risk", "span"),
+                                       "message", "offset", "tokens at risk", "span",
+                                       "fix"),
                     _latest_rows(section.get("latest") or []), "No findings yet.")
     return (head + kinds + "<h3>Latest findings</h3>" + latest + "<h3>By model</h3>"
             + _grouped(section.get("by_model") or {}, "model", "hygiene-models")

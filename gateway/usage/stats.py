@@ -367,7 +367,7 @@ class UsageWindows:
             "ok": None if tpot99 is None else tpot99 <= self._tpot_target,
             "samples": b.tpot.count,
         }
-        out["hygiene"] = b.findings.figures(overall.prompt)
+        out["hygiene"] = b.findings.figures(overall.prompt, out["covered_s"])
         return out
 
     def windows(self, now: float, since: float | None = None) -> dict[str, dict[str, Any]]:
