@@ -151,12 +151,15 @@ def stream_messages(body: bytes, chunks: int) -> list[Any]:
     ]
 
 
-async def floor_load(port: int, streams: int, conc: int, messages: list[Any]) -> None:
+async def floor_load(port: int, streams: int, conc: int, messages: list[Any],
+                     replies: list[int] | None = None) -> None:
     """`streams` streams of these messages, `conc` at a time, each message written and
-    its answer read before the next (as Envoy waits for the pick)."""
+    its answers read (`replies`: how many per message, one each by default) before the
+    next (as a paced stream's chunks come: each answered before the next arrives)."""
     import grpc
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 
+    counts = replies or [1] * len(messages)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = ext_grpc.ExternalProcessorStub(channel)
         left = iter(range(streams))
@@ -164,12 +167,29 @@ async def floor_load(port: int, streams: int, conc: int, messages: list[Any]) ->
         async def worker() -> None:
             for _ in left:
                 call = stub.Process()
-                for m in messages:
+                for m, n in zip(messages, counts, strict=True):
                     await call.write(m)
-                    await call.read()
+                    for _ in range(n):
+                        got = await call.read()
+                        assert got is not grpc.aio.EOF, "the stream ended early"
                 await call.done_writing()
+                await call.read()  # the end of the stream: every answer was counted
 
         await asyncio.gather(*(worker() for _ in range(conc)))
+
+
+def picker_stream(body: bytes, chunks: int) -> tuple[list[Any], list[int]]:
+    """stream_messages() as llm-d's Envoy sends them to `gateway epp` (both bodies
+    FULL_DUPLEX_STREAMED, named in the first message), and how many answers each gets:
+    none to the request headers (the body is gathered), the pick and the body back to the
+    body, one to the response headers and to each chunk."""
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+
+    messages = stream_messages(body, chunks)
+    config = ext.ProtocolConfiguration(request_body_mode=4, response_body_mode=4)
+    messages[0] = ext.ProcessingRequest(request_headers=messages[0].request_headers,
+                                        protocol_config=config)
+    return messages, [0, 2, 1, *[1] * chunks]
 
 
 def start_echo(start: Callable[[list[str], Path], subprocess.Popen[bytes]], work: Path,
@@ -182,15 +202,22 @@ def start_echo(start: Callable[[list[str], Path], subprocess.Popen[bytes]], work
 
 
 class PerMessage:
-    """The echo's CPU per streamed chunk: (CPU of `streams` 66-chunk streams - CPU of as
-    many 1-chunk ones) / 65 / streams, in milliseconds; and the CPU per message over the
-    66-chunk streams (69 messages), for scale."""
+    """CPU per streamed chunk of one ext_proc server fed full-duplex streams by a gRPC
+    client: (CPU of `streams` streams of the 66 chunks - CPU of as many 1-chunk ones) /
+    65 / streams, in milliseconds; and its CPU per message over the 66-chunk streams (69
+    messages), for scale. `picker`: the server is `gateway epp` (the messages as llm-d's
+    Envoy sends them, `picker_stream`), else the prebuilt-answer echo."""
 
-    def __init__(self, port: int, proc: subprocess.Popen[bytes], streams: int) -> None:
+    def __init__(self, port: int, proc: subprocess.Popen[bytes], streams: int,
+                 picker: bool = False) -> None:
         self.port, self.proc, self.streams = port, proc, streams
         body = prompts(1)[0]
-        self.long = stream_messages(body, len(STREAM))
-        self.short = stream_messages(body, 1)
+        if picker:
+            self.long, self.long_replies = picker_stream(body, len(STREAM))
+            self.short, self.short_replies = picker_stream(body, 1)
+        else:
+            self.long, self.short = stream_messages(body, len(STREAM)), stream_messages(body, 1)
+            self.long_replies, self.short_replies = [1] * len(self.long), [1] * len(self.short)
         self.conc = 1
         self.chunk: list[float] = []
         self.message: list[float] = []
@@ -198,15 +225,16 @@ class PerMessage:
     def reset(self, conc: int) -> None:
         """New rounds at this concurrency (after a warm-up)."""
         self.conc, self.chunk, self.message = conc, [], []
-        asyncio.run(floor_load(self.port, 50, conc, self.long))
+        asyncio.run(floor_load(self.port, 50, conc, self.long, self.long_replies))
 
-    def _cpu(self, messages: list[Any]) -> float:
+    def _cpu(self, messages: list[Any], replies: list[int]) -> float:
         c0 = cpu_seconds(self.proc.pid)
-        asyncio.run(floor_load(self.port, self.streams, self.conc, messages))
+        asyncio.run(floor_load(self.port, self.streams, self.conc, messages, replies))
         return cpu_seconds(self.proc.pid) - c0
 
     def round(self) -> None:
-        long, short = self._cpu(self.long), self._cpu(self.short)
+        long = self._cpu(self.long, self.long_replies)
+        short = self._cpu(self.short, self.short_replies)
         extra = len(self.long) - len(self.short)
         self.chunk.append((long - short) / extra / self.streams * 1000)
         self.message.append(long / len(self.long) / self.streams * 1000)
