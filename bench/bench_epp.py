@@ -22,12 +22,16 @@ Measured per case (JSON / 64-chunk SSE, concurrency C), medians of `--rounds` al
 rounds: the picker's CPU per request (utime+stime of its process, /proc/<pid>/stat),
 `gateway serve`'s for the same request, the ratio; the ext_proc messages Envoy sent per
 request (its `ext_proc.stream_msgs_sent` counter); Envoy's own CPU (for scale); client
-latency p50 (Envoy's added latency: the p50 minus the direct p50). In every round, the
-per-message floor (bench/epp_floor.py): an empty grpc.aio echo on uvloop, prebuilt
-answers, fed a full-duplex stream's messages; its CPU per streamed chunk is the floor
-the picker's CPU per extra message of a stream (SSE minus JSON, over the messages
-between them) is held against. Budgets (issue 34): buffered JSON at most 2.5x serve's;
-full duplex, each streamed chunk at most 1.3x the echo floor's.
+latency p50 (Envoy's added latency: the p50 minus the direct p50).
+
+Per streamed chunk, like for like, in every round (bench/epp_floor.py): an empty grpc.aio
+echo on uvloop (prebuilt answers) and a `gateway epp` without Envoy are fed the same
+full-duplex streams by the same gRPC client; (CPU of 66-chunk streams - CPU of 1-chunk
+ones) / 65 per stream. Beside it, the rougher estimate through Envoy: each mode's CPU per
+message a stream adds (SSE minus JSON, over the messages between them). Budgets (issue
+34): buffered JSON at most 2.5x serve's; full duplex, each streamed chunk at most 1.3x
+the echo's. `--baseline DIR` runs every picker a second time from the `gateway` package
+under DIR (e.g. main's), side by side.
 
     .venv/bin/python bench/bench_epp.py --requests 400 --rounds 3
 

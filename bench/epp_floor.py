@@ -34,8 +34,9 @@ from proxy_servers import COMPLETION, EVENT, STREAM
 
 FLOOR_KINDS = ("aio+uvloop", "aio+uvloop read-write", "aio+uvloop poll", "aio+asyncio",
                "sync+threads")
-# the per-message floor's server: what `gateway epp` runs
-ECHO = "aio+uvloop"
+# the per-message floor's server: what `gateway epp` runs, a response chunk's answer
+# carrying a chunk back (the per-request kinds answer it "continue", as the buffered modes)
+ECHO = "aio+uvloop echo"
 
 
 def floor_server(kind: str, port: int) -> None:
@@ -48,13 +49,13 @@ def floor_server(kind: str, port: int) -> None:
     from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 
+    # a chunk of the stream's size sent back, as the picker does in full duplex
+    chunk = ext.BodyResponse(response=ext.CommonResponse(body_mutation=ext.BodyMutation(
+        streamed_response=ext.StreamedBodyResponse(body=EVENT))))
     answers = {k: ext.ProcessingResponse(**{k: v}) for k, v in (
         ("request_headers", ext.HeadersResponse()), ("request_body", ext.BodyResponse()),
         ("response_headers", ext.HeadersResponse()),
-        # a chunk of the stream's size sent back, as the picker does in full duplex
-        ("response_body", ext.BodyResponse(response=ext.CommonResponse(
-            body_mutation=ext.BodyMutation(streamed_response=ext.StreamedBodyResponse(
-                body=EVENT))))),
+        ("response_body", chunk if kind == ECHO else ext.BodyResponse()),
         ("response_trailers", ext.TrailersResponse()))}
 
     if kind == "sync+threads":
