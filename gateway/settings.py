@@ -200,8 +200,8 @@ class EppSettings:
     host: str = "127.0.0.1"  # the gRPC listener (ext_proc + grpc.health.v1)
     port: int = 9002  # the port GIE's examples give the EPP
     response: ResponseRead = "json"
-    # Shedding: with every candidate replica holding this many requests the EPP routed and
-    # that are not finished, a new request is answered 429 (0 = never shed).
+    # Replaced by [admission] (the picker takes part in it as `gateway serve` does): kept
+    # only to name its replacement; any value but 0 is an error saying so.
     shed_in_flight: int = 0
     # Candidates from an InferencePool's pods instead of [[replicas]]: the pool's name ("" =
     # none) and namespace ("" = the picker's own pod's, else "default"); the `kubernetes`
@@ -221,8 +221,10 @@ class EppSettings:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"epp.port must be 0..65535, got {self.port}")
-        if self.shed_in_flight < 0:
-            raise ValueError("epp.shed_in_flight must be >= 0")
+        if self.shed_in_flight != 0:
+            raise ValueError(
+                "epp.shed_in_flight is replaced by [admission]: set [admission] enabled = "
+                "true and replica_max_in_flight (the picker queues, then sheds with 429)")
         if self.max_streams <= 0:
             raise ValueError("epp.max_streams must be positive")
 

@@ -1,5 +1,5 @@
 """The endpoint picker's pure parts, by tables: endpoints of replica URLs, the subset hint,
-the destination with its fallbacks, shedding, the served endpoint, the ext_proc messages
+the destination with its fallbacks, the served endpoint, the ext_proc messages
 built from them, and the shipped Envoy template filled in."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import yaml
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from google.protobuf import struct_pb2
 
+from gateway.admission.shedding import Shed
 from gateway.epp import decision, messages
 from gateway.epp.envoyconf import render
 from gateway.proxy.errors import GatewayError
-from gateway.routing.decision import ReplicaState
 from tests.epp_stack import TEMPLATE
 
 
@@ -70,21 +70,6 @@ def test_destination(ranked: tuple[str, ...], usable: list[str], fallbacks: int,
     assert decision.destination(ranked, EPS, usable, fallbacks) == want
 
 
-def _state(in_flight: int) -> ReplicaState:
-    return ReplicaState(name="r", in_flight=in_flight, engine_waiting=0.0, engine_running=0.0)
-
-
-@pytest.mark.parametrize(("flights", "limit", "want"), [
-    ([5, 5], 0, False),  # shedding off
-    ([], 1, False),  # no candidate is a 503, not a 429
-    ([1, 0], 1, False),
-    ([1, 1], 1, True),
-    ([3, 2], 2, True),
-])
-def test_should_shed(flights: list[int], limit: int, want: bool) -> None:
-    assert decision.should_shed([_state(n) for n in flights], limit) is want
-
-
 @pytest.mark.parametrize(("meta", "attrs", "want"), [
     ({}, {}, None),
     ({decision.SERVED: "10.0.0.2:80"}, {decision.UPSTREAM_ADDRESS: "10.0.0.1:80"},
@@ -125,15 +110,17 @@ def test_routed_sets_the_pick_in_the_header_and_the_list_in_metadata() -> None:
         assert lb.fields[decision.DESTINATION].string_value == "10.0.0.1:80,10.0.0.2:80"
 
 
-@pytest.mark.parametrize("err", [decision.shed_error(), decision.no_ready_endpoint(True),
-                                 GatewayError(400, "bad", code="invalid_json")])
-def test_immediate_answers_in_openai_shape(err: GatewayError) -> None:
+@pytest.mark.parametrize(("err", "extra"), [
+    (Shed("queue_full", 3), {"retry-after": b"3"}),  # the admission queue's 429
+    (decision.no_ready_endpoint(True), {}),
+    (GatewayError(400, "bad", code="invalid_json"), {})])
+def test_immediate_answers_in_openai_shape(err: GatewayError, extra: dict[str, bytes]) -> None:
     out = messages.immediate(err, [("x-request-id", "r1")])
     im = out.immediate_response
     assert im.status.code == err.status
     assert im.body == err.body()
-    keys = {h.header.key for h in im.headers.set_headers}
-    assert keys == {"content-type", "x-request-id"}
+    got = {h.header.key: h.header.raw_value for h in im.headers.set_headers}
+    assert got == {"content-type": b"application/json", "x-request-id": b"r1", **extra}
 
 
 def _request_with(namespace: str, key: str, value: Any) -> ext.ProcessingRequest:

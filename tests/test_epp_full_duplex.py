@@ -118,6 +118,24 @@ def test_a_1_mib_body_in_many_chunks_reaches_the_replica_whole(stack: Stack) -> 
     assert through.json()["usage"]["prompt_tokens"] == direct.json()["usage"]["prompt_tokens"]
 
 
+def test_the_clients_priority_never_reaches_the_replica(stack: Stack) -> None:
+    """The simulated engine refuses a non-zero `priority` (400), as vLLM does without
+    `--scheduling-policy priority`: the picker returns the body without the client's
+    (the request flow's stamp), its Content-Length fixed, in either configuration; the
+    replica counts the same prompt as when sent directly without it."""
+    messages = [{"role": "user", "content": "let me jump the queue " * 20}]
+    raw = json.dumps({"model": MODEL, "max_tokens": 2, "priority": 5, "messages": messages})
+    direct = httpx.post(stack.pool[0].url + "/v1/chat/completions", content=raw,
+                        headers={"content-type": "application/json"}, timeout=60)
+    assert direct.status_code == 400 and "priority" in direct.text  # what it would get
+    through = httpx.post(stack.url + "/v1/chat/completions", content=raw,
+                         headers={"content-type": "application/json"}, timeout=60)
+    assert through.status_code == 200, through.text[:300]
+    plain = httpx.post(stack.pool[0].url + "/v1/chat/completions", timeout=60,
+                       json={"model": MODEL, "max_tokens": 2, "messages": messages})
+    assert through.json()["usage"]["prompt_tokens"] == plain.json()["usage"]["prompt_tokens"]
+
+
 def test_a_body_over_the_limit_is_a_413_not_a_stall(stack: Stack) -> None:
     raw = json.dumps({"model": MODEL, "messages": [
         {"role": "user", "content": "y" * (LIMIT + 1000)}]}).encode()

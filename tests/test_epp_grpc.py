@@ -1,8 +1,8 @@
 """The EPP over real gRPC on loopback, driven message by message as a data plane would
 (grpc.aio client), in front of real simulated replicas: the subset hint restricts the
-pick (an impossible one is a 503), shedding answers 429 and lets go when requests end,
-a body-less call is routed at its headers, the served endpoint moves a retried request,
-and gRPC health says SERVING. Replica counts: the EPP sends nothing to replicas itself,
+pick (an impossible one is a 503), a body-less call is routed at its headers, the served
+endpoint moves a retried request, and gRPC health says SERVING (admission through the
+picker: tests/test_flow_epp_admission.py). Replica counts: the EPP sends nothing to replicas itself,
 so every check here is on what it names and records."""
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway.admission.config import AdmissionConfig
 from gateway.epp import decision
 from gateway.epp.picker import Picker
 from gateway.epp.server import SERVICE_NAME, EppServer
 from gateway.proxy.app import GatewayApp
-from gateway.settings import EppSettings, parse_settings
+from gateway.settings import AuthSettings, EppSettings, parse_settings
 from gateway.usage.record import UsageRecord
 from tests.servers import sim
 
@@ -45,14 +46,17 @@ class Epp:
     app: GatewayApp
     records: list[UsageRecord]
     endpoints: list[str]
+    picker: Picker
 
 
 @contextlib.asynccontextmanager
-async def running_epp(urls: list[str], **epp: object) -> AsyncIterator[Epp]:
+async def running_epp(urls: list[str], admission: AdmissionConfig | None = None,
+                      auth: AuthSettings | None = None, **epp: object) -> AsyncIterator[Epp]:
     settings = parse_settings(None, {}, backends=urls)
     settings = dataclasses.replace(
         settings, epp=EppSettings(port=0, **epp),  # type: ignore[arg-type]
-        usage=dataclasses.replace(settings.usage, startup_probe=False))
+        usage=dataclasses.replace(settings.usage, startup_probe=False),
+        admission=admission or settings.admission, auth=auth or settings.auth)
     app = GatewayApp(settings)
     async with app.running():
         services = app.services
@@ -71,7 +75,7 @@ async def running_epp(urls: list[str], **epp: object) -> AsyncIterator[Epp]:
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
                 yield Epp(ext_grpc.ExternalProcessorStub(channel), channel, app, records,
-                          [decision.endpoint_of(u) for u in urls])
+                          [decision.endpoint_of(u) for u in urls], picker)
         finally:
             await server.stop(0)
 
@@ -166,37 +170,6 @@ async def test_subset_hint_restricts_the_pick(urls: list[str]) -> None:
         await s.close()
     assert [r.status for r in epp.records][-1] == 503
     assert [r.replica for r in epp.records[:3]] == [epp.records[0].replica] * 3
-
-
-async def test_shedding_answers_429_until_requests_end(urls: list[str]) -> None:
-    async with running_epp(urls, shed_in_flight=1) as epp:
-        assert epp.app.services is not None
-        fleet = epp.app.services.fleet.replicas
-        open_ = []
-        for i in range(6):  # until every replica has a request in flight
-            s = Stream(epp)
-            await s.ask(headers("/v1/chat/completions"))
-            assert destination(await s.ask(body(f"held {i} " * 50)))
-            open_.append(s)
-            if all(r.in_flight for r in fleet.values()):
-                break
-        assert all(r.in_flight for r in fleet.values())
-        s = Stream(epp)
-        await s.ask(headers("/v1/chat/completions"))
-        shed = await s.ask(body("one too many"))
-        assert shed.immediate_response.status.code == 429
-        await s.close()
-        for s in open_:
-            await s.close()  # the requests end: their in-flight counts go
-        deadline = time.monotonic() + 5
-        while any(r.in_flight for r in fleet.values()):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
-        s = Stream(epp)
-        await s.ask(headers("/v1/chat/completions"))
-        assert destination(await s.ask(body("room again")))
-        await s.close()
-    assert sorted(r.status for r in epp.records).count(429) == 1
 
 
 async def test_a_call_without_body_is_routed_at_its_headers(urls: list[str]) -> None:

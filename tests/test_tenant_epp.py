@@ -31,7 +31,7 @@ async def test_a_second_tenant_is_predicted_nothing_of_the_firsts_prefix() -> No
         for key in ("ka", "ka", "kb"):
             flow = picker.start({":path": "/v1/chat/completions", ":method": "POST",
                                  "authorization": f"Bearer {key}"})
-            picker.route(flow, raw, None)
+            await picker.route(flow, raw, None)
             told.append(dict(flow.added)["x-gateway-cache"])
     # alice's second request finds her first; bob's finds nothing of hers
     assert "predicted=0" not in told[1] and "route=cold" not in told[1], told

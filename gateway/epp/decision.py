@@ -8,8 +8,9 @@ The Gateway API Inference Extension's endpoint-picker protocol, as this EPP spea
   the ready replicas means no ready endpoint (503).
 - answer: `x-gateway-destination-endpoint: ip:port[,ip:port...]` (the pick, then the
   fallbacks a retry may use) and the same value in dynamic metadata `envoy.lb`
-  (`destination`); no ready endpoint is a 503, a shed request a 429 (`should_shed`),
-  each an ImmediateResponse with an OpenAI-shaped error body.
+  (`destination`); no ready endpoint is a 503, a request the admission queue sheds a
+  429 with Retry-After (gateway.admission), each an ImmediateResponse with an
+  OpenAI-shaped error body.
 - response: the endpoint that served it, from metadata `envoy.lb` /
   `x-gateway-destination-endpoint-served`, else Envoy's `upstream.address` attribute
   (`served_endpoint`).
@@ -24,7 +25,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from gateway.proxy.errors import GatewayError
-from gateway.routing.decision import ReplicaState
 
 DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"
@@ -102,16 +102,6 @@ def destination(ranked: Sequence[str], endpoints: Mapping[str, str], usable: Ite
         if name in ok and ep is not None and ep not in out:
             out.append(ep)
     return ",".join(out)
-
-
-def should_shed(states: Sequence[ReplicaState], limit: int) -> bool:
-    """429 when shedding is on and every candidate holds `limit` unfinished requests."""
-    return limit > 0 and bool(states) and all(s.in_flight >= limit for s in states)
-
-
-def shed_error() -> GatewayError:
-    return GatewayError(429, "Every replica is at its in-flight limit; retry later.",
-                        code="overloaded")
 
 
 def no_ready_endpoint(hinted: bool) -> GatewayError:

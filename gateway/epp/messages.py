@@ -85,16 +85,20 @@ def _set(mutation: ext.HeaderMutation, headers: Sequence[tuple[str, str]]) -> No
 
 
 def routed(destination: str, *, body_phase: bool,
-           headers: Sequence[tuple[str, str]] = ()) -> ext.ProcessingResponse:
+           headers: Sequence[tuple[str, str]] = (), body: bytes | None = None,
+           ) -> ext.ProcessingResponse:
     """The pick: the destination header (the pick alone: an ORIGINAL_DST cluster reads it
     as one address) and `headers` (e.g. `Content-Length`); the pick and its fallbacks,
     `ip:port,ip:port...`, as `envoy.lb` metadata (where `override_host` reads them first);
-    and `clear_route_cache` (a route chosen on the header is chosen again with it)."""
+    and `clear_route_cache` (a route chosen on the header is chosen again with it).
+    `body` (a buffered body response only): the request body to forward instead."""
     out = ext.ProcessingResponse()
     common = (out.request_body if body_phase else out.request_headers).response
     _set(common.header_mutation,
          [(decision.DESTINATION, destination.split(",", 1)[0]), *headers])
     common.clear_route_cache = True
+    if body is not None:
+        common.body_mutation.body = body
     out.dynamic_metadata.fields[decision.LB_NAMESPACE].struct_value.fields[
         decision.DESTINATION].string_value = destination
     return out
@@ -130,6 +134,18 @@ def request_body_continue() -> ext.ProcessingResponse:
     return out
 
 
+def request_body_replaced(body: bytes | None) -> ext.ProcessingResponse:
+    """A STREAMED chunk's answer when the picker changed the body: the first chunk
+    becomes the whole new body (`body`), each later one is cleared (None)."""
+    out = ext.ProcessingResponse()
+    mutation = out.request_body.response.body_mutation
+    if body is not None:
+        mutation.body = body
+    else:
+        mutation.clear_body = True
+    return out
+
+
 def trailers(request: bool) -> ext.ProcessingResponse:
     if request:
         return ext.ProcessingResponse(request_trailers=ext.TrailersResponse())
@@ -159,9 +175,12 @@ def response_body_continue() -> ext.ProcessingResponse:
 
 
 def immediate(err: GatewayError, headers: Sequence[tuple[str, str]]) -> ext.ProcessingResponse:
-    """An answer from the EPP itself: 503 no ready endpoint, 429 shed, 400 bad body..."""
+    """An answer from the EPP itself: 503 no ready endpoint, 429 shed (with its
+    `Retry-After`), 400 bad body..."""
+    extra = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in err.headers()]
     out = ext.ProcessingResponse(immediate_response=ext.ImmediateResponse(
         status=http_status_pb2.HttpStatus(code=err.status), body=err.body(),
         details=err.code[:64]))
-    _set(out.immediate_response.headers, [("content-type", "application/json"), *headers])
+    _set(out.immediate_response.headers,
+         [("content-type", "application/json"), *headers, *extra])
     return out

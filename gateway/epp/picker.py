@@ -1,24 +1,31 @@
 """The endpoint picker's request path: what `gateway serve`'s handler does before and after
 relaying, without relaying (Envoy moves the bytes). No gRPC here (gateway.epp.server owns
-the wire); the collaborators are `gateway serve`'s own (`gateway.proxy.app.Services`:
-fleet and its monitor, router, hygiene analyzer, metrics, usage recorder, token mode and
-shared state), built from the same settings.
+the wire); the collaborators are `gateway serve`'s own (`gateway.proxy.app.Services`), and
+the request's bookkeeping, admission and priorities are serve's own request flow
+(gateway.flow.core.RequestFlow), so the two cannot drift.
 
-    start (request headers: auth, request id, session header, route kind)
-    -> route (request body: parse + check once, hygiene, subset hint, shed, Router.decide)
-    -> response_started (response headers: status, served endpoint, retry moved it?)
-    -> response_body (chunks, only when `[epp] response = "body"`: usage, reply text)
-    -> finish (once: Router.report, one UsageRecord, in-flight released)
+    start (request headers: the flow begun, auth, session and priority headers)
+    -> route (request body: the flow's prepare (with the data plane's subset hint) and
+       admit, awaited: a request the admission queue holds keeps its ext_proc stream
+       open until it is bound, and leaves the queue when that stream closes; shed is a
+       429 with Retry-After; the body to forward instead when the flow changed it)
+    -> response_started (response headers: status, served endpoint; a fallback that
+       served it is the flow's `moved`)
+    -> response_body (chunks, when read: usage, reply text, a Responses answer's id)
+    -> finish (the flow's: once)
 
 Differences from `gateway serve`, each because the EPP relays no bytes: a stream's usage
 chunk is not asked for (`stream_options.include_usage` is the client's choice: asking
 would need the EPP to strip it from the stream again, chunk by chunk); a hygiene rewrite
-is not applied (it would change the body Envoy forwards); a Responses API continuation is
-routed like any request (its creator is not remembered: that needs every answer's id).
-A record whose body the EPP does not read (`[epp] response`: a stream under "json", the
-default; everything under "headers") has no token counts; it still ends, and releases its
-in-flight count, when the response does: Envoy closes the ext_proc stream then
-(`finish(cut=True)`).
+is not applied. The body is changed only where serve's flow changes it for every
+transport (the granted class's `priority` stamped or the client's removed, the tenant's
+engine `cache_salt`): the data plane then forwards the picker's body (gateway.epp.stream).
+A Responses answer's id is remembered, so its continuations are pinned, when the picker
+reads that answer's body (`[epp] response`: a JSON answer under "json", the default,
+a stream under "body").
+A record whose body the EPP does not read (a stream under "json"; everything under
+"headers") has no token counts; it still ends, and releases its in-flight count, when the
+response does: Envoy closes the ext_proc stream then (`finish(cut=True)`).
 """
 
 from __future__ import annotations
@@ -27,17 +34,18 @@ import itertools
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
+from dataclasses import dataclass
 
+import orjson
+
+from gateway.admission import priority
 from gateway.epp import decision
+from gateway.flow.core import RequestFlow, Turn
 from gateway.proxy.app import Services
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.exchange import Exchange
-from gateway.proxy.headers import response_headers
-from gateway.proxy.inbound import Endpoint, chat_view, parse_inbound, parse_json
-from gateway.proxy.session import resolve_session
+from gateway.proxy.inbound import Endpoint, parse_json
 from gateway.proxy.target import client_request_id
-from gateway.proxy.tenancy import routing_salt, salted
 from gateway.replicas.fleet import Replica, no_healthy
 from gateway.routing.plan import RoutePlan
 from gateway.settings import EppSettings
@@ -53,27 +61,54 @@ ROUTED: dict[str, Endpoint] = {
     "/v1/responses": "responses", "/v1/messages": "messages",
 }
 MAX_PATH_CHARS = 200
+PRIORITY = "x-gateway-priority"  # admission.priority.HEADER, as the data plane names it
 Headers = list[tuple[str, str]]
 
 
 class Flow:
-    """One request's state between the ext_proc messages."""
+    """One request's state between the ext_proc messages; the request flow's own state
+    (plan, ticket, in-flight replica, finished) is its `turn`."""
 
-    __slots__ = ("added", "endpoint", "ex", "finished", "plan", "replica", "responded",
-                 "session_h", "sse", "tap", "wants_body")
+    __slots__ = ("added", "endpoint", "priority_h", "remembered", "responded", "session_h",
+                 "sse", "tap", "turn", "wants_body")
 
-    def __init__(self, ex: Exchange, endpoint: Endpoint | None, session_h: str | None) -> None:
-        self.ex = ex
+    def __init__(self, turn: Turn, endpoint: Endpoint | None, session_h: str | None,
+                 priority_h: str | None) -> None:
+        self.turn = turn
         self.endpoint = endpoint
         self.session_h = session_h
-        self.plan: RoutePlan | None = None
-        self.replica: Replica | None = None  # holds one in-flight count while set
-        self.added: Headers = [("x-request-id", ex.request_id)]  # for the client's answer
+        self.priority_h = priority_h
+        self.added: Headers = [("x-request-id", turn.ex.request_id)]  # for the client's answer
         self.tap: SseUsageTap | None = None
         self.sse = False
         self.wants_body = False
         self.responded = False  # the response headers arrived
-        self.finished = False
+        self.remembered = False  # a Responses stream's id was remembered
+
+    @property
+    def ex(self) -> Exchange:
+        return self.turn.ex
+
+    @property
+    def plan(self) -> RoutePlan | None:
+        return self.turn.plan
+
+    @property
+    def replica(self) -> Replica | None:
+        return self.turn.replica
+
+    @property
+    def finished(self) -> bool:
+        return self.turn.finished
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """The pick (the destination header's value) and the request body to send instead of
+    the client's (None: the client's bytes go as they are)."""
+
+    destination: str
+    body: bytes | None = None
 
 
 class Picker:
@@ -83,6 +118,13 @@ class Picker:
         self.epp = epp
         self.timer = timer
         self.retries = services.settings.server.retries
+        assert services.gate is not None  # built with the services (GatewayApp.startup)
+        # bookkeeping, admission and priorities: `gateway serve`'s own (gateway.flow.core)
+        self.flow = RequestFlow(
+            fleet=services.fleet, router=services.router, analyzer=services.analyzer,
+            metrics=services.metrics, recorder=services.recorder, auth=services.auth,
+            gate=services.gate, salts=services.salts, affinity=services.affinity,
+            clock=services.clock, timer=timer)
         # the session headers gateway serve reads, in its order (`[server] session_headers`)
         self.session_headers = tuple(h.lower() for h in services.settings.server.session_headers)
         # replica name <-> endpoint (ip:port), from the configured URLs; a host name is
@@ -108,73 +150,62 @@ class Picker:
         path = headers.get(":path", "/").split("?", 1)[0]
         method = headers.get(":method", "GET")
         endpoint = ROUTED.get(path) if method == "POST" else None
-        ex = Exchange(rid, self.s.clock(), self.timer(), endpoint or path[:MAX_PATH_CHARS],
-                      method[:16])
-        flow = Flow(ex, endpoint, next(
-            (v for v in map(headers.get, self.session_headers) if v and v.strip()), None))
+        # the engine is sent what the data plane forwards: the client's id, as named here
+        turn = self.flow.begin(rid, rid, endpoint or path[:MAX_PATH_CHARS], method[:16])
+        flow = Flow(turn, endpoint, next(
+            (v for v in map(headers.get, self.session_headers) if v and v.strip()), None),
+            headers.get(PRIORITY))
         auth = headers.get("authorization")
         try:
-            ex.tenant = self.s.auth.tenant(auth.encode("latin-1") if auth else None)
+            self.flow.authorize(turn, auth.encode("latin-1") if auth else None)
         except GatewayError as err:
             self.fail(flow, err)
             raise
         return flow
 
-    def route(self, flow: Flow, raw: bytes | None, hint: frozenset[str] | None) -> str:
-        """Pick the replica; returns the destination header value. Raises GatewayError
-        (400, 404, 429, 503), already recorded."""
+    async def route(self, flow: Flow, raw: bytes | None, hint: frozenset[str] | None,
+                    ) -> Routed:
+        """Pick the replica (waiting in the admission queue when it is on: the ext_proc
+        stream is held until then, and its closing cancels the wait). Raises GatewayError
+        (400, 404, 429 with Retry-After, 503), already recorded."""
         try:
             if flow.endpoint is not None and raw is not None:
-                return self._inference(flow, raw, hint)
+                return await self._inference(flow, raw, hint)
             return self._forward(flow, raw, hint)
         except GatewayError as err:
             self.fail(flow, err)
             raise
 
-    def _inference(self, flow: Flow, raw: bytes, hint: frozenset[str] | None) -> str:
-        s, ex, endpoint = self.s, flow.ex, flow.endpoint
+    async def _inference(self, flow: Flow, raw: bytes, hint: frozenset[str] | None,
+                         ) -> Routed:
+        endpoint = flow.endpoint
         assert endpoint is not None
-        inbound = parse_inbound(raw, endpoint)
-        body = inbound.body
-        ex.model = inbound.model if s.fleet.known_model(inbound.model) else UNKNOWN_MODEL
-        ex.stream = inbound.stream
-        ex.session = resolve_session(
-            flow.session_h.encode("latin-1") if flow.session_h else None, body)
-        replicas = self._candidates(s.fleet.candidates(inbound.model), hint, inbound.model)
-        kind, view = chat_view(endpoint, body)
-        self._hygiene(flow, view, kind)
-        states = [r.state() for r in replicas]
-        if decision.should_shed(states, self.epp.shed_in_flight):
-            raise decision.shed_error()
-        if ex.tenant is not None:  # the index keyed by tenant (gateway.proxy.tenancy)
-            view = salted(view, routing_salt(ex.tenant, view.get("cache_salt")))
-        try:
-            plan = s.router.decide(view, kind, inbound.model, ex.session, states, ex.ts,
-                                   tenant=ex.tenant)
-        except ValueError as exc:  # NormalizeError: a body shape the engine would refuse too
-            raise GatewayError(400, str(exc), code="invalid_request") from None
-        d = plan.decision
-        s.metrics.route_decision(d.reason)
-        if d.move is not None:
-            ex.moved = d.move
-            s.metrics.route_move(d.move)
-        ex.route, ex.predicted, ex.best = (
-            d.reason, d.predicted_cached_tokens, d.best_available_tokens)
-        flow.plan = plan
-        flow.added.append(("x-gateway-route", d.reason))
-        flow.added.extend(
-            (k.decode("latin-1"), v.decode("latin-1")) for k, v in response_headers(
-                d.reason, d.predicted_cached_tokens, ex.findings,
-                enabled=s.analyzer.config.header))
-        return self._pick(flow, d.ranked, [r.name for r in replicas])
+        turn = flow.turn
+        prep = self.flow.prepare(
+            turn, raw, endpoint, flow.session_h.encode("latin-1") if flow.session_h else None,
+            narrow=lambda found, model: self._candidates(found, hint, model))
+        added = await self.flow.admit(
+            turn, prep, flow.priority_h.encode("latin-1") if flow.priority_h else None)
+        flow.added.extend((k.decode("latin-1"), v.decode("latin-1")) for k, v in added)
+        assert turn.plan is not None
+        usable = [r.name for r in prep.candidates]
+        destination = self._pick(flow, turn.plan.decision.ranked, usable, hint)
+        # the body changed (the granted class stamped, the client's `priority` removed,
+        # the tenant's engine salt): the data plane forwards the picker's body instead
+        return Routed(destination, orjson.dumps(prep.body) if prep.changed else None)
 
-    def _forward(self, flow: Flow, raw: bytes | None, hint: frozenset[str] | None) -> str:
+    def _forward(self, flow: Flow, raw: bytes | None, hint: frozenset[str] | None) -> Routed:
         """Any other call: the least busy healthy replica serving the body's model."""
-        model = None
+        model, body = None, None
         if raw:
             doc = parse_json(raw)
-            if isinstance(doc, dict) and isinstance(doc.get("model"), str):
-                model = doc["model"]
+            if isinstance(doc, dict):
+                if isinstance(doc.get("model"), str):
+                    model = doc["model"]
+                # as serve: vLLM's pooling, score, tokenize... bodies take `priority` too,
+                # and no class is granted here (the engine's default)
+                if priority.stamp(doc, None):
+                    body = orjson.dumps(doc)
         if model is not None:
             flow.ex.model = model if self.s.fleet.known_model(model) else UNKNOWN_MODEL
             found = self.s.fleet.candidates(model)
@@ -184,7 +215,7 @@ class Picker:
         ranked = tuple(r.name for r in sorted(replicas, key=lambda r: r.in_flight))
         flow.ex.route = "forward"
         flow.added.append(("x-gateway-route", "forward"))
-        return self._pick(flow, ranked, ranked)
+        return Routed(self._pick(flow, ranked, ranked, hint), body)
 
     def _candidates(self, found: list[Replica], hint: frozenset[str] | None,
                     model: str | None) -> list[Replica]:
@@ -198,23 +229,25 @@ class Picker:
             raise decision.no_ready_endpoint(hinted=True)
         return kept
 
-    def _pick(self, flow: Flow, ranked: Sequence[str], usable: Sequence[str]) -> str:
-        name = ranked[0]
-        replica = self.s.fleet.replicas[name]
-        replica.in_flight += 1
-        flow.replica = replica
-        flow.ex.replica = name
-        return decision.destination(ranked, self.endpoints, usable, self.retries)
-
-    def _hygiene(self, flow: Flow, view: dict[str, object],
-                 kind: Literal["chat", "completions"]) -> None:
-        s, ex = self.s, flow.ex
-        findings = s.analyzer.scan(view, kind, ex.session, ex.ts, validated=flow.endpoint in (
-            "chat", "completions"), tenant=ex.tenant)
-        # logged, summed up and shown in /stats from the usage record (UsageRecorder)
-        ex.findings = findings
-        for f in findings:
-            s.metrics.hygiene_finding(f.kind, f.severity)
+    def _pick(self, flow: Flow, ranked: Sequence[str], usable: Sequence[str],
+              hint: frozenset[str] | None) -> str:
+        """The destination: the first ranked replica still in the fleet with a known
+        endpoint, within the hint (a request that waited in the queue is decided among
+        the fleet as it is then: its pick may have left since, or lie outside the hint
+        the data plane sent); a pick other than the decision's is a move (the router
+        told, the in-flight count moved). None left: 503."""
+        turn = flow.turn
+        fleet = self.s.fleet.replicas
+        allowed = [n for n in ranked if n in fleet and n in self.endpoints
+                   and (hint is None or self.endpoints[n] in hint)]
+        if not allowed:
+            raise decision.no_ready_endpoint(hinted=hint is not None)
+        name = allowed[0]
+        if turn.plan is not None and name != turn.plan.decision.replica:
+            self.flow.moved(turn, name)
+        else:
+            self.flow.bind(turn, name)
+        return decision.destination(allowed, self.endpoints, usable, self.retries)
 
     # response --------------------------------------------------------------------------
 
@@ -234,12 +267,15 @@ class Picker:
             last = self.s.fleet.replicas.get(name) if name is not None else None
             if last is not None and last is not flow.replica:
                 self.s.monitor.suspect(last)
-        elif name is not None and flow.replica is not None and name != flow.replica.name:
+        elif (name is not None and flow.replica is not None and name != flow.replica.name
+              and name in self.s.fleet.replicas):
             # Envoy retried on a fallback, which its retry policy does only when the pick
-            # could not be reached: the pick is probed now (only probes mark it down).
+            # could not be reached: the pick is probed now (only probes mark it down), and
+            # the request moves where it was served (the router told, as `gateway serve`
+            # does when it retries: the next turn goes where the cache now is)
             self.s.monitor.suspect(flow.replica)
-            self._moved(flow, name)
-        if flow.replica is not None:
+            self.flow.moved(flow.turn, name)
+        if flow.replica is not None and not ex.withheld:  # as serve's x-gateway-replica
             flow.added.append(("x-gateway-replica", flow.replica.name))
         flow.sse = content_type.startswith("text/event-stream")
         mode = self.epp.response
@@ -251,36 +287,26 @@ class Picker:
             self._first_byte(flow)
         return flow.added
 
-    def _moved(self, flow: Flow, name: str) -> None:
-        old = flow.replica
-        new = self.s.fleet.replicas.get(name)
-        if old is None or new is None:
-            return
-        old.in_flight -= 1
-        new.in_flight += 1
-        flow.replica = new
-        flow.ex.replica = name
-        if flow.plan is not None:
-            # the router moves its bookkeeping (the prompt's blocks, the session binding,
-            # the pending count) to where the request was served, as `gateway serve` does
-            # when it retries: the next turn goes where the cache now is
-            self.s.router.retried(flow.plan, name, self.s.clock())
-
     def _first_byte(self, flow: Flow) -> None:
         if flow.ex.outcome.first_byte is None:
             flow.ex.outcome.first_byte = self.timer()
-            if flow.plan is not None:
-                flow.plan.outcome.first_token_at = self.s.clock()
+            self.flow.first_token(flow.turn)
 
     def response_body(self, flow: Flow, chunk: bytes, end: bool) -> None:
         """A chunk of the body (a JSON answer comes whole, in one call)."""
-        if flow.tap is not None:
+        responses = flow.endpoint == "responses" and not flow.remembered
+        tap = flow.tap
+        if tap is not None:
             if chunk:
                 self._first_byte(flow)
-                flow.tap.feed(chunk)
+                tap.feed(chunk)
+                if responses and tap.response_id is not None:
+                    # a continuation goes where this answer is stored, as in serve
+                    self.flow.remember_response(flow.turn, tap.response_id)
+                    flow.remembered = True
             if end:
-                flow.tap.finish()
-                flow.ex.outcome.usage = flow.tap.usage
+                tap.finish()
+                flow.ex.outcome.usage = tap.usage
         else:
             # A JSON answer comes once: whole, or (larger than Envoy's buffer limit) its
             # first part only, which holds no usage to read; either way the record ends here.
@@ -288,6 +314,8 @@ class Picker:
                 answer = parse_answer(chunk)
                 flow.ex.outcome.usage = answer.usage
                 flow.ex.outcome.reply_text = answer.text
+                if responses and answer.response_id is not None:
+                    self.flow.remember_response(flow.turn, answer.response_id)
             self.finish(flow)
             return
         if end:
@@ -304,19 +332,7 @@ class Picker:
         stream before the response was over (client gone, or headers-only reading)."""
         if flow.finished:
             return
-        flow.finished = True
         ex = flow.ex
         if cut and (flow.wants_body or not flow.responded):
             ex.status, ex.error = 499, "the stream ended before the response did"
-        if flow.replica is not None:
-            flow.replica.in_flight -= 1
-        plan = flow.plan
-        if plan is not None:
-            o, u = plan.outcome, ex.outcome.usage
-            o.ok = ex.status < 400
-            o.prompt_tokens = u.prompt_tokens if u else None
-            o.cached_tokens = u.cached_tokens if u else None
-            o.completion_tokens = u.completion_tokens if u else None
-            o.reply_text = ex.outcome.reply_text
-            self.s.router.report(plan, self.s.clock())
-        self.s.recorder.record(ex.record(self.timer()))
+        self.flow.finish(flow.turn)

@@ -6,7 +6,9 @@ while started.
 
 The stream ending earlier (client gone, EPP-side error, headers-only reading) ends the
 record there (`Picker.finish(cut=True)`), so every request is recorded once and its
-in-flight count released.
+in-flight count released. A request the admission queue holds keeps its stream waiting
+in `Stream.on`; the stream's end cancels that wait (grpc.aio cancels the handler), which
+takes it out of the queue at once (the gate's cancel path).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class ExternalProcessor:
         stream = Stream(self.picker, self.max_body, self.max_answer)
         try:
             async for request in request_iterator:
-                for out in stream.on(request):
+                for out in await stream.on(request):
                     yield out
                 if stream.closed:
                     return

@@ -14,6 +14,13 @@ the order and the gathering.
     response_body     -> each chunk passed back (full duplex) or answered; usage read
     response_trailers -> answered; the record ends if the body had not ended it
 
+The pick is awaited (`Picker.route`: the admission queue may hold it; the stream waits
+with it, and its cancellation takes the request out of the queue). When the request flow
+changed the body (the granted `priority`, the tenant's engine salt), the changed body is
+what the data plane forwards: the buffered body response's mutation, the body sent back
+in full duplex, the first STREAMED chunk replaced and the rest cleared; `Content-Length`
+set to its length in each.
+
 Bounds: a gathered request body holds at most `max_body` bytes (more is a 413 in OpenAI's
 shape); a JSON answer read in pieces at most `max_answer` bytes (past that its usage is not
 read; the answer still flows on).
@@ -55,7 +62,7 @@ class Stream:
         self.answer_over = False
         self.response_over = False  # the record's response part ended
 
-    def on(self, request: ext.ProcessingRequest) -> Out:
+    async def on(self, request: ext.ProcessingRequest) -> Out:
         if self.modes is None:
             pc = request.protocol_config if request.HasField("protocol_config") else None
             self.modes = modes.of(
@@ -64,11 +71,11 @@ class Stream:
         kind = request.WhichOneof("request")
         try:
             if kind == "request_headers":
-                return self._request_headers(request)
+                return await self._request_headers(request)
             if kind == "request_body":
-                return self._request_body(request)
+                return await self._request_body(request)
             if kind == "request_trailers":
-                return self._request_trailers()
+                return await self._request_trailers()
         except GatewayError as err:
             self.closed = True
             return [messages.immediate(err, self.flow.added if self.flow else [])]
@@ -80,7 +87,7 @@ class Stream:
 
     # request -------------------------------------------------------------------------
 
-    def _request_headers(self, request: ext.ProcessingRequest) -> Out:
+    async def _request_headers(self, request: ext.ProcessingRequest) -> Out:
         assert self.modes is not None
         headers = messages.headers_of(request.request_headers)
         self.length_sent = headers.get("content-length")
@@ -91,13 +98,13 @@ class Stream:
         self.plan = modes.request_plan(self.modes, request.request_headers.end_of_stream)
         if self.plan == "headers":
             self.picked = True
-            return [messages.routed(self.picker.route(self.flow, None, self._allowed()),
-                                    body_phase=False)]
+            routed = await self.picker.route(self.flow, None, self._allowed())
+            return [messages.routed(routed.destination, body_phase=False)]
         if self.plan == "body":
             return [messages.request_headers_continue()]
         return []  # gathering: the headers are answered with the pick
 
-    def _request_body(self, request: ext.ProcessingRequest) -> Out:
+    async def _request_body(self, request: ext.ProcessingRequest) -> Out:
         assert self.modes is not None
         flow, part = self.flow, request.request_body
         if flow is None:
@@ -113,29 +120,44 @@ class Stream:
                     and not modes.whole(part.body, part.end_of_stream)):
                 raise self._too_large()
             self.picked = True
-            return [messages.routed(self.picker.route(flow, part.body, self._allowed()),
-                                    body_phase=True)]
+            routed = await self.picker.route(flow, part.body, self._allowed())
+            if routed.body is None:
+                return [messages.routed(routed.destination, body_phase=True)]
+            # the changed body replaces the buffered one (Envoy holds the headers until
+            # this answer, so its Content-Length is set here too)
+            return [messages.routed(
+                routed.destination, body_phase=True, body=routed.body,
+                headers=[("content-length", str(len(routed.body)))])]
         if len(self.body) + len(part.body) > self.max_body:
             raise self._too_large()
         self.body += part.body
         self.chunks += 1
-        return self._pick_gathered(end=True) if part.end_of_stream else []
+        return await self._pick_gathered(end=True) if part.end_of_stream else []
 
-    def _request_trailers(self) -> Out:
+    async def _request_trailers(self) -> Out:
         out: Out = []
         if self.flow is not None and not self.picked and self.plan == "gather":
-            out = self._pick_gathered(end=False)
+            out = await self._pick_gathered(end=False)
         return [*out, messages.trailers(request=True)]
 
-    def _pick_gathered(self, *, end: bool) -> Out:
+    async def _pick_gathered(self, *, end: bool) -> Out:
         assert self.flow is not None and self.modes is not None
         body = bytes(self.body)
         self.body = bytearray()
         self.picked = True
-        destination = self.picker.route(self.flow, body, self._allowed())
-        if not self.modes.duplex_request:  # STREAMED: each chunk passes as it was
-            return [messages.routed(destination, body_phase=False),
-                    *[messages.request_body_continue()] * self.chunks]
+        routed = await self.picker.route(self.flow, body, self._allowed())
+        destination = routed.destination
+        if not self.modes.duplex_request:  # STREAMED: each chunk answered in turn
+            if routed.body is None:  # ... passing as it was
+                return [messages.routed(destination, body_phase=False),
+                        *[messages.request_body_continue()] * self.chunks]
+            # the first chunk becomes the changed body, the others are cleared
+            return [messages.routed(destination, body_phase=False,
+                                    headers=[("content-length", str(len(routed.body)))]),
+                    messages.request_body_replaced(routed.body),
+                    *[messages.request_body_replaced(None)] * (self.chunks - 1)]
+        if routed.body is not None:
+            body = routed.body  # changed by the request flow: that is what is forwarded
         length = modes.content_length(self.length_sent, len(body))
         return [messages.routed(destination, body_phase=False,
                                 headers=[("content-length", length)] if length else ()),

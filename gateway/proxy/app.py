@@ -106,6 +106,8 @@ class Services:
     feeds: EventFeeds | None = None  # KV-event feeds, in token mode ([tokens])
     shared: SharedState | None = None  # routing state shared through Redis ([redis])
     gate: Gate | None = None  # the admission queue ([admission])
+    # each tenant's cache namespace ([auth]): serve's and the picker's request flow
+    salts: TenantSalts = field(default_factory=lambda: TenantSalts((), ""))
 
     def remove_replica(self, name: str) -> Replica | None:
         """A replica left the fleet: out of every per-replica map at once
@@ -175,7 +177,7 @@ class GatewayApp:
             analyzer=HygieneAnalyzer(settings.hygiene), metrics=metrics, recorder=recorder,
             auth=Authenticator(settings.auth.keys, settings.auth.admin_tenants), monitor=monitor,
             probes=probes,
-            feeds=tokens.feeds if tokens is not None else None,
+            feeds=tokens.feeds if tokens is not None else None, salts=salts,
         )
         await recorder.start()
         await monitor.start()

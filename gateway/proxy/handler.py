@@ -7,6 +7,11 @@
        text of a non-streamed answer, so the router indexes the answer the next turn
        repeats), in-flight released
 
+The steps from parsing to the end (admission, priorities, the headers, the in-flight
+count, the report and the record) are the request flow `gateway epp` shares
+(gateway.flow.core.RequestFlow); this module owns the bytes: reading, serve's own body
+edits (usage asked of a stream, hygiene rewrites), relaying and retries.
+
 Cancellation: once the body is read, a watcher task waits for `http.disconnect`; when the
 client goes, it cancels the request task, which closes the upstream connection at once
 (the engine aborts the request and frees its KV blocks) and records status 499. The
@@ -42,28 +47,28 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import orjson
 
 from gateway.admission import priority
-from gateway.admission.gate import Ask, Gate
+from gateway.admission.gate import Gate
 from gateway.admission.priority import header_value as priority_header
+from gateway.flow import pinning
+from gateway.flow.core import Kind, RequestFlow, Turn
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.proxy.asgi import ClientGone, Headers, Receive, Scope, Send, read_body, request_headers
 from gateway.proxy.auth import Authenticator
 from gateway.proxy.errors import GatewayError, UpstreamError, error_response, from_upstream
 from gateway.proxy.exchange import Exchange
-from gateway.proxy.headers import response_headers
-from gateway.proxy.inbound import Endpoint, chat_view, inject_usage, parse_inbound, parse_json
+from gateway.proxy.inbound import Endpoint, Inbound, inject_usage, parse_json
 from gateway.proxy.relay import RelayOutcome, relay, shutting_down, upstream_request_headers
-from gateway.proxy.session import resolve_session, session_header
+from gateway.proxy.session import session_header
 from gateway.proxy.target import client_request_id, forwarded_headers, upstream_target
-from gateway.proxy.tenancy import WITHHELD, TenantSalts
+from gateway.proxy.tenancy import TenantSalts
 from gateway.replicas.fleet import Fleet, Replica, no_healthy
 from gateway.replicas.monitor import FleetMonitor
-from gateway.routing.affinity import AffinityStore, Lost, Pinned, owned, place
+from gateway.routing.affinity import AffinityStore
 from gateway.routing.router import Router
 from gateway.settings import ServerSettings
 from gateway.upstream.counters import UpstreamCounters
@@ -71,9 +76,6 @@ from gateway.upstream.failure import answered, client_error, happened, verdict
 from gateway.upstream.seam import Timeouts, Upstream, UpstreamResponse
 from gateway.usage.metrics import UNKNOWN_MODEL, GatewayMetrics
 from gateway.usage.recorder import UsageRecorder
-
-if TYPE_CHECKING:
-    from gateway.routing.plan import RoutePlan
 
 log = logging.getLogger("gateway.proxy.handler")
 
@@ -94,7 +96,6 @@ class Proxy:
         gate: Gate, salts: TenantSalts | None = None,
     ) -> None:
         self.gate = gate  # admission: the gateway queue
-        self.salts = salts or TenantSalts((), "")  # each tenant's cache namespace
         self.affinity = affinity  # Responses API: which replica created which response
         self.fleet = fleet
         self.router = router
@@ -113,6 +114,20 @@ class Proxy:
         self.retries = server.retries
         self.session_headers = tuple(h.lower().encode("latin-1") for h in server.session_headers)
         self.timeouts = Timeouts(connect_s=server.connect_timeout_s, read_s=server.read_timeout_s)
+        # the inference request's bookkeeping, admission and priorities, as `gateway epp`'s
+        self.flow = RequestFlow(
+            fleet=fleet, router=router, analyzer=analyzer, metrics=metrics, recorder=recorder,
+            auth=auth, gate=gate, salts=salts or TenantSalts((), ""), affinity=affinity,
+            clock=clock, timer=timer)
+
+    @property
+    def salts(self) -> TenantSalts:
+        """Each tenant's cache namespace (the flow's)."""
+        return self.flow.salts
+
+    @salts.setter
+    def salts(self, value: TenantSalts) -> None:
+        self.flow.salts = value
 
     # the path ---------------------------------------------------------------------------
 
@@ -126,16 +141,15 @@ class Proxy:
         # the client's id, when it sent a usable one, names the request in records and logs.
         own = os.urandom(16).hex()
         rid = client_request_id(rid_h) or own
-        ex = Exchange(rid, self.clock(), self.timer(), endpoint or scope["path"][:200],
-                      scope["method"])
-        ex.upstream_id = own
+        turn = self.flow.begin(rid, own, endpoint or scope["path"][:200], scope["method"])
+        ex = turn.ex
         headers: Headers = [(b"x-request-id", rid.encode("latin-1")),
                             (b"x-gateway-request-id", own.encode())]
         task = asyncio.current_task()
         assert task is not None
         watcher: asyncio.Task[None] | None = None
         try:
-            ex.tenant = self.auth.tenant(auth_h)
+            self.flow.authorize(turn, auth_h)
             # Checked before anything is read or routed; never the decoded scope["path"].
             ex.target = upstream_target(
                 scope.get("raw_path") or quote(scope["path"]).encode(),
@@ -144,9 +158,9 @@ class Proxy:
             raw = await read_body(receive, self.max_body, length_h, self.body_idle_s)
             watcher = asyncio.create_task(self._watch(receive, ex, task))
             if endpoint is None:
-                await self._forward_other(scope, send, raw, ex, headers)
+                await self._forward_other(scope, send, raw, turn, headers)
             else:
-                await self._inference(scope, send, raw, endpoint, ex, headers)
+                await self._inference(scope, send, raw, endpoint, turn, headers)
         except GatewayError as err:
             ex.fail(err)
             if not ex.outcome.started:
@@ -170,7 +184,7 @@ class Proxy:
             ex.done = True
             if watcher is not None:
                 watcher.cancel()
-            self.recorder.record(ex.record(self.timer()))
+            self.flow.finish(turn)  # report, gate, in-flight and record: once
 
     async def _watch(self, receive: Receive, ex: Exchange, task: asyncio.Task[None]) -> None:
         message = await receive()
@@ -179,118 +193,36 @@ class Proxy:
             task.cancel()
 
     async def _inference(
-        self, scope: Scope, send: Send, raw: bytes, endpoint: Endpoint, ex: Exchange,
+        self, scope: Scope, send: Send, raw: bytes, endpoint: Endpoint, turn: Turn,
         headers: Headers,
     ) -> None:
-        inbound = parse_inbound(raw, endpoint)
-        body = inbound.body
-        # A name no replica serves is recorded (so labelled) as "unknown": bounded series.
-        ex.model = inbound.model if self.fleet.known_model(inbound.model) else UNKNOWN_MODEL
-        ex.stream = inbound.stream
-        ex.session = resolve_session(session_header(scope["headers"], self.session_headers),
-                                     body)
-        candidates = self.fleet.candidates(inbound.model)
-        kind, view = chat_view(endpoint, body)
-        pinned = self._pinned(body, ex.tenant) if endpoint == "responses" else None
+        session = session_header(scope["headers"], self.session_headers)
+        prep = self.flow.prepare(turn, raw, endpoint, session, edit=self._edit)
+        headers.extend(await self.flow.admit(turn, prep, priority_header(scope["headers"])))
+        payload = orjson.dumps(prep.body) if prep.changed else raw
+        plan = turn.plan
+        assert plan is not None
+        strip = prep.inbound.stream and not prep.inbound.client_wants_usage
+        await self._attempts(scope, send, payload, plan.decision.ranked, strip, turn, headers)
 
-        # parse_inbound has checked a chat or completions body more strictly than the
-        # analyzer would; a converted view is checked again
-        findings = self.analyzer.scan(view, kind, ex.session, ex.ts, validated=view is body,
-                                      tenant=ex.tenant)
-        # logged, summed up and shown in /stats from the usage record (UsageRecorder)
-        ex.findings = findings
-        for f in findings:
-            self.metrics.hygiene_finding(f.kind, f.severity)
-        inject = inbound.stream and not inbound.client_wants_usage
-        changed = inject
+    def _edit(self, inbound: Inbound, view: dict[str, object], kind: Kind) -> bool:
+        """serve's own byte changes (the picker forwards the client's bytes): usage asked
+        of a stream (stripped again on the way back), hygiene rewrites."""
+        body = inbound.body
+        changed = inject = inbound.stream and not inbound.client_wants_usage
         if inject:
             inject_usage(body)
         # Rewrites know the chat and completions shapes only.
         if view is body and self.analyzer.rewrite(body):
             changed = True
-        if ex.tenant is not None:  # the tenant's own cache namespace (tenancy.py)
-            salt = self.salts.engine(ex.tenant)
-            if salt is not None:  # the engine's cache too: the client's salt overridden
-                changed = changed or body.get("cache_salt") != salt
-                body["cache_salt"] = salt
-            view = self.salts.route_view(view, ex.tenant)
-            ex.withheld = self.salts.withheld(ex.tenant, self.auth.admin_tenant(ex.tenant))
-        payload = orjson.dumps(body) if changed else raw
+        return changed
 
-        try:  # the admission queue (off: Router.decide at once) decides when and where
-            ticket = await self.gate.admit(Ask(
-                view, kind, inbound.model, ex.session, pinned, ex.tenant,
-                priority_header(scope["headers"]), ex.ts), candidates)
-        except ValueError as exc:  # NormalizeError: a body shape the engine would refuse too
-            raise GatewayError(400, str(exc), code="invalid_request") from None
-        plan = ticket.plan
-        if ticket.queued_ms is not None:
-            headers.append((b"x-gateway-queue-ms", b"%.1f" % ticket.queued_ms))
-        # The client's `priority` never reaches the engine: the granted class's, or none
-        # (a vLLM whose Messages endpoint takes no `priority` ignores it there).
-        if priority.stamp(body, ticket.engine_priority):
-            payload = orjson.dumps(body)
-        decision = plan.decision
-        self.metrics.route_decision(decision.reason)
-        if decision.move is not None:
-            ex.moved = decision.move
-            self.metrics.route_move(decision.move)
-        ex.route, ex.predicted, ex.best = (
-            decision.reason, decision.predicted_cached_tokens, decision.best_available_tokens)
-        # decided by the index all tenants share (tenancy.py): not shown to this key
-        route, shown = ((WITHHELD, None) if ex.withheld
-                        else (decision.reason, decision.predicted_cached_tokens))
-        headers.append((b"x-gateway-route", route.encode()))
-        headers.extend(response_headers(route, shown, findings,
-                                        enabled=self.analyzer.config.header))
-        try:
-            await self._attempts(scope, send, payload, decision.ranked, plan, inject, ex,
-                                 headers)
-        finally:
-            self.router.report(plan, self.clock())  # once, whatever happened
-            self.gate.done(ticket)
-
-    def _pinned(self, body: dict[str, object], tenant: str | None) -> str | None:
-        """The replica a continuation must go to, None when routing may choose."""
-        previous = body.get("previous_response_id")
-        if not isinstance(previous, str):
-            return None
-        return self._holder(previous, "previous_response_id", tenant)
-
-    def _holder(self, previous: str, param: str, tenant: str | None) -> str | None:
-        """The replica that stored response `previous` for `tenant`, None when the gateway
-        does not know it (or it is another tenant's); raises when that replica left or is
-        down (no other holds it)."""
-        fleet = self.fleet.replicas
-        mine = self.affinity.lookup(owned(previous, tenant))
-        if mine is None and tenant is not None and self.affinity.lookup(previous) is not None:
-            # another tenant's response: answered as the engine answers an unknown id,
-            # never sent where it lives
-            raise GatewayError(404, f"Response with id '{previous[:64]}' not found.",
-                               code="response_not_found", param=param)
-        where = place(mine,
-                      {name: r.healthy for name, r in fleet.items()})
-        if isinstance(where, Pinned):
-            return where.replica
-        if isinstance(where, Lost):
-            shown = previous[:64]
-            if where.why == "removed":
-                raise GatewayError(
-                    404, f"Response '{shown}' was created on replica {where.replica}, which has "
-                    "left the fleet; its stored state was lost with it. Start a new chain "
-                    "without previous_response_id.", code="previous_response_lost",
-                    param=param)
-            raise GatewayError(
-                503, f"Response '{shown}' is stored on replica {where.replica}, which is "
-                "unhealthy; no other replica holds it. Retry later.",
-                code="previous_response_unavailable", param=param)
-        return None
-
-    async def _forward_other(self, scope: Scope, send: Send, raw: bytes, ex: Exchange,
+    async def _forward_other(self, scope: Scope, send: Send, raw: bytes, turn: Turn,
                              headers: Headers) -> None:
+        ex = turn.ex
         stored = stored_response(scope["path"], scope["method"])
-        holder = (self._holder(stored, "response_id", ex.tenant) if stored is not None
-                  else None)
+        holder = (pinning.holder(stored, "response_id", ex.tenant, self.affinity,
+                                 self.fleet.replicas) if stored is not None else None)
         model = None
         if raw and scope["method"] != "GET":
             doc = parse_json(raw)
@@ -313,13 +245,13 @@ class Proxy:
         if holder is not None:
             ranked, ex.route = (holder,), "response"
         headers.append((b"x-gateway-route", ex.route.encode()))
-        await self._attempts(scope, send, raw or None, ranked, None, False, ex, headers)
+        await self._attempts(scope, send, raw or None, ranked, False, turn, headers)
 
     # forwarding -------------------------------------------------------------------------
 
     async def _attempts(
         self, scope: Scope, send: Send, payload: bytes | None, ranked: tuple[str, ...],
-        plan: RoutePlan | None, strip: bool, ex: Exchange, headers: Headers,
+        strip: bool, turn: Turn, headers: Headers,
     ) -> None:
         """Try the ranked replicas in turn while a try was not delivered."""
         failure: GatewayError | None = None
@@ -333,26 +265,25 @@ class Proxy:
             if tries > self.retries:
                 break
             tries += 1
-            if i and plan is not None:
-                self.router.retried(plan, name, self.clock())
             if i:
+                self.flow.moved(turn, name)  # the router told, the in-flight count moved
                 self.counters.retried(name)
-            ex.replica = name
-            failure = await self._attempt(scope, send, payload, replica, plan, strip, ex, headers)
+            else:
+                self.flow.bind(turn, name)
+            failure = await self._attempt(scope, send, payload, replica, strip, turn, headers)
             if failure is None:
                 return
-        raise failure if failure is not None else no_healthy(ex.model or None)
+        raise failure if failure is not None else no_healthy(turn.ex.model or None)
 
     async def _attempt(
         self, scope: Scope, send: Send, payload: bytes | None, replica: Replica,
-        plan: RoutePlan | None, strip: bool, ex: Exchange, headers: Headers,
+        strip: bool, turn: Turn, headers: Headers,
     ) -> GatewayError | None:
         """One try on one replica: None when it answered the client, the error to answer
-        when nothing reached the replica (the caller may try another), else raises."""
-        name = replica.name
-        replica.in_flight += 1
+        when nothing reached the replica (the caller may try another), else raises. The
+        in-flight count is the flow's (taken at the pick, moved, released at the end)."""
+        name, ex = replica.name, turn.ex
         resp: UpstreamResponse | None = None
-        ok = False
         clean = False
         ex.outcome = outcome = RelayOutcome()
         try:
@@ -374,48 +305,30 @@ class Proxy:
             status_class = answered(resp.status)
             if status_class is not None:
                 self.counters.failure(name, status_class)  # relayed as is (the table)
-            await self._relay(send, resp, replica, plan, strip, ex, headers, outcome)
-            ok = ex.status < 400
+            await self._relay(send, resp, replica, strip, turn, headers, outcome)
             clean = outcome.error is None
             return None
         finally:
             ex.done = ex.done or clean
-            replica.in_flight -= 1
             if resp is not None:
                 if clean:
                     resp.release()
                 else:
                     resp.abort()  # cancelled or broken: drop the connection, engine aborts
-            if plan is not None:
-                o, u = plan.outcome, outcome.usage
-                o.ok = ok
-                o.prompt_tokens = u.prompt_tokens if u else None
-                o.cached_tokens = u.cached_tokens if u else None
-                o.completion_tokens = u.completion_tokens if u else None
-                o.reply_text = outcome.reply_text  # non-streamed answers only (RelayOutcome)
 
     async def _relay(
-        self, send: Send, resp: UpstreamResponse, replica: Replica, plan: RoutePlan | None,
-        strip: bool, ex: Exchange, headers: Headers, outcome: RelayOutcome,
+        self, send: Send, resp: UpstreamResponse, replica: Replica, strip: bool, turn: Turn,
+        headers: Headers, outcome: RelayOutcome,
     ) -> None:
-        name = replica.name
+        name, ex = replica.name, turn.ex
         extra = headers if ex.withheld else [*headers, (b"x-gateway-replica", name.encode())]
-
-        def first_byte() -> None:
-            if plan is not None:
-                plan.outcome.first_token_at = self.clock()
-
-        def created(response_id: str) -> None:
-            if ex.tenant is not None:  # that some tenant holds it (see _holder); first, so
-                self.affinity.remember(response_id, name)  # the LRU forgets it first
-            self.affinity.remember(owned(response_id, ex.tenant), name)
-
         responses = ex.endpoint == "responses"
         try:
             await relay(resp, send, extra, strip_usage=strip,
                         replica=None if ex.withheld else name, outcome=outcome,
-                        on_first_byte=first_byte, timer=self.timer,
-                        on_response_id=created if responses else None,
+                        on_first_byte=lambda: self.flow.first_token(turn), timer=self.timer,
+                        on_response_id=((lambda rid: self.flow.remember_response(turn, rid))
+                                        if responses else None),
                         first_token=b'"response.output_text.delta"' if responses else None)
         except UpstreamError as exc:  # before the head: delivered, no usable answer
             self.counters.failure(name, happened(exc))
