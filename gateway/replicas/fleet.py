@@ -21,6 +21,13 @@ probe, scrape or requests are in flight). Every setter takes a name that left as
 nobody waits for: it changes nothing and raises nothing (`holds` tells the monitor whether
 the `Replica` it probed is still the one of that name, so a late answer never reaches a
 new replica that took the name).
+
+Leaving rule (`leave`, `rejoin`; gateway.replicas.membership decides when): a replica that a
+source no longer lists is leaving: it is marked down at once (so no new request, pinned
+waiter or retry goes to it: every path asks `healthy`), no probe marks it up again, and
+its requests in flight finish. It keeps everything learned until its departure; if a
+source lists it again first (a flap), `rejoin` lets its next good probe mark it up with its
+memory kept (`down_since` is never set by leaving, so `memory_verdict` does not clear it).
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ class Replica:
     scraped_at: float | None = None
     in_flight_at_scrape: int = 0
     probed_ok_at: float | None = None  # when a health probe last succeeded
+    leaving_since: float | None = None  # when its source stopped listing it (None: listed)
 
     @property
     def name(self) -> str:
@@ -134,6 +142,36 @@ class Fleet:
             upstream_headers=headers)
         return r
 
+    def leave(self, name: str, now: float) -> bool:
+        """`name` is no longer listed: down at once, kept until its departure (module
+        docstring); False when no replica has that name or it is leaving already."""
+        r = self.replicas.get(name)
+        if r is None or r.leaving_since is not None:
+            return False
+        r.leaving_since = now
+        r.healthy = False
+        return True
+
+    def rejoin(self, name: str) -> bool:
+        """A leaving replica listed again: up at its next good probe, memory kept."""
+        r = self.replicas.get(name)
+        if r is None or r.leaving_since is None:
+            return False
+        r.leaving_since = None
+        return True
+
+    def update(self, replica: ReplicaSettings) -> None:
+        """New settings for a replica at the same URL (a reloaded [[replicas]] entry):
+        its key, configured models and capacity; what it learned stays."""
+        r = self.replicas.get(replica.name)
+        if r is None:
+            return
+        r.settings = replica
+        r.upstream_headers = ((("Authorization", f"Bearer {replica.api_key}"),)
+                              if replica.api_key else ())
+        if replica.models is not None:
+            r.models = frozenset(replica.models)
+
     def remove(self, name: str) -> Replica | None:
         """A replica that left; requests in flight to it finish on their own. Only the
         whole departure (`gateway.replicas.departure`) calls this: every other map keyed
@@ -182,7 +220,7 @@ class Fleet:
         if ok:
             r.failures = 0
             r.probed_ok_at = now
-            if not r.healthy:
+            if not r.healthy and r.leaving_since is None:
                 r.healthy = True
                 return "up"
             return None
