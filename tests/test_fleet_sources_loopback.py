@@ -32,6 +32,7 @@ import httpx
 from aiohttp import web
 
 from gateway.proxy.app import GatewayApp
+from gateway.replicas.fleet import Replica
 from gateway.routing.config import RoutingConfig
 from gateway.settings import (
     DiscoverySettings,
@@ -47,6 +48,9 @@ from tests.servers import free_port, running, script
 
 DEADLINE_S = 30.0
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+# what a replica's engine reports of its KV cache (4096 blocks of 16 tokens)
+ENGINE_METRICS = ('vllm:cache_config_info{block_size="16",num_gpu_blocks="4096"} 1\n'
+                  "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n")
 
 
 class Pods:
@@ -57,6 +61,7 @@ class Pods:
         app = web.Application()
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/chat/completions", self._chat)
         self.runner = web.AppRunner(app, access_log=None)
         self.sites: dict[str, web.TCPSite] = {}
@@ -72,6 +77,9 @@ class Pods:
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=ENGINE_METRICS)
 
     async def _chat(self, request: web.Request) -> web.Response:
         await request.read()
@@ -168,6 +176,17 @@ async def scale(app: GatewayApp, pool: Pods, load: Load, names: dict[str, str],
     def healthy() -> set[str]:
         return {r.name for r in fleet.healthy()}
 
+    # what the fleet knew of each replica as it went up (its KV capacity, from /metrics)
+    capacity_when_up: dict[str, int | None] = {}
+    on_transition = services.monitor.on_transition
+
+    async def spy(replica: Replica, transition: str) -> None:
+        if transition == "up":
+            capacity_when_up.setdefault(replica.name, replica.capacity_tokens())
+        await on_transition(replica, transition)
+
+    services.monitor.on_transition = spy  # type: ignore[method-assign]
+
     await set_members([first, second])
     await until("two healthy", lambda: healthy() == {first, second})
     load.start()
@@ -178,6 +197,7 @@ async def scale(app: GatewayApp, pool: Pods, load: Load, names: dict[str, str],
     await until("the third answers", lambda: any(r == third for _, r, _ in load.done))
     seen = pool.seen[names[third]]
     assert seen.index("health") < seen.index("chat"), seen[:5]  # probed before routed
+    assert capacity_when_up[third] == 4096 * 16  # its capacity learned before it was routed
 
     await set_members([third])
     loop = asyncio.get_running_loop()

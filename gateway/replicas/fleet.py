@@ -63,6 +63,9 @@ class Replica:
     in_flight_at_scrape: int = 0
     probed_ok_at: float | None = None  # when a health probe last succeeded
     leaving_since: float | None = None  # when its source stopped listing it (None: listed)
+    # joined at run time and not yet scraped: no probe marks it up before its KV capacity
+    # and models are read (gateway.replicas.membership)
+    joining: bool = False
 
     @property
     def name(self) -> str:
@@ -133,14 +136,19 @@ class Fleet:
                 upstream_headers=headers,
             )
 
-    def add(self, replica: ReplicaSettings) -> Replica:
-        """A replica that joined (an InferencePool pod): down until its first probe."""
+    def add(self, replica: ReplicaSettings, *, joining: bool = False) -> Replica:
+        """A replica that joined (an InferencePool pod): down until its first probe (and,
+        `joining`, until `joined`)."""
         headers = (("Authorization", f"Bearer {replica.api_key}"),) if replica.api_key else ()
         r = self.replicas[replica.name] = Replica(
             settings=replica,
             models=frozenset(replica.models) if replica.models is not None else None,
-            upstream_headers=headers)
+            upstream_headers=headers, joining=joining)
         return r
+
+    def joined(self, replica: Replica) -> None:
+        """Its first scrape is done: the next good probe may mark it up."""
+        replica.joining = False
 
     def leave(self, name: str, now: float) -> bool:
         """`name` is no longer listed: down at once, kept until its departure (module
@@ -220,7 +228,7 @@ class Fleet:
         if ok:
             r.failures = 0
             r.probed_ok_at = now
-            if not r.healthy and r.leaving_since is None:
+            if not r.healthy and r.leaving_since is None and not r.joining:
                 r.healthy = True
                 return "up"
             return None

@@ -4,10 +4,11 @@ name of `[discovery] dns`), and how a replica joins and leaves.
 Each source hands its whole current set (`set_source`); the fleet follows the union (the
 first source to name a replica wins, the static list first). `plan` (pure) says what
 changes:
-- join: a name not in the fleet. Added down (`Fleet.add`) and probed at once; the
-  monitor's first good probe marks it up, reads its models and `/metrics` (its KV
-  capacity) and adds it to the router (gateway.replicas.monitor `on_transition`), so it
-  is routed only once healthy.
+- join: a name not in the fleet. Added down and `joining` (`Fleet.add`: no probe marks it
+  up yet); its `/metrics` (KV capacity, restart identity) and models are read first, then
+  it is probed: the first good probe marks it up and adds it to the router with the
+  capacity just learned (gateway.replicas.monitor `on_transition`), so it is routed only
+  once healthy and never on the router's default capacity when the engine reports one.
 - leave: a name in the fleet no source lists. `Fleet.leave` marks it down at once (no new
   request goes there, whatever path picks) and its requests in flight run on.
 - rejoin: a leaving name listed again at the same URL (a flap): `Fleet.rejoin`, so its next
@@ -29,10 +30,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from gateway.replicas.fleet import Fleet
+from gateway.replicas.fleet import Fleet, Replica
 from gateway.replicas.monitor import FleetMonitor
 from gateway.settings import DiscoverySettings, ReplicaSettings
 from gateway.tasks import every, guarded
@@ -152,19 +153,27 @@ class Membership:
         for name in todo.rejoin:
             self.fleet.rejoin(name)
             log.info("replica rejoined", extra={"replica": name})
-            self._probe(name)
+            self._start(functools.partial(self.monitor.probe, self.fleet.replicas[name]),
+                        f"health probe {name}")
         for replica in (*todo.join, *todo.replace):
-            self.fleet.add(replica)
+            joiner = self.fleet.add(replica, joining=True)
             log.info("replica joined", extra={"replica": replica.name, "url": replica.url})
-            self._probe(replica.name)
+            self._start(functools.partial(self._join, joiner), f"join {replica.name}")
         self._reap_now(now)
 
-    def _probe(self, name: str) -> None:
-        """Probe a joiner now rather than at the next round (it is down until then)."""
-        replica = self.fleet.replicas[name]
-        task = asyncio.get_running_loop().create_task(guarded(
-            functools.partial(self.monitor.probe, replica), f"health probe {name}",
-            self.monitor.failures))
+    async def _join(self, replica: Replica) -> None:
+        """Learn a joiner's capacity and models, then probe it now rather than at the next
+        round (module docstring)."""
+        try:
+            await asyncio.gather(self.monitor.scrape(replica),
+                                 self.monitor.refresh_model(replica))
+        finally:
+            self.fleet.joined(replica)  # an unreachable one is probed like any other
+        await self.monitor.probe(replica)
+
+    def _start(self, step: Callable[[], Awaitable[object]], what: str) -> None:
+        task = asyncio.get_running_loop().create_task(guarded(step, what,
+                                                              self.monitor.failures))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
