@@ -158,3 +158,11 @@ async def test_a_failed_resolution_keeps_the_last_set(caplog: pytest.LogCaptureF
     await watch.refresh()
     assert published[-1] == {}  # an answer with no address empties it
     await asyncio.sleep(0)
+
+
+def test_a_joining_replica_goes_up_only_once_joined() -> None:
+    fleet = Fleet([])
+    joiner = fleet.add(A, joining=True)
+    assert fleet.probe_result("a", True, 1.0) is None and not joiner.healthy
+    fleet.joined(joiner)
+    assert fleet.probe_result("a", True, 2.0) == "up"
