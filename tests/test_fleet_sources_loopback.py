@@ -367,3 +367,18 @@ def test_sighup_to_a_gateway_process(tmp_path: Path) -> None:
             _wait("the reload refused", lambda: "settings not reloaded" in log.read_text(),
                   proc)
             assert healthy() == ["b"]
+
+
+def test_serve_follows_a_dns_name_and_starts_no_simulator() -> None:
+    """`gateway serve --dns localhost:PORT`: the real resolver's loopback address is the
+    fleet (no [[replicas]] and no embedded simulator in its place)."""
+    replica = Recorder()
+    with replica.serving():
+        port = free_port()
+        gw = f"http://127.0.0.1:{port}"
+        argv = [*script("gateway"), "serve", "--host", "127.0.0.1", "--port", str(port),
+                "--dns", f"localhost:{replica.port}"]
+        with running(argv, [gw + "/ready"], env={"GATEWAY_LOG_LEVEL": "warning"}):
+            assert _get(gw + "/ready").json()["healthy"] == [f"127.0.0.1:{replica.port}"]
+            r = httpx.post(gw + "/v1/chat/completions", json=chat(model="m"), timeout=10)
+            assert r.headers["x-gateway-replica"] == f"127.0.0.1:{replica.port}"
