@@ -29,6 +29,7 @@ Routes:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -57,9 +58,12 @@ from gateway.proxy.tokenmode import EventFeeds, SimRenderer, start_token_mode
 
 if TYPE_CHECKING:
     from gateway.shared.redis_state import SharedState
+from gateway.coerce import SettingsError
 from gateway.replicas.departure import depart
 from gateway.replicas.fleet import Fleet, Replica
+from gateway.replicas.membership import Membership
 from gateway.replicas.monitor import FleetMonitor
+from gateway.replicas.sources import FleetSources, Resolver, getaddrinfo
 from gateway.routing.affinity import AffinityStore, ResponseAffinity
 from gateway.routing.router import Router
 from gateway.settings import Settings
@@ -127,8 +131,12 @@ class GatewayApp:
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
         sim_renderer: SimRenderer | None = None,
+        reload: Callable[[], Settings] | None = None, resolver: Resolver = getaddrinfo,
     ) -> None:
         self.settings = settings
+        # SIGHUP: the settings read again (`reload_settings`); DNS answers (`[discovery]`)
+        self._reload, self._resolver = reload, resolver
+        self.sources: FleetSources | None = None
         self._given_upstream = upstream
         self._sim_renderer = sim_renderer  # for [tokens] models = "sim" (serve.py's)
         self.clock = clock  # wall time: record timestamps, routing and stats windows
@@ -198,6 +206,10 @@ class GatewayApp:
             upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer,
             counters=UpstreamCounters(metrics.registry),
             salts=salts)
+        self.sources = FleetSources(Membership(
+            fleet, monitor, services.remove_replica, settings.discovery, self.clock),
+            self._resolver)
+        await self.sources.start(settings.replicas)
         log.debug("gateway services started", extra={
             "replicas": [r.name for r in settings.replicas],
             "healthy": [r.name for r in fleet.healthy()]})
@@ -206,6 +218,9 @@ class GatewayApp:
         services, self.services, self._proxy = self.services, None, None
         if services is None:
             return
+        if self.sources is not None:
+            await self.sources.aclose()
+            self.sources = None
         if services.gate is not None:
             await services.gate.aclose()
         if services.shared is not None:
@@ -218,6 +233,28 @@ class GatewayApp:
         if self._given_upstream is None:
             await services.upstream.aclose()
             await services.probes.aclose()
+
+    async def reload_settings(self) -> bool:
+        """SIGHUP: read the settings again; their [[replicas]] and [discovery] replace the
+        running ones (gateway.replicas.sources), without a restart. False, and nothing
+        changed, when there is nothing to read them from or they are not valid."""
+        if self._reload is None or self.sources is None:
+            return False
+        try:
+            new = self._reload()
+        except (SettingsError, ValueError, OSError) as exc:
+            log.error("settings not reloaded", extra={"error": str(exc)[:500]})
+            return False
+        old = self.settings
+        if dataclasses.replace(new, replicas=old.replicas, discovery=old.discovery) != old:
+            log.warning("settings reloaded: only [[replicas]] and [discovery] change without "
+                        "a restart; the other sections keep their running values")
+        self.settings = dataclasses.replace(old, replicas=new.replicas,
+                                            discovery=new.discovery)
+        await self.sources.reload(new.replicas, new.discovery)
+        log.info("settings reloaded", extra={"replicas": [r.name for r in new.replicas],
+                                             "dns": list(new.discovery.dns)})
+        return True
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[GatewayApp]:
@@ -421,7 +458,8 @@ def _authorization(scope: Scope) -> bytes | None:
 def create_app(
     settings: Settings, *, upstream: Upstream | None = None,
     clock: Callable[[], float] = time.time, timer: Callable[[], float] = time.perf_counter,
-    sim_renderer: SimRenderer | None = None,
+    sim_renderer: SimRenderer | None = None, reload: Callable[[], Settings] | None = None,
+    resolver: Resolver = getaddrinfo,
 ) -> GatewayApp:
     return GatewayApp(settings, upstream=upstream, clock=clock, timer=timer,
-                      sim_renderer=sim_renderer)
+                      sim_renderer=sim_renderer, reload=reload, resolver=resolver)
