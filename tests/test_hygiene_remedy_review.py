@@ -374,3 +374,94 @@ def test_a_remedy_is_cut_to_its_bound() -> None:
 ])  # fmt: skip
 def test_per_hour(tokens: int, span: float, expected: int) -> None:
     assert rm.per_hour(tokens, span) == expected
+
+
+STATUS = {"role": "user", "content": "What is the status of the build today?"}
+STEADY = " Follow the rules of the repository and explain every change." * 60
+
+
+def dated(value: str) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [
+        {"role": "system", "content": f"Date: {value}." + STEADY}, STATUS]}
+
+
+# A bare date is moved or kept (it breaks the cache once a day), a time of day or an instant
+# moved or rounded: the pattern's own verdict (warnings and `info` alike), and the drift's.
+DATE = "move the date from message 0 (system) into the last user message (message 1), or keep"
+TIME = "move the time from message 0 (system) into the last user message (message 1), after"
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("2024-06-01", DATE), ("1 Jun 2024", DATE),  # info: a date of today
+    ("2024-06-01T14:03:22Z", TIME), ("1717250602", TIME), ("2024-06-01 14:03", TIME),
+])  # fmt: skip
+def test_a_timestamp_pattern_is_moved_or_rounded_by_what_it_names(value: str,
+                                                                  expected: str) -> None:
+    (f,) = HygieneAnalyzer(HygieneConfig()).scan(dated(value), "chat", None, NOW)
+    assert f.kind == "timestamp" and f.remedy.startswith(expected), f
+
+
+@pytest.mark.parametrize(("before", "after", "expected"), [
+    ("2024-06-01", "2024-06-02", DATE), ("1 Jun 2024", "2 Jun 2024", DATE),
+    ("2024-06-01T14:03:22Z", "2024-06-01T14:04:22Z", TIME),
+    ("1717250602", "1717250662", TIME), ("14:03:22", "14:04:22", TIME),
+])  # fmt: skip
+@pytest.mark.parametrize("session", ["s", None])
+def test_a_timestamp_drift_is_moved_or_rounded_by_what_it_names(
+        before: str, after: str, expected: str, session: str | None) -> None:
+    a = HygieneAnalyzer(HygieneConfig())
+    a.scan(dated(before), "chat", session, NOW)
+    (f,) = a.scan(dated(after), "chat", session, NOW + 60)
+    assert (f.kind, f.evidence) == ("timestamp", "drift")
+    assert f.remedy.startswith(expected), f
+
+
+def test_a_drift_span_no_pattern_reads_is_a_time() -> None:
+    """The drift's span may not parse as a timestamp of its own: rounding is the safe
+    advice; other kinds do not ask."""
+    from gateway.hygiene.analyzer import _time_of_day
+
+    assert _time_of_day("timestamp", "4") is True
+    assert _time_of_day("timestamp", "2024-06-02") is False
+    assert _time_of_day("uuid", "2024-06-02") is True
+
+
+def test_a_long_role_is_cut_like_a_tool_name() -> None:
+    a = HygieneAnalyzer(HygieneConfig())
+    a.scan(sessioned("r" * 1000, "va "), "chat", "s", NOW)
+    (f,) = a.scan(sessioned("r" * 1000, "vb "), "chat", "s", NOW + 1)
+    assert f"message 0 ({'r' * 21}...)" in f.remedy, f.remedy
+
+
+def test_a_remedy_is_printable_whatever_its_writer_was_given() -> None:
+    got = rm.remedy("volatile_span", W(place="message 0 (a\r\nb\x1b[2J)"))
+    assert got.startswith("keep message 0 (a??b?[2J) identical"), got
+
+
+@pytest.mark.parametrize(("kind", "code"), [
+    ("timestamp", "move_or_round"), ("uuid", "move_id"), ("request_id", "move_id"),
+    ("nonce", "drop_nonce"), ("counter", "drop_counter"), ("tool_order", "sort_tools"),
+    ("json_key_order", "sort_keys"), ("history_rewrite", "append_only"),
+    ("whitespace", "keep_whitespace"), ("volatile_span", "keep_head_fixed"),
+    ("something_new", "keep_prefix_stable"),
+])  # fmt: skip
+def test_each_kind_has_its_fix_code(kind: str, code: str) -> None:
+    assert rm.fix_code(kind) == code
+
+
+def test_a_rows_remedy_is_its_newest_requests() -> None:
+    """Within one bucket, the newest request's remedy, whatever order records arrive in."""
+    def record(ts: float, remedy: str) -> UsageRecord:
+        return UsageRecord(
+            ts=ts, request_id=f"r{ts}", tenant="t", model="m", replica="a", route="prefix",
+            stream=False, status=200, prompt_tokens=2000, cached_tokens=0,
+            predicted_cached_tokens=0, best_available_tokens=0, completion_tokens=1,
+            ttft_ms=None, latency_ms=5.0, session=None, hygiene=1,
+            findings=(fnd("timestamp", 100, 5, remedy),))
+
+    tally = FindingTally()
+    for ts, remedy in ((NOW, "old"), (NOW + 2, "new"), (NOW + 1, "late but older")):
+        tally.add(record(ts, remedy))
+    figures = tally.figures(2000, 60.0)
+    assert [r["remedy"] for r in figures["by_kind"]] == ["new"]
+    assert [r["remedy"] for r in figures["by_tenant"]["t"]] == ["new"]
