@@ -465,3 +465,29 @@ def test_a_rows_remedy_is_its_newest_requests() -> None:
     figures = tally.figures(2000, 60.0)
     assert [r["remedy"] for r in figures["by_kind"]] == ["new"]
     assert [r["remedy"] for r in figures["by_tenant"]["t"]] == ["new"]
+
+
+@pytest.mark.parametrize(("rewrite", "second", "kind"), [
+    ("rewrite_sort_tools", ALICE_TOOLS[::-1], "tool_order"),
+    ("rewrite_schema_keys", REKEYED, "json_key_order"),
+])
+@pytest.mark.parametrize("on", [False, True])
+async def test_what_the_gateways_rewrite_fixes_is_no_finding(
+        rewrite: str, second: list[dict[str, Any]], kind: str, on: bool) -> None:
+    """With `[hygiene] rewrite_sort_tools` (`rewrite_schema_keys`) the engine receives the
+    tools in one order (keys) whatever the client sends: a changed order is no break, so
+    no finding, and no remedy telling the operator to set what is set. Off: the finding."""
+    cfg = dataclasses.replace(settings(), hygiene=HygieneConfig(**{rewrite: on}))
+    fake = Fake()
+    app = create_app(cfg, upstream=fake.upstream)
+    records: list[UsageRecord] = []
+    async for client in started(app, records):
+        for tools in (ALICE_TOOLS, second):
+            got = await client.post("/v1/chat/completions", json=chat(tools, "q1"),
+                                    headers={"x-session-id": "s"})
+            assert got.status_code == 200
+    sent = [json.dumps(json.loads(r.body or b"{}")["tools"])  # in the order sent
+            for r in fake.inference_requests()]
+    assert (sent[0] == sent[1]) is on  # what the engine saw
+    assert (f"first={kind}" in got.headers["x-gateway-cache"]) is not on, got.headers
+    assert ("x-gateway-fix" in got.headers) is not on
