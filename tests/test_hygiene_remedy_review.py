@@ -491,3 +491,16 @@ async def test_what_the_gateways_rewrite_fixes_is_no_finding(
     assert (sent[0] == sent[1]) is on  # what the engine saw
     assert (f"first={kind}" in got.headers["x-gateway-cache"]) is not on, got.headers
     assert ("x-gateway-fix" in got.headers) is not on
+
+
+@pytest.mark.parametrize(("names", "before", "expected"), [
+    # this request's order is not sorted: sort them
+    (("b", "a"), ("a", "b"), "sort the tools by name ['a', 'b']: this request sent ['b', "
+     "'a'], the previous one ['a', 'b']; or set [hygiene] rewrite_sort_tools"),
+    # it is: the previous one was not; telling the client to sort what it sorted is no fix
+    (("a", "b"), ("b", "a"), "keep the tools sorted by name as this request sent them "
+     "['a', 'b']: the previous one sent ['b', 'a']; or set [hygiene] rewrite_sort_tools"),
+])  # fmt: skip
+def test_a_tool_order_remedy_says_whether_this_request_sorted_them(
+        names: tuple[str, ...], before: tuple[str, ...], expected: str) -> None:
+    assert rm.remedy("tool_order", W(names=names, before=before)) == expected

@@ -130,6 +130,10 @@ def _counter(w: Where) -> str:
 
 
 def _tool_order(w: Where) -> str:
+    if list(w.names) == sorted(w.names):  # the previous request's order was the odd one
+        return (f"keep the tools sorted by name as this request sent them {_names(w.names)}: "
+                f"the previous one sent {_names(w.before)}; or set [hygiene] "
+                "rewrite_sort_tools")
     return (f"sort the tools by name {_names(sorted(w.names))}: this request sent "
             f"{_names(w.names)}, the previous one {_names(w.before)}; or set [hygiene] "
             "rewrite_sort_tools")
