@@ -135,6 +135,11 @@ class RequestFlow:
         kind, view = chat_view(endpoint, body)
         pin = (pinning.pinned(body, ex.tenant, self.affinity, self.fleet.replicas)
                if endpoint == "responses" else None)
+        # The transport's edits (serve's hygiene rewrites) come first: the analyzer judges
+        # the prompt the engine receives, so a tool order the gateway sorts (a key order it
+        # canonicalizes) breaks nothing and is no finding, nor a remedy telling the operator
+        # to set the rewrite that is set.
+        changed = edit(inbound, view, kind) if edit is not None else False
         # parse_inbound has checked a chat or completions body more strictly than the
         # analyzer would; a converted view is checked again
         findings = self.analyzer.scan(view, kind, ex.session, ex.ts, validated=view is body,
@@ -143,7 +148,6 @@ class RequestFlow:
         ex.findings = findings
         for f in findings:
             self.metrics.hygiene_finding(f.kind, f.severity)
-        changed = edit(inbound, view, kind) if edit is not None else False
         if ex.tenant is not None:  # the tenant's own cache namespace (tenancy.py)
             salt = self.salts.engine(ex.tenant)
             if salt is not None:  # the engine's cache too: the client's salt overridden
