@@ -61,6 +61,23 @@ SCHEMAS: list[tuple[str, dict[str, Any]]] = [
                           {"properties": {"y": {"type": "boolean"}}, "required": ["y"]}]}),
     ("required but undescribed", {"type": "object", "required": ["anything"]}),
     ("recursive by $ref", NODE),
+    # what pydantic's model_json_schema() gives for nested models (agent frameworks send
+    # it as is): the object behind a $ref into $defs, not a string
+    ("pydantic $defs", {"type": "object", "$defs": {
+        "Point": {"type": "object", "properties": {"x": {"type": "number"},
+                                                    "y": {"type": "number"}},
+                  "required": ["x", "y"], "additionalProperties": False},
+        "Unit": {"enum": ["m", "km"], "type": "string"}},
+        "properties": {"origin": {"$ref": "#/$defs/Point"},
+                       "path": {"type": "array", "items": {"$ref": "#/$defs/Point"},
+                                "minItems": 1},
+                       "unit": {"$ref": "#/$defs/Unit", "description": "the unit"},
+                       "labels": {"type": "object",
+                                  "additionalProperties": {"type": "integer"}}},
+        "required": ["origin", "path", "unit"], "additionalProperties": False}),
+    ("draft-07 definitions", {"type": "object", "definitions": {
+        "a/b": {"type": "integer", "minimum": 5, "maximum": 6}},
+        "properties": {"n": {"$ref": "#/definitions/a~1b"}}, "required": ["n"]}),
 ]
 
 
@@ -80,6 +97,12 @@ def test_arguments_validate_against_the_schema(case: str, schema: dict[str, Any]
 ])
 def test_a_hostile_schema_is_bounded(schema: dict[str, Any], check: Any) -> None:
     assert check(arguments(schema, random.Random(0)))
+
+
+def test_a_ref_cycle_is_bounded() -> None:
+    # a $ref to itself with nothing else: no value can be built, none is looped for
+    assert arguments({"$ref": "#"}, random.Random(0)) is None
+    assert arguments({"$ref": "#/$defs/missing"}, random.Random(0)) is not None
 
 
 def test_required_nesting_stops_at_the_hard_depth() -> None:

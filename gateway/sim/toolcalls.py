@@ -8,7 +8,10 @@ Pure decisions; the HTTP side (gateway.sim.app) feeds them the request and the t
 - ``arguments``: a value valid for the function's JSON-schema ``parameters`` (type, enum,
   const, required and optional properties, nested objects and arrays, numeric and length
   bounds), nesting bounded by ``MAX_DEPTH``: below it optional properties and optional
-  array items are left out. ``$ref`` and ``pattern`` are not followed (a string is drawn).
+  array items are left out. A local ``$ref`` (``#``, ``#/$defs/...``, ``#/definitions/...``:
+  what pydantic's ``model_json_schema()`` emits for nested models) is followed, each one a
+  level deeper so a recursive schema ends; ``pattern`` and remote refs are not (a string,
+  any value, is drawn).
   Bounds against a hostile schema (the answer would break it there, not the simulator):
   at most ``MAX_ITEMS`` items per array, ``MAX_CHARS`` characters per string, and nothing
   (null) below ``HARD_DEPTH`` levels of required nesting.
@@ -63,12 +66,23 @@ def choose(
     return functions[rng.randrange(len(functions))]
 
 
-def arguments(schema: Any, rng: random.Random, depth: int = 0) -> Any:
-    """A value valid for `schema` (a JSON-schema dict; anything else allows any value)."""
+def arguments(schema: Any, rng: random.Random, depth: int = 0, root: Any = None) -> Any:
+    """A value valid for `schema` (a JSON-schema dict; anything else allows any value);
+    `root`: the document local ``$ref``s point into (`schema` itself at the top)."""
     if not isinstance(schema, Mapping):
         return _word(rng)
     if depth > HARD_DEPTH:
         return None
+    if root is None:
+        root = schema
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        target = _resolve(ref, root)
+        if target is None:
+            return _word(rng)  # remote or dangling: nothing known, any value
+        # the keywords beside a $ref apply too (draft 2019-09 on); the target's win
+        siblings = {k: v for k, v in schema.items() if k != "$ref"}
+        return arguments({**siblings, **target} if siblings else target, rng, depth + 1, root)
     if "const" in schema:
         return schema["const"]
     enum = schema.get("enum")
@@ -77,14 +91,14 @@ def arguments(schema: Any, rng: random.Random, depth: int = 0) -> Any:
     for key in ("anyOf", "oneOf"):
         options = schema.get(key)
         if isinstance(options, list) and options:
-            return arguments(options[rng.randrange(len(options))], rng, depth)
+            return arguments(options[rng.randrange(len(options))], rng, depth, root)
     all_of = schema.get("allOf")
     if isinstance(all_of, list) and all_of:
         merged: dict[str, Any] = {}
         for part in all_of:
             if isinstance(part, Mapping):
                 _merge(merged, part)
-        return arguments(merged, rng, depth)
+        return arguments(merged, rng, depth, root)
     kind = schema.get("type")
     if isinstance(kind, list):
         kinds = [k for k in kind if k != "null"] or ["null"]
@@ -92,9 +106,9 @@ def arguments(schema: Any, rng: random.Random, depth: int = 0) -> Any:
     if kind is None:
         kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
     if kind == "object":
-        return _object(schema, rng, depth)
+        return _object(schema, rng, depth, root)
     if kind == "array":
-        return _array(schema, rng, depth)
+        return _array(schema, rng, depth, root)
     if kind == "integer":
         return _integer(schema, rng)
     if kind == "number":
@@ -184,7 +198,24 @@ def _merge(into: dict[str, Any], part: Mapping[str, Any]) -> None:
             into[k] = v
 
 
-def _object(schema: Mapping[str, Any], rng: random.Random, depth: int) -> dict[str, Any]:
+def _resolve(ref: str, root: Any) -> Mapping[str, Any] | None:
+    """The schema a local JSON-pointer `ref` names in `root`, or None."""
+    if not ref.startswith("#"):
+        return None
+    node = root
+    for part in ref[1:].split("/")[1:]:
+        key = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return None
+    return node if isinstance(node, Mapping) else None
+
+
+def _object(schema: Mapping[str, Any], rng: random.Random, depth: int,
+            root: Any) -> dict[str, Any]:
     props = schema.get("properties")
     props = props if isinstance(props, Mapping) else {}
     required = schema.get("required")
@@ -193,20 +224,21 @@ def _object(schema: Mapping[str, Any], rng: random.Random, depth: int) -> dict[s
     for key, sub in props.items():
         # Optional members while there is depth left, and only some of them.
         if key in required or (depth < MAX_DEPTH and rng.random() < 0.7):
-            out[key] = arguments(sub, rng, depth + 1)
+            out[key] = arguments(sub, rng, depth + 1, root)
     for key in required - out.keys():
         out[key] = _word(rng)  # required but not described: any value is valid
     return out
 
 
-def _array(schema: Mapping[str, Any], rng: random.Random, depth: int) -> list[Any]:
+def _array(schema: Mapping[str, Any], rng: random.Random, depth: int,
+           root: Any) -> list[Any]:
     low = _int_bound(schema.get("minItems"), 0)
     high = _int_bound(schema.get("maxItems"), max(low, _MAX_ITEMS))
     if depth >= MAX_DEPTH:
         high = low
     n = min(MAX_ITEMS, rng.randint(low, max(low, high)))
     items = schema.get("items")
-    return [arguments(items, rng, depth + 1) for _ in range(n)]
+    return [arguments(items, rng, depth + 1, root) for _ in range(n)]
 
 
 def _integer(schema: Mapping[str, Any], rng: random.Random) -> int:
