@@ -21,7 +21,11 @@ Pure decisions; the HTTP side (gateway.sim.app) feeds them the request and the t
 - ``StreamPlan``: what each generated token adds to the stream, as vLLM's hermes parser
   streams it: nothing until the function's name is known, then one delta with the call's
   id, type and name, then the arguments' text in fragments, then nothing for the closing
-  tag; the finish chunk carries ``finish_reason: "tool_calls"``.
+  tag; the finish chunk carries ``PlannedCall.finish``.
+- ``finish_reason`` and ``content`` of a whole call as vLLM's chat_completion/serving.py
+  gives them (OpenAI's convention): ``"tool_calls"`` for ``"required"`` and ``"auto"``,
+  ``"stop"`` for a named function, streamed or not; ``content`` ``""`` beside the call of a
+  named or ``"required"`` choice, null for ``"auto"`` (the hermes parser's empty prefix).
 """
 
 from __future__ import annotations
@@ -143,15 +147,30 @@ class PlannedCall:
     arguments: str  # the JSON text
     plan: StreamPlan
     text: str  # what the model generates
+    named: bool = False  # tool_choice named the function
+    required: bool = False  # tool_choice "required"
 
     @classmethod
-    def draw(cls, function: Mapping[str, Any], rng: random.Random) -> PlannedCall:
+    def draw(cls, function: Mapping[str, Any], rng: random.Random,
+             choice: str | Mapping[str, Any] | None = "auto") -> PlannedCall:
+        """`choice`: the request's tool_choice (a named one is a mapping)."""
         name = str(function.get("name", ""))
         args = arguments(function.get("parameters") or {"type": "object"}, rng)
         # vLLM: "chatcmpl-tool-" + a random hex id; drawn here so a seed repeats it
         call_id = f"chatcmpl-tool-{rng.getrandbits(128):032x}"
         return cls(call_id, name, arguments_json(args), StreamPlan.of(name, args),
-                   hermes_text(name, args))
+                   hermes_text(name, args), named=isinstance(choice, Mapping),
+                   required=choice == "required")
+
+    @property
+    def finish(self) -> str:
+        """finish_reason once the whole call came out: "stop" for a named function."""
+        return "stop" if self.named else "tool_calls"
+
+    @property
+    def content(self) -> str | None:
+        """The message's content beside the call: "" for a named or "required" choice."""
+        return "" if self.named or self.required else None
 
     def message(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function",
@@ -320,8 +339,10 @@ class ToolStream:
             head = {"id": self.call.id, "type": "function", "index": 0,
                     "function": {"name": self.call.name}}
             out += self.writer.delta({"tool_calls": [head]}, None, usage)
-        # vLLM: a stream that sent a call finishes "tool_calls", even when cut by length.
-        reason = None if finish is None else "tool_calls" if self.head_sent else finish
+        # vLLM: a stream that sent a call finishes "tool_calls", even when cut by length;
+        # a named function's stream finishes with the engine's reason ("stop", "length").
+        reason = None if finish is None else \
+            "tool_calls" if self.head_sent and not self.call.named else finish
         if d is not None and d.arguments:
             args = {"tool_calls": [{"index": 0, "function": {"arguments": d.arguments}}]}
             out += self.writer.delta(args, reason, usage, last)
