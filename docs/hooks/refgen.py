@@ -60,7 +60,8 @@ def field_comments(cls: type[Any]) -> dict[str, str]:
     # that one while none of them has a comment of its own (a run the block names).
     block: list[str] = []
     after_statement = True
-    line_no = body.body[0].lineno if body.body else len(lines)
+    # from the line after `class ...:`, so a comment block above the first field counts
+    line_no = body.lineno + 1
     while line_no <= len(lines):
         text = lines[line_no - 1].strip()
         if line_no in fields:
