@@ -17,7 +17,8 @@ class TracingSettings:
     # (gateway_trace_spans_dropped_total{reason="queue_full"}): a collector that is slow or
     # down never holds the request path nor grows the gateway's memory.
     max_queue: int = 2048
-    # Spans per export request (the batch processor's max_export_batch_size).
+    # Spans per export request (the batch processor's max_export_batch_size; at most
+    # max_queue).
     max_batch: int = 512
     # At shutdown, how long the spans still queued may take to go; then they are dropped.
     shutdown_timeout_s: float = 5.0
@@ -25,7 +26,5 @@ class TracingSettings:
     def __post_init__(self) -> None:
         if self.max_queue < 1 or self.max_batch < 1:
             raise ValueError("tracing.max_queue and tracing.max_batch must be >= 1")
-        if self.max_batch > self.max_queue:
-            raise ValueError("tracing.max_batch must be at most tracing.max_queue")
         if self.shutdown_timeout_s < 0:
             raise ValueError("tracing.shutdown_timeout_s must be >= 0")

@@ -116,7 +116,8 @@ def _bounded_processor(sdk_trace: Any, export: Any, exporter: Any,
             return bool(exporter.force_flush(timeout_millis))
 
     batch = export.BatchSpanProcessor(Counting(), max_queue_size=settings.max_queue,
-                                      max_export_batch_size=settings.max_batch)
+                                      max_export_batch_size=min(settings.max_batch,
+                                                                settings.max_queue))
 
     class Bounded(sdk_trace.SpanProcessor):  # type: ignore[misc]
         def on_start(self, span: Any, parent_context: Any = None) -> None:
@@ -176,6 +177,13 @@ class OtelTracer:
         span = trace.span
         if span is None:
             return
+        try:
+            self._end(span, rec, admission_class, queued_ms)
+        except Exception:  # a span is never worth a request: logged, the request goes on
+            log.exception("ending the request's span failed")
+
+    def _end(self, span: Any, rec: UsageRecord, admission_class: str | None,
+             queued_ms: float | None) -> None:
         if rec.endpoint in attributes.OPERATION and rec.model:
             span.update_name(attributes.span_name(rec.endpoint, rec.model))
         span.set_attributes(attributes.end_attributes(rec, admission_class, queued_ms))
