@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TracingSettings:
+    """OpenTelemetry spans, one per request, and the trace context sent to the replicas
+    (gateway.tracing; docs/operations/alerts-dashboard.md)."""
+
     # One span per request, exported over OTLP to the collector the standard OTEL_*
     # variables name (OTEL_EXPORTER_OTLP_ENDPOINT / _TRACES_ENDPOINT, _PROTOCOL
     # "http/protobuf" or "grpc", OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER[_ARG],
