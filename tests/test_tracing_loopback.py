@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import time
 from collections.abc import Iterator
 
@@ -148,28 +149,55 @@ def metric(url: str, name: str, labels: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
+def wait_dropped(url: str, n: int) -> tuple[float, float]:
+    """(queue_full, export_failed) once they add up to `n`, or as they are after 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        full = metric(url, "gateway_trace_spans_dropped_total", 'reason="queue_full"')
+        failed = metric(url, "gateway_trace_spans_dropped_total", 'reason="export_failed"')
+        if full + failed >= n or time.monotonic() > deadline:
+            return full, failed
+        time.sleep(0.2)
+
+
+def send(url: str, rec: Recorder, n: int) -> None:
+    """`n` requests, each answered by the replica as if no tracing were there."""
+    for i in range(n):
+        r = chat(url, f"down {i}", {})
+        assert r.json()["choices"][0]["message"]["content"].startswith("echo")
+    assert len(rec.inference()) == n
+
+
 def test_collector_down_requests_unaffected_spans_dropped_counted() -> None:
     dead = free_port()  # nothing listens there
-    env = {**BASE, "GATEWAY_TRACING__ENABLED": "true", "GATEWAY_TRACING__MAX_QUEUE": "1",
-           "GATEWAY_TRACING__MAX_BATCH": "1", "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+    env = {**BASE, "GATEWAY_TRACING__ENABLED": "true", "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{dead}"}
     n = 6
     with Recorder().serving() as rec, gateway([f"http://127.0.0.1:{rec.port}"], env=env) as url:
-        for i in range(n):
-            r = chat(url, f"down {i}", {})
-            assert r.json()["choices"][0]["message"]["content"].startswith("echo")
-        assert len(rec.inference()) == n
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            full = metric(url, "gateway_trace_spans_dropped_total", 'reason="queue_full"')
-            failed = metric(url, "gateway_trace_spans_dropped_total",
-                            'reason="export_failed"')
-            if full + failed >= n:
-                break
-            time.sleep(0.2)
-        # the queue holds one span: the others found it full while that one's export failed
-        assert full >= 1 and failed >= 1 and full + failed == n
+        send(url, rec, n)
+        assert wait_dropped(url, n) == (0, n)  # every export refused
         assert metric(url, "gateway_trace_spans_exported_total", "") == 0
+
+
+def test_collector_hung_queue_bounded_the_rest_dropped_counted() -> None:
+    # a collector that accepts connections and never answers: one export hangs for its
+    # timeout while the queue (one span) is full, and every span after it is dropped
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        env = {**BASE, "GATEWAY_TRACING__ENABLED": "true", "GATEWAY_TRACING__MAX_QUEUE": "1",
+               "OTEL_EXPORTER_OTLP_TIMEOUT": "5",
+               "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{hung.getsockname()[1]}"}
+        n = 6
+        with Recorder().serving() as rec, gateway([f"http://127.0.0.1:{rec.port}"],
+                                                  env=env) as url:
+            started = time.monotonic()
+            send(url, rec, n)
+            sent_in = time.monotonic() - started
+            full, failed = wait_dropped(url, n)
+            if sent_in < 4:  # all sent while the first export hung (a loaded machine may not)
+                assert (full, failed) == (n - 1, 1)
+            assert full >= 1 and full + failed == n
 
 
 def test_tracing_off_forwards_only_a_well_formed_traceparent() -> None:
