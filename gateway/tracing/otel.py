@@ -191,6 +191,10 @@ class OtelTracer:
             span.set_status(self._api.Status(self._api.StatusCode.ERROR, rec.error or None))
         span.end()
 
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Export what is queued now (bench/bench_tracing.py counts the export's CPU)."""
+        return bool(self._provider.force_flush(int(timeout_s * 1000)))
+
     def close(self) -> None:
         """Export what is queued, within [tracing] shutdown_timeout_s (the rest dropped)."""
         done = threading.Thread(target=self._provider.shutdown, name="trace-shutdown",
