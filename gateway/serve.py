@@ -306,6 +306,8 @@ def check_extras(settings: Settings) -> None:
     if settings.tokens.enabled:
         require_token_mode(settings.tokens)
         load_renderers(settings.tokens, sim_renderer)  # a missing tokenizer or template fails here
+    if settings.tracing.enabled:
+        require("opentelemetry.sdk.trace", extra="otel", feature="[tracing] enabled")
 
 
 def run(args: argparse.Namespace) -> int:

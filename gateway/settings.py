@@ -8,7 +8,8 @@ by field name and type (`gateway.coerce`): `[routing]` -> `RoutingConfig`, `[hyg
 `HygieneConfig`, `[usage]` -> `UsageConfig`, `[tokens]` -> `TokenSettings` (token mode and
 KV events), `[redis]` -> `RedisSettings` (routing state shared between instances),
 `[admission]` -> `AdmissionConfig` (the gateway queue: priorities, fair shares, shedding),
-`[discovery]` -> `DiscoverySettings` (replicas from DNS names; how a replica leaves).
+`[discovery]` -> `DiscoverySettings` (replicas from DNS names; how a replica leaves),
+`[tracing]` -> `TracingSettings` (OpenTelemetry spans; the OTEL_* variables configure the rest).
 
 Environment scheme (values are text, parsed by the field's type):
 - `GATEWAY_<SECTION>__<KEY>` sets `[section] key`, e.g. `GATEWAY_ROUTING__POLICY=session`,
@@ -43,6 +44,7 @@ from gateway.logs import LogFormat
 from gateway.routing.config import RoutingConfig
 from gateway.servicelinks import is_service_link
 from gateway.shared.config import RedisSettings
+from gateway.tracing.config import TracingSettings
 from gateway.usage.config import UsageConfig
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -306,6 +308,7 @@ class Settings:
 
 
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)  # OpenTelemetry spans
 
 
 # table sections: name -> dataclass (replicas, an array of tables, is handled apart)
@@ -323,6 +326,7 @@ SECTIONS: dict[str, type[Any]] = {
 
 
     "discovery": DiscoverySettings,
+    "tracing": TracingSettings,
 }
 
 

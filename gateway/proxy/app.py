@@ -28,9 +28,11 @@ Routes:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -67,6 +69,8 @@ from gateway.replicas.sources import FleetSources, Resolver, getaddrinfo
 from gateway.routing.affinity import AffinityStore, ResponseAffinity
 from gateway.routing.router import Router
 from gateway.settings import Settings
+from gateway.tracing import request_tracer
+from gateway.tracing.tracer import Passthrough, RequestTracer
 from gateway.upstream.counters import UpstreamCounters
 from gateway.upstream.seam import Upstream
 from gateway.usage.exposure import Audience, FleetMetrics, audience, stats_view
@@ -112,6 +116,8 @@ class Services:
     gate: Gate | None = None  # the admission queue ([admission])
     # each tenant's cache namespace ([auth]): serve's and the picker's request flow
     salts: TenantSalts = field(default_factory=lambda: TenantSalts((), ""))
+    # [tracing]: one span per request, serve's and the picker's (gateway.tracing)
+    tracer: RequestTracer = field(default_factory=Passthrough)
 
     def remove_replica(self, name: str) -> Replica | None:
         """A replica left the fleet: out of every per-replica map at once
@@ -178,6 +184,7 @@ class GatewayApp:
             finding_log=LogLimiter(hygiene.log_interval_s, hygiene.log_max_per_s,
                                    hygiene.max_sessions + hygiene.max_templates),
             clock=self.clock)
+        tracer = request_tracer(settings.tracing, dict(os.environ), metrics.registry)
         monitor = FleetMonitor(fleet, upstream, router, metrics, settings, self.clock,
                                recorder=recorder, probes=probes)
         services = Services(
@@ -185,7 +192,7 @@ class GatewayApp:
             analyzer=HygieneAnalyzer(settings.hygiene), metrics=metrics, recorder=recorder,
             auth=Authenticator(settings.auth.keys, settings.auth.admin_tenants), monitor=monitor,
             probes=probes,
-            feeds=tokens.feeds if tokens is not None else None, salts=salts,
+            feeds=tokens.feeds if tokens is not None else None, salts=salts, tracer=tracer,
         )
         await recorder.start()
         await monitor.start()
@@ -205,7 +212,7 @@ class GatewayApp:
             metrics=metrics, recorder=recorder, auth=services.auth, monitor=monitor,
             upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer,
             counters=UpstreamCounters(metrics.registry),
-            salts=salts)
+            salts=salts, tracer=services.tracer)
         self.sources = FleetSources(Membership(
             fleet, monitor, services.remove_replica, settings.discovery, self.clock),
             self._resolver)
@@ -233,6 +240,8 @@ class GatewayApp:
         if self._given_upstream is None:
             await services.upstream.aclose()
             await services.probes.aclose()
+        # the spans still queued go now, within [tracing] shutdown_timeout_s
+        await asyncio.to_thread(services.tracer.close)
 
     async def reload_settings(self) -> bool:
         """SIGHUP: read the settings again; their [[replicas]] and [discovery] replace the
