@@ -98,7 +98,7 @@ class _InstantResponse:
         return self._body
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        step = -(-len(self._body) // 3)
+        step = max(1, -(-len(self._body) // 3))  # an empty body (/health) is no chunk
         for i in range(0, len(self._body), step):
             yield self._body[i:i + step]
 
