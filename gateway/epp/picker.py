@@ -181,9 +181,13 @@ class Picker:
         endpoint = flow.endpoint
         assert endpoint is not None
         turn = flow.turn
+        # the hint, by replica name, over the whole fleet: a waiter in the admission queue
+        # is bound within it (also to one that was down on arrival and came back)
+        allowed = (None if hint is None else frozenset(
+            decision.restrict(list(self.s.fleet.replicas), self.endpoints, hint)))
         prep = self.flow.prepare(
             turn, raw, endpoint, flow.session_h.encode("latin-1") if flow.session_h else None,
-            narrow=lambda found, model: self._candidates(found, hint, model))
+            narrow=lambda found, model: self._candidates(found, hint, model), allowed=allowed)
         added = await self.flow.admit(
             turn, prep, flow.priority_h.encode("latin-1") if flow.priority_h else None)
         flow.added.extend((k.decode("latin-1"), v.decode("latin-1")) for k, v in added)
