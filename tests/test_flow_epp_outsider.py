@@ -3,20 +3,25 @@ on loopback in front of simulated replicas, each case ending with nothing held: 
 replica's in-flight count back to zero, the gate's tickets given back, its queue empty.
 
 - a waiter whose data plane restricted it with a subset hint is bound by the gate only
-  within that subset (accounting and destination agree)."""
+  within that subset (accounting and destination agree);
+- calls on one stored response (`GET`/`DELETE /v1/responses/{id}`,
+  `POST /v1/responses/{id}/cancel`) go to the replica that created it, as in serve
+  (404 when it left, 503 when it is down, another tenant's id a 404)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator, Sequence
 
+import orjson
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from google.protobuf import struct_pb2
 
 from gateway.epp import decision
+from gateway.settings import AuthSettings
 from tests.servers import sim
-from tests.test_epp_grpc import Epp, Stream, running_epp
+from tests.test_epp_grpc import MODEL, Epp, Stream, response_headers, running_epp
 from tests.test_flow_epp_admission import (
     ONE_EACH,
     chat,
@@ -77,5 +82,95 @@ async def test_a_hinted_waiter_is_bound_within_its_subset(two: list[str]) -> Non
         only = epp.picker.by_endpoint[only_ep]
         assert gate._admitted == {only: 1}
         await finish(w)
+        nothing_held(epp)
+
+
+# calls on one stored response ------------------------------------------------------------
+
+def call(path: str, method: str, auth: str) -> ext.ProcessingRequest:
+    req = ext.ProcessingRequest()
+    for k, v in ((":path", path), (":method", method), ("authorization", auth)):
+        req.request_headers.headers.headers.add(key=k, raw_value=v.encode())
+    req.request_headers.end_of_stream = method != "POST"
+    return req
+
+
+async def stored_call(epp: Epp, path: str, method: str, auth: str,
+                      ) -> ext.ProcessingResponse:
+    """One body-less call on a stored response (`POST .../cancel` with an empty body);
+    the picker's answer to it (the pick, or an immediate response)."""
+    s = Stream(epp)
+    resp = await s.ask(call(path, method, auth))
+    if method == "POST" and resp.HasField("request_headers"):
+        empty = ext.ProcessingRequest()
+        empty.request_body.end_of_stream = True
+        resp = await s.ask(empty)
+    if not resp.HasField("immediate_response"):
+        await s.ask(response_headers(200))
+    await s.close()
+    return resp
+
+
+def target(resp: ext.ProcessingResponse) -> str:
+    phase = resp.request_body if resp.HasField("request_body") else resp.request_headers
+    return {h.header.key: h.header.raw_value.decode()
+            for h in phase.response.header_mutation.set_headers}[decision.DESTINATION]
+
+
+def error(resp: ext.ProcessingResponse) -> tuple[int, str, str]:
+    im = resp.immediate_response
+    err = orjson.loads(im.body)["error"]
+    return im.status.code, err["code"], err["param"]
+
+
+STORED = [("GET", "/v1/responses/{}"), ("DELETE", "/v1/responses/{}"),
+          ("POST", "/v1/responses/{}/cancel")]
+
+
+async def test_stored_response_calls_go_to_their_creator(two: list[str]) -> None:
+    keys = AuthSettings(keys={"ka": "alice", "kb": "bob"})
+    alice, bob = "Bearer ka", "Bearer kb"
+    async with running_epp(two, auth=keys) as epp:
+        services = epp.app.services
+        assert services is not None
+        creator_ep, other_ep = epp.endpoints
+        # alice's answer is made on the first replica (the hint puts it there)
+        s = Stream(epp)
+        await s.ask(hinted(request([("authorization", alice), (":path", "/v1/responses")]),
+                           [creator_ep]))
+        first = ext.ProcessingRequest()
+        first.request_body.body = orjson.dumps({"model": MODEL, "input": "remember me"})
+        first.request_body.end_of_stream = True
+        assert picked(await s.ask(first))[0] == creator_ep
+        await s.ask(response_headers(200))
+        answer = ext.ProcessingRequest()
+        answer.response_body.body = orjson.dumps({
+            "id": "resp_alice1", "object": "response", "status": "completed", "output": [],
+            "usage": {"input_tokens": 5, "output_tokens": 1}})
+        answer.response_body.end_of_stream = True
+        await s.ask(answer)
+        await s.close()
+        creator = epp.picker.by_endpoint[creator_ep]
+        # the creator busier than the other: least busy alone would send them elsewhere
+        services.fleet.replicas[creator].in_flight += 5
+        for method, path in STORED:
+            resp = await stored_call(epp, path.format("resp_alice1"), method, alice)
+            assert target(resp) == creator_ep, (method, path)  # no fallback either
+            assert epp.records[-1].route == "response"
+        services.fleet.replicas[creator].in_flight -= 5
+        for method, path in STORED:  # another tenant's id: as the engine's unknown id
+            resp = await stored_call(epp, path.format("resp_alice1"), method, bob)
+            assert error(resp) == (404, "response_not_found", "response_id")
+        services.fleet.replicas[creator].healthy = False
+        for method, path in STORED:
+            resp = await stored_call(epp, path.format("resp_alice1"), method, alice)
+            assert error(resp) == (503, "previous_response_unavailable", "response_id")
+        services.fleet.replicas[creator].healthy = True
+        services.fleet.remove(creator)  # left (its stored state with it)
+        resp = await stored_call(epp, "/v1/responses/resp_alice1", "GET", alice)
+        assert error(resp) == (404, "previous_response_lost", "response_id")
+        # an id the gateway never saw: any replica (the engine answers)
+        resp = await stored_call(epp, "/v1/responses/resp_unknown", "GET", alice)
+        assert target(resp).split(",")[0] == other_ep
         nothing_held(epp)
 

@@ -22,7 +22,10 @@ transport (the granted class's `priority` stamped or the client's removed, the t
 engine `cache_salt`): the data plane then forwards the picker's body (gateway.epp.stream).
 A Responses answer's id is remembered, so its continuations are pinned, when the picker
 reads that answer's body (`[epp] response`: a JSON answer under "json", the default,
-a stream under "body").
+a stream under "body"); a call on one stored response (`GET`/`DELETE
+/v1/responses/{id}`, `POST /v1/responses/{id}/cancel`) goes to the replica that created
+it, with no fallback, as in serve (gateway.flow.pinning: 404 when it left, 503 when it is
+down, another tenant's id a 404).
 A record whose body the EPP does not read (a stream under "json"; everything under
 "headers") has no token counts; it still ends, and releases its in-flight count, when the
 response does: Envoy closes the ext_proc stream then (`finish(cut=True)`).
@@ -40,6 +43,7 @@ import orjson
 
 from gateway.admission import priority
 from gateway.epp import decision
+from gateway.flow import pinning
 from gateway.flow.core import RequestFlow, Turn
 from gateway.proxy.app import Services
 from gateway.proxy.errors import GatewayError
@@ -69,8 +73,8 @@ class Flow:
     """One request's state between the ext_proc messages; the request flow's own state
     (plan, ticket, in-flight replica, finished) is its `turn`."""
 
-    __slots__ = ("added", "endpoint", "priority_h", "remembered", "responded", "session_h",
-                 "sse", "tap", "turn", "wants_body")
+    __slots__ = ("added", "endpoint", "holder", "priority_h", "remembered", "responded",
+                 "session_h", "sse", "tap", "turn", "wants_body")
 
     def __init__(self, turn: Turn, endpoint: Endpoint | None, session_h: str | None,
                  priority_h: str | None) -> None:
@@ -84,6 +88,8 @@ class Flow:
         self.wants_body = False
         self.responded = False  # the response headers arrived
         self.remembered = False  # a Responses stream's id was remembered
+        # a call on one stored response: the replica that created it (pinning.stored_holder)
+        self.holder: str | None = None
 
     @property
     def ex(self) -> Exchange:
@@ -158,6 +164,9 @@ class Picker:
         auth = headers.get("authorization")
         try:
             self.flow.authorize(turn, auth.encode("latin-1") if auth else None)
+            # as serve: a call on one stored response goes to the replica holding it
+            flow.holder = pinning.stored_holder(path, method, turn.ex.tenant,
+                                                self.s.affinity, self.s.fleet.replicas)
         except GatewayError as err:
             self.fail(flow, err)
             raise
@@ -218,7 +227,9 @@ class Picker:
         replicas = self._candidates(found, hint, model)
         ranked = tuple(r.name for r in sorted(replicas, key=lambda r: r.in_flight))
         flow.ex.route = "forward"
-        flow.added.append(("x-gateway-route", "forward"))
+        if flow.holder is not None:  # no other replica holds it: no fallback either
+            ranked, flow.ex.route = (flow.holder,), "response"
+        flow.added.append(("x-gateway-route", flow.ex.route))
         return Routed(self._pick(flow, ranked, ranked, hint), body)
 
     def _candidates(self, found: list[Replica], hint: frozenset[str] | None,
