@@ -174,3 +174,19 @@ async def test_stored_response_calls_go_to_their_creator(two: list[str]) -> None
         assert target(resp).split(",")[0] == other_ep
         nothing_held(epp)
 
+
+async def test_an_escaped_route_is_still_admitted(two: list[str]) -> None:
+    """`/v1/chat%2Fcompletions` is the chat route to the engine (and to serve, which reads
+    the decoded path): through the picker it is admitted and accounted as chat, not
+    forwarded past the queue (and past the tenant's cache namespace)."""
+    one = two[:1]
+    async with running_epp(one, admission=ONE_EACH) as epp:
+        holder, first = await start(epp, "the holder")
+        await first
+        s, pick = await start(epp, "around the queue", [(":path", "/v1/chat%2Fcompletions")])
+        await until(lambda: queued(epp)["normal"] == 1, "the escaped route skipped the queue")
+        await finish(holder)
+        await asyncio.wait_for(pick, 10)
+        await finish(s)
+        assert [r.endpoint for r in epp.records] == ["chat", "chat"]
+        nothing_held(epp)

@@ -38,6 +38,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import orjson
 
@@ -153,7 +154,9 @@ class Picker:
         raw_rid = headers.get("x-request-id")
         rid = (client_request_id(raw_rid.encode("latin-1")) if raw_rid else None) or (
             f"{self._rid_prefix}{next(self._rid_seq):016x}")
-        path = headers.get(":path", "/").split("?", 1)[0]
+        # decoded as `gateway serve` reads it (uvicorn's scope["path"]) and as the engine
+        # routes it: `/v1/chat%2Fcompletions` is the chat route, not a call to forward
+        path = unquote(headers.get(":path", "/").split("?", 1)[0])
         method = headers.get(":method", "GET")
         endpoint = ROUTED.get(path) if method == "POST" else None
         # the engine is sent what the data plane forwards: the client's id, as named here
