@@ -190,3 +190,54 @@ async def test_an_escaped_route_is_still_admitted(two: list[str]) -> None:
         await finish(s)
         assert [r.endpoint for r in epp.records] == ["chat", "chat"]
         nothing_held(epp)
+
+
+# a replica failing while requests wait ----------------------------------------------------
+
+async def _two_holders(epp: Epp) -> list[tuple[Stream, str]]:
+    holders = []
+    for i in range(2):
+        s, task = await start(epp, f"holder {i}")
+        holders.append((s, picked(await asyncio.wait_for(task, 10))[0]))
+    assert {ep for _, ep in holders} == set(epp.endpoints)  # one on each
+    return holders
+
+
+async def test_a_replica_marked_down_gets_none_of_the_queued(two: list[str]) -> None:
+    async with running_epp(two, admission=ONE_EACH) as epp:
+        services = epp.app.services
+        assert services is not None
+        (down_s, down_ep), (up_s, up_ep) = await _two_holders(epp)
+        waiting = [await start(epp, f"waiter {i}") for i in range(2)]
+        await until(lambda: queued(epp)["normal"] == 2, "the waiters never queued")
+        services.fleet.replicas[epp.picker.by_endpoint[down_ep]].healthy = False
+        await finish(down_s)  # its room frees, but it is down
+        await asyncio.sleep(0.3)
+        assert queued(epp)["normal"] == 2 and not any(t.done() for _, t in waiting)
+        await finish(up_s)
+        for s, task in waiting:
+            header, meta = picked(await asyncio.wait_for(task, 10))
+            assert header == meta == up_ep  # no fallback to the one that is down either
+            await finish(s)
+        nothing_held(epp)
+
+
+async def test_a_hinted_waiter_whose_subset_left_is_answered_at_once(two: list[str]) -> None:
+    async with running_epp(two, admission=ONE_EACH) as epp:
+        services = epp.app.services
+        assert services is not None
+        (gone_s, gone_ep), (stay_s, _) = await _two_holders(epp)
+        w = Stream(epp)
+        await w.ask(hinted(request(), [gone_ep]))
+        pick = asyncio.create_task(w.ask(hinted(chat("only there"), [gone_ep])))
+        await until(lambda: queued(epp)["normal"] == 1, "the hinted one never queued")
+        services.remove_replica(epp.picker.by_endpoint[gone_ep])
+        await finish(stay_s)  # a pass: nothing left in its subset
+        im = (await asyncio.wait_for(pick, 10)).immediate_response
+        assert im.status.code == 503
+        assert orjson.loads(im.body)["error"]["message"] == (
+            "No ready endpoint in the subset the gateway allowed is available.")
+        await w.close()
+        await finish(gone_s)  # the departed replica's request ends after it left
+        nothing_held(epp)
+    assert sorted(r.status for r in epp.records) == [200, 200, 503]
