@@ -241,3 +241,41 @@ async def test_a_hinted_waiter_whose_subset_left_is_answered_at_once(two: list[s
         await finish(gone_s)  # the departed replica's request ends after it left
         nothing_held(epp)
     assert sorted(r.status for r in epp.records) == [200, 200, 503]
+
+
+# what the mutations of the shared flow left green ------------------------------------------
+
+async def test_a_hinted_request_is_counted_where_it_goes(two: list[str]) -> None:
+    """Not queued: decided within the hint at once (no move from a pick outside it), its
+    ticket and in-flight count on the hinted replica."""
+    async with running_epp(two, admission=ONE_EACH) as epp:
+        services = epp.app.services
+        assert services is not None and services.gate is not None
+        for only in reversed(epp.endpoints):  # the router's own first choice, and not
+            name = epp.picker.by_endpoint[only]
+            s = Stream(epp)
+            await s.ask(hinted(request(), [only]))
+            assert picked(await s.ask(hinted(chat(f"a prompt for {only}"), [only])))[0] == only
+            assert services.gate._admitted == {name: 1}
+            assert {n: r.in_flight for n, r in services.fleet.replicas.items()
+                    if r.in_flight} == {name: 1}
+            await finish(s)
+            nothing_held(epp)
+    assert [r.replica for r in epp.records] == [
+        epp.picker.by_endpoint[e] for e in reversed(epp.endpoints)]
+
+
+async def test_a_session_moved_off_a_replica_is_recorded_so(two: list[str]) -> None:
+    async with running_epp(two) as epp:
+        services = epp.app.services
+        assert services is not None
+        session = [("x-session-id", "conversation-1")]
+        s, task = await start(epp, "first turn", session)
+        home = picked(await task)[0]
+        await finish(s)
+        services.fleet.replicas[epp.picker.by_endpoint[home]].healthy = False
+        s, task = await start(epp, "second turn", session)
+        assert picked(await task)[0] != home
+        await finish(s)
+        nothing_held(epp)
+    assert [r.moved for r in epp.records] == [None, "unavailable"]
