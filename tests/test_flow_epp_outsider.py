@@ -279,3 +279,101 @@ async def test_a_session_moved_off_a_replica_is_recorded_so(two: list[str]) -> N
         await finish(s)
         nothing_held(epp)
     assert [r.moved for r in epp.records] == [None, "unavailable"]
+
+
+def _responses(content: str, **extra: object) -> ext.ProcessingRequest:
+    req = ext.ProcessingRequest()
+    req.request_body.body = orjson.dumps({"model": MODEL, "input": content, **extra})
+    req.request_body.end_of_stream = True
+    return req
+
+
+async def test_a_streamed_responses_answer_pins_its_continuation(two: list[str]) -> None:
+    """`[epp] response = "body"`: the id is read from the stream's `response.created`."""
+    async with running_epp(two, response="body") as epp:
+        creator_ep = epp.endpoints[1]
+        s = Stream(epp)
+        await s.ask(hinted(request([(":path", "/v1/responses")]), [creator_ep]))
+        assert picked(await s.ask(hinted(_responses("stream it", stream=True),
+                                         [creator_ep])))[0] == creator_ep
+        await s.ask(response_headers(200, content_type="text/event-stream"))
+        event = ext.ProcessingRequest()
+        event.response_body.body = (
+            b'event: response.created\ndata: {"type": "response.created", "response": '
+            b'{"id": "resp_streamed1", "status": "in_progress", "usage": null}}\n\n')
+        await s.ask(event)
+        end = ext.ProcessingRequest()
+        end.response_body.end_of_stream = True
+        await s.ask(end)
+        await s.close()
+        creator = epp.picker.by_endpoint[creator_ep]
+        assert epp.app.services is not None
+        epp.app.services.fleet.replicas[creator].in_flight += 3  # least busy: the other
+        s = Stream(epp)
+        await s.ask(request([(":path", "/v1/responses")]))
+        resp = await s.ask(_responses("go on", previous_response_id="resp_streamed1"))
+        assert picked(resp)[0] == creator_ep
+        await s.close()
+        epp.app.services.fleet.replicas[creator].in_flight -= 3
+        nothing_held(epp)
+    assert epp.records[-1].route == "response"
+
+
+async def test_a_continuation_pinned_outside_the_hint_is_a_503_at_once(two: list[str]) -> None:
+    async with running_epp(two, admission=ONE_EACH) as epp:
+        services = epp.app.services
+        assert services is not None
+        creator_ep, other_ep = epp.endpoints
+        services.affinity.remember("resp_there", epp.picker.by_endpoint[creator_ep])
+        (s1, _), (s2, _) = await _two_holders(epp)  # no room anywhere: it would queue
+        s = Stream(epp)
+        await s.ask(hinted(request([(":path", "/v1/responses")]), [other_ep]))
+        resp = await asyncio.wait_for(s.ask(hinted(
+            _responses("go on", previous_response_id="resp_there"), [other_ep])), 5)
+        assert resp.immediate_response.status.code == 503
+        await s.close()
+        for h in (s1, s2):
+            await finish(h)
+        nothing_held(epp)
+
+
+async def test_a_pick_without_a_known_endpoint_moves_the_conversation(two: list[str]) -> None:
+    """The decision's replica has no endpoint the picker knows (the pool's endpoints not
+    yet updated): the pick is another, and the router is told, so the next turn follows
+    it there instead of going back to a replica the data plane cannot reach."""
+    async with running_epp(two) as epp:
+        session = [("x-session-id", "conversation-2")]
+        s, task = await start(epp, "first turn", session)
+        home = picked(await task)[0]
+        await finish(s)
+        known = dict(epp.picker.endpoints)
+        epp.picker.set_endpoints({n: e for n, e in known.items() if e != home})
+        s, task = await start(epp, "second turn", session)
+        there = picked(await task)[0]
+        assert there != home
+        await finish(s)
+        epp.picker.set_endpoints(known)
+        s, task = await start(epp, "third turn", session)
+        assert picked(await task)[0] == there
+        await finish(s)
+        nothing_held(epp)
+
+
+async def test_an_unreachable_pick_is_probed(two: list[str]) -> None:
+    async with running_epp(two) as epp:
+        services = epp.app.services
+        assert services is not None
+        suspected: list[str] = []
+        services.monitor.suspect = (  # type: ignore[method-assign]
+            lambda replica: suspected.append(replica.name))
+        s, task = await start(epp, "nobody home")
+        pick = picked(await task)[0]
+        failed = response_headers(503, content_type="text/plain")
+        st = struct_pb2.Struct()
+        st.update({decision.CODE_DETAILS:
+                   "upstream_reset_before_response_started{connection_failure}"})
+        failed.attributes["envoy.filters.http.ext_proc"].CopyFrom(st)
+        await s.ask(failed)
+        await s.close()
+        assert suspected == [epp.picker.by_endpoint[pick]]
+        nothing_held(epp)

@@ -64,9 +64,10 @@ class FleetView:
         if self.fleet is None:
             return [r for r in arrival if r.healthy]
         if pin is not None:
+            if allowed is not None and pin not in allowed:
+                raise _outside()
             r = self.fleet.replicas.get(pin)
-            return [r] if r is not None and r.healthy and (
-                allowed is None or pin in allowed) else []
+            return [r] if r is not None and r.healthy else []
         # none healthy (503) or none serving it (404): raised, as a request arriving now
         # is told; waiting would only end in a 429 that blames load
         found = self.fleet.candidates(model)
@@ -74,8 +75,7 @@ class FleetView:
             return list(found)
         kept = [r for r in found if r.name in allowed]
         if not kept:  # none left of those it may go to: what an arrival is told now
-            raise GatewayError(503, "No ready endpoint in the subset the gateway allowed "
-                               "is available.", code="no_healthy_replica")
+            raise _outside()
         return kept
 
     def doubt(self, outcome: Outcome) -> None:
@@ -161,3 +161,10 @@ class FleetView:
             "occupancy": v.occupancy,
             "engine_waiting": v.waiting,
         } for name, v in sorted(self._views.items())}
+
+
+def _outside() -> GatewayError:
+    """None of the replicas a waiter may go to is there (the picker's own 503 for a subset
+    hint that allows no ready endpoint, gateway.epp.decision)."""
+    return GatewayError(503, "No ready endpoint in the subset the gateway allowed is "
+                        "available.", code="no_healthy_replica")
