@@ -18,7 +18,9 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from google.protobuf import struct_pb2
 
+from gateway.admission.config import AdmissionConfig
 from gateway.epp import decision
+from gateway.flow import pinning
 from gateway.settings import AuthSettings
 from tests.servers import sim
 from tests.test_epp_grpc import MODEL, Epp, Stream, response_headers, running_epp
@@ -38,6 +40,11 @@ from tests.test_flow_epp_admission import (
 def two() -> Iterator[list[str]]:
     with sim(2, ["--speed", "1000"]) as found:
         yield found
+
+
+@pytest.fixture(scope="module")
+def one_of(two: list[str]) -> list[str]:
+    return two[:1]
 
 
 def nothing_held(epp: Epp) -> None:
@@ -376,4 +383,63 @@ async def test_an_unreachable_pick_is_probed(two: list[str]) -> None:
         await s.ask(failed)
         await s.close()
         assert suspected == [epp.picker.by_endpoint[pick]]
+        nothing_held(epp)
+
+
+# the queue's other answers through the picker ----------------------------------------------
+
+async def test_a_waiter_past_its_class_limit_is_shed_and_nothing_is_held(one_of: list[str],
+                                                                         ) -> None:
+    short = AdmissionConfig(enabled=True, replica_max_in_flight=1, max_queue=8,
+                            normal_max_wait_s=0.3)
+    async with running_epp(one_of, admission=short) as epp:
+        holder, first = await start(epp, "the holder")
+        await first
+        s, task = await start(epp, "waits too long")
+        im = (await asyncio.wait_for(task, 10)).immediate_response
+        assert im.status.code == 429
+        assert orjson.loads(im.body)["error"]["code"] == "overloaded_wait_timeout"
+        assert {h.header.key for h in im.headers.set_headers} >= {"retry-after"}
+        await s.close()
+        await finish(holder)
+        nothing_held(epp)
+    assert sorted(r.status for r in epp.records) == [200, 429]
+
+
+async def test_a_displaced_low_waiter_is_answered_and_its_stream_ends(one_of: list[str],
+                                                                      ) -> None:
+    full = AdmissionConfig(enabled=True, replica_max_in_flight=1, max_queue=1,
+                           default_priority_cap="high")
+    async with running_epp(one_of, admission=full) as epp:
+        holder, first = await start(epp, "the holder")
+        await first
+        low, low_task = await start(epp, "low waits", [("x-gateway-priority", "low")])
+        await until(lambda: queued(epp)["low"] == 1, "low never queued")
+        high, high_task = await start(epp, "high comes", [("x-gateway-priority", "high")])
+        im = (await asyncio.wait_for(low_task, 10)).immediate_response
+        assert im.status.code == 429
+        assert orjson.loads(im.body)["error"]["code"] == "overloaded_displaced"
+        await low.close()
+        await finish(holder)
+        await asyncio.wait_for(high_task, 10)
+        await finish(high)
+        nothing_held(epp)
+    assert sorted(r.status for r in epp.records) == [200, 200, 429]
+
+
+async def test_another_tenants_chain_is_not_found_through_the_picker(two: list[str]) -> None:
+    keys = AuthSettings(keys={"ka": "alice", "kb": "bob"})
+    async with running_epp(two, auth=keys, admission=ONE_EACH) as epp:
+        services = epp.app.services
+        assert services is not None
+        pinning.remember(services.affinity, "resp_alices", "alice",
+                         epp.picker.by_endpoint[epp.endpoints[0]])
+        s = Stream(epp)
+        await s.ask(request([(":path", "/v1/responses"), ("authorization", "Bearer kb")]))
+        resp = await s.ask(_responses("read hers", previous_response_id="resp_alices"))
+        err = orjson.loads(resp.immediate_response.body)["error"]
+        assert (resp.immediate_response.status.code, err["code"]) == (404,
+                                                                        "response_not_found")
+        assert "127.0.0.1" not in err["message"]
+        await s.close()
         nothing_held(epp)
