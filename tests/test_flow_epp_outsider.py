@@ -22,6 +22,7 @@ from gateway.admission.config import AdmissionConfig
 from gateway.epp import decision
 from gateway.flow import pinning
 from gateway.settings import AuthSettings
+from tests.proxy_fakes import COMPLETION
 from tests.servers import sim
 from tests.test_epp_grpc import MODEL, Epp, Stream, response_headers, running_epp
 from tests.test_flow_epp_admission import (
@@ -441,5 +442,30 @@ async def test_another_tenants_chain_is_not_found_through_the_picker(two: list[s
         assert (resp.immediate_response.status.code, err["code"]) == (404,
                                                                         "response_not_found")
         assert "127.0.0.1" not in err["message"]
+        await s.close()
+        nothing_held(epp)
+
+
+async def test_a_request_served_elsewhere_is_counted_there(two: list[str]) -> None:
+    """Envoy served it from the fallback: the gate's ticket follows it (the pick it left
+    has room again at once, the replica serving it none), as the in-flight count does."""
+    async with running_epp(two, admission=ONE_EACH) as epp:
+        services = epp.app.services
+        assert services is not None and services.gate is not None
+        s, task = await start(epp, "served by the fallback")
+        pick = picked(await task)[0]
+        (fallback,) = [e for e in epp.endpoints if e != pick]
+        await s.ask(response_headers(200, served=fallback))
+        by = epp.picker.by_endpoint
+        assert services.gate._admitted == {by[fallback]: 1}
+        assert {n: r.in_flight for n, r in services.fleet.replicas.items()} == {
+            by[pick]: 0, by[fallback]: 1}
+        s2, task2 = await start(epp, "the pick is free again")
+        assert picked(await asyncio.wait_for(task2, 5))[0] == pick  # not queued
+        await finish(s2)
+        done = ext.ProcessingRequest()
+        done.response_body.body = COMPLETION
+        done.response_body.end_of_stream = True
+        await s.ask(done)
         await s.close()
         nothing_held(epp)

@@ -2,6 +2,7 @@
 when one has, choosing its replica at that moment with the router's freshest state.
 
     admit(ask, candidates) -> Ticket        awaited by the request path, once
+    moved(ticket, name)                     served elsewhere (a retry, a fallback)
     done(ticket)                            when the request is over (wakes waiters)
 
 Off (`[admission] enabled = false`), `admit` is `Router.decide` and nothing else.
@@ -261,6 +262,23 @@ class Gate:
         request still in flight there gives back a count that is no longer kept)."""
         self._fleet_view.forget(name)
         self._admitted.pop(name, None)
+
+    def moved(self, ticket: Ticket, name: str) -> None:
+        """The request is served on `name` instead (a retry, a data plane's fallback): its
+        count there, so the replica it left has its room back at once and the one serving
+        it none (as the in-flight count moves)."""
+        old = ticket.replica
+        if old is None or old == name:
+            return
+        left = self._admitted.get(old, 0) - 1
+        if left > 0:
+            self._admitted[old] = left
+        else:
+            self._admitted.pop(old, None)
+        self._admitted[name] = self._admitted.get(name, 0) + 1
+        ticket.replica = name
+        if self._count:
+            self._dispatch_guarded()  # the room it left may take a waiter
 
     def done(self, ticket: Ticket) -> None:
         """The request is over: its room is free again."""

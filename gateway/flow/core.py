@@ -14,7 +14,8 @@ are moved here and nothing is awaited but the admission queue.
                the granted class stamped on the body (the client's `priority` never
                reaches the engine); one in-flight count taken on the pick
     moved      the request was served elsewhere (a retry, a data plane's fallback): the
-               router moves its bookkeeping there and the in-flight count follows
+               router moves its bookkeeping there, the in-flight count and the gate's
+               ticket follow
     finish     once, whatever happened: the plan's outcome from the usage read, the
                in-flight count released, Router.report, Gate.done, one UsageRecord
 
@@ -214,10 +215,14 @@ class RequestFlow:
     def moved(self, turn: Turn, name: str) -> Replica | None:
         """A retry, or a data plane's fallback, served it on `name`: the router moves its
         bookkeeping (the prompt's blocks, the session binding, the pending count) there,
-        so the next turn goes where the cache now is; the in-flight count follows."""
+        so the next turn goes where the cache now is; the in-flight count and the gate's
+        count follow."""
         if turn.plan is not None:
             self.router.retried(turn.plan, name, self.clock())
-        return self.bind(turn, name)
+        replica = self.bind(turn, name)
+        if replica is not None and turn.ticket is not None:
+            self.gate.moved(turn.ticket, name)  # the gate's count follows too
+        return replica
 
     def remember_response(self, turn: Turn, response_id: str) -> None:
         """A Responses answer's id: its continuations go where it was made."""
