@@ -469,3 +469,18 @@ async def test_a_request_served_elsewhere_is_counted_there(two: list[str]) -> No
         await s.ask(done)
         await s.close()
         nothing_held(epp)
+
+
+async def test_a_waiter_takes_the_room_a_moved_request_left(two: list[str]) -> None:
+    """At once, not at the next recheck (here 30 s away)."""
+    slow = AdmissionConfig(enabled=True, replica_max_in_flight=1, max_queue=8,
+                           recheck_s=30.0, own_replica_max_wait_s=0.0)
+    async with running_epp(two, admission=slow) as epp:
+        (moving, pick), (other, fallback) = await _two_holders(epp)
+        s, task = await start(epp, "waits for room")
+        await until(lambda: queued(epp)["normal"] == 1, "it never queued")
+        await moving.ask(response_headers(200, served=fallback))  # served elsewhere
+        assert picked(await asyncio.wait_for(task, 5))[0] == pick
+        for h in (s, moving, other):
+            await finish(h)
+        nothing_held(epp)
