@@ -484,3 +484,27 @@ async def test_a_waiter_takes_the_room_a_moved_request_left(two: list[str]) -> N
         for h in (s, moving, other):
             await finish(h)
         nothing_held(epp)
+
+
+async def test_an_answer_at_the_headers_names_the_request(two: list[str]) -> None:
+    """A bad key (401) and a stored response held by a replica that is down (503) are
+    answered at the request's headers, with its x-request-id, as every other answer."""
+    keys = AuthSettings(keys={"ka": "alice"})
+    async with running_epp(two, auth=keys) as epp:
+        services = epp.app.services
+        assert services is not None
+        pinning.remember(services.affinity, "resp_down", "alice",
+                         epp.picker.by_endpoint[epp.endpoints[0]])
+        services.fleet.replicas[epp.picker.by_endpoint[epp.endpoints[0]]].healthy = False
+        for auth, path, status in (("Bearer nope", "/v1/models", 401),
+                                   ("Bearer ka", "/v1/responses/resp_down", 503)):
+            s = Stream(epp)
+            req = call(path, "GET", auth)
+            req.request_headers.headers.headers.add(key="x-request-id",
+                                                    raw_value=b"client-id-1")
+            im = (await s.ask(req)).immediate_response
+            assert im.status.code == status
+            sent = {h.header.key: h.header.raw_value for h in im.headers.set_headers}
+            assert sent["x-request-id"] == b"client-id-1", (status, sent)
+            await s.close()
+        nothing_held(epp)

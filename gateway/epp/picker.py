@@ -150,30 +150,41 @@ class Picker:
     # request ---------------------------------------------------------------------------
 
     def start(self, headers: Mapping[str, str]) -> Flow:
-        """The request headers arrived. Raises GatewayError (a bad key)."""
+        """The request headers arrived. Raises GatewayError (a bad key; a stored response
+        whose replica left or is down, or another tenant's), already recorded."""
+        flow = self.begin(headers)
+        self.check(flow, headers)
+        return flow
+
+    def begin(self, headers: Mapping[str, str]) -> Flow:
+        """The request's flow, its id named (raises nothing: an answer refusing it at its
+        headers carries that id too, `check`)."""
         raw_rid = headers.get("x-request-id")
         rid = (client_request_id(raw_rid.encode("latin-1")) if raw_rid else None) or (
             f"{self._rid_prefix}{next(self._rid_seq):016x}")
-        # decoded as `gateway serve` reads it (uvicorn's scope["path"]) and as the engine
-        # routes it: `/v1/chat%2Fcompletions` is the chat route, not a call to forward
-        path = unquote(headers.get(":path", "/").split("?", 1)[0])
+        path = _path(headers)
         method = headers.get(":method", "GET")
         endpoint = ROUTED.get(path) if method == "POST" else None
         # the engine is sent what the data plane forwards: the client's id, as named here
         turn = self.flow.begin(rid, rid, endpoint or path[:MAX_PATH_CHARS], method[:16])
-        flow = Flow(turn, endpoint, next(
+        return Flow(turn, endpoint, next(
             (v for v in map(headers.get, self.session_headers) if v and v.strip()), None),
             headers.get(PRIORITY))
+
+    def check(self, flow: Flow, headers: Mapping[str, str]) -> None:
+        """The key's tenant, and the replica a call on one stored response must go to.
+        Raises GatewayError (401, 404, 503), already recorded."""
+        turn = flow.turn
         auth = headers.get("authorization")
         try:
             self.flow.authorize(turn, auth.encode("latin-1") if auth else None)
             # as serve: a call on one stored response goes to the replica holding it
-            flow.holder = pinning.stored_holder(path, method, turn.ex.tenant,
-                                                self.s.affinity, self.s.fleet.replicas)
+            flow.holder = pinning.stored_holder(
+                _path(headers), headers.get(":method", "GET"), turn.ex.tenant,
+                self.s.affinity, self.s.fleet.replicas)
         except GatewayError as err:
             self.fail(flow, err)
             raise
-        return flow
 
     async def route(self, flow: Flow, raw: bytes | None, hint: frozenset[str] | None,
                     ) -> Routed:
@@ -354,3 +365,10 @@ class Picker:
         if cut and (flow.wants_body or not flow.responded):
             ex.status, ex.error = 499, "the stream ended before the response did"
         self.flow.finish(flow.turn)
+
+
+def _path(headers: Mapping[str, str]) -> str:
+    """The request's path, decoded as `gateway serve` reads it (uvicorn's scope["path"])
+    and as the engine routes it: `/v1/chat%2Fcompletions` is the chat route, not a call
+    to forward."""
+    return unquote(headers.get(":path", "/").split("?", 1)[0])
