@@ -42,10 +42,12 @@ class JsonFormatter(logging.Formatter):
 
 
 def _show(value: object) -> str:
-    """A bare word or number as is; anything else (spaces, quotes, lists) as JSON."""
+    """A bare word or number as is; anything else (spaces, quotes, lists, a control
+    character such as a terminal escape in a client's text) as JSON."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
-    if isinstance(value, str) and value and not any(c.isspace() or c in '"=' for c in value):
+    if isinstance(value, str) and value and value.isprintable() \
+            and not any(c.isspace() or c in '"=' for c in value):
         return value
     return orjson.dumps(value, default=str).decode()
 

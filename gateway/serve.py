@@ -19,6 +19,10 @@ refused), idle keep-alive connections close, requests in flight run on for up to
 `server.shutdown_grace_s`; streams still open then are cancelled and end with an error
 event (gateway.proxy.relay). The process exits with status 0: uvicorn re-raises the
 signal it caught after serving, which would report the clean drain as a kill.
+
+SIGHUP reads `--config`, the environment and the flags again: the [[replicas]] list and
+[discovery] replace the running ones without a restart (gateway.replicas.sources); invalid
+settings are logged and the running ones kept.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +48,7 @@ from gateway.coerce import SettingsError
 from gateway.events.config import SIM
 from gateway.extras import MissingExtra, require
 from gateway.logs import configure_logging
-from gateway.proxy.app import create_app
+from gateway.proxy.app import GatewayApp, create_app
 from gateway.proxy.protocol import bounded_protocol
 from gateway.proxy.tokenmode import TokenModelError, load_renderers, require_token_mode
 from gateway.settings import (
@@ -80,6 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser, listener: str = "server",
     parser.add_argument("--config", metavar="FILE", help="TOML settings file")
     parser.add_argument("--backend", metavar="URL", action="append", default=[],
                         help="replica base URL (repeatable); replaces [[replicas]]")
+    if listener == "server":  # the picker's replicas are its pool's or its list
+        parser.add_argument("--dns", metavar="HOST:PORT", action="append", default=[],
+                            help="a DNS name whose every address is a replica, re-resolved "
+                            "(repeatable; discovery.dns)")
     parser.add_argument("--host",
                         help=f"listen address ({listener}.host, default 127.0.0.1)")
     parser.add_argument("--port", type=int,
@@ -118,6 +126,8 @@ def load_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
     for key in ("log_level", "log_format"):
         if getattr(args, key, None) is not None:
             overrides.setdefault("server", {})[key] = getattr(args, key)
+    if getattr(args, "dns", None):
+        overrides.setdefault("discovery", {})["dns"] = tuple(args.dns)
     if getattr(args, "no_access_log", False):
         overrides.setdefault("server", {})["access_log"] = False
     if getattr(args, "demo_speed", None) is not None:
@@ -173,7 +183,7 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(settings: Settings) -> int:
+async def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> int:
     host, port = settings.server.host, settings.server.port
     try:
         sock = listen_socket(host, port)
@@ -183,12 +193,13 @@ async def serve(settings: Settings) -> int:
               file=sys.stderr)
         return 2
     with sock:
-        return await _serve(settings, sock)
+        return await _serve(settings, sock, reload)
 
 
-async def _serve(settings: Settings, sock: socket.socket) -> int:
+async def _serve(settings: Settings, sock: socket.socket,
+                 reload: Callable[[], Settings] | None) -> int:
     cluster = None
-    if not settings.replicas:
+    if not settings.replicas and not settings.discovery.dns:
         from gateway.sim.cluster import AGENT_TOOL_CALL_PARSER, SimCluster, SimOptions
         from gateway.sim.kvpublish import KVEventsOptions
 
@@ -210,7 +221,9 @@ async def _serve(settings: Settings, sock: socket.socket) -> int:
         settings = with_replicas(settings, [replica_from_url(u) for u in cluster.urls])
         log.info(demo_line(options), extra={"urls": cluster.urls, "speed": demo.speed})
     try:
-        app = create_app(settings, sim_renderer=sim_renderer)
+        # SIGHUP reads the settings again (not for the embedded simulator's fleet)
+        app = create_app(settings, sim_renderer=sim_renderer,
+                         reload=reload if cluster is None else None)
         config = uvicorn.Config(
             app, host=settings.server.host, port=settings.server.port,
             http=bounded_protocol(settings.server.max_head_bytes, settings.server.head_timeout_s),
@@ -233,6 +246,7 @@ async def _serve(settings: Settings, sock: socket.socket) -> int:
             # out of the collector's way, so its rare full collections walk only what
             # requests left behind.
             gc.freeze()
+            hangup(app)
             services = app.services
             log.info("gateway started", extra={
                 "listen": f"http://{settings.server.host}:{sock.getsockname()[1]}",
@@ -261,6 +275,19 @@ def demo_line(options: SimOptions) -> str:
             f"{n} takes about {long_s:.0f} s); demo.speed or --demo-speed sets it")
 
 
+def hangup(app: GatewayApp) -> None:
+    """SIGHUP reloads the replica sources (`GatewayApp.reload_settings`), one at a time."""
+    loop = asyncio.get_running_loop()
+    pending: set[asyncio.Task[bool]] = set()
+
+    def reload() -> None:
+        task = loop.create_task(app.reload_settings())
+        pending.add(task)  # held until done: the loop keeps only a weak reference
+        task.add_done_callback(pending.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
+
+
 def sim_renderer(model: str, block_size: int, max_pieces: int) -> TokenRenderer:
     """`[tokens] models = {"<model>" = "sim"}`: the simulator's template and tokenizer,
     handed to the proxy from here so that the proxy never imports the simulator."""
@@ -279,6 +306,8 @@ def check_extras(settings: Settings) -> None:
     if settings.tokens.enabled:
         require_token_mode(settings.tokens)
         load_renderers(settings.tokens, sim_renderer)  # a missing tokenizer or template fails here
+    if settings.tracing.enabled:
+        require("opentelemetry.sdk.trace", extra="otel", feature="[tracing] enabled")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -298,4 +327,4 @@ def run(args: argparse.Namespace) -> int:
         log.log(logging.getLevelNamesMapping()[level.upper()], message)
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(serve(settings))
+        return runner.run(serve(settings, lambda: load_settings(args, dict(os.environ))))

@@ -7,7 +7,9 @@ replica), `[auth]` (`AuthSettings`), and the components' own dataclasses, mapped
 by field name and type (`gateway.coerce`): `[routing]` -> `RoutingConfig`, `[hygiene]` ->
 `HygieneConfig`, `[usage]` -> `UsageConfig`, `[tokens]` -> `TokenSettings` (token mode and
 KV events), `[redis]` -> `RedisSettings` (routing state shared between instances),
-`[admission]` -> `AdmissionConfig` (the gateway queue: priorities, fair shares, shedding).
+`[admission]` -> `AdmissionConfig` (the gateway queue: priorities, fair shares, shedding),
+`[discovery]` -> `DiscoverySettings` (replicas from DNS names; how a replica leaves),
+`[tracing]` -> `TracingSettings` (OpenTelemetry spans; the OTEL_* variables configure the rest).
 
 Environment scheme (values are text, parsed by the field's type):
 - `GATEWAY_<SECTION>__<KEY>` sets `[section] key`, e.g. `GATEWAY_ROUTING__POLICY=session`,
@@ -42,6 +44,7 @@ from gateway.logs import LogFormat
 from gateway.routing.config import RoutingConfig
 from gateway.servicelinks import is_service_link
 from gateway.shared.config import RedisSettings
+from gateway.tracing.config import TracingSettings
 from gateway.usage.config import UsageConfig
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -251,6 +254,44 @@ class DemoSettings:
                              f"{self.tool_call_probability}")
 
 
+def host_port(target: str) -> tuple[str, int]:
+    """`host:port` (`[v6]:port` too) split; ValueError without a port in 1..65535."""
+    host, sep, port = target.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"discovery.dns: {target!r} is not host:port")
+    return host, int(port)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DiscoverySettings:
+    """Replicas beside [[replicas]] (gateway.replicas.sources), and how any replica leaves."""
+    # DNS names re-resolved every dns_interval_s: each A/AAAA address is a replica at the
+    # given port, named `address:port` (a headless Service's name works as is).
+    dns: tuple[str, ...] = ()  # "host:port" each
+    dns_interval_s: float = 10.0
+    # Addresses taken from one name, lowest first: a bound on the fleet and on the
+    # `replica` label values whatever DNS answers.
+    max_replicas: int = 64
+    api_key: str | None = field(default=None, repr=False)  # sent to discovered replicas
+    # A replica no longer listed takes no new request at once, keeps what it learned for
+    # grace_s (listed again within it, it is not learned from scratch), and departs after
+    # that once its requests in flight finished, or drain_timeout_s after it left anyway.
+    grace_s: float = 30.0
+    drain_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        for target in self.dns:
+            host_port(target)
+        if len(self.dns) > 16:
+            raise ValueError("discovery.dns: at most 16 names")
+        if self.dns_interval_s <= 0 or self.max_replicas <= 0:
+            raise ValueError("discovery.dns_interval_s and discovery.max_replicas must be "
+                             "positive")
+        if self.grace_s < 0 or self.drain_timeout_s < 0:
+            raise ValueError("discovery.grace_s and discovery.drain_timeout_s must be >= 0")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
@@ -266,6 +307,10 @@ class Settings:
     demo: DemoSettings = field(default_factory=DemoSettings)  # the embedded simulator
 
 
+    discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)  # OpenTelemetry spans
+
+
 # table sections: name -> dataclass (replicas, an array of tables, is handled apart)
 SECTIONS: dict[str, type[Any]] = {
     "server": ServerSettings,
@@ -278,6 +323,10 @@ SECTIONS: dict[str, type[Any]] = {
     "epp": EppSettings,
     "admission": AdmissionConfig,
     "demo": DemoSettings,
+
+
+    "discovery": DiscoverySettings,
+    "tracing": TracingSettings,
 }
 
 

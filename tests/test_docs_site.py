@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import inspect
 import re
 from pathlib import Path
 from types import ModuleType
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gateway.settings import SECTIONS, ReplicaSettings
+from gateway.settings import SECTIONS, ReplicaSettings, scan_env
 from gateway.usage.metrics import DOCUMENTED_METRICS
 from tests.docs_blocks import ROOT
 
@@ -168,3 +169,41 @@ def test_ci_builds_the_site_strictly() -> None:
     # --quiet hides the warnings --strict counts: a broken link would pass
     assert "--strict" in line and "--quiet" not in line and "-q" not in line.split()
     assert ".[docs]" in ci and "set -euo pipefail" in ci
+
+
+@pytest.mark.parametrize("section", [*SECTIONS, "replicas"])
+def test_every_commented_field_has_its_meaning(section: str) -> None:
+    """A field with a comment on its line or right above it (the first field of a class
+    included) gets a meaning in the reference: none is dropped by the reader."""
+    cls = ReplicaSettings if section == "replicas" else SECTIONS[section]
+    lines = inspect.getsource(cls).splitlines()
+    names = {f.name for f in dataclasses.fields(cls)}
+    docs = refgen.field_comments(cls)
+    for i, line in enumerate(lines):
+        m = re.match(r"\s+(\w+): [^=]+(=|$)", line)
+        if not m or m.group(1) not in names:
+            continue
+        above = lines[i - 1].strip().startswith("#")
+        if above or "  # " in line:
+            assert docs.get(m.group(1)), (section, m.group(1))
+
+
+def test_each_sections_environment_variable_sets_its_fields() -> None:
+    """The variable the reference gives for a section, with a field's name for <KEY>, is
+    the one the settings read for that field (spelt as written, not only as parsed)."""
+    text = refgen.settings_reference()
+    checked = 0
+    for section, cls in SECTIONS.items():
+        part = text.split(f"### `[{section}]`")[1].split("### ")[0]
+        pattern = re.search(r"Environment: `([A-Z_]+<KEY>)`", part)
+        assert pattern, section
+        for f in dataclasses.fields(cls):
+            value = f.default
+            if not f.init or not isinstance(value, (int, float, str)):  # bool is an int
+                continue
+            shown = ("true" if value else "false") if isinstance(value, bool) else str(value)
+            name = pattern.group(1).replace("<KEY>", f.name.upper())
+            scan = scan_env({name: shown})
+            assert not scan.unknown and scan.sections == {section: {f.name: value}}, name
+            checked += 1
+    assert checked > 100

@@ -113,7 +113,10 @@ REMEDIES: dict[str, Expect] = {
         f"drop the turn counter from {place(f, r)} (the messages already show the turns) or "
         f"move it into {target(r)}"),
     "tool_order": lambda r, b, _: (
-        f"sort the tools by name {listed(sorted(names(r)))}: this request sent "
+        f"keep the tools sorted by name as this request sent them {listed(names(r))}: the "
+        f"previous one sent {listed(names(b))}; or set [hygiene] rewrite_sort_tools"
+        if names(r) == sorted(names(r))
+        else f"sort the tools by name {listed(sorted(names(r)))}: this request sent "
         f"{listed(names(r))}, the previous one {listed(names(b))}; or set [hygiene] "
         "rewrite_sort_tools"),
     "json_key_order": lambda r, b, _: (

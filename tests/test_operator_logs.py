@@ -36,6 +36,9 @@ def record(name: str = "gateway.x", extra: dict[str, Any] | None = None) -> logg
     ({"why": "two words", "urls": ["a", "b"]}, {"why": "two words"},
      ['why="two words"', 'urls=["a","b"]']),
     ({"color_message": "\x1b[32mhello\x1b[0m"}, {}, []),  # uvicorn's ANSI copy is dropped
+    # a client's text without a space (a message's role in a hygiene finding): quoted, its
+    # terminal escape escaped
+    ({"role": "sys\x1b[2J"}, {"role": "sys\x1b[2J"}, ['role="sys\\u001b[2J"']),
 ])
 def test_both_formats_carry_the_fields(extra: dict[str, Any], json_has: dict[str, Any],
                                        text_has: list[str]) -> None:

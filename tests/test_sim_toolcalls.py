@@ -61,6 +61,23 @@ SCHEMAS: list[tuple[str, dict[str, Any]]] = [
                           {"properties": {"y": {"type": "boolean"}}, "required": ["y"]}]}),
     ("required but undescribed", {"type": "object", "required": ["anything"]}),
     ("recursive by $ref", NODE),
+    # what pydantic's model_json_schema() gives for nested models (agent frameworks send
+    # it as is): the object behind a $ref into $defs, not a string
+    ("pydantic $defs", {"type": "object", "$defs": {
+        "Point": {"type": "object", "properties": {"x": {"type": "number"},
+                                                    "y": {"type": "number"}},
+                  "required": ["x", "y"], "additionalProperties": False},
+        "Unit": {"enum": ["m", "km"], "type": "string"}},
+        "properties": {"origin": {"$ref": "#/$defs/Point"},
+                       "path": {"type": "array", "items": {"$ref": "#/$defs/Point"},
+                                "minItems": 1},
+                       "unit": {"$ref": "#/$defs/Unit", "description": "the unit"},
+                       "labels": {"type": "object",
+                                  "additionalProperties": {"type": "integer"}}},
+        "required": ["origin", "path", "unit"], "additionalProperties": False}),
+    ("draft-07 definitions", {"type": "object", "definitions": {
+        "a/b": {"type": "integer", "minimum": 5, "maximum": 6}},
+        "properties": {"n": {"$ref": "#/definitions/a~1b"}}, "required": ["n"]}),
 ]
 
 
@@ -80,6 +97,12 @@ def test_arguments_validate_against_the_schema(case: str, schema: dict[str, Any]
 ])
 def test_a_hostile_schema_is_bounded(schema: dict[str, Any], check: Any) -> None:
     assert check(arguments(schema, random.Random(0)))
+
+
+def test_a_ref_cycle_is_bounded() -> None:
+    # a $ref to itself with nothing else: no value can be built, none is looped for
+    assert arguments({"$ref": "#"}, random.Random(0)) is None
+    assert arguments({"$ref": "#/$defs/missing"}, random.Random(0)) is not None
 
 
 def test_required_nesting_stops_at_the_hard_depth() -> None:
@@ -184,3 +207,31 @@ def test_stream_plan_cuts_tokens(text: str, offset: int,
     plan = StreamPlan(start=21, end=30)
     d = plan.delta(text, offset)
     assert (None if d is None else (d.head, d.arguments)) == expect
+
+
+@pytest.mark.parametrize(("choice", "finish", "expect", "content"), [
+    # vLLM (chat_completion/serving.py, OpenAI's convention): "tool_calls" for "required"
+    # and "auto", "stop" for a named function, streamed or not; a stream cut by length
+    # after the call's head still says "tool_calls", a named one the engine's reason
+    ({"type": "function", "function": {"name": "search"}}, "stop", "stop", ""),
+    ({"type": "function", "function": {"name": "search"}}, "length", "length", ""),
+    ("required", "stop", "tool_calls", ""),
+    ("required", "length", "tool_calls", ""),
+    ("auto", "stop", "tool_calls", None),
+])
+def test_finish_reason_and_content_by_choice(choice: Any, finish: str, expect: str,
+                                             content: str | None) -> None:
+    call = PlannedCall.draw({"name": "search", "parameters": SCHEMAS[0][1]},
+                            random.Random(0), choice)
+    assert call.content == content
+    if finish == "stop":
+        assert call.finish == expect
+    tok = Tokenizer()
+    pieces = tok.pieces(tok.encode(call.text))
+    if finish == "length":
+        pieces = pieces[: len(pieces) - 3]  # cut inside the arguments, after the head
+    stream = ToolStream(call, ChunkWriter("chat", "chatcmpl-1", 0, "m"))
+    raw = b"".join(stream.token(p, finish if i == len(pieces) - 1 else None, None, False)
+                   for i, p in enumerate(pieces))
+    events = [json.loads(e[len("data: "):]) for e in raw.decode().split("\n\n") if e]
+    assert [e["choices"][0]["finish_reason"] for e in events][-1] == expect

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from gateway.usage.page import duration, render_page
+from gateway.usage.recorder import headline
 from tests.filler import words
 from tests.servers import gateway, sim
 
@@ -230,3 +231,19 @@ def test_the_findings_say_how_to_fix_them_and_what_that_saves() -> None:
     assert page.count(f"<td class=fix>{shown}</td>") == 2
     assert "<td>900</td><td>30.0%</td><td>54000</td>" in page
     assert "<th>saving per hour</th>" in page and "<th>fix</th>" in page
+
+
+@pytest.mark.parametrize(("ttft", "latency", "said"), [
+    (None, 226468.0, "latency p99 226.5 s (5 min)"),  # the issue's demo answer, 227 s long
+    (None, 550.1, "latency p99 550 ms (5 min)"),  # whole ms while short, as before
+    (12_345.0, 226468.0, "TTFT p99 12.3 s (streamed, 5 min)"),
+])
+def test_the_headline_says_a_long_latency_in_seconds(ttft: float | None, latency: float,
+                                                     said: str) -> None:
+    """The page's first line (and /stats' summary.text, the log) reads as the table does."""
+    window = {"requests": 1, "cached_ratio": 0.5, "ttft": {"p99_ms": ttft},
+              "latency": {"p99_ms": latency}}
+    text = headline(100.0, 0.0, {"5m": window, "all": window}, {"a": {}}, [])["text"]
+    assert said in text and "226468" not in text
+    page = render_page({**stats([], {}, []), "summary": {"text": text}}).decode()
+    assert said in page

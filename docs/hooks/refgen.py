@@ -60,7 +60,8 @@ def field_comments(cls: type[Any]) -> dict[str, str]:
     # that one while none of them has a comment of its own (a run the block names).
     block: list[str] = []
     after_statement = True
-    line_no = body.body[0].lineno if body.body else len(lines)
+    # from the line after `class ...:`, so a comment block above the first field counts
+    line_no = body.lineno + 1
     while line_no <= len(lines):
         text = lines[line_no - 1].strip()
         if line_no in fields:
@@ -177,12 +178,14 @@ def metric_docs() -> list[MetricDoc]:
     """Every family of the gateway's registry, as a fresh gateway exposes it."""
     from prometheus_client.metrics import MetricWrapperBase
 
+    from gateway.tracing.otel import SpanCounters
     from gateway.upstream.counters import UpstreamCounters
     from gateway.usage.exposure import FLEET_METRICS, ROUTED_METRICS
     from gateway.usage.metrics import GatewayMetrics
 
     metrics = GatewayMetrics()
     UpstreamCounters(metrics.registry)  # serve registers these on the same registry
+    SpanCounters(metrics.registry)  # ... and these with [tracing] enabled
     # The collectors registered, read for their label names (a family with labels has no
     # sample before its first observation, so the rendered text cannot give them).
     collectors = [c for c in metrics.registry._collector_to_names

@@ -19,7 +19,7 @@ CLASSES: tuple[Priority, ...] = ("high", "normal", "low")
 @dataclass(frozen=True, kw_only=True)
 class AdmissionConfig:
     # Off by default: with it off every request goes to a replica at once, as before
-    # (README, "Admission and overload", says why).
+    # (docs/concepts/admission.md says why).
     enabled: bool = False
     # Requests waiting in the gateway, all classes together; a newcomer beyond it displaces
     # the youngest waiter of a lower class, else it is shed (429, `queue_full`).

@@ -86,16 +86,18 @@ def _set(mutation: ext.HeaderMutation, headers: Sequence[tuple[str, str]]) -> No
 
 def routed(destination: str, *, body_phase: bool,
            headers: Sequence[tuple[str, str]] = (), body: bytes | None = None,
-           ) -> ext.ProcessingResponse:
+           remove: Sequence[str] = ()) -> ext.ProcessingResponse:
     """The pick: the destination header (the pick alone: an ORIGINAL_DST cluster reads it
     as one address) and `headers` (e.g. `Content-Length`); the pick and its fallbacks,
     `ip:port,ip:port...`, as `envoy.lb` metadata (where `override_host` reads them first);
     and `clear_route_cache` (a route chosen on the header is chosen again with it).
-    `body` (a buffered body response only): the request body to forward instead."""
+    `body` (a buffered body response only): the request body to forward instead.
+    `remove`: request headers taken out (a client's trace context, gateway.tracing)."""
     out = ext.ProcessingResponse()
     common = (out.request_body if body_phase else out.request_headers).response
     _set(common.header_mutation,
          [(decision.DESTINATION, destination.split(",", 1)[0]), *headers])
+    common.header_mutation.remove_headers.extend(remove)
     common.clear_route_cache = True
     if body is not None:
         common.body_mutation.body = body

@@ -33,6 +33,7 @@ response does: Envoy closes the ext_proc stream then (`finish(cut=True)`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -54,6 +55,7 @@ from gateway.proxy.target import client_request_id
 from gateway.replicas.fleet import Replica, no_healthy
 from gateway.routing.plan import RoutePlan
 from gateway.settings import EppSettings
+from gateway.tracing import propagate
 from gateway.usage.extract import parse_answer
 from gateway.usage.metrics import UNKNOWN_MODEL
 from gateway.usage.sse import SseUsageTap
@@ -116,6 +118,10 @@ class Routed:
 
     destination: str
     body: bytes | None = None
+    # the trace context the replica is sent (set on the request: the gateway span's, or
+    # the client's checked one), and the trace headers removed (a client's, unchecked)
+    trace: tuple[tuple[str, str], ...] = ()
+    untrace: tuple[str, ...] = ()
 
 
 class Picker:
@@ -131,7 +137,7 @@ class Picker:
             fleet=services.fleet, router=services.router, analyzer=services.analyzer,
             metrics=services.metrics, recorder=services.recorder, auth=services.auth,
             gate=services.gate, salts=services.salts, affinity=services.affinity,
-            clock=services.clock, timer=timer)
+            clock=services.clock, timer=timer, tracer=services.tracer)
         # the session headers gateway serve reads, in its order (`[server] session_headers`)
         self.session_headers = tuple(h.lower() for h in services.settings.server.session_headers)
         # replica name <-> endpoint (ip:port), from the configured URLs; a host name is
@@ -166,7 +172,8 @@ class Picker:
         method = headers.get(":method", "GET")
         endpoint = ROUTED.get(path) if method == "POST" else None
         # the engine is sent what the data plane forwards: the client's id, as named here
-        turn = self.flow.begin(rid, rid, endpoint or path[:MAX_PATH_CHARS], method[:16])
+        turn = self.flow.begin(rid, rid, endpoint or path[:MAX_PATH_CHARS], method[:16], [
+            (k, v) for k in propagate.TRACE_HEADERS if (v := headers.get(k)) is not None])
         return Flow(turn, endpoint, next(
             (v for v in map(headers.get, self.session_headers) if v and v.strip()), None),
             headers.get(PRIORITY))
@@ -193,11 +200,17 @@ class Picker:
         (400, 404, 429 with Retry-After, 503), already recorded."""
         try:
             if flow.endpoint is not None and raw is not None:
-                return await self._inference(flow, raw, hint)
-            return self._forward(flow, raw, hint)
+                routed = await self._inference(flow, raw, hint)
+            else:
+                routed = self._forward(flow, raw, hint)
         except GatewayError as err:
             self.fail(flow, err)
             raise
+        # the data plane forwards the client's headers: its trace context is replaced
+        trace = flow.turn.trace.upstream
+        kept = {k for k, _ in trace}
+        return dataclasses.replace(routed, trace=trace, untrace=tuple(
+            sorted(propagate.TRACE_HEADERS - kept)))
 
     async def _inference(self, flow: Flow, raw: bytes, hint: frozenset[str] | None,
                          ) -> Routed:

@@ -102,7 +102,8 @@ class Stream:
         if self.plan == "headers":
             self.picked = True
             routed = await self.picker.route(self.flow, None, self._allowed())
-            return [messages.routed(routed.destination, body_phase=False)]
+            return [messages.routed(routed.destination, body_phase=False,
+                                    headers=routed.trace, remove=routed.untrace)]
         if self.plan == "body":
             return [messages.request_headers_continue()]
         return []  # gathering: the headers are answered with the pick
@@ -125,12 +126,14 @@ class Stream:
             self.picked = True
             routed = await self.picker.route(flow, part.body, self._allowed())
             if routed.body is None:
-                return [messages.routed(routed.destination, body_phase=True)]
+                return [messages.routed(routed.destination, body_phase=True,
+                                        headers=routed.trace, remove=routed.untrace)]
             # the changed body replaces the buffered one (Envoy holds the headers until
             # this answer, so its Content-Length is set here too)
             return [messages.routed(
                 routed.destination, body_phase=True, body=routed.body,
-                headers=[("content-length", str(len(routed.body)))])]
+                headers=[("content-length", str(len(routed.body))), *routed.trace],
+                remove=routed.untrace)]
         if len(self.body) + len(part.body) > self.max_body:
             raise self._too_large()
         self.body += part.body
@@ -152,18 +155,21 @@ class Stream:
         destination = routed.destination
         if not self.modes.duplex_request:  # STREAMED: each chunk answered in turn
             if routed.body is None:  # ... passing as it was
-                return [messages.routed(destination, body_phase=False),
+                return [messages.routed(destination, body_phase=False,
+                                        headers=routed.trace, remove=routed.untrace),
                         *[messages.request_body_continue()] * self.chunks]
             # the first chunk becomes the changed body, the others are cleared
             return [messages.routed(destination, body_phase=False,
-                                    headers=[("content-length", str(len(routed.body)))]),
+                                    headers=[("content-length", str(len(routed.body))),
+                                             *routed.trace], remove=routed.untrace),
                     messages.request_body_replaced(routed.body),
                     *[messages.request_body_replaced(None)] * (self.chunks - 1)]
         if routed.body is not None:
             body = routed.body  # changed by the request flow: that is what is forwarded
         length = modes.content_length(self.length_sent, len(body))
         return [messages.routed(destination, body_phase=False,
-                                headers=[("content-length", length)] if length else ()),
+                                headers=[*([("content-length", length)] if length else ()),
+                                         *routed.trace], remove=routed.untrace),
                 *messages.streamed_body(body, end)]
 
     def _allowed(self) -> frozenset[str] | None:

@@ -29,7 +29,7 @@ asked of a stream, hygiene rewrites: the `edit` hook of `prepare`), relaying, re
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -48,6 +48,7 @@ from gateway.replicas.fleet import Fleet, Replica
 from gateway.routing.affinity import AffinityStore
 from gateway.routing.plan import RoutePlan
 from gateway.routing.router import Router
+from gateway.tracing.tracer import Passthrough, RequestTracer, Trace
 from gateway.usage.metrics import UNKNOWN_MODEL, GatewayMetrics
 from gateway.usage.recorder import UsageRecorder
 
@@ -61,10 +62,11 @@ Edit = Callable[[Inbound, dict[str, Any], Kind], bool]
 class Turn:
     """One request's state in the flow."""
 
-    __slots__ = ("ex", "finished", "plan", "replica", "ticket")
+    __slots__ = ("ex", "finished", "plan", "replica", "ticket", "trace")
 
-    def __init__(self, ex: Exchange) -> None:
+    def __init__(self, ex: Exchange, trace: Trace) -> None:
         self.ex = ex
+        self.trace = trace  # its span (tracing on) and the context sent upstream
         self.plan: RoutePlan | None = None
         self.ticket: Ticket | None = None
         self.replica: Replica | None = None  # holds one in-flight count while set
@@ -97,8 +99,10 @@ class RequestFlow:
     def __init__(self, *, fleet: Fleet, router: Router, analyzer: HygieneAnalyzer,
                  metrics: GatewayMetrics, recorder: UsageRecorder, auth: Authenticator,
                  gate: Gate, salts: TenantSalts, affinity: AffinityStore,
-                 clock: Callable[[], float], timer: Callable[[], float]) -> None:
+                 clock: Callable[[], float], timer: Callable[[], float],
+                 tracer: RequestTracer | None = None) -> None:
         self.fleet = fleet
+        self.tracer: RequestTracer = tracer or Passthrough()  # [tracing] (gateway.tracing)
         self.router = router
         self.analyzer = analyzer
         self.metrics = metrics
@@ -110,12 +114,14 @@ class RequestFlow:
         self.clock = clock  # wall time: records, routing
         self.timer = timer  # monotonic: latencies
 
-    def begin(self, request_id: str, own_id: str, endpoint: str, method: str) -> Turn:
+    def begin(self, request_id: str, own_id: str, endpoint: str, method: str,
+              trace_headers: Sequence[tuple[str, str]] = ()) -> Turn:
         """`request_id` names the request in records and logs (the client's when usable);
-        `own_id` is what the engine is sent (serve's own random one)."""
+        `own_id` is what the engine is sent (serve's own random one); `trace_headers`: the
+        client's `traceparent`/`tracestate`, continued by the request's span."""
         ex = Exchange(request_id, self.clock(), self.timer(), endpoint, method)
         ex.upstream_id = own_id
-        return Turn(ex)
+        return Turn(ex, self.tracer.begin(trace_headers, endpoint, method))
 
     def authorize(self, turn: Turn, authorization: bytes | None) -> None:
         turn.ex.tenant = self.auth.tenant(authorization)
@@ -142,6 +148,11 @@ class RequestFlow:
         kind, view = chat_view(endpoint, body)
         pin = (pinning.pinned(body, ex.tenant, self.affinity, self.fleet.replicas)
                if endpoint == "responses" else None)
+        # The transport's edits (serve's hygiene rewrites) come first: the analyzer judges
+        # the prompt the engine receives, so a tool order the gateway sorts (a key order it
+        # canonicalizes) breaks nothing and is no finding, nor a remedy telling the operator
+        # to set the rewrite that is set.
+        changed = edit(inbound, view, kind) if edit is not None else False
         # parse_inbound has checked a chat or completions body more strictly than the
         # analyzer would; a converted view is checked again
         findings = self.analyzer.scan(view, kind, ex.session, ex.ts, validated=view is body,
@@ -150,7 +161,6 @@ class RequestFlow:
         ex.findings = findings
         for f in findings:
             self.metrics.hygiene_finding(f.kind, f.severity)
-        changed = edit(inbound, view, kind) if edit is not None else False
         if ex.tenant is not None:  # the tenant's own cache namespace (tenancy.py)
             salt = self.salts.engine(ex.tenant)
             if salt is not None:  # the engine's cache too: the client's salt overridden
@@ -256,5 +266,9 @@ class RequestFlow:
         finally:
             if turn.ticket is not None:
                 self.gate.done(turn.ticket)
-            self.recorder.record(ex.record(self.timer()))
+            record = ex.record(self.timer())
+            self.recorder.record(record)
+            ticket = turn.ticket
+            self.tracer.end(turn.trace, record, ticket.cls if ticket else None,
+                            ticket.queued_ms if ticket else None)
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import xxhash
@@ -140,7 +140,8 @@ class HygieneAnalyzer:
             if d is not None:
                 findings.append(self._drift_finding(p, d, session, head_only=head_only,
                                                     before=old.tool_names))
-        findings.extend(self._pattern_findings(p, hits, same, seen, findings, session, now))
+        findings.extend(self._pattern_findings(p, hits, same, seen, findings, session, now,
+                                               _MAX_FINDINGS - len(findings)))
         values = (
             frozenset(p.parts[k].text[h.start : h.end] for k in scanned for h in hits[k])
             if hits
@@ -238,8 +239,8 @@ class HygieneAnalyzer:
             span=self._span(d.kind, raw),
             tokens_at_risk=tokens,
             session=session,
-            remedy=remedy(d.kind, where(p, d.part, d.offset, _time_of_day(d.kind, raw),
-                                        before)),
+            remedy=_remedy(d.kind, p, d.part, d.offset, lambda: _time_of_day(d.kind, raw),
+                           before),
         )
 
     def _pattern_findings(
@@ -251,7 +252,10 @@ class HygieneAnalyzer:
         drift: list[Finding],
         session: str | None,
         now: float,
+        room: int,
     ) -> list[Finding]:
+        """At most `room` findings (the rest would be cut from the request's list): a
+        prompt with thousands of ids writes no more remedies than are kept."""
         out: list[Finding] = []
         window = self.config.recent_window_s
         for k, found in hits.items():
@@ -262,6 +266,8 @@ class HygieneAnalyzer:
                 strength = hit.strength(now, window)
                 if strength < WEAK:
                     continue
+                if len(out) >= room:
+                    return out
                 value = part.text[hit.start : hit.end]
                 if value in seen or _covered(drift, part.message_index, part.role, hit):
                     continue
@@ -278,7 +284,7 @@ class HygieneAnalyzer:
                         span=self._span(hit.kind, value),
                         tokens_at_risk=tokens,
                         session=session,
-                        remedy=remedy(hit.kind, where(p, k, hit.start, hit.dated)),
+                        remedy=_remedy(hit.kind, p, k, hit.start, hit.dated),
                     )
                 )
         return out
@@ -287,6 +293,17 @@ class HygieneAnalyzer:
         if self.config.redact:
             return f"<{kind}:{len(text)} chars>"
         return text[:_SPAN_CHARS]
+
+
+def _remedy(kind: str, p: Prompt, k: int, offset: int,
+            time_of_day: bool | Callable[[], bool], before: tuple[str, ...] = ()) -> str:
+    """The finding's remedy (gateway.hygiene.remedy); "" when writing it fails: a bug in a
+    remedy costs the finding its remedy, never the request its answer."""
+    try:
+        dated = time_of_day if isinstance(time_of_day, bool) else time_of_day()
+        return remedy(kind, where(p, k, offset, dated, before))
+    except Exception:
+        return ""
 
 
 def _time_of_day(kind: str, text: str) -> bool:

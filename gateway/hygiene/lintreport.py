@@ -18,13 +18,14 @@ from gateway.hygiene.remedy import per_hour
 
 def _place(f: Finding) -> str:
     if f.message_index is not None:
-        return f"message {f.message_index} ({f.role})"
+        return f"message {f.message_index} ({_shown(f.role or '')})"
     return "the tool definitions" if f.role == "tools" else "the prompt"
 
 
 def _shown(text: str) -> str:
-    """Text from a prompt or a client (an unredacted span, a tool name, a session id) on a
-    terminal: control characters (a newline, an escape sequence) shown as `?`."""
+    """Text from a prompt or a client (an unredacted span, a tool name, a session id, a
+    message's role; a usage record's kind, as any file handed to lint may carry anything)
+    on a terminal: control characters (a newline, an escape sequence) shown as `?`."""
     return "".join(c if c.isprintable() else "?" for c in text)
 
 
@@ -33,7 +34,7 @@ def finding_text(f: Finding) -> str:
     session = f", session {_shown(f.session)}" if f.session else ""
     fix = _shown(f.remedy) or "keep the prompt prefix identical from request to request"
     line = f"line {f.line}: " if f.line is not None else ""
-    return (f"{line}{f.kind} ({f.severity}, found by {f.evidence}) in {_place(f)} at "
+    return (f"{line}{_shown(f.kind)} ({f.severity}, found by {f.evidence}) in {_place(f)} at "
             f"character {f.char_offset}{session}: {_shown(f.span)}\n"
             f"  {f.tokens_at_risk} prompt tokens at risk: fixing it saves "
             f"{f.tokens_at_risk} tokens a request\n"
@@ -92,6 +93,6 @@ class Tally:
             rate = ("no rate: the input has no ts" if span is None
                     else f"fixing it saves about {per_hour(k.tokens, span)} tokens an hour "
                     "at this input's rate")
-            out.append(f"  {kind} ({severity}): {k.findings} finding(s) in {k.requests} "
+            out.append(f"  {_shown(kind)} ({severity}): {k.findings} finding(s) in {k.requests} "
                        f"request(s), {k.tokens} tokens at risk; {rate}")
         return "\n".join(out)

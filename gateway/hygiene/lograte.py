@@ -12,8 +12,11 @@ risk (at most one row per kind and severity: bounded). `summary(now)` hands thos
 over, and starts new ones, once at least `interval_s` has passed since the last summary
 and something was held back; the caller logs it as one line. Each row carries the remedy
 of its kind's newest finding and what it would save per hour: the tokens at risk of every
-finding of that kind and severity in the span, logged or held back, scaled to an hour
-(gateway.hygiene.remedy.per_hour). Pure: time is the `now` argument.
+request with a finding of that kind and severity in the span, logged or held back, each
+request counted once at its costliest finding of the kind (a request loses the cache once,
+as gateway.usage.findings sums it), scaled to an hour (gateway.hygiene.remedy.per_hour).
+`admit` is called once per request, with that request's findings. Pure: time is the `now`
+argument.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class Held:
     severity: str
     findings: int
     tokens_at_risk: int  # summed: what these findings put at risk, request by request
-    saving_per_hour: int = 0  # every finding of the kind in the span, as a rate per hour
+    saving_per_hour: int = 0  # the span's requests with the kind, as a rate per hour
     remedy: str = ""  # the newest finding's
 
 
@@ -68,7 +71,8 @@ class LogLimiter:
         self._window = 0.0
         self._count = 0
         self._held: dict[tuple[str, str], list[int]] = {}  # (kind, severity) -> [n, tokens]
-        # (kind, severity) -> [tokens at risk of every finding in the span, the newest remedy]
+        # (kind, severity) -> (tokens at risk of the span's requests, each once per kind at
+        # its costliest finding; the newest remedy)
         self._seen: dict[tuple[str, str], tuple[int, str]] = {}
         self._summary_at: float | None = None  # start of the span being summed up
 
@@ -83,10 +87,17 @@ class LogLimiter:
         if now - self._window >= 1.0:
             self._window = now
             self._count = 0
+        # the request loses the cache once per kind, at its costliest finding (as
+        # gateway.usage.findings counts it): two timestamps in one prompt are one break
+        costliest: dict[tuple[str, str], Finding] = {}
         for f in findings:
-            seen = self._seen.get((f.kind, f.severity), (0, ""))
-            self._seen[(f.kind, f.severity)] = (seen[0] + f.tokens_at_risk,
-                                                f.remedy or seen[1])
+            top = costliest.get((f.kind, f.severity))
+            if top is None or f.tokens_at_risk > top.tokens_at_risk:
+                costliest[(f.kind, f.severity)] = f
+        for kind, f in costliest.items():
+            seen = self._seen.get(kind, (0, ""))
+            self._seen[kind] = (seen[0] + f.tokens_at_risk, f.remedy or seen[1])
+        for f in findings:
             key: Key = (f.session, f.kind, f.role, f.message_index)
             last = self._last.get(key)
             if (last is not None and now - last < self._interval) \

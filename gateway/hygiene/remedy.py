@@ -16,7 +16,9 @@ multiplied into a rate nobody sends.
 
 The remedy names message positions, character offsets and tool names, never the offending
 text itself (which `[hygiene] redact` hides): tool names are the client's own identifiers,
-shown at most `_MAX_NAMES` of them, each cut to `_NAME_CHARS`.
+shown at most `_MAX_NAMES` of them, each cut to `_NAME_CHARS`; a message's role, the
+client's text too, is cut likewise. A remedy is one printable line: a control character
+(a newline, a terminal escape) from the client becomes `?`.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def where(p: Prompt, k: int, offset: int, time_of_day: bool = True,
     elif part.message_index is None:
         place = "the prompt"
     else:
-        place = f"message {part.message_index} ({part.role})"
+        place = f"message {part.message_index} ({_plain(part.role)})"
     return Where(place, target(p), offset, time_of_day, tool,
                  tuple(t.name for t in p.tools), tuple(before))
 
@@ -94,8 +96,9 @@ def target(p: Prompt) -> str:
 
 
 def remedy(kind: str, w: Where) -> str:
-    """The one-line remedy for a finding of `kind` at `w`."""
-    return _cut(_WRITERS.get(kind, _keep_stable)(w))
+    """The one-line remedy for a finding of `kind` at `w`: printable (it goes into a log
+    line, a header and onto a terminal), at most `MAX_REMEDY_CHARS`."""
+    return _cut(_printable(_WRITERS.get(kind, _keep_stable)(w)))
 
 
 def per_hour(tokens: int, span_s: float) -> int:
@@ -127,6 +130,10 @@ def _counter(w: Where) -> str:
 
 
 def _tool_order(w: Where) -> str:
+    if list(w.names) == sorted(w.names):  # the previous request's order was the odd one
+        return (f"keep the tools sorted by name as this request sent them {_names(w.names)}: "
+                f"the previous one sent {_names(w.before)}; or set [hygiene] "
+                "rewrite_sort_tools")
     return (f"sort the tools by name {_names(sorted(w.names))}: this request sent "
             f"{_names(w.names)}, the previous one {_names(w.before)}; or set [hygiene] "
             "rewrite_sort_tools")
@@ -190,6 +197,17 @@ def _names(names: Sequence[str]) -> str:
     if len(names) > _MAX_NAMES:
         shown.append(f"+{len(names) - _MAX_NAMES} more")
     return "[" + ", ".join(shown) + "]"
+
+
+def _plain(text: str) -> str:
+    """Client text shown bare (a message's role): cut to `_NAME_CHARS`, printable."""
+    return _printable(text if len(text) <= _NAME_CHARS else text[: _NAME_CHARS - 3] + "...")
+
+
+def _printable(text: str) -> str:
+    """A control character (a newline, a terminal escape, a bidi override) as `?`."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?"
+                                                   for c in text)
 
 
 def _cut(text: str) -> str:

@@ -28,8 +28,11 @@ Routes:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -57,12 +60,17 @@ from gateway.proxy.tokenmode import EventFeeds, SimRenderer, start_token_mode
 
 if TYPE_CHECKING:
     from gateway.shared.redis_state import SharedState
+from gateway.coerce import SettingsError
 from gateway.replicas.departure import depart
 from gateway.replicas.fleet import Fleet, Replica
+from gateway.replicas.membership import Membership
 from gateway.replicas.monitor import FleetMonitor
+from gateway.replicas.sources import FleetSources, Resolver, getaddrinfo
 from gateway.routing.affinity import AffinityStore, ResponseAffinity
 from gateway.routing.router import Router
 from gateway.settings import Settings
+from gateway.tracing import request_tracer
+from gateway.tracing.tracer import Passthrough, RequestTracer
 from gateway.upstream.counters import UpstreamCounters
 from gateway.upstream.seam import Upstream
 from gateway.usage.exposure import Audience, FleetMetrics, audience, stats_view
@@ -108,6 +116,8 @@ class Services:
     gate: Gate | None = None  # the admission queue ([admission])
     # each tenant's cache namespace ([auth]): serve's and the picker's request flow
     salts: TenantSalts = field(default_factory=lambda: TenantSalts((), ""))
+    # [tracing]: one span per request, serve's and the picker's (gateway.tracing)
+    tracer: RequestTracer = field(default_factory=Passthrough)
 
     def remove_replica(self, name: str) -> Replica | None:
         """A replica left the fleet: out of every per-replica map at once
@@ -127,8 +137,12 @@ class GatewayApp:
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
         sim_renderer: SimRenderer | None = None,
+        reload: Callable[[], Settings] | None = None, resolver: Resolver = getaddrinfo,
     ) -> None:
         self.settings = settings
+        # SIGHUP: the settings read again (`reload_settings`); DNS answers (`[discovery]`)
+        self._reload, self._resolver = reload, resolver
+        self.sources: FleetSources | None = None
         self._given_upstream = upstream
         self._sim_renderer = sim_renderer  # for [tokens] models = "sim" (serve.py's)
         self.clock = clock  # wall time: record timestamps, routing and stats windows
@@ -170,6 +184,7 @@ class GatewayApp:
             finding_log=LogLimiter(hygiene.log_interval_s, hygiene.log_max_per_s,
                                    hygiene.max_sessions + hygiene.max_templates),
             clock=self.clock)
+        tracer = request_tracer(settings.tracing, dict(os.environ), metrics.registry)
         monitor = FleetMonitor(fleet, upstream, router, metrics, settings, self.clock,
                                recorder=recorder, probes=probes)
         services = Services(
@@ -177,7 +192,7 @@ class GatewayApp:
             analyzer=HygieneAnalyzer(settings.hygiene), metrics=metrics, recorder=recorder,
             auth=Authenticator(settings.auth.keys, settings.auth.admin_tenants), monitor=monitor,
             probes=probes,
-            feeds=tokens.feeds if tokens is not None else None, salts=salts,
+            feeds=tokens.feeds if tokens is not None else None, salts=salts, tracer=tracer,
         )
         await recorder.start()
         await monitor.start()
@@ -197,7 +212,11 @@ class GatewayApp:
             metrics=metrics, recorder=recorder, auth=services.auth, monitor=monitor,
             upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer,
             counters=UpstreamCounters(metrics.registry),
-            salts=salts)
+            salts=salts, tracer=services.tracer)
+        self.sources = FleetSources(Membership(
+            fleet, monitor, services.remove_replica, settings.discovery, self.clock),
+            self._resolver)
+        await self.sources.start(settings.replicas)
         log.debug("gateway services started", extra={
             "replicas": [r.name for r in settings.replicas],
             "healthy": [r.name for r in fleet.healthy()]})
@@ -206,6 +225,9 @@ class GatewayApp:
         services, self.services, self._proxy = self.services, None, None
         if services is None:
             return
+        if self.sources is not None:
+            await self.sources.aclose()
+            self.sources = None
         if services.gate is not None:
             await services.gate.aclose()
         if services.shared is not None:
@@ -218,6 +240,30 @@ class GatewayApp:
         if self._given_upstream is None:
             await services.upstream.aclose()
             await services.probes.aclose()
+        # the spans still queued go now, within [tracing] shutdown_timeout_s
+        await asyncio.to_thread(services.tracer.close)
+
+    async def reload_settings(self) -> bool:
+        """SIGHUP: read the settings again; their [[replicas]] and [discovery] replace the
+        running ones (gateway.replicas.sources), without a restart. False, and nothing
+        changed, when there is nothing to read them from or they are not valid."""
+        if self._reload is None or self.sources is None:
+            return False
+        try:
+            new = self._reload()
+        except (SettingsError, ValueError, OSError) as exc:
+            log.error("settings not reloaded", extra={"error": str(exc)[:500]})
+            return False
+        old = self.settings
+        if dataclasses.replace(new, replicas=old.replicas, discovery=old.discovery) != old:
+            log.warning("settings reloaded: only [[replicas]] and [discovery] change without "
+                        "a restart; the other sections keep their running values")
+        self.settings = dataclasses.replace(old, replicas=new.replicas,
+                                            discovery=new.discovery)
+        await self.sources.reload(new.replicas, new.discovery)
+        log.info("settings reloaded", extra={"replicas": [r.name for r in new.replicas],
+                                             "dns": list(new.discovery.dns)})
+        return True
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[GatewayApp]:
@@ -421,7 +467,8 @@ def _authorization(scope: Scope) -> bytes | None:
 def create_app(
     settings: Settings, *, upstream: Upstream | None = None,
     clock: Callable[[], float] = time.time, timer: Callable[[], float] = time.perf_counter,
-    sim_renderer: SimRenderer | None = None,
+    sim_renderer: SimRenderer | None = None, reload: Callable[[], Settings] | None = None,
+    resolver: Resolver = getaddrinfo,
 ) -> GatewayApp:
     return GatewayApp(settings, upstream=upstream, clock=clock, timer=timer,
-                      sim_renderer=sim_renderer)
+                      sim_renderer=sim_renderer, reload=reload, resolver=resolver)

@@ -71,6 +71,8 @@ from gateway.replicas.monitor import FleetMonitor
 from gateway.routing.affinity import AffinityStore
 from gateway.routing.router import Router
 from gateway.settings import ServerSettings
+from gateway.tracing import propagate
+from gateway.tracing.tracer import RequestTracer
 from gateway.upstream.counters import UpstreamCounters
 from gateway.upstream.failure import answered, client_error, happened, verdict
 from gateway.upstream.seam import Timeouts, Upstream, UpstreamResponse
@@ -93,7 +95,7 @@ class Proxy:
         auth: Authenticator, monitor: FleetMonitor, upstream: Upstream,
         affinity: AffinityStore, clock: Callable[[], float], timer: Callable[[], float],
         counters: UpstreamCounters,
-        gate: Gate, salts: TenantSalts | None = None,
+        gate: Gate, salts: TenantSalts | None = None, tracer: RequestTracer | None = None,
     ) -> None:
         self.gate = gate  # admission: the gateway queue
         self.affinity = affinity  # Responses API: which replica created which response
@@ -118,7 +120,7 @@ class Proxy:
         self.flow = RequestFlow(
             fleet=fleet, router=router, analyzer=analyzer, metrics=metrics, recorder=recorder,
             auth=auth, gate=gate, salts=salts or TenantSalts((), ""), affinity=affinity,
-            clock=clock, timer=timer)
+            clock=clock, timer=timer, tracer=tracer)
 
     @property
     def salts(self) -> TenantSalts:
@@ -141,7 +143,8 @@ class Proxy:
         # the client's id, when it sent a usable one, names the request in records and logs.
         own = os.urandom(16).hex()
         rid = client_request_id(rid_h) or own
-        turn = self.flow.begin(rid, own, endpoint or scope["path"][:200], scope["method"])
+        turn = self.flow.begin(rid, own, endpoint or scope["path"][:200], scope["method"],
+                               propagate.from_raw(scope["headers"]))
         ex = turn.ex
         headers: Headers = [(b"x-request-id", rid.encode("latin-1")),
                             (b"x-gateway-request-id", own.encode())]
@@ -154,7 +157,10 @@ class Proxy:
             ex.target = upstream_target(
                 scope.get("raw_path") or quote(scope["path"]).encode(),
                 scope.get("query_string", b""))
-            ex.up_headers = forwarded_headers(scope["headers"])
+            # the client's trace context never goes as sent: the gateway span's (tracing
+            # on) or the client's checked one (off) instead (gateway.tracing.propagate)
+            ex.up_headers = propagate.upstream(forwarded_headers(scope["headers"]),
+                                               turn.trace.upstream)
             raw = await read_body(receive, self.max_body, length_h, self.body_idle_s)
             watcher = asyncio.create_task(self._watch(receive, ex, task))
             if endpoint is None:

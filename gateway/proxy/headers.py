@@ -16,8 +16,9 @@ their number and the first one: the warning that puts the most prompt tokens at 
 message's content), `tokens_at_risk` (also what fixing it saves per request) and `fix`
 (the remedy's family as one token, gateway.hygiene.remedy.FIX_CODES), last so that readers
 of the earlier items are undisturbed. `x-gateway-fix` is that first finding's remedy, one
-line of at most 320 characters in printable ASCII. `x-gateway-hygiene` lists every
-warning as `kind@message:offset` (at most 8). All are on unless `[hygiene] header = false`.
+line of at most 400 characters (remedy.MAX_REMEDY_CHARS) in printable ASCII.
+`x-gateway-hygiene` lists every warning as `kind@message:offset` (at most 8). All are on
+unless `[hygiene] header = false`.
 """
 
 from __future__ import annotations

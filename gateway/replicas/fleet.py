@@ -21,6 +21,13 @@ probe, scrape or requests are in flight). Every setter takes a name that left as
 nobody waits for: it changes nothing and raises nothing (`holds` tells the monitor whether
 the `Replica` it probed is still the one of that name, so a late answer never reaches a
 new replica that took the name).
+
+Leaving rule (`leave`, `rejoin`; gateway.replicas.membership decides when): a replica that a
+source no longer lists is leaving: it is marked down at once (so no new request, pinned
+waiter or retry goes to it: every path asks `healthy`), no probe marks it up again, and
+its requests in flight finish. It keeps everything learned until its departure; if a
+source lists it again first (a flap), `rejoin` lets its next good probe mark it up with its
+memory kept (`down_since` is never set by leaving, so `memory_verdict` does not clear it).
 """
 
 from __future__ import annotations
@@ -55,6 +62,10 @@ class Replica:
     scraped_at: float | None = None
     in_flight_at_scrape: int = 0
     probed_ok_at: float | None = None  # when a health probe last succeeded
+    leaving_since: float | None = None  # when its source stopped listing it (None: listed)
+    # joined at run time and not yet scraped: no probe marks it up before its KV capacity
+    # and models are read (gateway.replicas.membership)
+    joining: bool = False
 
     @property
     def name(self) -> str:
@@ -125,14 +136,49 @@ class Fleet:
                 upstream_headers=headers,
             )
 
-    def add(self, replica: ReplicaSettings) -> Replica:
-        """A replica that joined (an InferencePool pod): down until its first probe."""
+    def add(self, replica: ReplicaSettings, *, joining: bool = False) -> Replica:
+        """A replica that joined (an InferencePool pod): down until its first probe (and,
+        `joining`, until `joined`)."""
         headers = (("Authorization", f"Bearer {replica.api_key}"),) if replica.api_key else ()
         r = self.replicas[replica.name] = Replica(
             settings=replica,
             models=frozenset(replica.models) if replica.models is not None else None,
-            upstream_headers=headers)
+            upstream_headers=headers, joining=joining)
         return r
+
+    def joined(self, replica: Replica) -> None:
+        """Its first scrape is done: the next good probe may mark it up."""
+        replica.joining = False
+
+    def leave(self, name: str, now: float) -> bool:
+        """`name` is no longer listed: down at once, kept until its departure (module
+        docstring); False when no replica has that name or it is leaving already."""
+        r = self.replicas.get(name)
+        if r is None or r.leaving_since is not None:
+            return False
+        r.leaving_since = now
+        r.healthy = False
+        return True
+
+    def rejoin(self, name: str) -> bool:
+        """A leaving replica listed again: up at its next good probe, memory kept."""
+        r = self.replicas.get(name)
+        if r is None or r.leaving_since is None:
+            return False
+        r.leaving_since = None
+        return True
+
+    def update(self, replica: ReplicaSettings) -> None:
+        """New settings for a replica at the same URL (a reloaded [[replicas]] entry):
+        its key, configured models and capacity; what it learned stays."""
+        r = self.replicas.get(replica.name)
+        if r is None:
+            return
+        r.settings = replica
+        r.upstream_headers = ((("Authorization", f"Bearer {replica.api_key}"),)
+                              if replica.api_key else ())
+        if replica.models is not None:
+            r.models = frozenset(replica.models)
 
     def remove(self, name: str) -> Replica | None:
         """A replica that left; requests in flight to it finish on their own. Only the
@@ -182,7 +228,7 @@ class Fleet:
         if ok:
             r.failures = 0
             r.probed_ok_at = now
-            if not r.healthy:
+            if not r.healthy and r.leaving_since is None and not r.joining:
                 r.healthy = True
                 return "up"
             return None

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
+from array import array
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import xxhash
 from starlette.responses import Response
 
 from gateway.sim import messages_api, protocol
@@ -35,9 +39,12 @@ from gateway.sim.host import RouteHost, timing
 from gateway.sim.replica import Pending
 from gateway.sim.template import render_chat
 from gateway.sim.tokenizer import IM_END_ID
+from gateway.sim.toolcalls import PlannedCall, choose
 
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 _ABORTED = ApiError(503, "The request was aborted (simulator shutting down).")
+# the chat route's draw stream (gateway.sim.app), so a prompt draws the same call on each API
+_TOOL_SEED = 0x7001
 
 
 class ApiRoutes:
@@ -52,12 +59,31 @@ class ApiRoutes:
         ids = self.app.tokenizer.encode(render_chat(chat.messages, chat.tools, True, False))
         return ids, self.app._check_length(len(ids), chat.gen.max_tokens)
 
+    def _plan(self, chat: protocol.ChatParams, ids: list[int], *,
+              guided: bool) -> PlannedCall | None:
+        """The call this request answers with, drawn as the chat route draws it.
+        `guided`: vLLM's Responses path, where named and "required" choices need no tool
+        parser and "auto" without one answers text; else the chat checks (a 400)."""
+        if not chat.tools:
+            return None
+        config = self.app.config
+        if not guided:
+            self.app._check_tools(chat.tool_choice)
+        elif chat.tool_choice == "auto" and config.tool_call_parser is None:
+            return None
+        rng = random.Random(xxhash.xxh3_64_intdigest(
+            array("Q", ids).tobytes(), seed=config.seed ^ _TOOL_SEED))
+        fn = choose(chat.tool_choice, chat.tools, config.tool_call_probability, rng)
+        return PlannedCall.draw(fn, rng, chat.tool_choice) if fn is not None else None
+
     @contextlib.asynccontextmanager
     async def _run(self, receive: Receive, rid: str, ids: list[int], max_tokens: int | None,
-                   chat: protocol.ChatParams) -> AsyncIterator[Pending]:
+                   chat: protocol.ChatParams,
+                   call: PlannedCall | None = None) -> AsyncIterator[Pending]:
         replica = self.app.replica
+        script = None if call is None else tuple(self.app.tokenizer.encode(call.text))
         req = replica.engine.new_request(rid, ids, max_tokens, replica.arrive(), IM_END_ID,
-                                         salt_key(chat.gen.cache_salt))
+                                         salt_key(chat.gen.cache_salt), script=script)
         replica.in_flight += 1
         try:
             pending = replica.submit(req, streaming=chat.gen.stream)
@@ -107,13 +133,16 @@ class ApiRoutes:
         params = rapi.parse_responses(body, self.store)
         chat = params.chat
         ids, max_tokens = self._prompt(chat)
+        call = self._plan(chat, ids, guided=True)
         rid = rapi.new_id("resp_")
         item_id = rapi.new_id("msg_")
+        fc = _CallIds(rapi.new_id("fc_"), rapi.new_id("call_"))
         created = int(time.time())
         model = self.app.config.model
         headers = [(b"x-request-id", request_id(scope).encode())]
-        async with self._run(receive, rid, ids, max_tokens, chat) as pending:
+        async with self._run(receive, rid, ids, max_tokens, chat, call) as pending:
             req = pending.request
+            streamed: dict[str, Any] | None = None  # the call's item as streamed
             if not chat.gen.stream:
                 await pending.queue.get()
                 if req.status != "finished":
@@ -127,13 +156,30 @@ class ApiRoutes:
                 await send({"type": "http.response.start", "status": 200,
                             "headers": [*_SSE, *headers]})
                 more = {"type": "http.response.body", "more_body": True,
-                        "body": events.opening(start, item_id)}
+                        "body": events.started(start) if call is not None
+                        else events.opening(start, item_id)}
                 await send(more)
                 pieces: list[str] = []
+                offset = 0
                 async for piece in self._tokens(pending):
                     pieces.append(piece)
-                    more["body"] = events.delta(item_id, piece)
-                    await send(more)
+                    if call is None:
+                        more["body"] = events.delta(item_id, piece)
+                        await send(more)
+                        continue
+                    d = call.plan.delta(piece, offset)
+                    offset += len(piece)
+                    chunk = b""
+                    if d is not None and d.head:
+                        streamed = rapi.function_call_item(fc.item, fc.call, call.name, "",
+                                                           "in_progress")
+                        chunk += events.call_added(streamed)
+                    if d is not None and d.arguments and streamed is not None:
+                        streamed["arguments"] += d.arguments
+                        chunk += events.call_delta(fc.item, d.arguments)
+                    if chunk:
+                        more["body"] = chunk
+                        await send(more)
                 if req.status != "finished":
                     await send({"type": "http.response.body", "more_body": False,
                                 "body": events.event("error", {
@@ -141,19 +187,31 @@ class ApiRoutes:
                     return
                 text = "".join(pieces)
             incomplete = "max_output_tokens" if req.finish_reason == "length" else None
+            if call is not None and req.finish_reason == "stop":
+                # the whole call came out: vLLM returns it parsed, no text beside it
+                output = [rapi.function_call_item(fc.item, fc.call, call.name, call.arguments,
+                                                  "completed")]
+                said: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": fc.call, "type": "function",
+                     "function": {"name": call.name, "arguments": call.arguments}}]}
+            else:  # text; a call cut by max_output_tokens does not parse: text too
+                output = [rapi.message_item(item_id, text, "completed")]  # as vLLM, even cut
+                said = {"role": "assistant", "content": text}
             response = rapi.response_object(
-                rid, created, model, params,
-                [rapi.message_item(item_id, text, "completed")],  # as vLLM, even when cut
+                rid, created, model, params, output,
                 "incomplete" if incomplete else "completed",
                 rapi.usage(req.num_prompt_tokens, req.num_output_tokens, req.num_cached_tokens),
                 incomplete)
             if self.store is not None and params.store:
-                self.store.put(rid, [*params.history, {"role": "assistant", "content": text}],
-                               response)
+                self.store.put(rid, [*params.history, said], response)
             if chat.gen.stream:
+                if call is None:
+                    tail = events.closing(response, item_id, text)
+                else:
+                    done = None if streamed is None else streamed | {"status": "completed"}
+                    tail = events.call_closing(response, done)
                 await send({"type": "http.response.body", "more_body": False,
-                            "body": self._timing_comment(pending)
-                            + events.closing(response, item_id, text)})
+                            "body": self._timing_comment(pending) + tail})
             else:
                 await whole(orjson.dumps(response), 200,
                             [*headers, *self._timing_header(pending)])(scope, receive, send)
@@ -180,12 +238,13 @@ class ApiRoutes:
     async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
         chat = messages_api.parse_messages(protocol.parse_json(await read_body(receive)))
         ids, max_tokens = self._prompt(chat)
+        call = self._plan(chat, ids, guided=False)  # vLLM runs it as a chat completion
         # vLLM answers with the id of the chat completion it ran
         mid = "chatcmpl-" + request_id(scope)
         model = self.app.config.model
         details = self.app.config.prompt_tokens_details
         headers = [(b"x-request-id", mid.split("-", 1)[1].encode())]
-        async with self._run(receive, mid, ids, max_tokens, chat) as pending:
+        async with self._run(receive, mid, ids, max_tokens, chat, call) as pending:
             req = pending.request
             if not chat.gen.stream:
                 await pending.queue.get()
@@ -194,8 +253,11 @@ class ApiRoutes:
                     return
                 use = messages_api.usage(req.num_prompt_tokens, req.num_output_tokens,
                                          req.num_cached_tokens if details else None)
-                body = messages_api.message_body(mid, model, self._text(pending),
-                                                 req.finish_reason, use)
+                if call is not None and req.finish_reason == "stop":
+                    body = messages_api.message_body(mid, model, "", call.finish, use, call)
+                else:  # text; a call cut by max_tokens does not parse: text too
+                    body = messages_api.message_body(mid, model, self._text(pending),
+                                                     req.finish_reason, use)
                 await whole(body, 200,
                             [*headers, *self._timing_header(pending)])(scope, receive, send)
                 return
@@ -203,23 +265,49 @@ class ApiRoutes:
                         "headers": [*_SSE, *headers]})
             more = {"type": "http.response.body", "more_body": True, "body": b""}
             opened = False
+            block = call is None  # a text block opens with the message; a call's later
+            offset = 0
             async for piece in self._tokens(pending):
-                chunk = messages_api.delta(piece)
+                chunk = b""
                 if not opened:
                     # vLLM writes message_start with its first chat chunk (after the
                     # prefill), with the prompt as known then and nothing generated.
                     first = messages_api.usage(req.num_prompt_tokens, 0, None)
-                    chunk = messages_api.opening(mid, model, first) + chunk
+                    chunk = (messages_api.opening(mid, model, first) if call is None
+                             else messages_api.start(mid, model, first))
                     opened = True
-                more["body"] = chunk
-                await send(more)
+                if call is None:
+                    chunk += messages_api.delta(piece)
+                else:
+                    d = call.plan.delta(piece, offset)
+                    offset += len(piece)
+                    if d is not None and d.head:
+                        chunk += messages_api.tool_start(call)
+                        block = True
+                    if d is not None and d.arguments:
+                        chunk += messages_api.input_delta(d.arguments)
+                if chunk:
+                    more["body"] = chunk
+                    await send(more)
             if req.status != "finished":
                 await send({"type": "http.response.body", "more_body": False,
                             "body": messages_api.stream_error(_ABORTED)})
                 return
             use = messages_api.usage(req.num_prompt_tokens, req.num_output_tokens,
                                      req.num_cached_tokens if details else None)
-            tail = self._timing_comment(pending) + messages_api.closing(req.finish_reason, use)
+            finish: str | None = req.finish_reason
+            if call is not None and block and not call.named:
+                finish = "tool_calls"  # the chat stream's finish once a call was sent
+            tail = self._timing_comment(pending) + messages_api.closing(finish, use, block)
             if not opened:
-                tail = messages_api.opening(mid, model, use) + tail
+                tail = (messages_api.opening if block else messages_api.start)(
+                    mid, model, use) + tail
             await send({"type": "http.response.body", "more_body": False, "body": tail})
+
+
+@dataclass(frozen=True, slots=True)
+class _CallIds:
+    """A Responses call's ids: the output item's and the call's (vLLM draws both)."""
+
+    item: str
+    call: str

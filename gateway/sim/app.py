@@ -170,7 +170,7 @@ class SimApp:
             rng = random.Random(xxhash.xxh3_64_intdigest(
                 array("Q", ids).tobytes(), seed=self.config.seed ^ _TOOL_SEED))
             fn = choose(params.tool_choice, params.tools, self.config.tool_call_probability, rng)
-            call = PlannedCall.draw(fn, rng) if fn is not None else None
+            call = PlannedCall.draw(fn, rng, params.tool_choice) if fn is not None else None
         await self._generate(scope, receive, send, "chat", params.gen, ids, IM_END_ID, call)
 
     async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -238,9 +238,10 @@ class SimApp:
             body = completion_body(rid, int(time.time()), self.config.model, text, finish,
                                    usage, contract=self.config.contract)
         elif call is not None and finish == "stop":
-            # The whole call came out: vLLM's hermes parser returns it parsed.
-            body = chat_body(rid, int(time.time()), self.config.model, text, "tool_calls",
-                             usage, contract=self.config.contract, tool_calls=[call.message()])
+            # The whole call came out: vLLM returns it parsed ("stop" for a named one).
+            body = chat_body(rid, int(time.time()), self.config.model, text, call.finish,
+                             usage, contract=self.config.contract, tool_calls=[call.message()],
+                             tool_content=call.content)
         else:
             # A call cut by max_tokens does not parse: vLLM returns the text as content.
             body = chat_body(rid, int(time.time()), self.config.model, text, finish, usage,

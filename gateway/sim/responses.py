@@ -63,12 +63,14 @@ class UsagePolicy:
 def chat_body(
     rid: str, created: int, model: str, text: str, finish: str, usage: dict[str, Any],
     *, contract: Contract = CURRENT, tool_calls: list[dict[str, Any]] | None = None,
+    tool_content: str | None = None,
 ) -> bytes:
-    """`tool_calls`: the parsed calls (then `content` is null, as vLLM's hermes parser
-    leaves it when the reply is nothing but calls)."""
+    """`tool_calls`: the parsed calls; then `content` is `tool_content`: null as vLLM's
+    hermes parser leaves it when the reply is nothing but calls ("auto"), "" for a named
+    or "required" choice."""
     message: dict[str, Any] = {
         "role": "assistant",
-        "content": None if tool_calls else text,
+        "content": tool_content if tool_calls else text,
         "refusal": None,
         "annotations": None,
         "audio": None,

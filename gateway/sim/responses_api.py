@@ -19,6 +19,21 @@ response.created, response.in_progress, response.output_item.added,
 response.content_part.added, response.output_text.delta..., response.output_text.done,
 response.content_part.done, response.output_item.done, response.completed (carrying the
 whole response with its usage). No `data: [DONE]`.
+
+Tool calls: `tools` (`{"type": "function", "name", "parameters"}`) and `tool_choice`
+("auto" (the default with tools), "required", "none", or `{"type": "function", "name"}`)
+become the chat ones; the answer is drawn as on chat (gateway.sim.toolcalls). As vLLM's
+Responses path, a named or "required" choice is guided without a tool parser, and "auto"
+without one answers text (no 400, unlike chat). A whole call is the output item
+`{"arguments", "call_id": "call_...", "name", "type": "function_call", "id": "fc_...",
+"status": "completed"}` (no message item beside it: its text is empty); a call cut by
+`max_output_tokens` does not parse and comes back as text, as on chat. Streamed:
+response.created, response.in_progress, then, once the name is known,
+response.output_item.added (the call, arguments "", status "in_progress"),
+response.function_call_arguments.delta..., response.function_call_arguments.done,
+response.output_item.done, response.completed. The next turn's `function_call` and
+`function_call_output` items are the chat tool call and tool message
+(`gateway.routing.responses_api`); a stored response continues with the call.
 """
 
 from __future__ import annotations
@@ -114,6 +129,8 @@ def parse_responses(body: Mapping[str, Any], store: ResponseStore | None) -> Res
     }
     if "tools" in view:
         chat_body["tools"] = view["tools"]
+    if body.get("tool_choice") is not None:
+        chat_body["tool_choice"] = tool_choice(body["tool_choice"])
     chat = protocol.parse_chat({k: v for k, v in chat_body.items() if v is not None})
     instructions = body.get("instructions")
     echo = {
@@ -128,6 +145,21 @@ def parse_responses(body: Mapping[str, Any], store: ResponseStore | None) -> Res
         store=body.get("store", True) is not False, previous_response_id=previous,
         instructions=instructions if isinstance(instructions, str) else None, echo=echo,
     )
+
+
+def tool_choice(choice: Any) -> Any:
+    """The Responses `tool_choice` as the chat one: a named function is flat here."""
+    if isinstance(choice, Mapping) and choice.get("type") == "function":
+        if not isinstance(choice.get("name"), str):
+            raise bad_request("a function tool_choice needs a 'name'", "tool_choice")
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return choice
+
+
+def function_call_item(item_id: str, call_id: str, name: str, arguments: str,
+                       status: str) -> dict[str, Any]:
+    return {"arguments": arguments, "call_id": call_id, "name": name,
+            "type": "function_call", "id": item_id, "status": status}
 
 
 def usage(prompt: int, output: int, cached: int) -> dict[str, Any]:
@@ -180,11 +212,31 @@ class ResponsesEvents:
         self._seq += 1
         return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
+    def started(self, response: dict[str, Any]) -> bytes:
+        return (self.event("response.created", {"response": response})
+                + self.event("response.in_progress", {"response": response}))
+
+    def call_added(self, item: dict[str, Any]) -> bytes:
+        """The call's item once its name is known (`item`: arguments "", in progress)."""
+        return self.event("response.output_item.added", {"item": item, "output_index": 0})
+
+    def call_delta(self, item_id: str, fragment: str) -> bytes:
+        return self.event("response.function_call_arguments.delta", {
+            "delta": fragment, "item_id": item_id, "output_index": 0})
+
+    def call_closing(self, response: dict[str, Any], item: dict[str, Any] | None) -> bytes:
+        """`item`: the call as streamed (None when cut before its name)."""
+        done = b"" if item is None else (
+            self.event("response.function_call_arguments.done", {
+                "arguments": item["arguments"], "item_id": item["id"], "name": item["name"],
+                "output_index": 0})
+            + self.event("response.output_item.done", {"item": item, "output_index": 0}))
+        return done + self.event("response.completed", {"response": response})
+
     def opening(self, response: dict[str, Any], item_id: str) -> bytes:
         part = {"annotations": [], "text": "", "type": "output_text", "logprobs": []}
         return (
-            self.event("response.created", {"response": response})
-            + self.event("response.in_progress", {"response": response})
+            self.started(response)
             + self.event("response.output_item.added", {
                 "item": message_item(item_id, "", "in_progress") | {"content": []},
                 "output_index": 0})

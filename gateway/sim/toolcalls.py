@@ -8,7 +8,10 @@ Pure decisions; the HTTP side (gateway.sim.app) feeds them the request and the t
 - ``arguments``: a value valid for the function's JSON-schema ``parameters`` (type, enum,
   const, required and optional properties, nested objects and arrays, numeric and length
   bounds), nesting bounded by ``MAX_DEPTH``: below it optional properties and optional
-  array items are left out. ``$ref`` and ``pattern`` are not followed (a string is drawn).
+  array items are left out. A local ``$ref`` (``#``, ``#/$defs/...``, ``#/definitions/...``:
+  what pydantic's ``model_json_schema()`` emits for nested models) is followed, each one a
+  level deeper so a recursive schema ends; ``pattern`` and remote refs are not (a string,
+  any value, is drawn).
   Bounds against a hostile schema (the answer would break it there, not the simulator):
   at most ``MAX_ITEMS`` items per array, ``MAX_CHARS`` characters per string, and nothing
   (null) below ``HARD_DEPTH`` levels of required nesting.
@@ -18,7 +21,11 @@ Pure decisions; the HTTP side (gateway.sim.app) feeds them the request and the t
 - ``StreamPlan``: what each generated token adds to the stream, as vLLM's hermes parser
   streams it: nothing until the function's name is known, then one delta with the call's
   id, type and name, then the arguments' text in fragments, then nothing for the closing
-  tag; the finish chunk carries ``finish_reason: "tool_calls"``.
+  tag; the finish chunk carries ``PlannedCall.finish``.
+- ``finish_reason`` and ``content`` of a whole call as vLLM's chat_completion/serving.py
+  gives them (OpenAI's convention): ``"tool_calls"`` for ``"required"`` and ``"auto"``,
+  ``"stop"`` for a named function, streamed or not; ``content`` ``""`` beside the call of a
+  named or ``"required"`` choice, null for ``"auto"`` (the hermes parser's empty prefix).
 """
 
 from __future__ import annotations
@@ -63,12 +70,23 @@ def choose(
     return functions[rng.randrange(len(functions))]
 
 
-def arguments(schema: Any, rng: random.Random, depth: int = 0) -> Any:
-    """A value valid for `schema` (a JSON-schema dict; anything else allows any value)."""
+def arguments(schema: Any, rng: random.Random, depth: int = 0, root: Any = None) -> Any:
+    """A value valid for `schema` (a JSON-schema dict; anything else allows any value);
+    `root`: the document local ``$ref``s point into (`schema` itself at the top)."""
     if not isinstance(schema, Mapping):
         return _word(rng)
     if depth > HARD_DEPTH:
         return None
+    if root is None:
+        root = schema
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        target = _resolve(ref, root)
+        if target is None:
+            return _word(rng)  # remote or dangling: nothing known, any value
+        # the keywords beside a $ref apply too (draft 2019-09 on); the target's win
+        siblings = {k: v for k, v in schema.items() if k != "$ref"}
+        return arguments({**siblings, **target} if siblings else target, rng, depth + 1, root)
     if "const" in schema:
         return schema["const"]
     enum = schema.get("enum")
@@ -77,14 +95,14 @@ def arguments(schema: Any, rng: random.Random, depth: int = 0) -> Any:
     for key in ("anyOf", "oneOf"):
         options = schema.get(key)
         if isinstance(options, list) and options:
-            return arguments(options[rng.randrange(len(options))], rng, depth)
+            return arguments(options[rng.randrange(len(options))], rng, depth, root)
     all_of = schema.get("allOf")
     if isinstance(all_of, list) and all_of:
         merged: dict[str, Any] = {}
         for part in all_of:
             if isinstance(part, Mapping):
                 _merge(merged, part)
-        return arguments(merged, rng, depth)
+        return arguments(merged, rng, depth, root)
     kind = schema.get("type")
     if isinstance(kind, list):
         kinds = [k for k in kind if k != "null"] or ["null"]
@@ -92,9 +110,9 @@ def arguments(schema: Any, rng: random.Random, depth: int = 0) -> Any:
     if kind is None:
         kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
     if kind == "object":
-        return _object(schema, rng, depth)
+        return _object(schema, rng, depth, root)
     if kind == "array":
-        return _array(schema, rng, depth)
+        return _array(schema, rng, depth, root)
     if kind == "integer":
         return _integer(schema, rng)
     if kind == "number":
@@ -129,15 +147,30 @@ class PlannedCall:
     arguments: str  # the JSON text
     plan: StreamPlan
     text: str  # what the model generates
+    named: bool = False  # tool_choice named the function
+    required: bool = False  # tool_choice "required"
 
     @classmethod
-    def draw(cls, function: Mapping[str, Any], rng: random.Random) -> PlannedCall:
+    def draw(cls, function: Mapping[str, Any], rng: random.Random,
+             choice: str | Mapping[str, Any] | None = "auto") -> PlannedCall:
+        """`choice`: the request's tool_choice (a named one is a mapping)."""
         name = str(function.get("name", ""))
         args = arguments(function.get("parameters") or {"type": "object"}, rng)
         # vLLM: "chatcmpl-tool-" + a random hex id; drawn here so a seed repeats it
         call_id = f"chatcmpl-tool-{rng.getrandbits(128):032x}"
         return cls(call_id, name, arguments_json(args), StreamPlan.of(name, args),
-                   hermes_text(name, args))
+                   hermes_text(name, args), named=isinstance(choice, Mapping),
+                   required=choice == "required")
+
+    @property
+    def finish(self) -> str:
+        """finish_reason once the whole call came out: "stop" for a named function."""
+        return "stop" if self.named else "tool_calls"
+
+    @property
+    def content(self) -> str | None:
+        """The message's content beside the call: "" for a named or "required" choice."""
+        return "" if self.named or self.required else None
 
     def message(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function",
@@ -184,7 +217,24 @@ def _merge(into: dict[str, Any], part: Mapping[str, Any]) -> None:
             into[k] = v
 
 
-def _object(schema: Mapping[str, Any], rng: random.Random, depth: int) -> dict[str, Any]:
+def _resolve(ref: str, root: Any) -> Mapping[str, Any] | None:
+    """The schema a local JSON-pointer `ref` names in `root`, or None."""
+    if not ref.startswith("#"):
+        return None
+    node = root
+    for part in ref[1:].split("/")[1:]:
+        key = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return None
+    return node if isinstance(node, Mapping) else None
+
+
+def _object(schema: Mapping[str, Any], rng: random.Random, depth: int,
+            root: Any) -> dict[str, Any]:
     props = schema.get("properties")
     props = props if isinstance(props, Mapping) else {}
     required = schema.get("required")
@@ -193,20 +243,21 @@ def _object(schema: Mapping[str, Any], rng: random.Random, depth: int) -> dict[s
     for key, sub in props.items():
         # Optional members while there is depth left, and only some of them.
         if key in required or (depth < MAX_DEPTH and rng.random() < 0.7):
-            out[key] = arguments(sub, rng, depth + 1)
+            out[key] = arguments(sub, rng, depth + 1, root)
     for key in required - out.keys():
         out[key] = _word(rng)  # required but not described: any value is valid
     return out
 
 
-def _array(schema: Mapping[str, Any], rng: random.Random, depth: int) -> list[Any]:
+def _array(schema: Mapping[str, Any], rng: random.Random, depth: int,
+           root: Any) -> list[Any]:
     low = _int_bound(schema.get("minItems"), 0)
     high = _int_bound(schema.get("maxItems"), max(low, _MAX_ITEMS))
     if depth >= MAX_DEPTH:
         high = low
     n = min(MAX_ITEMS, rng.randint(low, max(low, high)))
     items = schema.get("items")
-    return [arguments(items, rng, depth + 1) for _ in range(n)]
+    return [arguments(items, rng, depth + 1, root) for _ in range(n)]
 
 
 def _integer(schema: Mapping[str, Any], rng: random.Random) -> int:
@@ -288,8 +339,10 @@ class ToolStream:
             head = {"id": self.call.id, "type": "function", "index": 0,
                     "function": {"name": self.call.name}}
             out += self.writer.delta({"tool_calls": [head]}, None, usage)
-        # vLLM: a stream that sent a call finishes "tool_calls", even when cut by length.
-        reason = None if finish is None else "tool_calls" if self.head_sent else finish
+        # vLLM: a stream that sent a call finishes "tool_calls", even when cut by length;
+        # a named function's stream finishes with the engine's reason ("stop", "length").
+        reason = None if finish is None else \
+            "tool_calls" if self.head_sent and not self.call.named else finish
         if d is not None and d.arguments:
             args = {"tool_calls": [{"index": 0, "function": {"arguments": d.arguments}}]}
             out += self.writer.delta(args, reason, usage, last)

@@ -121,6 +121,14 @@ FLEET_METRICS: frozenset[str] = frozenset({
     "gateway_admission_queued", "gateway_admission_wait_seconds",
     "gateway_admission_shed", "gateway_admission_abandoned",
     "gateway_upstream_failures", "gateway_upstream_pool_busy", "gateway_upstream_retries",
+    "gateway_trace_spans_dropped", "gateway_trace_spans_exported",  # [tracing]
+    # The gateway process's own CPU, memory, descriptors and collector: they move with the
+    # whole fleet's load and prompt sizes (already fleet-wide), never with what a prompt
+    # says or which tenant sent it. `python_info` (the exact Python build) is left to the
+    # operator: of no use to a tenant, and a fingerprint for a public reader.
+    "process_cpu_seconds", "process_virtual_memory_bytes", "process_resident_memory_bytes",
+    "process_start_time_seconds", "process_open_fds", "process_max_fds",
+    "python_gc_objects_collected", "python_gc_objects_uncollectable", "python_gc_collections",
 })
 
 

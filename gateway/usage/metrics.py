@@ -57,6 +57,16 @@ Admission (the gateway queue, gateway.admission; present with admission off too)
 - `gateway_admission_admitted_tokens_total{tenant}` counter: estimated prompt tokens
   admitted per tenant (the unit fair shares are counted in)
 
+The process (prometheus_client's collectors on this registry; `PROCESS_METRICS`):
+- `process_cpu_seconds_total`, `process_resident_memory_bytes`,
+  `process_virtual_memory_bytes`, `process_open_fds`, `process_max_fds`,
+  `process_start_time_seconds`: the gateway process's CPU, memory and descriptors
+- `python_gc_objects_collected_total{generation}`,
+  `python_gc_objects_uncollectable_total{generation}`,
+  `python_gc_collections_total{generation}`: the cyclic collector's work
+- `python_info{implementation,major,minor,patchlevel,version}`: operator only
+No family has `*_created` samples (`OwnRegistry`).
+
 Label values: `None` becomes "none"; status is the HTTP status as a string.
 
 Who reads what: families with a `tenant` label, and those that tell how much of the
@@ -89,11 +99,21 @@ by that tuple (bounded by label cardinality, like the registry itself).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final, NamedTuple
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
 
 from gateway.admission.config import CLASSES as ADMISSION_CLASSES
 from gateway.admission.shedding import SHED_REASONS
@@ -101,6 +121,14 @@ from gateway.routing.decision import MOVE_REASONS
 from gateway.usage.record import DEPARTED, UsageRecord
 from gateway.usage.snapshot import EngineSnapshot
 
+# The process's own families (prometheus_client's Process, GC and Platform collectors, on
+# Linux), as exposed; fleet-wide but `python_info` (gateway.usage.exposure).
+PROCESS_METRICS: Final[tuple[str, ...]] = (
+    "process_cpu_seconds_total", "process_virtual_memory_bytes",
+    "process_resident_memory_bytes", "process_start_time_seconds", "process_open_fds",
+    "process_max_fds", "python_gc_objects_collected_total",
+    "python_gc_objects_uncollectable_total", "python_gc_collections_total", "python_info",
+)
 UNKNOWN_MODEL: Final = "unknown"  # the label of every model name no replica serves
 
 DOCUMENTED_METRICS: Final[tuple[str, ...]] = (
@@ -175,7 +203,11 @@ class GatewayMetrics:
         # whether a replica is in the fleet now (None: every name is, a fleet that never
         # changes); a record of one that left is labelled DEPARTED
         self.live = live
-        r = self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry = OwnRegistry(auto_describe=True)
+        # the gateway process itself: CPU, memory, descriptors, GC (PROCESS_METRICS)
+        ProcessCollector(registry=r)
+        GCCollector(registry=r)
+        PlatformCollector(registry=r)
         self._requests = Counter(
             "gateway_requests", "Proxied requests by outcome.",
             (*_TOKEN_LABELS, "status"), registry=r,
@@ -489,6 +521,25 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+# prometheus_client's own `*_created` sample types (a gauge may end in `_created` too)
+_CREATED_TYPES: Final = frozenset({"counter", "histogram", "summary"})
+
+
+class OwnRegistry(CollectorRegistry):
+    """A registry whose families come without their `*_created` samples: half the series,
+    and no dashboard reads them. `prometheus_client.disable_created_metrics()` would do
+    it for every registry of the process (a library's, a test's): this drops them from
+    this registry's output only, as it is collected (a /metrics render or a view of it,
+    gateway.usage.exposure)."""
+
+    def collect(self) -> Iterator[Metric]:
+        for family in super().collect():
+            if family.type in _CREATED_TYPES:
+                created = family.name + "_created"
+                family.samples = [s for s in family.samples if s.name != created]
+            yield family
 
 
 def _drop_keys(cache: dict[Any, Any], replica: str) -> None:

@@ -18,12 +18,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from gateway.usage import panels
+from gateway.usage.panels import duration
 from gateway.usage.panels import esc as _e
 from gateway.usage.panels import pct as _pct
 
 REFRESH_S: Final = 10
 _W, _H, _PAD = 720, 240, 36
-_SECONDS_FROM_MS = 10_000.0
 _COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
             "#7f7f7f", "#bcbd22", "#17becf")
 
@@ -93,16 +93,6 @@ def _line_chart(series: Sequence[Mapping[str, Any]], bucket_s: float) -> str:
     legend = "".join(f'<span style="color:{_COLOURS[i % len(_COLOURS)]}">&#9632; {_e(n)}</span> '
                      for i, n in enumerate(replicas))
     return "".join(parts) + f"<p class=legend><b>&#9632; all replicas</b> {legend}</p>"
-
-
-def duration(ms: object) -> str:
-    """A latency for a person: milliseconds while short, seconds from 10 s on (a long
-    answer's 226468 ms reads 226.5 s)."""
-    if not isinstance(ms, (int, float)) or isinstance(ms, bool):
-        return panels.num(ms)
-    if ms >= _SECONDS_FROM_MS:
-        return f"{ms / 1000:.1f} s"
-    return f"{ms:.1f} ms"
 
 
 # The /stats warnings point at JSON; on the page the same findings are a section below.

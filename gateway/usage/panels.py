@@ -35,6 +35,19 @@ def num(x: object) -> str:
     return esc(x)
 
 
+SECONDS_FROM_MS = 10_000.0
+
+
+def duration(ms: object, ms_digits: int = 1) -> str:
+    """A latency for a person: milliseconds while short, seconds from 10 s on (a long
+    answer's 226468 ms reads 226.5 s); `ms_digits`: decimals of the milliseconds."""
+    if not isinstance(ms, (int, float)) or isinstance(ms, bool):
+        return num(ms)
+    if ms >= SECONDS_FROM_MS:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms:.{ms_digits}f} ms"
+
+
 def _table(table_id: str, head: Sequence[str], rows: Iterable[str], empty: str) -> str:
     body = "".join(rows)
     if not body:

@@ -48,6 +48,7 @@ from gateway.usage.config import UsageConfig
 from gateway.usage.details import CachedTokensReporting, missing_cached_tokens_warning
 from gateway.usage.findings import LatestFindings, costly_kinds
 from gateway.usage.metrics import GatewayMetrics
+from gateway.usage.panels import duration
 from gateway.usage.record import DEPARTED, UsageRecord
 from gateway.usage.sinks import FileSink, Sink, SinkPump, StdoutSink
 from gateway.usage.snapshot import EngineSnapshot
@@ -318,10 +319,11 @@ def headline(now: float, started_at: float | None, windows: Mapping[str, Any],
     # TTFT is measured on streamed answers only; without any, latency is what there is.
     ttft = recent["ttft"]["p99_ms"]
     latency = recent["latency"]["p99_ms"]
+    # (seconds from 10 s on, as the page's table: a long answer's 226468 ms is 226.5 s)
     if ttft is not None:
-        speed = f"TTFT p99 {ttft:.0f} ms (streamed, 5 min)"
+        speed = f"TTFT p99 {duration(ttft, 0)} (streamed, 5 min)"
     elif latency is not None:
-        speed = f"latency p99 {latency:.0f} ms (5 min)"
+        speed = f"latency p99 {duration(latency, 0)} (5 min)"
     else:
         speed = "no answers in the last 5 min"
     return {

@@ -1,0 +1,157 @@
+"""Replica sources beside the static list: DNS names re-resolved on a timer, and the
+settings file read again on SIGHUP (`FleetSources.reload`); each hands its whole set to
+`Membership` (gateway.replicas.membership), which joins and drains.
+
+DNS (`[discovery] dns = ["host:port", ...]`): every `dns_interval_s` the name is resolved
+(A and AAAA, through `Resolver`, a seam: `getaddrinfo` on the loop's executor in
+production, a table in tests); each address is a replica named `address:port`
+(`dns_members`, pure), so a headless Service's name lists its ready pods as they come and
+go. Names are stable (the same address is the same replica, on every gateway instance, so
+instances sharing state through Redis name it alike) and bounded: at most `max_replicas`
+addresses per name, the lowest first. A failed resolution keeps the last set (a DNS
+outage does not empty the fleet); an answer with no address empties it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+
+from gateway.replicas.membership import STATIC, Membership
+from gateway.settings import DiscoverySettings, ReplicaSettings, host_port
+from gateway.tasks import FailureLog, every, guarded
+
+log = logging.getLogger("gateway.replicas.sources")
+
+Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
+RESOLVE_TIMEOUT_S = 5.0  # one resolution; a slower one counts as failed (the set is kept)
+
+
+async def getaddrinfo(host: str, port: int) -> list[str]:
+    """The addresses `host` resolves to (A and AAAA), through the system resolver."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
+def dns_members(addresses: Iterable[str], port: int, max_replicas: int,
+                api_key: str | None = None) -> dict[str, ReplicaSettings]:
+    """Replica name -> settings for each distinct address (module docstring); what is no IP
+    address, or is a scoped IPv6 address (no URL names its interface), is skipped."""
+    ips: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = set()
+    for text in addresses:
+        try:
+            ip = ipaddress.ip_address(text)
+        except ValueError:
+            continue
+        if not (isinstance(ip, ipaddress.IPv6Address) and ip.scope_id):
+            ips.add(ip)
+    out: dict[str, ReplicaSettings] = {}
+    for ip in sorted(ips, key=lambda a: (a.version, int(a)))[:max_replicas]:
+        host = f"[{ip}]" if ip.version == 6 else str(ip)
+        name = f"{host}:{port}"
+        out[name] = ReplicaSettings(name=name, url=f"http://{name}", api_key=api_key)
+    return out
+
+
+class DnsWatch:
+    """One DNS name of `[discovery] dns`, resolved every `dns_interval_s`."""
+
+    def __init__(self, target: str, discovery: DiscoverySettings, resolver: Resolver,
+                 publish: Callable[[str, dict[str, ReplicaSettings]], None],
+                 failures: FailureLog) -> None:
+        self.source = f"dns:{target}"
+        self.host, self.port = host_port(target)
+        self.discovery = discovery
+        self.resolver = resolver
+        self.publish = publish
+        self.failures = failures
+        self._failing = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """One resolution now (the fleet is known when the gateway starts), then a timer."""
+        await guarded(self.refresh, f"resolve {self.source}", self.failures)
+        self._task = asyncio.create_task(every(self.discovery.dns_interval_s, self.refresh,
+                                               f"resolve {self.source}", self.failures))
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def refresh(self) -> None:
+        try:
+            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                addresses = await self.resolver(self.host, self.port)
+        except (OSError, TimeoutError) as exc:
+            if not self._failing:  # said once per outage, not at every interval
+                log.warning("DNS name not resolved; keeping its replicas", extra={
+                    "dns_name": self.host, "error": str(exc)[:300]})
+            self._failing = True
+            return
+        self._failing = False
+        d = self.discovery
+        found = dns_members(addresses, self.port, d.max_replicas, d.api_key)
+        if len(found) == d.max_replicas and len(set(addresses)) > d.max_replicas:
+            log.warning("DNS name lists more addresses than discovery.max_replicas", extra={
+                "dns_name": self.host, "max_replicas": d.max_replicas})
+        self.publish(self.source, found)
+
+
+class FleetSources:
+    """The static list and the DNS watches, applied to the fleet through `membership`."""
+
+    def __init__(self, membership: Membership, resolver: Resolver = getaddrinfo) -> None:
+        self.membership = membership
+        self.resolver = resolver
+        self._watches: dict[str, DnsWatch] = {}
+        self._reloading = asyncio.Lock()  # two SIGHUPs close together apply one at a time
+
+    async def start(self, replicas: Sequence[ReplicaSettings]) -> None:
+        self.membership.sources[STATIC] = {r.name: r for r in replicas}
+        self.membership.start()
+        await self._watch(self.membership.discovery)
+
+    async def aclose(self) -> None:
+        for watch in self._watches.values():
+            await watch.aclose()
+        self._watches.clear()
+        await self.membership.aclose()
+
+    async def reload(self, replicas: Sequence[ReplicaSettings],
+                     discovery: DiscoverySettings) -> None:
+        """A reloaded settings file: its static list and DNS names replace the running
+        ones (changed DNS settings restart every watch; the replicas of a name no longer
+        configured leave)."""
+        async with self._reloading:
+            await self._reload(replicas, discovery)
+
+    async def _reload(self, replicas: Sequence[ReplicaSettings],
+                      discovery: DiscoverySettings) -> None:
+        before = self.membership.discovery
+        self.membership.discovery = discovery
+        self.membership.sources[STATIC] = {r.name: r for r in replicas}
+        if discovery != before:
+            for watch in self._watches.values():
+                await watch.aclose()
+            kept = {w.source for w in self._watches.values()} & {
+                f"dns:{t}" for t in discovery.dns}
+            for source in [s for s in self.membership.sources if s.startswith("dns:")]:
+                if source not in kept:
+                    del self.membership.sources[source]
+            self._watches.clear()
+            self.membership.reconcile()
+            await self._watch(discovery)
+        else:
+            self.membership.reconcile()
+
+    async def _watch(self, discovery: DiscoverySettings) -> None:
+        for target in discovery.dns:
+            watch = DnsWatch(target, discovery, self.resolver, self.membership.set_source,
+                             self.membership.monitor.failures)
+            self._watches[target] = watch
+            await watch.start()
