@@ -3,10 +3,12 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
 
 - **Where** (`pool`): the fleet's healthy candidates for the model at this moment
   (`Fleet.candidates`, as the request path asks on arrival; a pinned request its replica
-  alone), so a replica that went down while requests waited gets none of them and one that
-  came up serves them. When none is left, the fleet's 503 (or 404) is raised: the gate
-  answers the waiters with it, as a request arriving then is answered. Without a fleet
-  (the queue's own tests): the arrival's candidates still healthy.
+  alone; one a data plane restricted with a subset hint those of its `allowed` replicas),
+  so a replica that went down while requests waited gets none of them and one that came
+  up serves them. When none is left, the fleet's 503 (or 404) is raised (restricted: the
+  picker's 503 for an empty subset): the gate answers the waiters with it, as a request
+  arriving then is answered. Without a fleet (the queue's own tests): the arrival's
+  candidates still healthy.
 - **Trusted** (`doubt`, `trusted`): a replica a request left with no whole answer (no
   usage: refused, cut mid-stream, an error answer, or its client left first) is doubted,
   and a probe is asked for at once (`suspect`: `FleetMonitor.suspect`); it takes nothing
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.admission.engine import Capacity, EngineView, Scrape, learn, view
 from gateway.admission.room import ReplicaLoad
 from gateway.routing.router import Router
+from gateway.upstream.errors import GatewayError
 
 if TYPE_CHECKING:  # annotations only: replicas reach usage, whose metrics name admission's labels
     from gateway.replicas.fleet import Fleet, Replica
@@ -54,17 +57,26 @@ class FleetView:
         self._views: dict[str, EngineView] = {}  # the last read, for /stats
         self._doubted: dict[str, float] = {}  # replica -> when a request left it unanswered
 
-    def pool(self, model: str, pin: str | None,
-             arrival: Sequence[Replica]) -> list[Replica]:
-        """Where a waiter for `model` (pinned to `pin`) may go now (module docstring)."""
+    def pool(self, model: str, pin: str | None, arrival: Sequence[Replica],
+             allowed: frozenset[str] | None = None) -> list[Replica]:
+        """Where a waiter for `model` (pinned to `pin`, restricted to the replicas named
+        in `allowed`) may go now (module docstring)."""
         if self.fleet is None:
             return [r for r in arrival if r.healthy]
         if pin is not None:
+            if allowed is not None and pin not in allowed:
+                raise _outside()
             r = self.fleet.replicas.get(pin)
             return [r] if r is not None and r.healthy else []
         # none healthy (503) or none serving it (404): raised, as a request arriving now
         # is told; waiting would only end in a 429 that blames load
-        return list(self.fleet.candidates(model))
+        found = self.fleet.candidates(model)
+        if allowed is None:
+            return list(found)
+        kept = [r for r in found if r.name in allowed]
+        if not kept:  # none left of those it may go to: what an arrival is told now
+            raise _outside()
+        return kept
 
     def doubt(self, outcome: Outcome) -> None:
         """A request is over: no usage means no whole answer from its replica."""
@@ -149,3 +161,10 @@ class FleetView:
             "occupancy": v.occupancy,
             "engine_waiting": v.waiting,
         } for name, v in sorted(self._views.items())}
+
+
+def _outside() -> GatewayError:
+    """None of the replicas a waiter may go to is there (the picker's own 503 for a subset
+    hint that allows no ready endpoint, gateway.epp.decision)."""
+    return GatewayError(503, "No ready endpoint in the subset the gateway allowed is "
+                        "available.", code="no_healthy_replica")

@@ -2,6 +2,7 @@
 when one has, choosing its replica at that moment with the router's freshest state.
 
     admit(ask, candidates) -> Ticket        awaited by the request path, once
+    moved(ticket, name)                     served elsewhere (a retry, a fallback)
     done(ticket)                            when the request is over (wakes waiters)
 
 Off (`[admission] enabled = false`), `admit` is `Router.decide` and nothing else.
@@ -83,7 +84,9 @@ log = logging.getLogger("gateway.admission")
 
 WAIT_SAMPLES = 4096  # per class, for the /stats quantiles
 NO_TENANT = "none"
-Pools = Mapping[tuple[str, str | None], Sequence["Replica"]]  # (model, pin) -> candidates
+# (model, pin, allowed) -> candidates
+PoolKey = tuple[str, str | None, frozenset[str] | None]
+Pools = Mapping[PoolKey, Sequence["Replica"]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,13 @@ class Ask:
     tenant: str | None
     priority: bytes | None  # the raw x-gateway-priority header
     ts: float  # arrival, wall clock (what the router is given when it goes at once)
+    # the replicas it may go to at all (a data plane's subset hint, by name), None: any
+    # candidate; each pass reads the fleet again within these only
+    allowed: frozenset[str] | None = None
+
+    def key(self) -> PoolKey:
+        """Waiters with the same key may go to the same replicas."""
+        return (self.model, self.pin, self.allowed)
 
 
 @dataclass(slots=True, eq=False)
@@ -253,6 +263,23 @@ class Gate:
         self._fleet_view.forget(name)
         self._admitted.pop(name, None)
 
+    def moved(self, ticket: Ticket, name: str) -> None:
+        """The request is served on `name` instead (a retry, a data plane's fallback): its
+        count there, so the replica it left has its room back at once and the one serving
+        it none (as the in-flight count moves)."""
+        old = ticket.replica
+        if old is None or old == name:
+            return
+        left = self._admitted.get(old, 0) - 1
+        if left > 0:
+            self._admitted[old] = left
+        else:
+            self._admitted.pop(old, None)
+        self._admitted[name] = self._admitted.get(name, 0) + 1
+        ticket.replica = name
+        if self._count:
+            self._dispatch_guarded()  # the room it left may take a waiter
+
     def done(self, ticket: Ticket) -> None:
         """The request is over: its room is free again."""
         name = ticket.replica
@@ -357,14 +384,15 @@ class Gate:
         now = self.timer()
         cfg = self.config
         self._fleet_view.forget_left()
-        pools: dict[tuple[str, str | None], list[Replica]] = {}
-        gone: dict[tuple[str, str | None], GatewayError] = {}
+        pools: dict[PoolKey, list[Replica]] = {}
+        gone: dict[PoolKey, GatewayError] = {}
         for q in self._flows.values():
             for w in q:
-                key = (w.ask.model, w.ask.pin)
+                key = w.ask.key()
                 if key not in pools and key not in gone:
                     try:
-                        pools[key] = self._fleet_view.pool(w.ask.model, w.ask.pin, w.pool)
+                        pools[key] = self._fleet_view.pool(w.ask.model, w.ask.pin, w.pool,
+                                                           w.ask.allowed)
                     except GatewayError as err:  # no replica left for it (fleetview.py)
                         gone[key] = err
         if gone:
@@ -410,7 +438,7 @@ class Gate:
                 continue  # bind would answer "full" for each of its waiters
             keeps_place = flow[0] == "high" or (matching and self._owed(flow, now))
             for w in list(self._flows.get(flow, ())):
-                pool = pools.get((w.ask.model, w.ask.pin), ())
+                pool = pools.get(w.ask.key(), ())
                 if w.future.done() or not any(r.name in room for r in pool):
                     continue  # cancelled (it leaves in its own task), or nowhere to go
                 loads = [dataclasses.replace(base[r.name],
@@ -457,12 +485,12 @@ class Gate:
             self._shares.forget_idle(self._tokens)
         self._depth()
 
-    def _answer(self, gone: Mapping[tuple[str, str | None], GatewayError]) -> None:
+    def _answer(self, gone: Mapping[PoolKey, GatewayError]) -> None:
         """Answer the waiters for models no replica can serve now with the fleet's error
         (503 none healthy, 404 none serving it): what an arrival is told at that moment."""
         for q in list(self._flows.values()):
             for w in list(q):
-                err = gone.get((w.ask.model, w.ask.pin))
+                err = gone.get(w.ask.key())
                 if err is None:
                     continue
                 self._leave(w)

@@ -22,7 +22,10 @@ transport (the granted class's `priority` stamped or the client's removed, the t
 engine `cache_salt`): the data plane then forwards the picker's body (gateway.epp.stream).
 A Responses answer's id is remembered, so its continuations are pinned, when the picker
 reads that answer's body (`[epp] response`: a JSON answer under "json", the default,
-a stream under "body").
+a stream under "body"); a call on one stored response (`GET`/`DELETE
+/v1/responses/{id}`, `POST /v1/responses/{id}/cancel`) goes to the replica that created
+it, with no fallback, as in serve (gateway.flow.pinning: 404 when it left, 503 when it is
+down, another tenant's id a 404).
 A record whose body the EPP does not read (a stream under "json"; everything under
 "headers") has no token counts; it still ends, and releases its in-flight count, when the
 response does: Envoy closes the ext_proc stream then (`finish(cut=True)`).
@@ -36,11 +39,13 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import orjson
 
 from gateway.admission import priority
 from gateway.epp import decision
+from gateway.flow import pinning
 from gateway.flow.core import RequestFlow, Turn
 from gateway.proxy.app import Services
 from gateway.proxy.errors import GatewayError
@@ -71,8 +76,8 @@ class Flow:
     """One request's state between the ext_proc messages; the request flow's own state
     (plan, ticket, in-flight replica, finished) is its `turn`."""
 
-    __slots__ = ("added", "endpoint", "priority_h", "remembered", "responded", "session_h",
-                 "sse", "tap", "turn", "wants_body")
+    __slots__ = ("added", "endpoint", "holder", "priority_h", "remembered", "responded",
+                 "session_h", "sse", "tap", "turn", "wants_body")
 
     def __init__(self, turn: Turn, endpoint: Endpoint | None, session_h: str | None,
                  priority_h: str | None) -> None:
@@ -86,6 +91,8 @@ class Flow:
         self.wants_body = False
         self.responded = False  # the response headers arrived
         self.remembered = False  # a Responses stream's id was remembered
+        # a call on one stored response: the replica that created it (pinning.stored_holder)
+        self.holder: str | None = None
 
     @property
     def ex(self) -> Exchange:
@@ -149,26 +156,42 @@ class Picker:
     # request ---------------------------------------------------------------------------
 
     def start(self, headers: Mapping[str, str]) -> Flow:
-        """The request headers arrived. Raises GatewayError (a bad key)."""
+        """The request headers arrived. Raises GatewayError (a bad key; a stored response
+        whose replica left or is down, or another tenant's), already recorded."""
+        flow = self.begin(headers)
+        self.check(flow, headers)
+        return flow
+
+    def begin(self, headers: Mapping[str, str]) -> Flow:
+        """The request's flow, its id named (raises nothing: an answer refusing it at its
+        headers carries that id too, `check`)."""
         raw_rid = headers.get("x-request-id")
         rid = (client_request_id(raw_rid.encode("latin-1")) if raw_rid else None) or (
             f"{self._rid_prefix}{next(self._rid_seq):016x}")
-        path = headers.get(":path", "/").split("?", 1)[0]
+        path = _path(headers)
         method = headers.get(":method", "GET")
         endpoint = ROUTED.get(path) if method == "POST" else None
         # the engine is sent what the data plane forwards: the client's id, as named here
         turn = self.flow.begin(rid, rid, endpoint or path[:MAX_PATH_CHARS], method[:16], [
             (k, v) for k in propagate.TRACE_HEADERS if (v := headers.get(k)) is not None])
-        flow = Flow(turn, endpoint, next(
+        return Flow(turn, endpoint, next(
             (v for v in map(headers.get, self.session_headers) if v and v.strip()), None),
             headers.get(PRIORITY))
+
+    def check(self, flow: Flow, headers: Mapping[str, str]) -> None:
+        """The key's tenant, and the replica a call on one stored response must go to.
+        Raises GatewayError (401, 404, 503), already recorded."""
+        turn = flow.turn
         auth = headers.get("authorization")
         try:
             self.flow.authorize(turn, auth.encode("latin-1") if auth else None)
+            # as serve: a call on one stored response goes to the replica holding it
+            flow.holder = pinning.stored_holder(
+                _path(headers), headers.get(":method", "GET"), turn.ex.tenant,
+                self.s.affinity, self.s.fleet.replicas)
         except GatewayError as err:
             self.fail(flow, err)
             raise
-        return flow
 
     async def route(self, flow: Flow, raw: bytes | None, hint: frozenset[str] | None,
                     ) -> Routed:
@@ -194,9 +217,13 @@ class Picker:
         endpoint = flow.endpoint
         assert endpoint is not None
         turn = flow.turn
+        # the hint, by replica name, over the whole fleet: a waiter in the admission queue
+        # is bound within it (also to one that was down on arrival and came back)
+        allowed = (None if hint is None else frozenset(
+            decision.restrict(list(self.s.fleet.replicas), self.endpoints, hint)))
         prep = self.flow.prepare(
             turn, raw, endpoint, flow.session_h.encode("latin-1") if flow.session_h else None,
-            narrow=lambda found, model: self._candidates(found, hint, model))
+            narrow=lambda found, model: self._candidates(found, hint, model), allowed=allowed)
         added = await self.flow.admit(
             turn, prep, flow.priority_h.encode("latin-1") if flow.priority_h else None)
         flow.added.extend((k.decode("latin-1"), v.decode("latin-1")) for k, v in added)
@@ -227,7 +254,9 @@ class Picker:
         replicas = self._candidates(found, hint, model)
         ranked = tuple(r.name for r in sorted(replicas, key=lambda r: r.in_flight))
         flow.ex.route = "forward"
-        flow.added.append(("x-gateway-route", "forward"))
+        if flow.holder is not None:  # no other replica holds it: no fallback either
+            ranked, flow.ex.route = (flow.holder,), "response"
+        flow.added.append(("x-gateway-route", flow.ex.route))
         return Routed(self._pick(flow, ranked, ranked, hint), body)
 
     def _candidates(self, found: list[Replica], hint: frozenset[str] | None,
@@ -349,3 +378,10 @@ class Picker:
         if cut and (flow.wants_body or not flow.responded):
             ex.status, ex.error = 499, "the stream ended before the response did"
         self.flow.finish(flow.turn)
+
+
+def _path(headers: Mapping[str, str]) -> str:
+    """The request's path, decoded as `gateway serve` reads it (uvicorn's scope["path"])
+    and as the engine routes it: `/v1/chat%2Fcompletions` is the chat route, not a call
+    to forward."""
+    return unquote(headers.get(":path", "/").split("?", 1)[0])

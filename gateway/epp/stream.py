@@ -94,7 +94,10 @@ class Stream:
         self.hint = _hint(request)
         if self.picker.epp.conformance:
             self.selection = headers.get(decision.TEST_SELECTION)
-        self.flow = self.picker.start(headers)
+        # the flow first, so that an answer at the headers (401, a stored response's
+        # 404/503) carries the request's id
+        self.flow = self.picker.begin(headers)
+        self.picker.check(self.flow, headers)
         self.plan = modes.request_plan(self.modes, request.request_headers.end_of_stream)
         if self.plan == "headers":
             self.picked = True

@@ -14,7 +14,8 @@ are moved here and nothing is awaited but the admission queue.
                the granted class stamped on the body (the client's `priority` never
                reaches the engine); one in-flight count taken on the pick
     moved      the request was served elsewhere (a retry, a data plane's fallback): the
-               router moves its bookkeeping there and the in-flight count follows
+               router moves its bookkeeping there, the in-flight count and the gate's
+               ticket follow
     finish     once, whatever happened: the plan's outcome from the usage read, the
                in-flight count released, Router.report, Gate.done, one UsageRecord
 
@@ -83,6 +84,9 @@ class Prepared:
     candidates: list[Replica]
     pin: str | None  # the replica a Responses continuation must go to
     changed: bool  # the body must be sent as re-serialized (not the client's bytes)
+    # the replicas it may go to at all (a data plane's subset hint), None: any; the
+    # admission queue binds a waiter within these only
+    allowed: frozenset[str] | None = None
 
     @property
     def body(self) -> dict[str, Any]:
@@ -124,10 +128,13 @@ class RequestFlow:
 
     def prepare(self, turn: Turn, raw: bytes, endpoint: Endpoint, session: bytes | None, *,
                 narrow: Callable[[list[Replica], str], list[Replica]] | None = None,
+                allowed: frozenset[str] | None = None,
                 edit: Edit | None = None) -> Prepared:
         """Parse and check the body once, scan it, and take the tenant's view of it.
         `narrow`: the transport's restriction of the candidates (a data plane's subset
-        hint); raises GatewayError (400, 404, 503)."""
+        hint), `allowed` the names it allows of the whole fleet (what the admission queue
+        binds a waiter within when it reads the fleet again); raises GatewayError (400,
+        404, 503)."""
         ex = turn.ex
         inbound = parse_inbound(raw, endpoint)
         body = inbound.body
@@ -161,7 +168,7 @@ class RequestFlow:
                 body["cache_salt"] = salt
             view = self.salts.route_view(view, ex.tenant)
             ex.withheld = self.salts.withheld(ex.tenant, self.auth.admin_tenant(ex.tenant))
-        return Prepared(endpoint, inbound, kind, view, candidates, pin, changed)
+        return Prepared(endpoint, inbound, kind, view, candidates, pin, changed, allowed)
 
     async def admit(self, turn: Turn, prep: Prepared, priority_header: bytes | None,
                     ) -> Headers:
@@ -172,7 +179,7 @@ class RequestFlow:
         try:  # the admission queue (off: Router.decide at once) decides when and where
             ticket = await self.gate.admit(Ask(
                 prep.view, prep.kind, prep.inbound.model, ex.session, prep.pin, ex.tenant,
-                priority_header, ex.ts), prep.candidates)
+                priority_header, ex.ts, prep.allowed), prep.candidates)
         except ValueError as exc:  # NormalizeError: a body shape the engine would refuse too
             raise GatewayError(400, str(exc), code="invalid_request") from None
         turn.ticket = ticket
@@ -218,10 +225,14 @@ class RequestFlow:
     def moved(self, turn: Turn, name: str) -> Replica | None:
         """A retry, or a data plane's fallback, served it on `name`: the router moves its
         bookkeeping (the prompt's blocks, the session binding, the pending count) there,
-        so the next turn goes where the cache now is; the in-flight count follows."""
+        so the next turn goes where the cache now is; the in-flight count and the gate's
+        count follow."""
         if turn.plan is not None:
             self.router.retried(turn.plan, name, self.clock())
-        return self.bind(turn, name)
+        replica = self.bind(turn, name)
+        if replica is not None and turn.ticket is not None:
+            self.gate.moved(turn.ticket, name)  # the gate's count follows too
+        return replica
 
     def remember_response(self, turn: Turn, response_id: str) -> None:
         """A Responses answer's id: its continuations go where it was made."""

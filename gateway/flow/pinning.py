@@ -5,6 +5,9 @@ A Responses request naming a `previous_response_id` whose creator the gateway kn
 pinned to that replica: no other replica holds the stored response. If that replica left
 the fleet or is unhealthy, the answer is a 404/503 saying so instead of sending it where
 it can only fail. Another tenant's id is answered as the engine answers an unknown one.
+A call on one stored response (`GET`/`DELETE /v1/responses/{id}`,
+`POST /v1/responses/{id}/cancel`: `stored_holder`) goes to its creator the same way, in
+`gateway serve` and in the endpoint picker alike.
 """
 
 from __future__ import annotations
@@ -61,3 +64,26 @@ def remember(affinity: AffinityStore, response_id: str, tenant: str | None,
     if tenant is not None:  # that some tenant holds it (see `holder`); first, so the
         affinity.remember(response_id, replica)  # LRU forgets it first
     affinity.remember(owned(response_id, tenant), replica)
+
+
+def stored_holder(path: str, method: str, tenant: str | None, affinity: AffinityStore,
+                  fleet: Mapping[str, Replica]) -> str | None:
+    """The replica a call on one stored response must go to (None: not such a call, or
+    an id the gateway does not know); raises as `holder` (404, 503)."""
+    stored = stored_response(path, method)
+    if stored is None:
+        return None
+    return holder(stored, "response_id", tenant, affinity, fleet)
+
+
+def stored_response(path: str, method: str) -> str | None:
+    """The response id a call on one stored response names (GET/DELETE
+    /v1/responses/{id}, POST /v1/responses/{id}/cancel), else None (pure)."""
+    parts = path.split("/")
+    if len(parts) < 4 or parts[1:3] != ["v1", "responses"] or not parts[3]:
+        return None
+    if len(parts) == 4 and method in ("GET", "DELETE"):
+        return parts[3]
+    if len(parts) == 5 and parts[4] == "cancel" and method == "POST":
+        return parts[3]
+    return None

@@ -226,9 +226,8 @@ class Proxy:
     async def _forward_other(self, scope: Scope, send: Send, raw: bytes, turn: Turn,
                              headers: Headers) -> None:
         ex = turn.ex
-        stored = stored_response(scope["path"], scope["method"])
-        holder = (pinning.holder(stored, "response_id", ex.tenant, self.affinity,
-                                 self.fleet.replicas) if stored is not None else None)
+        holder = pinning.stored_holder(scope["path"], scope["method"], ex.tenant,
+                                       self.affinity, self.fleet.replicas)
         model = None
         if raw and scope["method"] != "GET":
             doc = parse_json(raw)
@@ -343,15 +342,3 @@ class Proxy:
         if outcome.error is not None:
             ex.fail(outcome.error)
 
-
-def stored_response(path: str, method: str) -> str | None:
-    """The response id a call on one stored response names (GET/DELETE
-    /v1/responses/{id}, POST /v1/responses/{id}/cancel), else None (pure)."""
-    parts = path.split("/")
-    if len(parts) < 4 or parts[1:3] != ["v1", "responses"] or not parts[3]:
-        return None
-    if len(parts) == 4 and method in ("GET", "DELETE"):
-        return parts[3]
-    if len(parts) == 5 and parts[4] == "cancel" and method == "POST":
-        return parts[3]
-    return None
