@@ -7,8 +7,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.flow.pinning import stored_response
 from gateway.proxy.app import create_app
+from gateway.proxy.pinning import stored_response
 from gateway.usage.record import UsageRecord
 from tests.proxy_fakes import JSON_H, MODEL, Fake, settings, started
 from tests.upstream_double import MockReply, MockRequest

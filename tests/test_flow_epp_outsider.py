@@ -20,7 +20,7 @@ from google.protobuf import struct_pb2
 
 from gateway.admission.config import AdmissionConfig
 from gateway.epp import decision
-from gateway.flow import pinning
+from gateway.proxy import pinning
 from gateway.settings import AuthSettings
 from tests.proxy_fakes import COMPLETION
 from tests.servers import sim

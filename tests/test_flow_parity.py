@@ -3,7 +3,7 @@ in-process app over a mock upstream) and through the endpoint picker's request p
 (driven as the ext_proc stream drives it, with the answers the replica gave serve) give
 the same router reports, usage records, metrics, gate state and forwarded `priority`;
 and what both must show is checked as such, so a step of the shared core broken
-(gateway.flow.core: the router not told of a move, the in-flight count kept, the gate
+(gateway.proxy.flow: the router not told of a move, the in-flight count kept, the gate
 not told, the priority not stamped) turns both red, not only their comparison."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 relaying, without relaying (Envoy moves the bytes). No gRPC here (gateway.epp.server owns
 the wire); the collaborators are `gateway serve`'s own (`gateway.proxy.app.Services`), and
 the request's bookkeeping, admission and priorities are serve's own request flow
-(gateway.flow.core.RequestFlow), so the two cannot drift.
+(gateway.proxy.flow.RequestFlow), so the two cannot drift.
 
     start (request headers: the flow begun, auth, session and priority headers)
     -> route (request body: the flow's prepare (with the data plane's subset hint) and
@@ -24,7 +24,7 @@ A Responses answer's id is remembered, so its continuations are pinned, when the
 reads that answer's body (`[epp] response`: a JSON answer under "json", the default,
 a stream under "body"); a call on one stored response (`GET`/`DELETE
 /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`) goes to the replica that created
-it, with no fallback, as in serve (gateway.flow.pinning: 404 when it left, 503 when it is
+it, with no fallback, as in serve (gateway.proxy.pinning: 404 when it left, 503 when it is
 down, another tenant's id a 404).
 A record whose body the EPP does not read (a stream under "json"; everything under
 "headers") has no token counts; it still ends, and releases its in-flight count, when the
@@ -45,11 +45,11 @@ import orjson
 
 from gateway.admission import priority
 from gateway.epp import decision
-from gateway.flow import pinning
-from gateway.flow.core import RequestFlow, Turn
+from gateway.proxy import pinning
 from gateway.proxy.app import Services
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.exchange import Exchange
+from gateway.proxy.flow import RequestFlow, Turn
 from gateway.proxy.inbound import Endpoint, parse_json
 from gateway.proxy.target import client_request_id
 from gateway.replicas.fleet import Replica, no_healthy
@@ -132,7 +132,7 @@ class Picker:
         self.timer = timer
         self.retries = services.settings.server.retries
         assert services.gate is not None  # built with the services (GatewayApp.startup)
-        # bookkeeping, admission and priorities: `gateway serve`'s own (gateway.flow.core)
+        # bookkeeping, admission and priorities: `gateway serve`'s own (gateway.proxy.flow)
         self.flow = RequestFlow(
             fleet=services.fleet, router=services.router, analyzer=services.analyzer,
             metrics=services.metrics, recorder=services.recorder, auth=services.auth,

@@ -9,7 +9,7 @@
 
 The steps from parsing to the end (admission, priorities, the headers, the in-flight
 count, the report and the record) are the request flow `gateway epp` shares
-(gateway.flow.core.RequestFlow); this module owns the bytes: reading, serve's own body
+(gateway.proxy.flow.RequestFlow); this module owns the bytes: reading, serve's own body
 edits (usage asked of a stream, hygiene rewrites), relaying and retries.
 
 Cancellation: once the body is read, a watcher task waits for `http.disconnect`; when the
@@ -54,13 +54,13 @@ import orjson
 from gateway.admission import priority
 from gateway.admission.gate import Gate
 from gateway.admission.priority import header_value as priority_header
-from gateway.flow import pinning
-from gateway.flow.core import Kind, RequestFlow, Turn
 from gateway.hygiene.analyzer import HygieneAnalyzer
+from gateway.proxy import pinning
 from gateway.proxy.asgi import ClientGone, Headers, Receive, Scope, Send, read_body, request_headers
 from gateway.proxy.auth import Authenticator
 from gateway.proxy.errors import GatewayError, UpstreamError, error_response, from_upstream
 from gateway.proxy.exchange import Exchange
+from gateway.proxy.flow import Kind, RequestFlow, Turn
 from gateway.proxy.inbound import Endpoint, Inbound, inject_usage, parse_json
 from gateway.proxy.relay import RelayOutcome, relay, shutting_down, upstream_request_headers
 from gateway.proxy.session import session_header

@@ -1,4 +1,4 @@
-"""The request flow's tracing seam (gateway.flow.core calls it; no OpenTelemetry import
+"""The request flow's tracing seam (gateway.proxy.flow calls it; no OpenTelemetry import
 here, so a core install without the `otel` extra runs as before).
 
     begin(headers, endpoint, method) -> Trace     at the flow's begin

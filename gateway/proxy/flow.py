@@ -35,8 +35,8 @@ from typing import Any, Literal
 
 from gateway.admission import priority
 from gateway.admission.gate import Ask, Gate, Ticket
-from gateway.flow import pinning
 from gateway.hygiene.analyzer import HygieneAnalyzer
+from gateway.proxy import pinning
 from gateway.proxy.auth import Authenticator
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.exchange import Exchange
