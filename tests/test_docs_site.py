@@ -19,7 +19,8 @@ from tests.docs_blocks import ROOT
 
 README = ROOT / "README.md"
 INSTALL_AND_RUN = "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/gateway serve"
-TESTS = ".venv/bin/pip install -e '.[test,realengine]' && .venv/bin/python -m pytest"
+TESTS = (".venv/bin/pip install -e '.[test,realengine]' && "
+         ".venv/bin/python -m gateway.tracing.protofix && .venv/bin/python -m pytest")
 
 
 def _refgen() -> ModuleType:

@@ -93,11 +93,13 @@ def test_fleet_metrics_keep_the_listed_families_only() -> None:
 
 def test_every_fleet_wide_family_exists() -> None:
     """A renamed family would silently become private: the list names real families."""
+    from gateway.tracing.otel import SpanCounters
     from gateway.upstream.counters import UpstreamCounters
     from gateway.usage.metrics import GatewayMetrics
 
     metrics = GatewayMetrics()
     UpstreamCounters(metrics.registry)
+    SpanCounters(metrics.registry)  # registered when [tracing] is on
     names = {family.name for family in metrics.registry.collect()}
     assert not FLEET_METRICS - names, sorted(FLEET_METRICS - names)
     # and none of them carries a tenant label

@@ -25,8 +25,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gateway.extras import require
-from gateway.tracing import attributes
+from gateway.extras import MissingExtra, require
+from gateway.tracing import attributes, protofix
 from gateway.tracing.config import TracingSettings
 from gateway.tracing.tracer import Trace
 from gateway.usage.record import UsageRecord
@@ -78,6 +78,8 @@ def build(settings: TracingSettings, env: Mapping[str, str],
     sdk_trace = require("opentelemetry.sdk.trace", extra=EXTRA, feature=FEATURE)
     export = require("opentelemetry.sdk.trace.export", extra=EXTRA, feature=FEATURE)
     resources = require("opentelemetry.sdk.resources", extra=EXTRA, feature=FEATURE)
+    if protofix.overwritten():  # xds-protos (the epp extra) installed over it
+        raise MissingExtra(protofix.broken_message())
     exporter = _exporter(env)
     counters = SpanCounters(registry)
     given = {} if env.get("OTEL_SERVICE_NAME") else {"service.name": SERVICE_NAME}
