@@ -430,8 +430,9 @@ async def start_shared_state(settings: Settings, router: Router, services: Servi
     from gateway.shared.affinity import SharedAffinity
     from gateway.shared.redis_state import SharedState as Shared
 
+    fleet = services.fleet
     shared = Shared(settings.redis, router.apply, services.affinity, clock,
-                    registry=metrics.registry)
+                    registry=metrics.registry, known=lambda name: name in fleet.replicas)
     router.share(shared.publish)
     services.affinity = SharedAffinity(services.affinity, shared)
     await shared.start()
