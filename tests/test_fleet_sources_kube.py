@@ -25,6 +25,7 @@ from tests.test_fleet_sources_loopback import (
     port_on_every_host,
     scale,
     settings,
+    until,
 )
 
 LABELS = {"app": "vllm"}
@@ -104,3 +105,36 @@ async def test_scaling_through_a_label_selector(tmp_path: Path,
             assert set(app.services.fleet.replicas) == {f"vllm-2:{port}"}
     assert any("watch=true" in r and "labelSelector=app%3Dvllm" in r
                for r in kube.requests), kube.requests
+
+
+async def test_a_reload_without_the_selector_stops_the_watch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    port = port_on_every_host()
+    named = {"http": port}
+    with fake_kube({"metadata": {"name": "unused"}}) as kube:
+        monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path / "kubeconfig")))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        kube.put(pod("vllm-0", HOSTS[0], True, LABELS, named))
+        base = settings(kubernetes_selector="app=vllm", kubernetes_namespace="ns",
+                        kubernetes_port_name="http", grace_s=0.0)
+        app = GatewayApp(base)
+        async with pods() as pool, app.running():
+            await pool.start(HOSTS[0], port)
+            await pool.start(HOSTS[1], port)
+            services, sources = app.services, app.sources
+            assert services is not None and sources is not None
+            fleet = services.fleet
+            await until("the pod up", lambda: {r.name for r in fleet.healthy()} == {
+                f"vllm-0:{port}"})
+            await sources.reload((), DiscoverySettings(grace_s=0.0))
+            await until("its replica departs", lambda: not fleet.replicas)
+            assert not any(s.startswith("kubernetes:") for s in sources.membership.sources)
+            # the watch is gone: a pod that turns ready now is no replica
+            kube.put(pod("vllm-1", HOSTS[1], True, LABELS, named))
+            # (the stopped watch ends at that event and closes its stream)
+            await until("no watch open", lambda: not kube.watchers)
+            assert not fleet.replicas
+            # and a reload that names the selector again follows the pods again
+            await sources.reload((), base.discovery)
+            await until("both pods up", lambda: {r.name for r in fleet.healthy()} == {
+                f"vllm-0:{port}", f"vllm-1:{port}"})
