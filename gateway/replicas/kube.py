@@ -43,7 +43,9 @@ def kube_api() -> Any:
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     else:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
+        # KUBECONFIG as it is now: the client reads its default once, when imported
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=os.environ.get("KUBECONFIG") or None)
     return client.ApiClient()
 
 
