@@ -88,6 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser, listener: str = "server",
         parser.add_argument("--dns", metavar="HOST:PORT", action="append", default=[],
                             help="a DNS name whose every address is a replica, re-resolved "
                             "(repeatable; discovery.dns)")
+        parser.add_argument("--kubernetes-selector", metavar="LABELS",
+                            help="the Ready pods this label selector picks are the replicas "
+                            "(discovery.kubernetes_selector; give discovery."
+                            "kubernetes_port or kubernetes_port_name)")
     parser.add_argument("--host",
                         help=f"listen address ({listener}.host, default 127.0.0.1)")
     parser.add_argument("--port", type=int,
@@ -128,6 +132,8 @@ def load_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
             overrides.setdefault("server", {})[key] = getattr(args, key)
     if getattr(args, "dns", None):
         overrides.setdefault("discovery", {})["dns"] = tuple(args.dns)
+    if getattr(args, "kubernetes_selector", None):
+        overrides.setdefault("discovery", {})["kubernetes_selector"] = args.kubernetes_selector
     if getattr(args, "no_access_log", False):
         overrides.setdefault("server", {})["access_log"] = False
     if getattr(args, "demo_speed", None) is not None:
@@ -199,7 +205,8 @@ async def serve(settings: Settings, reload: Callable[[], Settings] | None = None
 async def _serve(settings: Settings, sock: socket.socket,
                  reload: Callable[[], Settings] | None) -> int:
     cluster = None
-    if not settings.replicas and not settings.discovery.dns:
+    if (not settings.replicas and not settings.discovery.dns
+            and not settings.discovery.kubernetes_selector):
         from gateway.sim.cluster import AGENT_TOOL_CALL_PARSER, SimCluster, SimOptions
         from gateway.sim.kvpublish import KVEventsOptions
 
@@ -308,6 +315,9 @@ def check_extras(settings: Settings) -> None:
         load_renderers(settings.tokens, sim_renderer)  # a missing tokenizer or template fails here
     if settings.tracing.enabled:
         require("opentelemetry.sdk.trace", extra="otel", feature="[tracing] enabled")
+    if settings.discovery.kubernetes_selector:
+        require("kubernetes", extra="kubernetes",
+                feature="the pod watch ([discovery] kubernetes_selector)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -274,6 +274,14 @@ class DiscoverySettings:
     # `replica` label values whatever DNS answers.
     max_replicas: int = 64
     api_key: str | None = field(default=None, repr=False)  # sent to discovered replicas
+    # Kubernetes pods (the `kubernetes` extra; gateway.replicas.kube): the pods this label
+    # selector picks in kubernetes_namespace (empty: the gateway pod's own, else
+    # "default"), each Ready one with an IP a replica `<pod>:<port>` at kubernetes_port or
+    # at its container port named kubernetes_port_name (one of the two).
+    kubernetes_selector: str = ""  # "app=vllm,tier=gpu"
+    kubernetes_namespace: str = ""
+    kubernetes_port: int = 0
+    kubernetes_port_name: str = ""
     # A replica no longer listed takes no new request at once, keeps what it learned for
     # grace_s (listed again within it, it is not learned from scratch), and departs after
     # that once its requests in flight finished, or drain_timeout_s after it left anyway.
@@ -290,6 +298,12 @@ class DiscoverySettings:
                              "positive")
         if self.grace_s < 0 or self.drain_timeout_s < 0:
             raise ValueError("discovery.grace_s and discovery.drain_timeout_s must be >= 0")
+        if self.kubernetes_selector and (self.kubernetes_port > 0) == bool(
+                self.kubernetes_port_name):
+            raise ValueError("discovery.kubernetes_selector needs one of "
+                             "discovery.kubernetes_port and discovery.kubernetes_port_name")
+        if not 0 <= self.kubernetes_port < 65536:
+            raise ValueError("discovery.kubernetes_port must be in 1..65535")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

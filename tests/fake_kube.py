@@ -19,12 +19,26 @@ from aiohttp import web
 from tests.servers import free_port
 
 
-def pod(name: str, ip: str, ready: bool, labels: dict[str, str]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "ns", "labels": labels,
-                         "resourceVersion": "1"},
-            "status": {"podIP": ip, "phase": "Running", "conditions": [
-                {"type": "Ready", "status": "True" if ready else "False"}]}}
+def pod(name: str, ip: str, ready: bool, labels: dict[str, str],
+        ports: dict[str, int] | None = None) -> dict[str, Any]:
+    """A pod; `ports`: its container's named ports (name -> containerPort)."""
+    out: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ns", "labels": labels,
+                     "resourceVersion": "1"},
+        "status": {"podIP": ip, "phase": "Running", "conditions": [
+            {"type": "Ready", "status": "True" if ready else "False"}]}}
+    if ports is not None:
+        out["spec"] = {"containers": [{"name": "vllm", "ports": [
+            {"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports.items()]}]}
+    return out
+
+
+def selected(p: dict[str, Any], selector: str) -> bool:
+    """Whether the pod's labels match a `k=v,k2=v2` selector (equality terms only)."""
+    labels = p["metadata"].get("labels") or {}
+    terms = [t.split("=", 1) for t in selector.split(",") if t]
+    return all(labels.get(k) == v for k, v in terms)
 
 
 class FakeKube:
@@ -78,11 +92,12 @@ class FakeKube:
 
     async def pods_view(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(request.path_qs)
+        selector = request.query.get("labelSelector", "")
         if request.query.get("watch") not in ("true", "True", "1"):
             return web.json_response({
                 "apiVersion": "v1", "kind": "PodList",
                 "metadata": {"resourceVersion": str(self.version)},
-                "items": list(self.pods.values())})
+                "items": [p for p in self.pods.values() if selected(p, selector)]})
         resp = web.StreamResponse(headers={"content-type": "application/json"})
         await resp.prepare(request)
         q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -90,6 +105,8 @@ class FakeKube:
         try:
             while True:
                 event = await q.get()
+                if not selected(event["object"], selector):
+                    continue
                 await resp.write(json.dumps(event).encode() + b"\n")
         finally:
             self.watchers.remove(q)

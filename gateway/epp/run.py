@@ -25,8 +25,7 @@ import signal
 import socket
 import sys
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import uvloop
 
@@ -45,9 +44,6 @@ if TYPE_CHECKING:
     from gateway.epp.picker import Picker
 
 log = logging.getLogger("gateway.epp")
-
-NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve_arguments(parser, listener="epp", default_port=EppSettings().port)
@@ -71,26 +67,6 @@ def epp_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
         raise SettingsError("no replicas: give --backend URL (repeatable), [[replicas]] "
                             "in --config, GATEWAY_BACKENDS, or [epp] pool")
     return settings
-
-
-def kube_api() -> Any:
-    """A Kubernetes API client: the pod's service account in a cluster, else kubeconfig."""
-    from kubernetes import client, config
-
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    else:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-    return client.ApiClient()
-
-
-def pool_namespace(configured: str) -> str:
-    if configured:
-        return configured
-    try:
-        return NAMESPACE_FILE.read_text().strip() or "default"
-    except OSError:
-        return "default"
 
 
 async def resolve_endpoints(urls: dict[str, str]) -> dict[str, str]:
@@ -143,10 +119,11 @@ async def serve_epp(settings: Settings) -> int:
         watch = None
         if epp.pool:
             from gateway.epp.pool import Members, PoolWatch
+            from gateway.replicas.kube import kube_api, own_namespace
 
             members = Members(services.fleet, services.monitor, services.remove_replica,
                               picker.set_endpoints)
-            watch = PoolWatch(kube_api(), pool_namespace(epp.pool_namespace), epp.pool,
+            watch = PoolWatch(kube_api(), own_namespace(epp.pool_namespace), epp.pool,
                               members.apply, asyncio.get_running_loop())
             watch.start()
             resolving = None

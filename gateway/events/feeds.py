@@ -11,6 +11,12 @@ a subscriber per data-parallel rank until cancelled, restarting it with backoff 
 fails. The index learns the replica's block size from its first event, so a replica is
 routed in text mode until events flow, and for good when its block size is not the one the
 renderer hashes at (said in `status`).
+
+The replicas are the configured ones at start-up, then follow the fleet: a replica that
+joins at run time (a DNS name, a Kubernetes selector, a reloaded settings file) gets its
+feed (`add_replica`, from gateway.replicas.membership), and one that departs has its feed
+cancelled, its sockets closed and its state forgotten (`remove_replica`, from
+`Services.remove_replica`), so the feeds are bounded by the fleet whatever the churn.
 """
 
 from __future__ import annotations
@@ -69,11 +75,14 @@ class EventFeeds:
         self._settings = settings
         self._renderers = dict(renderers)
         self._index = index
-        self._targets = list(targets)
+        self._targets = {t.name: t for t in targets}  # one per replica in the fleet
         self._models_of = models_of
         self._clock = clock
         self._state = {t.name: FeedState() for t in targets}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # a running feed per target
+        self._closing: set[asyncio.Task[None]] = set()  # departed feeds still unwinding
+        self._failures = FailureLog(log)
+        self._started = False
         self._ctx: Any = None
         self._http: aiohttp.ClientSession | None = None
         self._on_restart: Callable[[str, float], None] | None = None
@@ -87,16 +96,42 @@ class EventFeeds:
 
         self._ctx = zmq.asyncio.Context()
         self._http = aiohttp.ClientSession()
-        loop = asyncio.get_running_loop()
+        self._started = True
+        for target in self._targets.values():
+            self._run(target)
+
+    def _run(self, target: FeedTarget) -> None:
         # Each replica's feed under the error boundary (gateway/tasks.py): an error
         # nothing below expected is logged and that feed starts over, the others go on.
-        failures = FailureLog(log)
-        self._tasks = [loop.create_task(
-            supervised(f"KV event feed {t.name}", functools.partial(self._feed, t), failures),
-            name=f"kv-feed {t.name}") for t in self._targets]
+        self._tasks[target.name] = asyncio.get_running_loop().create_task(
+            supervised(f"KV event feed {target.name}", functools.partial(self._feed, target),
+                       self._failures), name=f"kv-feed {target.name}")
+
+    def add_replica(self, target: FeedTarget) -> None:
+        """A replica that joined (or whose settings changed): its feed, started now when
+        the feeds run; the same target again changes nothing."""
+        if self._targets.get(target.name) == target:
+            return
+        self.remove_replica(target.name)
+        self._targets[target.name] = target
+        self._state[target.name] = FeedState()
+        if self._started:
+            self._run(target)
+
+    def remove_replica(self, name: str) -> None:
+        """A replica that departed: its feed cancelled (its subscribers close their
+        sockets as they unwind) and forgotten; waited for at `aclose`."""
+        self._targets.pop(name, None)
+        self._state.pop(name, None)
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def aclose(self) -> None:
-        tasks, self._tasks = self._tasks, []
+        tasks = [*self._tasks.values(), *self._closing]
+        self._tasks, self._started = {}, False
         await cancel_all(tasks)
         if self._http is not None:
             await self._http.close()
@@ -202,7 +237,7 @@ class EventFeeds:
     def status(self, now: float) -> dict[str, Any]:
         """The `token_mode` section of /stats."""
         replicas: dict[str, Any] = {}
-        for target in self._targets:
+        for target in self._targets.values():
             st = self._state[target.name]
             blocks = self._index.state(target.name)
             renderer = self._renderers.get(st.model or "")

@@ -56,7 +56,7 @@ from gateway.proxy.errors import GatewayError, error_response
 from gateway.proxy.handler import Proxy
 from gateway.proxy.inbound import Endpoint
 from gateway.proxy.tenancy import TenantSalts
-from gateway.proxy.tokenmode import EventFeeds, SimRenderer, start_token_mode
+from gateway.proxy.tokenmode import EventFeeds, SimRenderer, feed_target, start_token_mode
 
 if TYPE_CHECKING:
     from gateway.shared.redis_state import SharedState
@@ -123,6 +123,7 @@ class Services:
         """A replica left the fleet: out of every per-replica map at once
         (gateway.replicas.departure lists them); None when no replica had that name."""
         parts: list[Callable[[str], object]] = [
+            *([self.feeds.remove_replica] if self.feeds is not None else []),
             self.router.remove_replica, self.metrics.remove_replica,
             self.monitor.forget_replica, self.recorder.forget_replica,
             self.affinity.forget_replica]
@@ -213,9 +214,12 @@ class GatewayApp:
             upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer,
             counters=UpstreamCounters(metrics.registry),
             salts=salts, tracer=services.tracer)
-        self.sources = FleetSources(Membership(
-            fleet, monitor, services.remove_replica, settings.discovery, self.clock),
-            self._resolver)
+        membership = Membership(fleet, monitor, services.remove_replica, settings.discovery,
+                                self.clock)
+        if services.feeds is not None:
+            feeds = services.feeds
+            membership.on_member = lambda replica: feeds.add_replica(feed_target(replica))
+        self.sources = FleetSources(membership, self._resolver)
         await self.sources.start(settings.replicas)
         log.debug("gateway services started", extra={
             "replicas": [r.name for r in settings.replicas],
@@ -426,8 +430,9 @@ async def start_shared_state(settings: Settings, router: Router, services: Servi
     from gateway.shared.affinity import SharedAffinity
     from gateway.shared.redis_state import SharedState as Shared
 
+    fleet = services.fleet
     shared = Shared(settings.redis, router.apply, services.affinity, clock,
-                    registry=metrics.registry)
+                    registry=metrics.registry, known=lambda name: name in fleet.replicas)
     router.share(shared.publish)
     services.affinity = SharedAffinity(services.affinity, shared)
     await shared.start()

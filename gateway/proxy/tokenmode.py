@@ -1,5 +1,6 @@
 """Token mode for the gateway ([tokens]): each model's renderer, the KV-event index, the
-router's `TokenMode` seam and the event feeds, built at start-up.
+router's `TokenMode` seam and the event feeds, built at start-up (the feeds then follow the
+fleet: gateway.events.feeds).
 
 Renderers read files (tokenizer, chat template): they are built off the event loop, once.
 A model value of `sim` is the simulator's own template and tokenizer, built by a
@@ -20,7 +21,7 @@ from gateway.events.kvindex import KVConfig, KVIndex
 from gateway.events.tokenmode import TokenMode
 from gateway.extras import require
 from gateway.replicas.fleet import Fleet
-from gateway.settings import Settings
+from gateway.settings import ReplicaSettings, Settings
 from gateway.tokens.render import TokenRenderer
 from gateway.tokens.template import load_template
 from gateway.tokens.tokenize import TokenizerCache
@@ -87,6 +88,12 @@ def load_renderers(settings: TokenSettings, sim_renderer: SimRenderer | None = N
     return out
 
 
+def feed_target(replica: ReplicaSettings) -> FeedTarget:
+    """A replica as its KV-event feed sees it."""
+    return FeedTarget(replica.name, replica.url, replica.api_key, replica.kv_events_endpoint,
+                      replica.kv_events_replay_endpoint)
+
+
 async def start_token_mode(settings: Settings, fleet: Fleet, clock: Callable[[], float],
                            sim_renderer: SimRenderer | None = None) -> TokenModeParts | None:
     """The token-mode parts for `settings.tokens`, or None when it is off. The feeds are
@@ -98,8 +105,7 @@ async def start_token_mode(settings: Settings, fleet: Fleet, clock: Callable[[],
     renderers = await asyncio.to_thread(load_renderers, cfg, sim_renderer)
     index = KVIndex(KVConfig(predict_ttl_s=cfg.predict_ttl_s, stale_after_s=cfg.stale_after_s,
                              stale_requests=cfg.stale_requests))
-    targets = [FeedTarget(r.name, r.url, r.api_key, r.kv_events_endpoint,
-                          r.kv_events_replay_endpoint) for r in settings.replicas]
+    targets = [feed_target(r) for r in settings.replicas]
 
     def models_of(name: str) -> frozenset[str] | None:
         replica = fleet.replicas.get(name)

@@ -112,6 +112,9 @@ class Membership:
     discovery: DiscoverySettings
     clock: Callable[[], float]
     sources: dict[str, dict[str, ReplicaSettings]] = field(default_factory=dict)
+    # told of each replica that joins or whose settings changed (token mode's KV-event
+    # feeds: EventFeeds.add_replica); a departure goes through `remove`
+    on_member: Callable[[ReplicaSettings], object] = lambda replica: None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _reaper: asyncio.Task[None] | None = None
 
@@ -150,6 +153,7 @@ class Membership:
                                                 "reason": "address changed"})
         for replica in todo.update:
             self.fleet.update(replica)
+            self.on_member(replica)
         for name in todo.rejoin:
             self.fleet.rejoin(name)
             log.info("replica rejoined", extra={"replica": name})
@@ -157,6 +161,7 @@ class Membership:
                         f"health probe {name}")
         for replica in (*todo.join, *todo.replace):
             joiner = self.fleet.add(replica, joining=True)
+            self.on_member(replica)
             log.info("replica joined", extra={"replica": replica.name, "url": replica.url})
             self._start(functools.partial(self._join, joiner), f"join {replica.name}")
         self._reap_now(now)

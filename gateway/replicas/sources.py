@@ -10,6 +10,13 @@ go. Names are stable (the same address is the same replica, on every gateway ins
 instances sharing state through Redis name it alike) and bounded: at most `max_replicas`
 addresses per name, the lowest first. A failed resolution keeps the last set (a DNS
 outage does not empty the fleet); an answer with no address empties it.
+
+Kubernetes (`[discovery] kubernetes_selector`, the `kubernetes` extra): `KubeSource` runs
+the pod watch `gateway epp`'s InferencePool uses (gateway.replicas.kube.PodWatch) on a
+label selector; each Ready pod with an IP is a replica `<pod>:<port>`, at most
+`max_replicas` of them (by name). A broken watch keeps the last set until it is listed
+again; a pod that turns unready or is deleted leaves through `Membership` like a name DNS
+no longer answers.
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ import asyncio
 import ipaddress
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
+from gateway.replicas.kube import PodWatch, kube_api, own_namespace
 from gateway.replicas.membership import STATIC, Membership
 from gateway.settings import DiscoverySettings, ReplicaSettings, host_port
 from gateway.tasks import FailureLog, every, guarded
@@ -102,13 +111,54 @@ class DnsWatch:
         self.publish(self.source, found)
 
 
-class FleetSources:
-    """The static list and the DNS watches, applied to the fleet through `membership`."""
+def kube_members(endpoints: Mapping[str, str], max_replicas: int,
+                 api_key: str | None = None) -> dict[str, ReplicaSettings]:
+    """Replica name -> settings for the watch's endpoints, the first `max_replicas` names."""
+    return {name: ReplicaSettings(name=name, url=endpoints[name], api_key=api_key)
+            for name in sorted(endpoints)[:max_replicas]}
 
-    def __init__(self, membership: Membership, resolver: Resolver = getaddrinfo) -> None:
+
+class KubeSource:
+    """The pods of `[discovery] kubernetes_selector`, watched in a thread (PodWatch)."""
+
+    def __init__(self, discovery: DiscoverySettings, api: Any,
+                 publish: Callable[[str, dict[str, ReplicaSettings]], None]) -> None:
+        d = discovery
+        namespace = own_namespace(d.kubernetes_namespace)
+        self.source = f"kubernetes:{namespace}/{d.kubernetes_selector}"
+        self.discovery = discovery
+        self.publish = publish
+        port: int | str = d.kubernetes_port or d.kubernetes_port_name
+        selector = d.kubernetes_selector
+        self.watch = PodWatch(api, namespace, lambda _api: (selector, (port,)),
+                              f"pods {namespace}/{selector}", self._found,
+                              asyncio.get_running_loop())
+
+    def start(self) -> None:
+        self.watch.start()
+
+    def stop(self) -> None:
+        self.watch.stop()
+
+    def _found(self, endpoints: dict[str, str]) -> None:
+        d = self.discovery
+        if len(endpoints) > d.max_replicas:
+            log.warning("the selector picks more pods than discovery.max_replicas", extra={
+                "selector": d.kubernetes_selector, "max_replicas": d.max_replicas})
+        self.publish(self.source, kube_members(endpoints, d.max_replicas, d.api_key))
+
+
+class FleetSources:
+    """The static list, the DNS watches and the pod watch, applied to the fleet through
+    `membership`."""
+
+    def __init__(self, membership: Membership, resolver: Resolver = getaddrinfo,
+                 kube: Callable[[], Any] = kube_api) -> None:
         self.membership = membership
         self.resolver = resolver
+        self.kube = kube  # the Kubernetes API client's factory (a seam)
         self._watches: dict[str, DnsWatch] = {}
+        self._kube: KubeSource | None = None
         self._reloading = asyncio.Lock()  # two SIGHUPs close together apply one at a time
 
     async def start(self, replicas: Sequence[ReplicaSettings]) -> None:
@@ -120,6 +170,7 @@ class FleetSources:
         for watch in self._watches.values():
             await watch.aclose()
         self._watches.clear()
+        self._stop_kube()
         await self.membership.aclose()
 
     async def reload(self, replicas: Sequence[ReplicaSettings],
@@ -138,9 +189,11 @@ class FleetSources:
         if discovery != before:
             for watch in self._watches.values():
                 await watch.aclose()
+            self._stop_kube()
             kept = {w.source for w in self._watches.values()} & {
                 f"dns:{t}" for t in discovery.dns}
-            for source in [s for s in self.membership.sources if s.startswith("dns:")]:
+            for source in [s for s in self.membership.sources
+                           if s.startswith(("dns:", "kubernetes:"))]:
                 if source not in kept:
                     del self.membership.sources[source]
             self._watches.clear()
@@ -155,3 +208,18 @@ class FleetSources:
                              self.membership.monitor.failures)
             self._watches[target] = watch
             await watch.start()
+        if discovery.kubernetes_selector:
+            try:
+                api = self.kube()
+            except Exception as exc:  # no kubeconfig, no service account: the rest runs
+                log.error("no Kubernetes API client; the selector's pods are not watched",
+                          extra={"selector": discovery.kubernetes_selector,
+                                 "error": str(exc)[:300]})
+                return
+            self._kube = KubeSource(discovery, api, self.membership.set_source)
+            self._kube.start()
+
+    def _stop_kube(self) -> None:
+        if self._kube is not None:
+            self._kube.stop()
+            self._kube = None

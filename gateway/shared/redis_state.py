@@ -68,7 +68,8 @@ class SharedState:
     def __init__(self, settings: RedisSettings, apply: Callable[[Fact, float], None],
                  affinity: AffinityStore, clock: Callable[[], float],
                  registry: CollectorRegistry | None = None,
-                 instance: str | None = None) -> None:
+                 instance: str | None = None,
+                 known: Callable[[str], bool] = lambda replica: True) -> None:
         if settings.url is None:
             raise ValueError("SharedState needs redis.url")
         self.settings = settings
@@ -76,6 +77,10 @@ class SharedState:
         self.stream = f"{settings.prefix}:routing"
         self._apply = apply
         self._affinity = affinity
+        # Whether a replica is in this instance's fleet: a response stored on one it has
+        # seen depart (another instance, resolving later, still routed there) is not
+        # remembered, as `Router.apply` ignores the other facts about it.
+        self._known = known
         self._clock = clock
         self._queue: deque[tuple[Fact, float]] = deque(maxlen=settings.queue_size)
         self._wake = asyncio.Event()
@@ -373,6 +378,9 @@ class SharedState:
             else:
                 self._chains.learn(fact.hashes)
         if isinstance(fact, Response):
+            if not self._known(fact.replica):
+                self._m_facts.labels("in", "unknown_replica").inc()
+                return
             self._affinity.remember(fact.response_id, fact.replica)
         else:
             # Applied when it happened (a clock ahead of this one: now).
