@@ -1,7 +1,8 @@
 """A fake Kubernetes API server on loopback for the InferencePool watch test (no real API
 server can run here): one InferencePool, and pods that the test changes, served as the
 official client reads them: GET the pool, list pods (with a resourceVersion), and watch
-pods (`?watch=true`: one JSON event per line, kept open). aiohttp, in its own thread and
+pods (`?watch=true`: one JSON event per line, kept open; the events after the watch's
+`resourceVersion` first, as a real API server sends them). aiohttp, in its own thread and
 event loop; stopped (and its thread joined) on exit."""
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class FakeKube:
         self.pods: dict[str, dict[str, Any]] = {}
         self.version = 1
         self.watchers: list[asyncio.Queue[dict[str, Any]]] = []
+        # every event, for a watch that starts from an older resourceVersion (as a real API
+        # server replays them: events between a list and its watch are not lost)
+        self.history: list[tuple[int, dict[str, Any]]] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -79,8 +83,10 @@ class FakeKube:
             self.pods.pop(p["metadata"]["name"], None)
         else:
             self.pods[p["metadata"]["name"]] = p
+        event = {"type": kind, "object": p}
+        self.history.append((self.version, event))
         for q in self.watchers:
-            q.put_nowait({"type": kind, "object": p})
+            q.put_nowait(event)
 
     # the API server's side ------------------------------------------------------------------
 
@@ -101,6 +107,11 @@ class FakeKube:
         resp = web.StreamResponse(headers={"content-type": "application/json"})
         await resp.prepare(request)
         q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        since = request.query.get("resourceVersion", "")
+        if since.isdigit():
+            for version, event in self.history:
+                if version > int(since):
+                    q.put_nowait(event)
         self.watchers.append(q)
         try:
             while True:
