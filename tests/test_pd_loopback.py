@@ -4,11 +4,12 @@ replica received.
 
 Routing is `least_loaded` so a test can say which replica ranks first (a replica given a
 few requests in flight by hand ranks last). Mutations seen failing here: the prefill
-body left streamed or with the client's max_tokens; P's params not copied to D; a fresh
-X-Request-Id on the decode leg; the P leg not delivered counted as "D alone" (no second
-P); a decode leg's 5xx relayed instead of answered by P; P chosen also for a request the
-threshold keeps on D; /v1/embeddings forwarded to a prefill replica; the router not
-told that P holds the prompt."""
+body left streamed, with the client's max_tokens or min_tokens; P's params not copied to
+D; another X-Request-Id on one leg; a prefill leg not delivered taken as "D alone" (no
+second P); a decode leg's 5xx relayed instead of answered by P; P's whole answer not
+moved in the router; the threshold ignored; /v1/embeddings forwarded to a prefill
+replica; the router not told that P holds the prompt; D's prediction recorded (not P's)
+or judged by P's cached count; prefill replicas left among the candidates."""
 
 from __future__ import annotations
 
@@ -282,6 +283,10 @@ async def test_a_failed_pull_is_answered_by_p_alone(mode: str, failure: str,
         assert pd["prefill_alone"] == 1 and pd["transfer_failures"]["decode"] == {failure: 1}
         (rec,) = gw.records
         assert (rec.replica, rec.prefill_replica, rec.status) == ("p1", "p1", 200)
+        # the router moved the request to P: D never computed (nor pulled) the prompt
+        assert gw.app.services is not None
+        router = gw.app.services.router
+        assert router.indexed_blocks("d1") == 0 < router.indexed_blocks("p1")
 
 
 async def test_a_decode_leg_4xx_is_relayed_and_nothing_is_sent_again() -> None:
