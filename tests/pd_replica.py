@@ -6,7 +6,9 @@ it read whole (its body and X-Request-Id).
   (`do_remote_prefill` true, `remote_block_ids`, `remote_engine_id`, `remote_host/port`,
   `remote_num_tokens`, `remote_prefill_cached_tokens`);
 - a decode leg (`do_remote_prefill` true): the answer, streamed or not as asked, with
-  `cached_tokens` = P's `remote_prefill_cached_tokens` (vLLM >= 0.32);
+  `cached_tokens` = P's `remote_prefill_cached_tokens` (vLLM >= 0.32); not streamed, it
+  carries D's own `kv_transfer_params` (`bidirectional_kv_xfer`, `remote_engine_id`
+  "<name>-d");
 - anything else: a whole request, answered as one replica does.
 
 `mode` makes a leg fail: "500", "400" (answered), "read-close" (read, then the connection
@@ -33,6 +35,7 @@ class PdReplica:
     def __init__(self, name: str, mode: str = "ok") -> None:
         self.name = name
         self.mode = mode
+        self.params_on_whole = False  # its own params on a whole request's answer too
         self.bodies: list[dict[str, Any]] = []
         self.request_ids: list[bytes] = []
         self.port = 0
@@ -131,6 +134,12 @@ class PdReplica:
                   "choices": [{"index": 0, "finish_reason": "stop",
                                "message": {"role": "assistant", "content": text}}],
                   "usage": usage}
+        if which == "decode" or self.params_on_whole:  # bidirectional_kv_xfer: its own
+            answer["kv_transfer_params"] = {
+                "do_remote_decode": True, "do_remote_prefill": False,
+                "remote_block_ids": [[7, 8]], "remote_engine_id": f"{self.name}-d",
+                "remote_host": "127.0.0.1", "remote_port": self.port,
+                "remote_num_tokens": PROMPT_TOKENS + 1, "remote_blocks_expiry_time": 480.0}
         writer.write(response("200 OK", orjson.dumps(answer)))
         return True
 
