@@ -129,6 +129,8 @@ class Services:
             self.affinity.forget_replica]
         if self.gate is not None:
             parts.append(self.gate.forget_replica)
+        if self.shared is not None:  # facts about it from before are void, everywhere
+            parts.append(self.shared.depart)
         return depart(self.fleet, name, parts, (self.upstream, self.probes))
 
 
