@@ -20,7 +20,13 @@ from gateway.routing.affinity import ResponseAffinity
 from gateway.routing.facts import Departed, Fact, Response, Sent, Trust
 from gateway.settings import ReplicaSettings, Settings
 from gateway.shared.config import RedisSettings
-from gateway.shared.departures import MAX_DEPARTED, Departures, departed_key
+from gateway.shared.departures import (
+    MAX_DEPARTED,
+    Departures,
+    departed_key,
+    load_departures,
+    write_departures,
+)
 from tests.proxy_fakes import chat
 from tests.redis_server import needs_redis, redis_server
 from tests.servers import free_port
@@ -64,6 +70,42 @@ def test_a_departure_fact_is_recorded_and_the_record_is_bounded() -> None:
     assert not d.screen(Sent("r2", [1]), 50.0, 60.0)
     d.record("r5", 60.0 + KEEP_S, 60.0 + KEEP_S)  # the others expire as it comes
     assert len(d) == 1
+
+
+# ---- the record in Redis ------------------------------------------------------------------
+
+@needs_redis
+async def test_the_record_in_redis_is_bounded_in_time_and_count() -> None:
+    pytest.importorskip("redis")
+    from redis.asyncio import Redis
+
+    port, key, now = free_port(), departed_key("t"), 10_000.0
+    with redis_server(port):
+        store = Redis.from_url(f"redis://127.0.0.1:{port}/0")
+        try:
+            async def write(batch: list[tuple[Fact, float]], at: float) -> None:
+                async with store.pipeline(transaction=False) as pipe:
+                    write_departures(pipe, key, batch, at, KEEP_S)
+                    await pipe.execute()
+
+            await write([(Departed("old"), now - KEEP_S - 1), (Departed("r1"), now),
+                         (Sent("r9", [1]), now)], now)
+            await write([(Departed("r1"), now - 5)], now)  # an earlier sighting: kept later
+            assert await load_departures(store, key, now, KEEP_S, 5.0) == [("r1", now)]
+            assert await store.zcard(key) == 1  # the one older than keep_s went
+            assert 0 < await store.pttl(key) <= KEEP_S * 1000
+            await store.zadd(key, {b"\xff": now, b"x" * 1000: now})  # no names: left out
+            assert await load_departures(store, key, now, KEEP_S, 5.0) == [("r1", now)]
+            await write([(Departed(f"p{i}"), now + 1 + i) for i in range(MAX_DEPARTED + 2)],
+                        now)
+            assert await store.zcard(key) == MAX_DEPARTED  # the oldest went
+            got = await load_departures(store, key, now, KEEP_S, 5.0)
+            assert len(got) == MAX_DEPARTED and got[0] == (f"p{MAX_DEPARTED + 1}",
+                                                          now + MAX_DEPARTED + 2)
+            await write([], now)  # a batch without departures writes nothing
+            assert await store.zcard(key) == MAX_DEPARTED
+        finally:
+            await store.aclose()
 
 
 # ---- two instances on a real redis-server ---------------------------------------------------

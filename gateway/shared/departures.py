@@ -17,6 +17,8 @@ How: the instance that removes a replica records the departure twice:
   itself expires `replay_s` after its last write;
 - as a `Departed` fact in the routing stream (gateway/routing/facts.py), so that running
   instances learn it in order with the other facts.
+Both go in the writer's batch (one pipeline): while Redis is away a departure is lost
+with its batch, as any fact is, and only the instance that saw it holds it.
 
 Every instance keeps the departures it knows in `Departures` (pure, time a parameter:
 bounded by `MAX_DEPARTED`, each forgotten `replay_s` after it), and skips a fact about a
