@@ -6,6 +6,7 @@ and the bidirectional turn: D's params, P pulling them back."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -191,3 +192,24 @@ def test_bidirectional_turn_two_pulls_from_the_decoder(bidirectional: list[str],
     third = post(p, {"model": MODEL, "messages": turn2, "max_tokens": 1,
                      "kv_transfer_params": back}, f"t3-{stream}")
     assert third.status_code == 500
+
+
+@pytest.mark.parametrize(("lease_s", "pull"), [(60, True), (1, False)])
+def test_a_prefill_waiting_for_room_runs_when_a_lease_is_released_or_expires(
+        lease_s: int, pull: bool) -> None:
+    """A lease pins P's blocks: a prefill that does not fit beside it waits, and runs once
+    D pulls (the release wakes P; the 60 s lease would not) or the lease expires (P wakes
+    itself)."""
+    flags = [*FAST, "--kv-blocks", "40", "--role", "prefill", "--role", "decode",
+             "--kv-lease-s", str(lease_s)]
+    words = " ".join(f"w{i}" for i in range(150))  # 21 of the 39 blocks, one shared
+    with sim(2, flags) as urls, ThreadPoolExecutor(1) as pool:
+        p, d = urls
+        msgs = messages(f"first {words}")
+        kv = prefill(p, msgs, "room-a")["kv_transfer_params"]
+        assert len(kv["remote_block_ids"][0]) == 21
+        waiting = pool.submit(prefill, p, messages(f"second {words}"), "room-b")
+        if pull:
+            assert post(d, decode_body(msgs, kv), "room-a").status_code == 200
+        # bounded: a P that is never woken answers nothing within it
+        assert waiting.result(timeout=20)["usage"]["completion_tokens"] == 1

@@ -130,6 +130,7 @@ class KvConnector:
         if plan is None:
             if always_release:
                 source.replica.engine.release_lease(lease)
+                source.replica.wake()
             return 0
         source.replica.engine.leases.pop(lease)  # ours now: it cannot expire under us
         seconds = plan.tokens * self.config.seconds_per_token
@@ -139,6 +140,7 @@ class KvConnector:
             engine.install(ids, salt, plan.upto)
         finally:
             source.replica.engine.pool.free(reversed(lease.blocks))
+            source.replica.wake()  # its waiting requests may fit now
         if nixl is not None:
             nixl.xfer_time.observe(seconds)
         return plan.tokens

@@ -127,6 +127,9 @@ class LeaseTable:
     def pop(self, lease: Lease) -> None:
         del self._leases[lease.request_id]
 
+    def next_expiry(self) -> float | None:
+        return min((x.expires for x in self._leases.values()), default=None)
+
     def expire(self, now: float) -> list[Lease]:
         gone = [x for x in self._leases.values() if now >= x.expires]
         for x in gone:
