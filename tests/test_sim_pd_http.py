@@ -26,7 +26,9 @@ FAILED = ('vllm:nixl_num_failed_transfers_total{engine="0",'
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[list[str]]:
-    with sim(3, [*FAST, "--role", "prefill", "--role", "decode", "--role", "both"]) as urls:
+    # 1 ms a token: a transfer's time stands out in the timings
+    with sim(3, [*FAST, "--role", "prefill", "--role", "decode", "--role", "both",
+                 "--kv-transfer-us-per-token", "1000"]) as urls:
         yield urls
 
 
@@ -53,6 +55,7 @@ def prefill(base: str, msgs: list[dict[str, Any]], rid: str,
                     "kv_transfer_params": kv or FRESH}, rid)
     assert r.status_code == 200, r.text
     body: dict[str, Any] = r.json()
+    body["timing"] = orjson.loads(r.headers["x-sim-timing"])  # FAST: --timing-comments
     return body
 
 
@@ -68,7 +71,8 @@ def cached(body: dict[str, Any]) -> int:
 def test_prefill_then_decode(fleet: list[str]) -> None:
     p, d, _ = fleet
     msgs = messages("legs " + LONG)
-    before = scrape(d).get(XFER, 0.0)
+    start = scrape(d)
+    before, before_sum = start.get(XFER, 0.0), start.get(XFER.replace("_count", "_sum"), 0.0)
     first = prefill(p, msgs, "pd-1")
     kv = first["kv_transfer_params"]
     n = first["usage"]["prompt_tokens"]
@@ -87,7 +91,13 @@ def test_prefill_then_decode(fleet: list[str]) -> None:
     # bidirectional transfer.
     assert out["usage"]["prompt_tokens"] == n and cached(out) == 0
     assert out["usage"]["completion_tokens"] == 8 and out["kv_transfer_params"] is None
-    assert scrape(d)[XFER] == before + 1
+    metrics = scrape(d)
+    assert metrics[XFER] == before + 1
+    assert metrics[XFER.replace("_count", "_sum")] - before_sum == pytest.approx(n * 0.001)
+    # A benchmark's TTFT covers both legs and the transfer: P's time, n ms, D's step.
+    p_time = first["timing"]["e2e_ms"]
+    d_ttft = orjson.loads(r.headers["x-sim-timing"])["ttft_ms"]
+    assert 0 < p_time + n < d_ttft < p_time + n + 100
     # The pulled blocks are D's cache now: the same prompt on D alone hits them.
     again = post(d, {"model": MODEL, "messages": msgs, "max_tokens": 2}, "pd-1b").json()
     assert cached(again) == (n - 1) // 16 * 16

@@ -103,6 +103,7 @@ class Lease:
     num_tokens: int  # the tokens whose KV the blocks hold
     cached_tokens: int  # what the engine found cached when it computed them
     expires: float
+    duration_s: float = 0.0  # the leased request's arrival to its end (simulated)
 
 
 class LeaseTable:
