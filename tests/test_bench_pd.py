@@ -11,7 +11,13 @@ import pytest
 from gateway.bench import explain
 from gateway.bench.cli import main
 from gateway.bench.compare import pd_column, queued, split_column
-from gateway.bench.pdfleet import fleet_args, gateway_env, parse_pd, sim_flags
+from gateway.bench.pdfleet import (
+    fleet_args,
+    gateway_env,
+    parse_pd,
+    pd_default_column,
+    sim_flags,
+)
 
 
 @pytest.mark.parametrize(("text", "expect"), [
@@ -38,6 +44,17 @@ def test_pd_columns(column: str, policy: str, how: str, queue: bool, pd: bool) -
     assert split_column(column, "header") == (policy, how)
     assert queued(column) is queue and pd_column(column) is pd
     assert ("prefill/decode fleet" in explain.column(column, "header")) is pd
+
+
+@pytest.mark.parametrize(("columns", "added"), [
+    (("prefix", "round_robin"), "prefix+pd"),
+    (("prefix@none", "least_loaded"), "prefix+pd@none"),
+    (("round_robin", "prefix@user", "prefix"), "prefix+pd@user"),
+    (("round_robin",), "prefix+pd"),
+])
+def test_the_added_column_names_sessions_as_prefix_does(columns: tuple[str, ...],
+                                                        added: str) -> None:
+    assert pd_default_column(columns) == added
 
 
 def test_unknown_column_flag() -> None:
@@ -88,7 +105,7 @@ def test_compare_tiny_with_a_pd_fleet(tmp_path: Path, capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert rc == 0, out
     result = json.loads((tmp_path / "compare.json").read_text())["policies"]
-    agg, pd = result["prefix@none"], result["prefix+pd"]
+    agg, pd = result["prefix@none"], result["prefix+pd@none"]
     assert agg["pd"] is None and pd["pd"] == {"prefill": 1, "decode": 1,
                                               "reuse_decoder_kv": False}
     # the same load: every request of the workload answered on both fleets
@@ -96,7 +113,8 @@ def test_compare_tiny_with_a_pd_fleet(tmp_path: Path, capsys: pytest.CaptureFixt
     assert pd["prompt_tokens"] == agg["prompt_tokens"]
     assert 0 < pd["cached_ratio"] <= 1 and pd["ttft_ms"]["p50"] > 0
     usage = [json.loads(line) for line in
-             (tmp_path / "logs" / "usage-prefix+pd.jsonl").read_text().splitlines()]
+             (tmp_path / "logs" / "usage-prefix+pd@none.jsonl").read_text().splitlines()]
     legs = [u for u in usage if u.get("prefill_replica")]
     assert legs and all(u["transferred_tokens"] > 0 for u in legs)
+    assert pd["session_ids"] == agg["session_ids"] == "none"
     assert "prefill/decode fleet" in out

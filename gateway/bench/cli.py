@@ -43,7 +43,7 @@ from gateway.bench.compare import (
     split_column,
 )
 from gateway.bench.failures import format_reasons
-from gateway.bench.pdfleet import parse_pd
+from gateway.bench.pdfleet import parse_pd, pd_default_column
 from gateway.bench.presets import BLOCK_SIZE, PRESETS, Preset, with_overrides
 from gateway.bench.replay import ReplayOptions, replay
 from gateway.bench.runner import SESSION_IDS, RunOptions, RunResult, run_workload
@@ -394,7 +394,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if args.pd is not None and not wants_pd:
-        columns = (*columns, "prefix+pd")
+        columns = (*columns, pd_default_column(columns))
     opts = CompareOptions(preset=preset, policies=columns, pd=args.pd, pd_reuse=args.pd_reuse,
                           out_dir=args.out, max_wall_s=args.max_wall_s,
                           progress=not args.no_progress,

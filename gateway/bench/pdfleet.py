@@ -30,6 +30,14 @@ def parse_pd(text: str) -> tuple[int, int]:
     return counts
 
 
+def pd_default_column(columns: tuple[str, ...]) -> str:
+    """The column `--pd` adds: prefix on the P/D fleet, its sessions named as the first
+    prefix column names them (`prefix@none` -> `prefix+pd@none`), so the two compare."""
+    first = next((c for c in columns if c.partition("@")[0] == "prefix"), "prefix")
+    _, at, how = first.partition("@")
+    return f"prefix+{PD}{at}{how}"
+
+
 def sim_flags(pd: tuple[int, int], reuse: bool) -> list[str]:
     """`gateway sim` flags for the fleet: the roles in order, P first."""
     roles = ["prefill"] * pd[0] + ["decode"] * pd[1]
