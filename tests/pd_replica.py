@@ -6,13 +6,15 @@ it read whole (its body and X-Request-Id).
   (`do_remote_prefill` true, `remote_block_ids`, `remote_engine_id`, `remote_host/port`,
   `remote_num_tokens`, `remote_prefill_cached_tokens`);
 - a decode leg (`do_remote_prefill` true): the answer, streamed or not as asked, with
-  `cached_tokens` = P's `remote_prefill_cached_tokens` (vLLM >= 0.32);
+  `cached_tokens` = P's `remote_prefill_cached_tokens` (vLLM >= 0.32); not streamed, it
+  carries D's own `kv_transfer_params` (`bidirectional_kv_xfer`, `remote_engine_id`
+  "<name>-d");
 - anything else: a whole request, answered as one replica does.
 
 `mode` makes a leg fail: "500", "400" (answered), "read-close" (read, then the connection
-closes without an answer), "noparams" (a prefill answer without params: an engine without
-a KV connector). Each answer's text names the replica and the leg, so a test sees who
-answered what.
+closes without an answer), "hang" (read, never answered), "noparams" (a prefill answer
+without params: an engine without a KV connector). Each answer's text names the replica
+and the leg, so a test sees who answered what.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class PdReplica:
     def __init__(self, name: str, mode: str = "ok") -> None:
         self.name = name
         self.mode = mode
+        self.params_on_whole = False  # its own params on a whole request's answer too
+        self.closed = asyncio.Event()  # a "hang" leg's connection was closed by the gateway
         self.bodies: list[dict[str, Any]] = []
         self.request_ids: list[bytes] = []
         self.port = 0
@@ -76,17 +80,22 @@ class PdReplica:
                 doc = orjson.loads(body)
                 self.bodies.append(doc)
                 self.request_ids.append(rid)
-                if not await self._answer(doc, writer):
+                if not await self._answer(doc, reader, writer):
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
 
-    async def _answer(self, doc: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
+    async def _answer(self, doc: dict[str, Any], reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> bool:
         which = leg(doc)
         failing = self.mode if which != "whole" else "ok"
         if failing == "read-close":
+            return False
+        if failing == "hang":  # never answers; waits for the gateway to close
+            await reader.read()
+            self.closed.set()
             return False
         if failing == "500":
             writer.write(response("500 Internal Server Error",
@@ -131,6 +140,12 @@ class PdReplica:
                   "choices": [{"index": 0, "finish_reason": "stop",
                                "message": {"role": "assistant", "content": text}}],
                   "usage": usage}
+        if which == "decode" or self.params_on_whole:  # bidirectional_kv_xfer: its own
+            answer["kv_transfer_params"] = {
+                "do_remote_decode": True, "do_remote_prefill": False,
+                "remote_block_ids": [[7, 8]], "remote_engine_id": f"{self.name}-d",
+                "remote_host": "127.0.0.1", "remote_port": self.port,
+                "remote_num_tokens": PROMPT_TOKENS + 1, "remote_blocks_expiry_time": 480.0}
         writer.write(response("200 OK", orjson.dumps(answer)))
         return True
 

@@ -4,11 +4,12 @@ replica received.
 
 Routing is `least_loaded` so a test can say which replica ranks first (a replica given a
 few requests in flight by hand ranks last). Mutations seen failing here: the prefill
-body left streamed or with the client's max_tokens; P's params not copied to D; a fresh
-X-Request-Id on the decode leg; the P leg not delivered counted as "D alone" (no second
-P); a decode leg's 5xx relayed instead of answered by P; P chosen also for a request the
-threshold keeps on D; /v1/embeddings forwarded to a prefill replica; the router not
-told that P holds the prompt."""
+body left streamed, with the client's max_tokens or min_tokens; P's params not copied to
+D; another X-Request-Id on one leg; a prefill leg not delivered taken as "D alone" (no
+second P); a decode leg's 5xx relayed instead of answered by P; P's whole answer not
+moved in the router; the threshold ignored; /v1/embeddings forwarded to a prefill
+replica; the router not told that P holds the prompt; D's prediction recorded (not P's)
+or judged by P's cached count; prefill replicas left among the candidates."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ async def gateway(replicas: list[tuple[str, str, str]], pd: PdConfig | None = No
     settings = Settings(
         replicas=tuple(ReplicaSettings(name=n, url=u, role=role, models=("m",))  # type: ignore[arg-type]
                        for n, u, role in replicas),
-        server=ServerSettings(read_timeout_s=5, connect_timeout_s=0.5, health_timeout_s=0.5,
+        server=ServerSettings(read_timeout_s=10, connect_timeout_s=5, health_timeout_s=5,
                               health_interval_s=60),
         routing=RoutingConfig(policy="least_loaded"),
         usage=UsageConfig(startup_probe=False, scrape_interval_s=60),
@@ -282,6 +283,10 @@ async def test_a_failed_pull_is_answered_by_p_alone(mode: str, failure: str,
         assert pd["prefill_alone"] == 1 and pd["transfer_failures"]["decode"] == {failure: 1}
         (rec,) = gw.records
         assert (rec.replica, rec.prefill_replica, rec.status) == ("p1", "p1", 200)
+        # the router moved the request to P: D never computed (nor pulled) the prompt
+        assert gw.app.services is not None
+        router = gw.app.services.router
+        assert router.indexed_blocks("d1") == 0 < router.indexed_blocks("p1")
 
 
 async def test_a_decode_leg_4xx_is_relayed_and_nothing_is_sent_again() -> None:
@@ -338,3 +343,106 @@ async def test_the_prediction_recorded_is_ps_and_ds_is_not_judged_by_ps_count() 
         # D's reported count is P's (vLLM >= 0.32): the router's feedback on D never sees it
         assert [rec.cached_tokens for rec in gw.records] == [P_CACHED, P_CACHED]
         assert reported == [None, None]
+
+
+def reuse(**kw: Any) -> PdConfig:
+    return PdConfig(min_remote_prefill_tokens=16, reuse_decoder_kv=True, **kw)
+
+
+def next_turn(body: dict[str, Any], answer: str, user: str) -> dict[str, Any]:
+    return {**body, "messages": [*body["messages"], {"role": "assistant", "content": answer},
+                                 {"role": "user", "content": user}]}
+
+
+@pytest.mark.parametrize("session", [True, False])  # a session id, or an implicit one
+async def test_turn_two_sends_the_decoders_params_only_for_an_exact_extension(
+        session: bool) -> None:
+    async with replicas(("p1", "ok"), ("d1", "ok")) as (p, d), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d), "decode")], reuse()) as gw, \
+            httpx.AsyncClient(timeout=10) as client:
+        headers = {"x-session-id": "conv-1"} if session else {}
+        turn1 = CHAT
+        r = await client.post(gw.url + "/v1/chat/completions", json=turn1, headers=headers)
+        answer = r.json()["choices"][0]["message"]["content"]
+        assert p.bodies[0]["kv_transfer_params"] == dict(FRESH)
+        turn2 = next_turn(turn1, answer, "and then? " * 40)
+        r = await client.post(gw.url + "/v1/chat/completions", json=turn2, headers=headers)
+        assert r.status_code == 200 and p.legs() == ["prefill", "prefill"]
+        # P is sent D's params of turn 1 (asking to pull them), D P's params of turn 2
+        pulled = p.bodies[1]["kv_transfer_params"]
+        assert pulled["remote_engine_id"] == "d1-d" and pulled["do_remote_decode"] is True
+        assert pulled["remote_block_ids"] == [[7, 8]]
+        assert d.bodies[1]["kv_transfer_params"]["remote_engine_id"] == "p1"
+        assert [rec.cached_from for rec in gw.records] == ["prefill", "decoder_kv"]
+        # turn 3 edits the history: a fresh prefill, nothing pulled back
+        edited = next_turn(turn2, "a different answer", "and then? " * 40)
+        r = await client.post(gw.url + "/v1/chat/completions", json=edited, headers=headers)
+        assert r.status_code == 200 and len(p.bodies) == 3
+        assert p.bodies[2]["kv_transfer_params"] == dict(FRESH)
+        assert gw.stats()["pd"]["decoder_kv"] == {"remembered": 3, "pulled_back": 1}
+
+
+async def test_a_decoder_restarted_since_is_not_pulled_from() -> None:
+    async with replicas(("p1", "ok"), ("d1", "ok")) as (p, d), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d), "decode")], reuse()) as gw, \
+            httpx.AsyncClient(timeout=10) as client:
+        headers = {"x-session-id": "conv-1"}
+        r = await client.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers)
+        answer = r.json()["choices"][0]["message"]["content"]
+        assert gw.app.services is not None
+        gw.app.services.router.replica_restarted("d1", time.time())  # its KV is gone
+        r = await client.post(gw.url + "/v1/chat/completions",
+                              json=next_turn(CHAT, answer, "and then? " * 40), headers=headers)
+        assert r.status_code == 200 and p.bodies[1]["kv_transfer_params"] == dict(FRESH)
+        assert gw.stats()["pd"]["decoder_kv"]["pulled_back"] == 0
+
+
+async def test_reuse_off_or_a_stream_keeps_nothing() -> None:
+    async with replicas(("p1", "ok"), ("d1", "ok")) as (p, d), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d), "decode")], reuse()) as gw, \
+            httpx.AsyncClient(timeout=10) as client:
+        headers = {"x-session-id": "conv-1"}
+        r = await client.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True},
+                              headers=headers)
+        assert sse_texts(r.content) == ["d1:decode"]
+        r = await client.post(gw.url + "/v1/chat/completions",
+                              json=next_turn(CHAT, "d1:decode", "and then? " * 40),
+                              headers=headers)
+        assert p.bodies[1]["kv_transfer_params"] == dict(FRESH)
+        assert gw.stats()["pd"]["decoder_kv"]["remembered"] == 1  # turn 2 only
+
+
+async def test_a_prefill_replica_answering_alone_leaves_no_params_for_the_next_turn() -> None:
+    async with replicas(("p1", "ok"), ("d1", "500")) as (p, d), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d), "decode")], reuse()) as gw, \
+            httpx.AsyncClient(timeout=10) as client:
+        p.params_on_whole = True
+        r = await client.post(gw.url + "/v1/chat/completions", json=CHAT,
+                              headers={"x-session-id": "conv-1"})
+        assert r.status_code == 200 and r.json()["kv_transfer_params"]["remote_engine_id"] \
+            == "p1-d"
+        assert gw.stats()["pd"]["decoder_kv"]["remembered"] == 0
+
+
+async def test_a_client_gone_during_the_prefill_leg_cancels_it_and_sends_nothing_to_d() -> None:
+    async with replicas(("p1", "hang"), ("d1", "ok")) as (p, d), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d), "decode")]) as gw:
+        async with httpx.AsyncClient(timeout=10) as client:
+            call = asyncio.create_task(client.post(gw.url + "/v1/chat/completions", json=CHAT))
+            for _ in range(1000):  # bounded: until P has the leg
+                if p.received:
+                    break
+                await asyncio.sleep(0.01)
+            assert p.received == 1
+            call.cancel()  # the client goes
+            with contextlib.suppress(asyncio.CancelledError):
+                await call
+        await asyncio.wait_for(p.closed.wait(), 10)  # P's connection dropped: it aborts
+        assert d.received == 0
+        for _ in range(1000):
+            if gw.records:
+                break
+            await asyncio.sleep(0.01)
+        assert gw.records[0].status == 499
+        assert gw.app.services is not None
+        assert gw.app.services.fleet.replicas["p1"].in_flight == 0

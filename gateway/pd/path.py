@@ -8,10 +8,14 @@ failures.py) around the request path's own tries (gateway.proxy.handler).
     the router learns the prompt's blocks on P too (both hold the prefix afterwards)
     decode leg on D with P's params, relayed to the client as a single replica's answer
         failed before a byte (PullFailed): P answers the whole request instead
+    `[pd] reuse_decoder_kv`: the conversation's last decoder params go with the prefill
+    leg when its prompt extends that turn exactly (pullback.py); a non-streamed answer's
+    own params are kept for the next turn (`answered`)
 
 Accounting (on the request's Exchange, into its usage record): `prefill_replica`,
 `transferred_tokens` (what P offered D), `cached_from` ("prefill": vLLM >= 0.32 reports
-P's cached tokens as D's, so the prediction recorded is P's). The decode leg's cached
+P's cached tokens as D's, so the prediction recorded is P's; "decoder_kv": P was sent the
+decoder's params of the last turn, so those tokens were pulled back from D). The decode leg's cached
 count does not judge D's prediction (RequestFlow.finish leaves it out of the feedback).
 
 `gateway epp` has no P/D: llm-d runs the decode leg's sidecar on the decode pod instead.
@@ -29,6 +33,7 @@ from gateway.pd.choice import Legs, choose_legs
 from gateway.pd.config import PdConfig
 from gateway.pd.failures import PullFailed, after_prefill
 from gateway.pd.legs import answer_params, decode_body, prefill_body, transferred_tokens
+from gateway.pd.pullback import PullBack
 from gateway.pd.stats import LegFailure, PdStats
 from gateway.proxy.asgi import Headers
 from gateway.proxy.exchange import Exchange
@@ -53,7 +58,6 @@ class Prefilled:
     replica: str
     params: dict[str, Any]  # P's kv_transfer_params, verbatim
     prompt_tokens: int | None
-    cached_tokens: int | None
 
 
 class PdPath:
@@ -70,6 +74,7 @@ class PdPath:
         self.timeouts = timeouts
         self.clock = clock
         self.stats = PdStats()
+        self.pullback = PullBack(config, fleet, router)
 
     def legs(self, turn: Turn, prep: Prepared) -> tuple[Legs, dict[str, int]] | None:
         """The request's legs and P's predicted cached tokens per prefill replica; None
@@ -109,14 +114,18 @@ class PdPath:
             return False
         ex, plan = turn.ex, turn.plan
         assert plan is not None
-        pre = await self._prefill(ex, legs.prefill, orjson.dumps(prefill_body(prep.body)))
+        pulled = self.pullback.take(plan, self.clock())
+        if pulled is not None:
+            self.stats.pulled_back += 1
+        pre = await self._prefill(ex, legs.prefill,
+                                  orjson.dumps(prefill_body(prep.body, pulled)))
         if pre is None:
             self.stats.decode_alone()
             return False
         moved = transferred_tokens(pre.params, pre.prompt_tokens)
         self.stats.transferred(moved)
         ex.prefill_replica, ex.transferred_tokens, ex.cached_from = (
-            pre.replica, moved, "prefill")
+            pre.replica, moved, "prefill" if pulled is None else "decoder_kv")
         ex.predicted = predicted.get(pre.replica, ex.predicted)
         self.router.holds(pre.replica, plan, self.clock())
         if not ex.withheld:
@@ -130,6 +139,22 @@ class PdPath:
             self.flow.moved(turn, pre.replica)
             await attempts(payload, (pre.replica,), False)
         return True
+
+    def answered(self, turn: Turn, prep: Prepared) -> None:
+        """The request was answered: keep a decoder's returned params for the next turn
+        (`[pd] reuse_decoder_kv`; a non-streamed 200 from a decode replica only)."""
+        ex, plan = turn.ex, turn.plan
+        out = ex.outcome
+        if (not self.pullback.enabled or plan is None or ex.status != 200
+                or out.kv_params is None or ex.replica is None
+                or prep.endpoint not in ("chat", "completions")):
+            return
+        replica = self.fleet.replicas.get(ex.replica)
+        if replica is None or replica.prefill_only:
+            return  # P answered alone: its params are no decoder's
+        if self.pullback.remember(plan, prep.kind, ex.replica, out.reply_text, out.kv_params,
+                                  self.clock()):
+            self.stats.remembered += 1
 
     async def _prefill(self, ex: Exchange, ranked: Sequence[str], body: bytes,
                        ) -> Prefilled | None:
@@ -168,8 +193,7 @@ class PdPath:
             params = answer_params(data) if what is None else None
             if params is not None:
                 usage = parse_answer(data).usage
-                return Prefilled(name, params, usage.prompt_tokens if usage else None,
-                                 usage.cached_tokens if usage else None)
+                return Prefilled(name, params, usage.prompt_tokens if usage else None)
             if what is None:
                 what = "no_params"
             else:

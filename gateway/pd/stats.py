@@ -19,6 +19,9 @@ class PdStats:
         self.prefill_alone = 0  # the decode leg failed before a byte: P answered it all
         self.transferred_tokens = 0
         self.failures: dict[str, dict[str, int]] = {"prefill": {}, "decode": {}}
+        # [pd] reuse_decoder_kv: decoder params kept for a next turn, and sent with one
+        self.remembered = 0
+        self.pulled_back = 0
 
     def chose(self, why: Why) -> None:
         if why == "remote":
@@ -45,4 +48,5 @@ class PdStats:
         return {"two_legs": self.two_legs, "decode_alone": dict(self.alone),
                 "prefill_alone": self.prefill_alone,
                 "transferred_tokens": self.transferred_tokens,
+                "decoder_kv": {"remembered": self.remembered, "pulled_back": self.pulled_back},
                 "transfer_failures": {k: dict(v) for k, v in self.failures.items()}}

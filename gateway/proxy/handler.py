@@ -228,9 +228,10 @@ class Proxy:
         async def attempts(body: bytes, ranked: tuple[str, ...], pull: bool) -> None:
             await self._attempts(scope, send, body, ranked, strip, turn, headers, pull=pull)
 
-        if await self.pd.serve(turn, prep, payload, headers, attempts):
-            return
-        await self._attempts(scope, send, payload, plan.decision.ranked, strip, turn, headers)
+        if not await self.pd.serve(turn, prep, payload, headers, attempts):
+            await self._attempts(scope, send, payload, plan.decision.ranked, strip, turn,
+                                 headers)
+        self.pd.answered(turn, prep)  # a decoder's params for the next turn ([pd])
 
     def _edit(self, inbound: Inbound, view: dict[str, object], kind: Kind) -> bool:
         """serve's own byte changes (the picker forwards the client's bytes): usage asked
