@@ -6,6 +6,7 @@ and the bidirectional turn: D's params, P pulling them back."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -25,7 +26,9 @@ FAILED = ('vllm:nixl_num_failed_transfers_total{engine="0",'
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[list[str]]:
-    with sim(3, [*FAST, "--role", "prefill", "--role", "decode", "--role", "both"]) as urls:
+    # 1 ms a token: a transfer's time stands out in the timings
+    with sim(3, [*FAST, "--role", "prefill", "--role", "decode", "--role", "both",
+                 "--kv-transfer-us-per-token", "1000"]) as urls:
         yield urls
 
 
@@ -52,6 +55,7 @@ def prefill(base: str, msgs: list[dict[str, Any]], rid: str,
                     "kv_transfer_params": kv or FRESH}, rid)
     assert r.status_code == 200, r.text
     body: dict[str, Any] = r.json()
+    body["timing"] = orjson.loads(r.headers["x-sim-timing"])  # FAST: --timing-comments
     return body
 
 
@@ -67,7 +71,8 @@ def cached(body: dict[str, Any]) -> int:
 def test_prefill_then_decode(fleet: list[str]) -> None:
     p, d, _ = fleet
     msgs = messages("legs " + LONG)
-    before = scrape(d).get(XFER, 0.0)
+    start = scrape(d)
+    before, before_sum = start.get(XFER, 0.0), start.get(XFER.replace("_count", "_sum"), 0.0)
     first = prefill(p, msgs, "pd-1")
     kv = first["kv_transfer_params"]
     n = first["usage"]["prompt_tokens"]
@@ -86,7 +91,13 @@ def test_prefill_then_decode(fleet: list[str]) -> None:
     # bidirectional transfer.
     assert out["usage"]["prompt_tokens"] == n and cached(out) == 0
     assert out["usage"]["completion_tokens"] == 8 and out["kv_transfer_params"] is None
-    assert scrape(d)[XFER] == before + 1
+    metrics = scrape(d)
+    assert metrics[XFER] == before + 1
+    assert metrics[XFER.replace("_count", "_sum")] - before_sum == pytest.approx(n * 0.001)
+    # A benchmark's TTFT covers both legs and the transfer: P's time, n ms, D's step.
+    p_time = first["timing"]["e2e_ms"]
+    d_ttft = orjson.loads(r.headers["x-sim-timing"])["ttft_ms"]
+    assert 0 < p_time + n < d_ttft < p_time + n + 100
     # The pulled blocks are D's cache now: the same prompt on D alone hits them.
     again = post(d, {"model": MODEL, "messages": msgs, "max_tokens": 2}, "pd-1b").json()
     assert cached(again) == (n - 1) // 16 * 16
@@ -191,3 +202,24 @@ def test_bidirectional_turn_two_pulls_from_the_decoder(bidirectional: list[str],
     third = post(p, {"model": MODEL, "messages": turn2, "max_tokens": 1,
                      "kv_transfer_params": back}, f"t3-{stream}")
     assert third.status_code == 500
+
+
+@pytest.mark.parametrize(("lease_s", "pull"), [(60, True), (1, False)])
+def test_a_prefill_waiting_for_room_runs_when_a_lease_is_released_or_expires(
+        lease_s: int, pull: bool) -> None:
+    """A lease pins P's blocks: a prefill that does not fit beside it waits, and runs once
+    D pulls (the release wakes P; the 60 s lease would not) or the lease expires (P wakes
+    itself)."""
+    flags = [*FAST, "--kv-blocks", "40", "--role", "prefill", "--role", "decode",
+             "--kv-lease-s", str(lease_s)]
+    words = " ".join(f"w{i}" for i in range(150))  # 21 of the 39 blocks, one shared
+    with sim(2, flags) as urls, ThreadPoolExecutor(1) as pool:
+        p, d = urls
+        msgs = messages(f"first {words}")
+        kv = prefill(p, msgs, "room-a")["kv_transfer_params"]
+        assert len(kv["remote_block_ids"][0]) == 21
+        waiting = pool.submit(prefill, p, messages(f"second {words}"), "room-b")
+        if pull:
+            assert post(d, decode_body(msgs, kv), "room-a").status_code == 200
+        # bounded: a P that is never woken answers nothing within it
+        assert waiting.result(timeout=20)["usage"]["completion_tokens"] == 1

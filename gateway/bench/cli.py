@@ -39,9 +39,11 @@ from gateway.bench.compare import (
     DirtyCacheError,
     compare,
     default_columns,
+    pd_column,
     split_column,
 )
 from gateway.bench.failures import format_reasons
+from gateway.bench.pdfleet import parse_pd, pd_default_column
 from gateway.bench.presets import BLOCK_SIZE, PRESETS, Preset, with_overrides
 from gateway.bench.replay import ReplayOptions, replay
 from gateway.bench.runner import SESSION_IDS, RunOptions, RunResult, run_workload
@@ -213,6 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
                       "redis-server started for the run (needs redis-server)")
     cmp_.add_argument("--no-shared-state", action="store_true",
                       help="with --gateways N: N independent instances, no Redis")
+    cmp_.add_argument("--pd", type=_pd_counts, metavar="P:D",
+                      help="also run prefix on a prefill/decode fleet of P prefill and D "
+                      "decode simulated replicas (a prefix+pd column), at the same load")
+    cmp_.add_argument("--pd-reuse", action="store_true",
+                      help="with --pd: the decoder's KV pulled back on the next turn "
+                      "(bidirectional transfer; the gateway's [pd] reuse_decoder_kv)")
     cmp_.add_argument("--allow-dirty-cache", action="store_true",
                       help="with --backend: run even when caches cannot be reset between policies")
     _workload_flags(cmp_)
@@ -221,6 +229,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 _UNREACHABLE = (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError, IndexError,
                 TypeError)
+
+
+def _pd_counts(text: str) -> tuple[int, int]:
+    try:
+        return parse_pd(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def unreachable(url: str, exc: BaseException) -> str:
@@ -368,7 +383,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"gateway-bench compare: unknown policy {unknown}; choose from {POLICIES}",
               file=sys.stderr)
         return 2
-    opts = CompareOptions(preset=preset, policies=default_columns(policies, args.session_ids),
+    columns = default_columns(policies, args.session_ids)
+    wants_pd = [c for c in columns if pd_column(c)]
+    if (wants_pd or args.pd_reuse) and args.pd is None:
+        print("gateway-bench compare: a +pd column and --pd-reuse need --pd P:D",
+              file=sys.stderr)
+        return 2
+    if args.pd is not None and args.backend:
+        print("gateway-bench compare: --pd runs simulated replicas; not with --backend",
+              file=sys.stderr)
+        return 2
+    if args.pd is not None and not wants_pd:
+        columns = (*columns, pd_default_column(columns))
+    opts = CompareOptions(preset=preset, policies=columns, pd=args.pd, pd_reuse=args.pd_reuse,
                           out_dir=args.out, max_wall_s=args.max_wall_s,
                           progress=not args.no_progress,
                           backends=tuple(args.backend), time_scale=args.time_scale,

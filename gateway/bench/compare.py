@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -39,6 +39,8 @@ from gateway.bench.apis import Api
 from gateway.bench.backends import contamination_notice, reset_caches
 from gateway.bench.failures import format_reasons
 from gateway.bench.groups import groups_table
+from gateway.bench.pdfleet import PD, fleet_args, sim_flags
+from gateway.bench.pdfleet import gateway_env as pd_env
 from gateway.bench.presets import BLOCK_SIZE, Preset
 from gateway.bench.procs import Managed, free_ports, gateway_command, local_redis
 from gateway.bench.runner import (
@@ -72,6 +74,8 @@ class CompareOptions:
     session_ids: SessionIds = "header"
     gateways: int = 1  # gateway instances per column, behind a round-robin client
     shared_state: bool = True  # with several: share routing state through a local Redis
+    pd: tuple[int, int] | None = None  # +pd columns: prefill and decode replicas
+    pd_reuse: bool = False  # +pd columns: the decoder's KV pulled back on the next turn
 
 
 class DirtyCacheError(RuntimeError):
@@ -79,6 +83,7 @@ class DirtyCacheError(RuntimeError):
 
 
 QUEUE = "+queue"  # a column suffix: the same policy with the admission queue on
+# (`+pd`, gateway/bench/pdfleet.py: the same policy on a prefill/decode fleet)
 MIN_RECHECK_S = 0.001  # the queue's re-examination period, however fast the simulator
 PREFILL_STEPS = 2  # queued prefill a replica with room may hold, in the engine's steps
 # (`high`; the lower classes half of it: one step, so a newcomer starts within ~a step)
@@ -86,9 +91,14 @@ PREFILL_STEPS = 2  # queued prefill a replica with room may hold, in the engine'
 
 def split_column(column: str, default: SessionIds) -> tuple[str, SessionIds]:
     """`prefix@none` -> ("prefix", "none"); `prefix` -> ("prefix", default);
-    `prefix+queue@none` -> ("prefix", "none") (`queued(column)` says the queue is on)."""
+    `prefix+queue@none` -> ("prefix", "none") (`queued(column)` says the queue is on,
+    `pd_column(column)` the P/D fleet: `prefix+pd`, `prefix+queue+pd`)."""
     policy, _, how = column.partition("@")
-    policy = policy.removesuffix(QUEUE)
+    policy, *flags = policy.split("+")
+    unknown = [f for f in flags if f not in (QUEUE[1:], PD)]
+    if unknown:
+        raise ValueError(f"unknown column flag +{unknown[0]} in {column!r}; choose from "
+                         f"{QUEUE}, +{PD}")
     for known in SESSION_IDS:
         if how == known:
             return policy, known
@@ -100,7 +110,12 @@ def split_column(column: str, default: SessionIds) -> tuple[str, SessionIds]:
 
 def queued(column: str) -> bool:
     """The column runs with `[admission] enabled` (`prefix+queue`, `prefix+queue@none`)."""
-    return column.partition("@")[0].endswith(QUEUE)
+    return QUEUE[1:] in column.partition("@")[0].split("+")[1:]
+
+
+def pd_column(column: str) -> bool:
+    """The column runs on a prefill/decode fleet (`prefix+pd`)."""
+    return PD in column.partition("@")[0].split("+")[1:]
 
 
 def gateway_env(column: str, preset: Preset, time_scale: float = 1.0,
@@ -145,7 +160,8 @@ def default_columns(policies: tuple[str, ...], session_ids: SessionIds) -> tuple
     return (*policies, f"prefix@{other}")
 
 
-def sim_argv(preset: Preset, port: int, model: str, seed: int) -> list[str]:
+def sim_argv(preset: Preset, port: int, model: str, seed: int,
+             extra: tuple[str, ...] = ()) -> list[str]:
     engine = [*(("--max-num-seqs", str(preset.max_num_seqs)) if preset.max_num_seqs else ()),
               *(("--max-num-batched-tokens", str(preset.max_num_batched_tokens))
                 if preset.max_num_batched_tokens else ()),
@@ -157,7 +173,7 @@ def sim_argv(preset: Preset, port: int, model: str, seed: int) -> list[str]:
         "--max-model-len", str(preset.max_model_len), "--speed", str(preset.speed),
         "--seed", str(seed), "--timing-comments",
         # The workload sends tools; vLLM (and the simulator, like it) refuses them otherwise.
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *engine,
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *engine, *extra,
     )
 
 
@@ -173,6 +189,9 @@ def run_policy(
     usage_log.unlink(missing_ok=True)
     replicas: list[str]
     engines: contextlib.AbstractContextManager[Any]
+    pd = opts.pd if pd_column(column) else None
+    if pd is not None:
+        preset = replace(preset, replicas=sum(pd))
     if opts.backends:
         replicas = list(opts.backends)
         engines = contextlib.nullcontext()
@@ -180,7 +199,8 @@ def run_policy(
         port = free_ports(preset.replicas)
         replicas = [f"http://127.0.0.1:{port + i}" for i in range(preset.replicas)]
         engines = Managed(
-            sim_argv(preset, port, opts.model, opts.seed),
+            sim_argv(preset, port, opts.model, opts.seed,
+                     () if pd is None else tuple(sim_flags(pd, opts.pd_reuse))),
             [u + "/health" for u in replicas],
             logs / f"sim-{column}.log",
         )
@@ -194,7 +214,7 @@ def run_policy(
     redis: contextlib.AbstractContextManager[str | None] = (
         local_redis(logs / f"redis-{column}.log") if sharing else contextlib.nullcontext())
     with engines, redis as redis_url, contextlib.ExitStack() as gateways:
-        backends = [a for u in replicas for a in ("--backend", u)]
+        backends = fleet_args(replicas, pd)
         gw_urls: list[str] = []
         usage_logs: list[Path] = []
         for k in range(opts.gateways):
@@ -204,7 +224,8 @@ def run_policy(
                               usage_log.with_name(f"usage-{column}-{k}.jsonl"))
             usage_logs[-1].unlink(missing_ok=True)
             env = {"GATEWAY_USAGE__LOG_PATH": str(usage_logs[-1]),
-                   **gateway_env(column, preset, scale, tuple(replicas))}
+                   **gateway_env(column, preset, scale, tuple(replicas)),
+                   **(pd_env(opts.pd_reuse, scale) if pd is not None else {})}
             if redis_url is not None:
                 env["GATEWAY_REDIS__URL"] = redis_url
             gateways.enter_context(Managed(
@@ -241,6 +262,8 @@ def run_policy(
     summary["session_ids"] = session_ids
     summary["gateways"] = opts.gateways
     summary["shared_state"] = sharing
+    summary["pd"] = None if pd is None else {"prefill": pd[0], "decode": pd[1],
+                                              "reuse_decoder_kv": opts.pd_reuse}
     return summary
 
 

@@ -54,11 +54,16 @@ NOT_MET = ("[NOT MET]: the prefix column missed a target the project sets for it
            "0). bench/RESULTS.md has the targets' history.")
 
 
+PD_NOTE = ("on a prefill/decode fleet (--pd P:D: the first P simulated replicas prefill, "
+           "the rest decode; the gateway's P/D legs)")
+
+
 def column(label: str, default_naming: str) -> str:
-    """One line saying what a column (`prefix`, `prefix@none`, `prefix+queue`) ran."""
+    """One line saying what a column (`prefix`, `prefix@none`, `prefix+queue`,
+    `prefix+pd`) ran."""
     name, _, how = label.partition("@")
-    queued = name.endswith("+queue")
-    policy = name.removesuffix("+queue")
+    policy, *flags = name.split("+")
+    queued = "queue" in flags
     what = POLICIES.get(policy, "a routing policy of the gateway")
     naming = NAMING.get(how or default_naming, "")
     parts = [what]
@@ -66,6 +71,8 @@ def column(label: str, default_naming: str) -> str:
         parts.append(naming)
     if queued:
         parts.append(QUEUE_NOTE)
+    if "pd" in flags:
+        parts.append(PD_NOTE)
     return f"  {label}: " + "; ".join(parts)
 
 

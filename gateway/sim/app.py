@@ -209,14 +209,15 @@ class SimApp:
         arrival = replica.arrive()
         try:
             req = replica.engine.new_request(
-                rid, ids, max_tokens, arrival if admission is None else admission.arrival,
-                stop, salt, gen.priority, script)
+                rid, ids, max_tokens, arrival if admission is None
+                else arrival - admission.transfer_s, stop, salt, gen.priority, script)
         except ValueError as exc:
             raise bad_request(str(exc), "priority") from None
         if admission is not None:
             req.hold, req.hold_s = admission.hold, admission.hold_s
             req.num_external_tokens = admission.external_tokens
             req.reported_cached = admission.reported_cached
+            req.remote_prefill_s = admission.remote_prefill_s
         replica.in_flight += 1
         try:
             pending = replica.submit(req, streaming=gen.stream)

@@ -14,10 +14,10 @@ default, is a replica without one, which ignores `kv_transfer_params` as vLLM do
 P's lease lasts `lease_s` wall seconds (the router's round trip is not scaled by the
 simulator's speed); D's `decoder_ttl_s` is simulated time (it spans a client's gap between
 turns, which benchmarks scale with the speed). A pull takes `seconds_per_token` of
-simulated time per token moved (the request's arrival stays before it, so TTFT includes
-it), puts the blocks in this engine's prefix cache with the same hashes (announced as
-ordinary stores), releases the peer's lease and is timed in the puller's
-`vllm:nixl_xfer_time_seconds`.
+simulated time per token moved (the request's arrival is dated that much earlier, so its
+TTFT includes the modelled time, not the event loop's), puts the blocks in this engine's
+prefix cache with the same hashes (announced as ordinary stores), releases the peer's
+lease and is timed in the puller's `vllm:nixl_xfer_time_seconds`.
 
 Peers find each other through a `KvFabric`: the connectors of one simulator process by
 engine id (NIXL's side channel, in-process). P and D must run in one `gateway sim`.
@@ -59,11 +59,12 @@ class KvFabric:
 class Admission:
     """What `admit` decided for one request."""
 
-    arrival: float  # simulated, before any pull
+    transfer_s: float = 0.0  # the pull's simulated time: the arrival is that much earlier
     hold: LeaseKind | None = None
     hold_s: float = 0.0
     external_tokens: int = 0  # pulled from a peer
     reported_cached: int | None = None
+    remote_prefill_s: float = 0.0  # the prefill leg's time on P (a decode leg's timing)
 
 
 class KvConnector:
@@ -83,25 +84,27 @@ class KvConnector:
     async def admit(self, kv: KvTransfer, ids: list[int], salt: bytes) -> Admission:
         """Raises PullFailed when a decode leg (or a prefill leg naming a decoder's KV)
         cannot load what it names."""
-        arrival = self.replica.now()
         cfg = self.config
         if kv.do_remote_prefill:
             local = self.replica.engine.cached_prefix(ids, salt)
-            pulled = await self._pull(kv, ids, salt, threshold=0, always_release=True)
+            pulled, prefill_s = await self._pull(kv, ids, salt, threshold=0,
+                                                 always_release=True)
             reported = None
             if self.usage_from_prefill:
                 reported = max(local, kv.remote_prefill_cached_tokens or 0)
-            return Admission(arrival, "decoder" if cfg.bidirectional else None,
-                             cfg.decoder_ttl_s, pulled, reported)
+            return Admission(pulled * cfg.seconds_per_token,
+                             "decoder" if cfg.bidirectional else None, cfg.decoder_ttl_s,
+                             pulled, reported, prefill_s)
         if kv.do_remote_decode:
             pulled = 0
             if kv.names_remote:
-                pulled = await self._pull(kv, ids, salt, threshold=cfg.recompute_threshold,
-                                          always_release=False)
+                pulled, _ = await self._pull(kv, ids, salt, threshold=cfg.recompute_threshold,
+                                             always_release=False)
             # The lease covers the router's round trip between the legs, which the
             # simulator's speed does not shorten: wall seconds, in simulated time.
-            return Admission(arrival, "prefill", cfg.lease_s * self.replica.speed, pulled)
-        return Admission(arrival)
+            return Admission(pulled * cfg.seconds_per_token, "prefill",
+                             cfg.lease_s * self.replica.speed, pulled)
+        return Admission()
 
     def answer(self, req: SimRequest) -> dict[str, Any] | None:
         """The answer's `kv_transfer_params` (None: the JSON null vLLM sends)."""
@@ -110,7 +113,8 @@ class KvConnector:
         return answer_params(req.lease, self.engine_id, self.host, self.port)
 
     async def _pull(self, kv: KvTransfer, ids: list[int], salt: bytes, *, threshold: int,
-                    always_release: bool) -> int:
+                    always_release: bool) -> tuple[int, float]:
+        """The tokens pulled and the leased request's time on its engine."""
         engine = self.replica.engine
         nixl = engine.metrics.nixl
         source = self.fabric.get(kv.remote_engine_id or "")
@@ -130,7 +134,8 @@ class KvConnector:
         if plan is None:
             if always_release:
                 source.replica.engine.release_lease(lease)
-            return 0
+                source.replica.wake()
+            return 0, lease.duration_s
         source.replica.engine.leases.pop(lease)  # ours now: it cannot expire under us
         seconds = plan.tokens * self.config.seconds_per_token
         try:
@@ -139,6 +144,7 @@ class KvConnector:
             engine.install(ids, salt, plan.upto)
         finally:
             source.replica.engine.pool.free(reversed(lease.blocks))
+            source.replica.wake()  # its waiting requests may fit now
         if nixl is not None:
             nixl.xfer_time.observe(seconds)
-        return plan.tokens
+        return plan.tokens, lease.duration_s

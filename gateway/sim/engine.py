@@ -222,7 +222,7 @@ class Engine:
         self.pool.touch(req.blocks)
         req.lease = Lease(kind=req.hold, request_id=req.request_id, blocks=list(req.blocks),
                           num_tokens=req.num_computed, cached_tokens=req.num_cached_tokens,
-                          expires=now + req.hold_s)
+                          expires=now + req.hold_s, duration_s=now - req.arrival)
         old = self.leases.add(req.lease)
         if old is not None:
             self.pool.free(reversed(old.blocks))

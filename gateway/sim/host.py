@@ -38,15 +38,19 @@ class RouteHost(Protocol):
 
 
 def timing(req: SimRequest) -> dict[str, Any]:
-    """`--timing-comments`: the simulated latencies of one request."""
+    """`--timing-comments`: the simulated latencies of one request. A decode leg's TTFT
+    and e2e include its prefill leg's time on P (P/D, gateway/sim/connector.py), so a
+    benchmark's TTFT covers both legs; the router's hop between them is not counted, as
+    no hop is in any request's timing."""
     first = req.first_token if req.first_token is not None else req.arrival
     sched = req.first_scheduled if req.first_scheduled is not None else req.arrival
     end = req.finished if req.finished is not None else first
+    before = req.remote_prefill_s
     return {
         "arrival_s": round(req.arrival, 6),
         "queue_ms": round((sched - req.arrival) * 1000, 3),
-        "ttft_ms": round((first - req.arrival) * 1000, 3),
-        "e2e_ms": round((end - req.arrival) * 1000, 3),
+        "ttft_ms": round((first - req.arrival + before) * 1000, 3),
+        "e2e_ms": round((end - req.arrival + before) * 1000, 3),
         "prompt_tokens": req.num_prompt_tokens,
         "cached_tokens": req.num_cached_tokens,
     }

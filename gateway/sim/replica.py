@@ -83,6 +83,10 @@ class Replica:
         self._wake.set()
         return self.clock.wake(self._loop.time())
 
+    def wake(self) -> None:
+        """Blocks were freed outside a step (a peer released a KV lease): try again."""
+        self._wake.set()
+
     def submit(self, req: SimRequest, streaming: bool) -> Pending:
         p = Pending(req, streaming=streaming)
         self._pending[req] = p
@@ -112,10 +116,11 @@ class Replica:
             wall = loop.time()
             plan, duration = engine.plan_step(self._rng.random(), clock.now(wall))
             if not plan.work:
-                # Nothing fits (e.g. every block pinned): wait for a finish or an abort.
+                # Nothing fits (e.g. every block pinned): wait for a finish, an abort, a
+                # released KV lease, or the next lease to expire.
                 clock.idle(wall)
                 self._wake.clear()
-                await self._wake.wait()
+                await self._wait_for_room()
                 target = loop.time()
                 continue
             clock.begin_step(wall, duration)
@@ -132,6 +137,15 @@ class Replica:
             self._deliver(engine.finish_step(plan, end))
             if self.after_step is not None:
                 self.after_step()
+
+    async def _wait_for_room(self) -> None:
+        expiry = self.engine.leases.next_expiry()
+        if expiry is None:
+            await self._wake.wait()
+            return
+        delay = max(0.0, expiry - self.now()) / self.speed + _MIN_SLEEP_S
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), delay)
 
     def _deliver(self, outputs: list[StepOutput]) -> None:
         pending = self._pending

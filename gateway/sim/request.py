@@ -53,6 +53,7 @@ class SimRequest:
     lease: Lease | None = None
     num_external_tokens: int = 0
     reported_cached: int | None = None
+    remote_prefill_s: float = 0.0  # a decode leg: its prefill leg's time on P
 
     @property
     def num_tokens(self) -> int:

@@ -103,6 +103,7 @@ class Lease:
     num_tokens: int  # the tokens whose KV the blocks hold
     cached_tokens: int  # what the engine found cached when it computed them
     expires: float
+    duration_s: float = 0.0  # the leased request's arrival to its end (simulated)
 
 
 class LeaseTable:
@@ -126,6 +127,9 @@ class LeaseTable:
 
     def pop(self, lease: Lease) -> None:
         del self._leases[lease.request_id]
+
+    def next_expiry(self) -> float | None:
+        return min((x.expires for x in self._leases.values()), default=None)
 
     def expire(self, now: float) -> list[Lease]:
         gone = [x for x in self._leases.values() if now >= x.expires]
