@@ -9,8 +9,8 @@ failures.py) around the request path's own tries (gateway.proxy.handler).
     decode leg on D with P's params, relayed to the client as a single replica's answer
         failed before a byte (PullFailed): P answers the whole request instead
     `[pd] reuse_decoder_kv`: the conversation's last decoder params go with the prefill
-    leg when its prompt extends that turn exactly (pullback.py); a non-streamed answer's
-    own params are kept for the next turn (`answered`)
+    leg when its prompt extends that turn exactly (pullback.py); an answer's own params
+    (whole, or a stream's final chunk: answer.py) are kept for the next turn (`answered`)
 
 Accounting (on the request's Exchange, into its usage record): `prefill_replica`,
 `transferred_tokens` (what P offered D), `cached_from` ("prefill": vLLM >= 0.32 reports
@@ -140,9 +140,14 @@ class PdPath:
             await attempts(payload, (pre.replica,), False)
         return True
 
+    def collects(self, endpoint: str) -> bool:
+        """Whether a stream's text is collected (gateway.pd.answer): the next turn's
+        check needs it, and only `[pd] reuse_decoder_kv` keeps anything for one."""
+        return self.pullback.enabled and endpoint in ("chat", "completions")
+
     def answered(self, turn: Turn, prep: Prepared) -> None:
         """The request was answered: keep a decoder's returned params for the next turn
-        (`[pd] reuse_decoder_kv`; a non-streamed 200 from a decode replica only)."""
+        (`[pd] reuse_decoder_kv`; a 200 from a decode replica, whole or streamed)."""
         ex, plan = turn.ex, turn.plan
         out = ex.outcome
         if (not self.pullback.enabled or plan is None or ex.status != 200

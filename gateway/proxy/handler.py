@@ -364,7 +364,8 @@ class Proxy:
                         on_first_byte=lambda: self.flow.first_token(turn), timer=self.timer,
                         on_response_id=((lambda rid: self.flow.remember_response(turn, rid))
                                         if responses else None),
-                        first_token=b'"response.output_text.delta"' if responses else None)
+                        first_token=b'"response.output_text.delta"' if responses else None,
+                        collect_reply=self.pd.collects(ex.endpoint))
         except UpstreamError as exc:  # before the head: delivered, no usable answer
             self.counters.failure(name, happened(exc))
             raise from_upstream(exc, None if ex.withheld else name) from None
