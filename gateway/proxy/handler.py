@@ -302,6 +302,10 @@ class Proxy:
                                           pull=pull)
             if failure is None:
                 return
+        if pull and failure is not None and prefill_instead("not_delivered", last=True):
+            # the decode leg reached no decode replica (each try was not delivered): the
+            # prefill replica answers it whole (gateway.pd.failures says why it may)
+            raise PullFailed(name, "not_delivered")
         raise failure if failure is not None else no_healthy(turn.ex.model or None)
 
     async def _attempt(
