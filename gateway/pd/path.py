@@ -33,6 +33,7 @@ from gateway.pd.choice import Legs, choose_legs
 from gateway.pd.config import PdConfig
 from gateway.pd.failures import PullFailed, after_prefill
 from gateway.pd.legs import answer_params, decode_body, prefill_body, transferred_tokens
+from gateway.pd.metrics import PdMetrics
 from gateway.pd.pullback import PullBack
 from gateway.pd.stats import LegFailure, PdStats
 from gateway.proxy.asgi import Headers
@@ -63,7 +64,8 @@ class Prefilled:
 class PdPath:
     def __init__(self, *, config: PdConfig, fleet: Fleet, router: Router, flow: RequestFlow,
                  upstream: Upstream, monitor: FleetMonitor, counters: UpstreamCounters,
-                 timeouts: Timeouts, clock: Callable[[], float]) -> None:
+                 timeouts: Timeouts, clock: Callable[[], float],
+                 metrics: PdMetrics | None = None) -> None:
         self.config = config
         self.fleet = fleet
         self.router = router
@@ -73,7 +75,7 @@ class PdPath:
         self.counters = counters
         self.timeouts = timeouts
         self.clock = clock
-        self.stats = PdStats()
+        self.stats = PdStats(metrics)
         self.pullback = PullBack(config, fleet, router)
 
     def legs(self, turn: Turn, prep: Prepared) -> tuple[Legs, dict[str, int]] | None:
@@ -115,8 +117,8 @@ class PdPath:
         ex, plan = turn.ex, turn.plan
         assert plan is not None
         pulled = self.pullback.take(plan, self.clock())
-        if pulled is not None:
-            self.stats.pulled_back += 1
+        if self.pullback.enabled:
+            self.stats.reused(pulled is not None)
         pre = await self._prefill(ex, legs.prefill,
                                   orjson.dumps(prefill_body(prep.body, pulled)))
         if pre is None:
@@ -133,6 +135,7 @@ class PdPath:
         try:
             await attempts(orjson.dumps(decode_body(prep.body, pre.params)),
                            plan.decision.ranked, True)
+            self.stats.decoded()
         except PullFailed as failed:
             self.stats.pull_failed(failed.what)
             # P holds the prompt's KV: it answers the whole request, as sent to one replica
@@ -159,7 +162,7 @@ class PdPath:
             return  # P answered alone: its params are no decoder's
         if self.pullback.remember(plan, prep.kind, ex.replica, out.reply_text, out.kv_params,
                                   self.clock()):
-            self.stats.remembered += 1
+            self.stats.kept()
 
     async def _prefill(self, ex: Exchange, ranked: Sequence[str], body: bytes,
                        ) -> Prefilled | None:

@@ -64,6 +64,7 @@ from gateway.admission.priority import header_value as priority_header
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.pd.config import PdConfig
 from gateway.pd.failures import PullFailed, prefill_instead
+from gateway.pd.metrics import PdMetrics
 from gateway.pd.path import PdPath
 from gateway.proxy import pinning
 from gateway.proxy.asgi import ClientGone, Headers, Receive, Scope, Send, read_body, request_headers
@@ -135,7 +136,8 @@ class Proxy:
         # prefill/decode legs, where the fleet has prefill replicas ([pd], gateway.pd)
         self.pd = PdPath(config=pd or PdConfig(), fleet=fleet, router=router, flow=self.flow,
                          upstream=upstream, monitor=monitor, counters=counters,
-                         timeouts=self.timeouts, clock=clock)
+                         timeouts=self.timeouts, clock=clock,
+                         metrics=PdMetrics(metrics.registry))
 
     @property
     def salts(self) -> TenantSalts:
