@@ -6,9 +6,9 @@ it read whole (its body and X-Request-Id).
   (`do_remote_prefill` true, `remote_block_ids`, `remote_engine_id`, `remote_host/port`,
   `remote_num_tokens`, `remote_prefill_cached_tokens`);
 - a decode leg (`do_remote_prefill` true): the answer, streamed or not as asked, with
-  `cached_tokens` = P's `remote_prefill_cached_tokens` (vLLM >= 0.32); not streamed, it
-  carries D's own `kv_transfer_params` (`bidirectional_kv_xfer`, `remote_engine_id`
-  "<name>-d");
+  `cached_tokens` = P's `remote_prefill_cached_tokens` (vLLM >= 0.32); it carries D's
+  own `kv_transfer_params` (`bidirectional_kv_xfer`, `remote_engine_id` "<name>-d") in
+  its body, or streamed on its final chunk;
 - anything else: a whole request, answered as one replica does.
 
 `mode` makes a leg fail: "500", "400" (answered), "read-close" (read, then the connection
@@ -126,9 +126,16 @@ class PdReplica:
                     "remote_prefill_cached_tokens": P_CACHED}
             writer.write(response("200 OK", orjson.dumps(answer)))
             return True
+        own = {"do_remote_decode": True, "do_remote_prefill": False,
+               "remote_block_ids": [[7, 8]], "remote_engine_id": f"{self.name}-d",
+               "remote_host": "127.0.0.1", "remote_port": self.port,
+               "remote_num_tokens": PROMPT_TOKENS + 1, "remote_blocks_expiry_time": 480.0}
         if doc.get("stream"):
-            event = {"id": "c", "object": "chat.completion.chunk", "model": "m",
-                     "choices": [{"index": 0, "delta": {"content": text}}]}
+            event: dict[str, Any] = {"id": "c", "object": "chat.completion.chunk", "model": "m",
+                                     "choices": [{"index": 0, "delta": {"content": text},
+                                                  "finish_reason": "stop"}]}
+            if which == "decode":  # its own, on the final chunk (bidirectional_kv_xfer)
+                event["kv_transfer_params"] = own
             out = SSE_HEAD + chunk(b"data: " + orjson.dumps(event) + b"\n\n")
             if (doc.get("stream_options") or {}).get("include_usage"):
                 tail = {"id": "c", "object": "chat.completion.chunk", "model": "m",
@@ -141,11 +148,7 @@ class PdReplica:
                                "message": {"role": "assistant", "content": text}}],
                   "usage": usage}
         if which == "decode" or self.params_on_whole:  # bidirectional_kv_xfer: its own
-            answer["kv_transfer_params"] = {
-                "do_remote_decode": True, "do_remote_prefill": False,
-                "remote_block_ids": [[7, 8]], "remote_engine_id": f"{self.name}-d",
-                "remote_host": "127.0.0.1", "remote_port": self.port,
-                "remote_num_tokens": PROMPT_TOKENS + 1, "remote_blocks_expiry_time": 480.0}
+            answer["kv_transfer_params"] = own
         writer.write(response("200 OK", orjson.dumps(answer)))
         return True
 

@@ -128,16 +128,19 @@ def test_after_a_failed_prefill_leg(what: Happened, step: str) -> None:
     assert after_prefill(what) == step
 
 
-@pytest.mark.parametrize(("what", "instead"), [
-    ("server_error", True),  # the pull failed (kv_load_failure_policy "fail")
-    ("broken", True),  # D gave up before its head: nothing reached the client
-    ("not_delivered", False),  # the ordinary retry on the next D
-    ("client_error", False),  # the client's request is bad: relayed
-    ("timeout", False),  # D may still be working: never piled onto P
-    ("pool_busy", False),
+@pytest.mark.parametrize(("what", "last", "instead"), [
+    ("server_error", False, True),  # the pull failed (kv_load_failure_policy "fail")
+    ("broken", False, True),  # D gave up before its head: nothing reached the client
+    ("not_delivered", False, False),  # the ordinary retry on the next D
+    ("not_delivered", True, True),  # no D left: it reached no engine, P answers it
+    ("client_error", False, False),  # the client's request is bad: relayed
+    ("client_error", True, False),
+    ("timeout", False, False),  # D may still be working: never piled onto P
+    ("timeout", True, False),
+    ("pool_busy", True, False),
 ])
-def test_after_a_failed_decode_leg(what: Happened, instead: bool) -> None:
-    assert prefill_instead(what) is instead
+def test_after_a_failed_decode_leg(what: Happened, last: bool, instead: bool) -> None:
+    assert prefill_instead(what, last=last) is instead
 
 
 @pytest.mark.parametrize(("fields", "error"), [

@@ -397,21 +397,6 @@ async def test_a_decoder_restarted_since_is_not_pulled_from() -> None:
         assert gw.stats()["pd"]["decoder_kv"]["pulled_back"] == 0
 
 
-async def test_reuse_off_or_a_stream_keeps_nothing() -> None:
-    async with replicas(("p1", "ok"), ("d1", "ok")) as (p, d), gateway(
-            [("p1", url(p), "prefill"), ("d1", url(d), "decode")], reuse()) as gw, \
-            httpx.AsyncClient(timeout=10) as client:
-        headers = {"x-session-id": "conv-1"}
-        r = await client.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True},
-                              headers=headers)
-        assert sse_texts(r.content) == ["d1:decode"]
-        r = await client.post(gw.url + "/v1/chat/completions",
-                              json=next_turn(CHAT, "d1:decode", "and then? " * 40),
-                              headers=headers)
-        assert p.bodies[1]["kv_transfer_params"] == dict(FRESH)
-        assert gw.stats()["pd"]["decoder_kv"]["remembered"] == 1  # turn 2 only
-
-
 async def test_a_prefill_replica_answering_alone_leaves_no_params_for_the_next_turn() -> None:
     async with replicas(("p1", "ok"), ("d1", "500")) as (p, d), gateway(
             [("p1", url(p), "prefill"), ("d1", url(d), "decode")], reuse()) as gw, \
@@ -419,8 +404,9 @@ async def test_a_prefill_replica_answering_alone_leaves_no_params_for_the_next_t
         p.params_on_whole = True
         r = await client.post(gw.url + "/v1/chat/completions", json=CHAT,
                               headers={"x-session-id": "conv-1"})
-        assert r.status_code == 200 and r.json()["kv_transfer_params"]["remote_engine_id"] \
-            == "p1-d"
+        # P's own params were on its answer (removed before the client: gateway.pd.answer)
+        assert r.status_code == 200 and "kv_transfer_params" not in r.json()
+        assert r.json()["choices"][0]["message"]["content"] == "p1:whole"
         assert gw.stats()["pd"]["decoder_kv"]["remembered"] == 0
 
 

@@ -178,6 +178,7 @@ def metric_docs() -> list[MetricDoc]:
     """Every family of the gateway's registry, as a fresh gateway exposes it."""
     from prometheus_client.metrics import MetricWrapperBase
 
+    from gateway.pd.metrics import PdMetrics
     from gateway.tracing.otel import SpanCounters
     from gateway.upstream.counters import UpstreamCounters
     from gateway.usage.exposure import FLEET_METRICS, ROUTED_METRICS
@@ -185,6 +186,7 @@ def metric_docs() -> list[MetricDoc]:
 
     metrics = GatewayMetrics()
     UpstreamCounters(metrics.registry)  # serve registers these on the same registry
+    PdMetrics(metrics.registry)  # ... and P/D's (gateway.pd.metrics)
     SpanCounters(metrics.registry)  # ... and these with [tracing] enabled
     # The collectors registered, read for their label names (a family with labels has no
     # sample before its first observation, so the rendered text cannot give them).

@@ -8,7 +8,8 @@ once per leg, and nothing is sent again once a byte reached the client.
     prefill  pool busy, timeout, broken, 4xx, 5xx,       D alone: it computes the prompt
                an answer without kv_transfer_params        itself (nothing was sent to it)
     decode   not delivered                               the next decode replica, with the
-                                                           same params (the ordinary retry)
+                                                           same params (the ordinary retry);
+                                                           none left: P alone, as below
     decode   5xx, or broken before any answer: the pull  P alone, a whole request: it holds
                failed or D gave up, no byte reached the    the prompt's KV (vLLM's
                client                                      kv_load_failure_policy "fail")
@@ -17,6 +18,15 @@ once per leg, and nothing is sent again once a byte reached the client.
 
 After a decode leg's first byte reached the client nothing changes: a stream cut there
 ends with an error event, as for one replica.
+
+Why P may answer the whole request after its prefill leg ("a request reaches each engine
+at most once; retry elsewhere only what provably never arrived"): the prefill leg is a
+different request that P finished (one token, `max_tokens` 1, its answer read whole and
+never relayed); the client's request, which generates the answer, reached no engine:
+every decode leg provably never arrived (not delivered), or D failed before generating
+anything the client saw (5xx, broken before its head). So the whole request is P's first
+delivery of it, and it is sent to P once. A decode leg that may have reached D and still
+be running (timeout, pool busy) is never piled onto P.
 """
 
 from __future__ import annotations
@@ -33,10 +43,11 @@ def after_prefill(what: Happened | Literal["no_params"]) -> AfterPrefill:
     return "next_prefill" if what == "not_delivered" else "decode_alone"
 
 
-def prefill_instead(what: Happened) -> bool:
+def prefill_instead(what: Happened, *, last: bool = False) -> bool:
     """The decode leg failed with `what` before anything reached the client: P, which
-    holds the prompt's KV, answers the whole request instead."""
-    return what in ("server_error", "broken")
+    holds the prompt's KV, answers the whole request instead. `last`: no other decode
+    replica is left to try; a leg not delivered anywhere is then P's too (below)."""
+    return what in ("server_error", "broken") or (last and what == "not_delivered")
 
 
 class PullFailed(Exception):

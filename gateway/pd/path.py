@@ -9,8 +9,8 @@ failures.py) around the request path's own tries (gateway.proxy.handler).
     decode leg on D with P's params, relayed to the client as a single replica's answer
         failed before a byte (PullFailed): P answers the whole request instead
     `[pd] reuse_decoder_kv`: the conversation's last decoder params go with the prefill
-    leg when its prompt extends that turn exactly (pullback.py); a non-streamed answer's
-    own params are kept for the next turn (`answered`)
+    leg when its prompt extends that turn exactly (pullback.py); an answer's own params
+    (whole, or a stream's final chunk: answer.py) are kept for the next turn (`answered`)
 
 Accounting (on the request's Exchange, into its usage record): `prefill_replica`,
 `transferred_tokens` (what P offered D), `cached_from` ("prefill": vLLM >= 0.32 reports
@@ -33,6 +33,7 @@ from gateway.pd.choice import Legs, choose_legs
 from gateway.pd.config import PdConfig
 from gateway.pd.failures import PullFailed, after_prefill
 from gateway.pd.legs import answer_params, decode_body, prefill_body, transferred_tokens
+from gateway.pd.metrics import PdMetrics
 from gateway.pd.pullback import PullBack
 from gateway.pd.stats import LegFailure, PdStats
 from gateway.proxy.asgi import Headers
@@ -63,7 +64,8 @@ class Prefilled:
 class PdPath:
     def __init__(self, *, config: PdConfig, fleet: Fleet, router: Router, flow: RequestFlow,
                  upstream: Upstream, monitor: FleetMonitor, counters: UpstreamCounters,
-                 timeouts: Timeouts, clock: Callable[[], float]) -> None:
+                 timeouts: Timeouts, clock: Callable[[], float],
+                 metrics: PdMetrics | None = None) -> None:
         self.config = config
         self.fleet = fleet
         self.router = router
@@ -73,7 +75,7 @@ class PdPath:
         self.counters = counters
         self.timeouts = timeouts
         self.clock = clock
-        self.stats = PdStats()
+        self.stats = PdStats(metrics)
         self.pullback = PullBack(config, fleet, router)
 
     def legs(self, turn: Turn, prep: Prepared) -> tuple[Legs, dict[str, int]] | None:
@@ -115,8 +117,8 @@ class PdPath:
         ex, plan = turn.ex, turn.plan
         assert plan is not None
         pulled = self.pullback.take(plan, self.clock())
-        if pulled is not None:
-            self.stats.pulled_back += 1
+        if self.pullback.enabled:
+            self.stats.reused(pulled is not None)
         pre = await self._prefill(ex, legs.prefill,
                                   orjson.dumps(prefill_body(prep.body, pulled)))
         if pre is None:
@@ -133,6 +135,7 @@ class PdPath:
         try:
             await attempts(orjson.dumps(decode_body(prep.body, pre.params)),
                            plan.decision.ranked, True)
+            self.stats.decoded()
         except PullFailed as failed:
             self.stats.pull_failed(failed.what)
             # P holds the prompt's KV: it answers the whole request, as sent to one replica
@@ -140,9 +143,14 @@ class PdPath:
             await attempts(payload, (pre.replica,), False)
         return True
 
+    def collects(self, endpoint: str) -> bool:
+        """Whether a stream's text is collected (gateway.pd.answer): the next turn's
+        check needs it, and only `[pd] reuse_decoder_kv` keeps anything for one."""
+        return self.pullback.enabled and endpoint in ("chat", "completions")
+
     def answered(self, turn: Turn, prep: Prepared) -> None:
         """The request was answered: keep a decoder's returned params for the next turn
-        (`[pd] reuse_decoder_kv`; a non-streamed 200 from a decode replica only)."""
+        (`[pd] reuse_decoder_kv`; a 200 from a decode replica, whole or streamed)."""
         ex, plan = turn.ex, turn.plan
         out = ex.outcome
         if (not self.pullback.enabled or plan is None or ex.status != 200
@@ -154,7 +162,7 @@ class PdPath:
             return  # P answered alone: its params are no decoder's
         if self.pullback.remember(plan, prep.kind, ex.replica, out.reply_text, out.kv_params,
                                   self.clock()):
-            self.stats.remembered += 1
+            self.stats.kept()
 
     async def _prefill(self, ex: Exchange, ranked: Sequence[str], body: bytes,
                        ) -> Prefilled | None:

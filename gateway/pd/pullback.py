@@ -14,9 +14,10 @@ What is checked, since the engine checks nothing (real-vllm-pd.md):
   remembers the `Replica` object and the router's restart count of it, and an entry of a
   replica that left, was replaced or restarted is dropped.
 
-Only a non-streamed answer is remembered: the relay collects neither a stream's text nor
-its final chunk's params. Bounds: `reuse_max_conversations` entries for `reuse_ttl_s`
-(the memory's), and one record per replica of the fleet (`_seen`, pruned to the fleet).
+A streamed answer is remembered as a whole one is: the relay collects its text and its
+final chunk's params (gateway.pd.answer; none for tool calls or n > 1). Bounds:
+`reuse_max_conversations` entries for `reuse_ttl_s` (the memory's), and one record per
+replica of the fleet (`_seen`, pruned to the fleet).
 """
 
 from __future__ import annotations

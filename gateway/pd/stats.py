@@ -1,19 +1,22 @@
 """P/D traffic counts for `/stats` (`pd`): how many requests took two legs, how many a
 decode replica served alone and why, which legs failed and how. Every key is a fixed name
-(the choice's reasons, the failure classes of gateway.upstream.failure): bounded."""
+(the choice's reasons, the failure classes of gateway.upstream.failure): bounded. With a
+`PdMetrics`, each count also goes to its Prometheus family (gateway.pd.metrics)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from gateway.pd.choice import Why
+from gateway.pd.metrics import PdMetrics
 from gateway.upstream.failure import Happened
 
 LegFailure = Happened | str  # a failure class, or "no_params" (P answered nothing to pull)
 
 
 class PdStats:
-    def __init__(self) -> None:
+    def __init__(self, metrics: PdMetrics | None = None) -> None:
+        self.metrics = metrics
         self.two_legs = 0
         self.alone: dict[str, int] = {"cached": 0, "no_prefill": 0, "prefill_failed": 0}
         self.prefill_alone = 0  # the decode leg failed before a byte: P answered it all
@@ -27,22 +30,51 @@ class PdStats:
         if why == "remote":
             return  # counted when the prefill leg succeeded (`transferred`)
         self.alone[why] += 1
+        if self.metrics is not None:
+            self.metrics.served(why)
 
     def transferred(self, tokens: int | None) -> None:
         self.two_legs += 1
         self.transferred_tokens += tokens or 0
+        if self.metrics is not None:
+            self.metrics.leg("prefill", "ok")
+            self.metrics.served("two_legs")
+            self.metrics.transferred(tokens)
+
+    def decoded(self) -> None:
+        """The decode leg's answer was relayed to the client."""
+        if self.metrics is not None:
+            self.metrics.leg("decode", "ok")
 
     def leg_failed(self, leg: str, what: LegFailure) -> None:
         per = self.failures[leg]
         per[what] = per.get(what, 0) + 1
+        if self.metrics is not None:
+            self.metrics.leg(leg, what)
 
     def decode_alone(self) -> None:
         """No prefill leg succeeded: D computed the prompt itself."""
         self.alone["prefill_failed"] += 1
+        if self.metrics is not None:
+            self.metrics.served("prefill_failed")
 
     def pull_failed(self, what: Happened) -> None:
         self.leg_failed("decode", what)
         self.prefill_alone += 1
+        if self.metrics is not None:
+            self.metrics.served("prefill_alone")
+
+    def kept(self) -> None:
+        """A decoder's params were kept for the conversation's next turn."""
+        self.remembered += 1
+        if self.metrics is not None:
+            self.metrics.reuse("kept")
+
+    def reused(self, hit: bool) -> None:
+        """A two-leg request with reuse on: the last turn's params sent (hit) or not."""
+        self.pulled_back += hit
+        if self.metrics is not None:
+            self.metrics.reuse("hit" if hit else "miss")
 
     def snapshot(self) -> dict[str, Any]:
         return {"two_legs": self.two_legs, "decode_alone": dict(self.alone),

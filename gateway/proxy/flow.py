@@ -258,7 +258,8 @@ class RequestFlow:
             # do not judge the prediction on the decode replica (gateway.pd)
             o.cached_tokens = u.cached_tokens if u and ex.cached_from is None else None
             o.completion_tokens = u.completion_tokens if u else None
-            o.reply_text = ex.outcome.reply_text  # non-streamed answers only
+            # non-streamed answers, and streams collected for P/D reuse (gateway.pd.answer)
+            o.reply_text = ex.outcome.reply_text
         if turn.replica is not None:
             turn.replica.in_flight -= 1
             turn.replica = None

@@ -64,6 +64,7 @@ from gateway.admission.priority import header_value as priority_header
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.pd.config import PdConfig
 from gateway.pd.failures import PullFailed, prefill_instead
+from gateway.pd.metrics import PdMetrics
 from gateway.pd.path import PdPath
 from gateway.proxy import pinning
 from gateway.proxy.asgi import ClientGone, Headers, Receive, Scope, Send, read_body, request_headers
@@ -135,7 +136,8 @@ class Proxy:
         # prefill/decode legs, where the fleet has prefill replicas ([pd], gateway.pd)
         self.pd = PdPath(config=pd or PdConfig(), fleet=fleet, router=router, flow=self.flow,
                          upstream=upstream, monitor=monitor, counters=counters,
-                         timeouts=self.timeouts, clock=clock)
+                         timeouts=self.timeouts, clock=clock,
+                         metrics=PdMetrics(metrics.registry))
 
     @property
     def salts(self) -> TenantSalts:
@@ -302,6 +304,10 @@ class Proxy:
                                           pull=pull)
             if failure is None:
                 return
+        if pull and failure is not None and prefill_instead("not_delivered", last=True):
+            # the decode leg reached no decode replica (each try was not delivered): the
+            # prefill replica answers it whole (gateway.pd.failures says why it may)
+            raise PullFailed(name, "not_delivered")
         raise failure if failure is not None else no_healthy(turn.ex.model or None)
 
     async def _attempt(
@@ -364,7 +370,8 @@ class Proxy:
                         on_first_byte=lambda: self.flow.first_token(turn), timer=self.timer,
                         on_response_id=((lambda rid: self.flow.remember_response(turn, rid))
                                         if responses else None),
-                        first_token=b'"response.output_text.delta"' if responses else None)
+                        first_token=b'"response.output_text.delta"' if responses else None,
+                        collect_reply=self.pd.collects(ex.endpoint))
         except UpstreamError as exc:  # before the head: delivered, no usable answer
             self.counters.failure(name, happened(exc))
             raise from_upstream(exc, None if ex.withheld else name) from None

@@ -12,6 +12,11 @@ period ran out), before the cancellation goes on. Any other answer is read whole
 complete JSON) and sent with its length; a 200 one is parsed once for its usage and its
 generated text (`parse_answer`).
 
+An answer's `kv_transfer_params` (engine host, port, block ids) never reach the client:
+read into `outcome.kv_params`, then removed from the JSON body or the stream's event
+(gateway.pd.answer). A stream's text is collected only when `collect_reply` asks (P/D's
+turn two without re-prefill), bounded there.
+
 A Responses API answer names its id (body `id`, or the stream's `response.*` events):
 `on_response_id` hears it before the bytes that carry it go to the client, so a client
 that continues the chain at once already finds its creator remembered.
@@ -28,6 +33,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+from gateway.pd.answer import StreamAnswer, strip_json
 from gateway.proxy.asgi import Headers, Send
 from gateway.proxy.errors import GatewayError, UpstreamError, from_upstream
 from gateway.proxy.target import HOP_BY_HOP
@@ -82,11 +88,12 @@ class RelayOutcome:
         self.first_byte: float | None = None  # perf_counter when the first body byte went
         self.status = 0
         self.usage: Usage | None = None
-        # The generated text of a non-streamed answer; None for streams: collecting it would
-        # mean parsing every token event, and the tap only parses the usage event.
+        # The generated text of a non-streamed answer; of a stream only when asked
+        # (`collect_reply`): collecting it means parsing every token event.
         self.reply_text: str | None = None
         self.error: GatewayError | None = None
-        # a non-streamed answer's own kv_transfer_params (a P/D decoder's, gateway.pd)
+        # the answer's own kv_transfer_params (a P/D decoder's, gateway.pd), whole or
+        # from a stream's final chunk; the client never gets them (gateway.pd.answer)
         self.kv_params: dict[str, Any] | None = None
 
 
@@ -94,6 +101,7 @@ async def relay(
     resp: UpstreamResponse, send: Send, extra: Headers, *, strip_usage: bool, replica: str | None,
     outcome: RelayOutcome, on_first_byte: Callable[[], None], timer: Callable[[], float],
     on_response_id: Callable[[str], None] | None = None, first_token: bytes | None = None,
+    collect_reply: bool = False,
 ) -> None:
     """Send resp to the client. Upstream failures before the head propagate (nothing was
     sent); after it they end the stream with an error event recorded in `outcome.error`
@@ -108,6 +116,7 @@ async def relay(
             outcome.kv_params = answer.kv_transfer_params
             if answer.response_id is not None and on_response_id is not None:
                 on_response_id(answer.response_id)
+        data = strip_json(data)  # read above; never the client's (gateway.pd.answer)
         headers.append((b"content-length", str(len(data)).encode()))
         outcome.first_byte = timer()
         on_first_byte()
@@ -117,6 +126,8 @@ async def relay(
         return
 
     tap = SseUsageTap(strip=strip_usage)
+    # before the tap: a usage-only final chunk the tap strips may carry the params
+    stream = StreamAnswer(collect=collect_reply and resp.status == 200)
     outcome.started = True
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})
     # A response that can tell it has ended without another read lets its last bytes and
@@ -125,7 +136,7 @@ async def relay(
     held = b""
     try:
         async for chunk in resp.chunks():
-            out = tap.feed(chunk)
+            out = tap.feed(stream.feed(chunk))
             if on_response_id is not None and tap.response_id is not None:
                 on_response_id(tap.response_id)
                 on_response_id = None
@@ -141,7 +152,8 @@ async def relay(
                 held = out  # the loop ends on the next step without waiting
                 continue
             await send({"type": "http.response.body", "body": out, "more_body": True})
-        tail = held + tap.finish()
+        last = tap.feed(stream.finish())
+        tail = held + last + tap.finish()
     except UpstreamError as exc:
         outcome.error = from_upstream(exc, replica)
         # close a half-written event so the error event parses on its own
@@ -155,4 +167,7 @@ async def relay(
             await send({"type": "http.response.body", "body": tail, "more_body": False})
         raise
     outcome.usage = tap.usage
+    outcome.kv_params = stream.params
+    if outcome.error is None and resp.status == 200:
+        outcome.reply_text = stream.reply
     await send({"type": "http.response.body", "body": tail, "more_body": False})

@@ -1,0 +1,180 @@
+"""What the client must not see of an engine's answer, and what the gateway reads from a
+streamed one (pure).
+
+`kv_transfer_params` in an answer (a P/D decoder's own, vLLM's `bidirectional_kv_xfer`; a
+`both` replica's with a KV connector) names the engine's host, port, engine id and block
+ids: another tenant's client must never learn them, and no client needs them (the gateway
+routes the legs). They are removed from every relayed answer, after the gateway has read
+them: `strip_json` for a whole JSON body, `StreamAnswer` for an SSE stream (vLLM puts them
+on the stream's final chunk).
+
+`StreamAnswer(collect=True)` also collects the streamed answer's text, so turn two
+without re-prefill (gateway.pd.pullback) works for streamed turns with the same exact
+check as for a whole answer: the text of choice 0 (`delta.content` for chat, `text` for
+completions). A stream the next turn cannot be rebuilt from gets no text (`reply` None,
+nothing kept): more than one choice, tool calls (a whole answer's text is its content
+alone too), or more than `max_reply_chars` characters (the bound on what is held).
+
+Cost: without collection, a chunk that ends on an event boundary and holds no
+`"kv_transfer_params"` goes through untouched after one byte search; only events that
+hold it are parsed and rewritten. A partial event is held until its blank line arrives
+(vLLM writes each event in one piece), at most `max_event_bytes`, then let go as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+KEY = b'"kv_transfer_params"'
+MAX_REPLY_CHARS = 1 << 20  # characters of a streamed answer collected for reuse
+MAX_EVENT_BYTES = 1 << 20  # a partial event held longer than this is let go
+
+
+def strip_json(data: bytes) -> bytes:
+    """A whole JSON answer without its top-level `kv_transfer_params` (unchanged bytes
+    when it has none)."""
+    if KEY not in data:
+        return data
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data
+    if not isinstance(doc, dict) or "kv_transfer_params" not in doc:
+        return data
+    del doc["kv_transfer_params"]
+    return orjson.dumps(doc)
+
+
+def _boundary(buf: bytes) -> int:
+    """End (exclusive) of the last complete event in buf, 0 when there is none."""
+    a = buf.rfind(b"\n\n")
+    b = buf.rfind(b"\n\r\n")
+    return max(a + 2 if a >= 0 else 0, b + 3 if b >= 0 else 0)
+
+
+def _split(region: bytes) -> list[bytes]:
+    """Complete events, each with its blank line."""
+    out: list[bytes] = []
+    start = i = 0
+    n = len(region)
+    while i < n:
+        j = region.find(b"\n", i)
+        if j < 0:
+            break
+        if region[j + 1:j + 2] == b"\n":
+            end = j + 2
+        elif region[j + 1:j + 3] == b"\r\n":
+            end = j + 3
+        else:
+            i = j + 1
+            continue
+        out.append(region[start:end])
+        start = i = end
+    if start < n:
+        out.append(region[start:])
+    return out
+
+
+def _doc(event: bytes) -> dict[str, Any] | None:
+    """The JSON object an event's `data:` lines carry, None for anything else."""
+    parts = [line[5:].removeprefix(b" ") for line in event.splitlines()
+             if line.startswith(b"data:")]
+    if not parts:
+        return None
+    try:
+        doc = orjson.loads(b"\n".join(parts))
+    except orjson.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+class StreamAnswer:
+    def __init__(self, *, collect: bool, max_reply_chars: int = MAX_REPLY_CHARS,
+                 max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self.collect = collect
+        self.max_reply_chars = max_reply_chars
+        self.max_event_bytes = max_event_bytes
+        self.params: dict[str, Any] | None = None  # the last event's kv_transfer_params
+        self._parts: list[str] = []
+        self._chars = 0
+        self._whole = collect  # the text collected so far is the whole answer's
+        self._tail = b""
+
+    @property
+    def reply(self) -> str | None:
+        """The answer's text (collect only), None when it cannot be told exactly."""
+        return "".join(self._parts) if self._whole else None
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Upstream bytes in, the bytes to pass on out (complete events)."""
+        if not self._tail and not self.collect and KEY not in chunk and (
+                chunk.endswith(b"\n\n") or not chunk):
+            return chunk  # token chunks: untouched
+        buf = self._tail + chunk
+        cut = _boundary(buf)
+        self._tail = buf[cut:]
+        out = self._events(buf[:cut]) if cut else b""
+        if len(self._tail) > self.max_event_bytes:
+            # no final chunk is this long: let it go, and stop trusting the text
+            self._whole = False
+            if KEY in self._tail:
+                self._tail = b""  # never pass on params it could not remove
+            out, self._tail = out + self._tail, b""
+        return out
+
+    def finish(self) -> bytes:
+        """End of stream: what is still held (a last event without its blank line)."""
+        tail, self._tail = self._tail, b""
+        if not tail:
+            return b""
+        return self._events(tail)
+
+    def _events(self, region: bytes) -> bytes:
+        changed = False
+        out: list[bytes] = []
+        for event in _split(region):
+            has_key = KEY in event
+            doc = _doc(event) if has_key or self.collect else None
+            if doc is not None and self.collect:
+                self._read(doc)
+            if has_key and doc is not None and "kv_transfer_params" in doc:
+                params = doc.pop("kv_transfer_params")
+                if isinstance(params, dict) and params:
+                    self.params = params
+                end = event[len(event.rstrip(b"\r\n")):]
+                event = b"data: " + orjson.dumps(doc) + (end if end else b"\n\n")
+                changed = True
+            elif has_key:  # not JSON we can rewrite: dropped rather than passed on
+                event, changed = b"", True
+            out.append(event)
+        return b"".join(out) if changed else region
+
+    def _read(self, doc: dict[str, Any]) -> None:
+        """Add the text an event carries for choice 0 (chat delta or completion text)."""
+        if not self._whole:
+            return
+        choices = doc.get("choices")
+        if not isinstance(choices, list):
+            return
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            if choice.get("index", 0) != 0:
+                self._whole = False
+                return
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                if delta.get("tool_calls"):
+                    self._whole = False
+                    return
+                text = delta.get("content")
+            else:
+                text = choice.get("text")
+            if isinstance(text, str) and text:
+                self._chars += len(text)
+                if self._chars > self.max_reply_chars:
+                    self._whole, self._parts = False, []
+                    return
+                self._parts.append(text)
