@@ -52,7 +52,7 @@ def prefill_instead(what: Happened, *, last: bool = False) -> bool:
 
 class PullFailed(Exception):
     """The decode leg failed as `prefill_instead` says, before anything reached the client
-    (raised by the request path's try on D, caught by gateway.pd.path)."""
+    (raised by the request path's try on D, caught by gateway.proxy.pd_path)."""
 
     def __init__(self, replica: str, what: Happened) -> None:
         super().__init__(f"decode leg on {replica} failed: {what}")

@@ -22,14 +22,16 @@ replica of the fleet (`_seen`, pruned to the fleet).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.pd.config import PdConfig
 from gateway.pd.reuse import DecoderKvMemory
-from gateway.replicas.fleet import Fleet, Replica
 from gateway.routing.normalize import END
-from gateway.routing.plan import RoutePlan
-from gateway.routing.router import Router
+
+if TYPE_CHECKING:  # collaborators passed in; importing them would tie gateway.pd to them
+    from gateway.replicas.fleet import Fleet, Replica
+    from gateway.routing.plan import RoutePlan
+    from gateway.routing.router import Router
 
 
 def conversation_key(plan: RoutePlan) -> str | None:

@@ -33,7 +33,7 @@ If that replica left the fleet or is unhealthy, the gateway answers 404/503 sayi
 instead of sending it where it can only fail. Each relayed Responses answer's id is
 remembered with the replica that made it (`Services.affinity`).
 
-P/D (gateway.pd.path): with `prefill` replicas in the fleet, a chat or completions request
+P/D (gateway.proxy.pd_path): with `prefill` replicas in the fleet, a chat or completions request
 whose decode replica (the router's decision) would leave enough of the prompt uncached
 takes a prefill leg first; the decode leg is then this module's ordinary try on the
 decision's ranking, whose failure before a byte (`pull`: PullFailed) lets the prefill
@@ -65,7 +65,6 @@ from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.pd.config import PdConfig
 from gateway.pd.failures import PullFailed, prefill_instead
 from gateway.pd.metrics import PdMetrics
-from gateway.pd.path import PdPath
 from gateway.proxy import pinning
 from gateway.proxy.asgi import ClientGone, Headers, Receive, Scope, Send, read_body, request_headers
 from gateway.proxy.auth import Authenticator
@@ -73,6 +72,7 @@ from gateway.proxy.errors import GatewayError, UpstreamError, error_response, fr
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.flow import Kind, RequestFlow, Turn
 from gateway.proxy.inbound import Endpoint, Inbound, inject_usage, parse_json
+from gateway.proxy.pd_path import PdPath
 from gateway.proxy.relay import RelayOutcome, relay, shutting_down, upstream_request_headers
 from gateway.proxy.session import session_header
 from gateway.proxy.target import client_request_id, forwarded_headers, upstream_target

@@ -1,5 +1,6 @@
 """The P/D request path (I/O): it sequences the pure parts (choice.py, legs.py,
-failures.py) around the request path's own tries (gateway.proxy.handler).
+failures.py in gateway.pd) around the request path's own tries (gateway.proxy.handler); it lives
+in gateway.proxy because it drives the proxy's relay and flow (gateway.pd stays pure of them).
 
     D = the router's decision (already made, among `decode`/`both` replicas)
     legs = choose_legs(...)                  one leg: the caller goes on as today
