@@ -1,0 +1,162 @@
+"""Outside review of issue 37 (a fleet that follows its sources): each test here is a break
+found from outside, on loopback replicas (tests/test_fleet_sources_loopback.py's Pods and
+scale helpers, tests/fake_kube.py's API server)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from aiohttp import web
+
+from gateway.proxy.app import GatewayApp
+from gateway.routing.config import RoutingConfig
+from gateway.settings import Settings, parse_settings
+from tests.fake_kube import fake_kube, pod
+from tests.proxy_fakes import COMPLETION, MODEL, chat
+from tests.servers import free_port
+from tests.test_fleet_sources_loopback import (
+    DEADLINE_S,
+    ENGINE_METRICS,
+    HOSTS,
+    pods,
+    port_on_every_host,
+    settings,
+    until,
+)
+
+LABELS = {"app": "vllm"}
+
+
+async def test_a_reload_that_changes_grace_keeps_the_selectors_pods_routed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGHUP whose [discovery] differs in anything (here grace_s only; the same selector)
+    must not take the label selector's pods out of routing: they are still listed. Found:
+    `FleetSources._reload` drops the `kubernetes:` source before the new watch has listed,
+    and reconciles, so every pod leaves (marked down at once: 503s for every request until
+    the new watch lists and a probe marks them up again; past grace_s they depart and are
+    learned from scratch)."""
+    port = port_on_every_host()
+    named = {"http": port}
+    with fake_kube({"metadata": {"name": "unused"}}) as kube:
+        monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path / "kubeconfig")))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        kube.put(pod("vllm-0", HOSTS[0], True, LABELS, named))
+        base = settings(kubernetes_selector="app=vllm", kubernetes_namespace="ns",
+                        kubernetes_port_name="http", grace_s=30.0)
+        app = GatewayApp(base)
+        async with pods() as pool, app.running():
+            await pool.start(HOSTS[0], port)
+            services, sources = app.services, app.sources
+            assert services is not None and sources is not None
+            fleet = services.fleet
+            name = f"vllm-0:{port}"
+            await until("the pod up", lambda: {r.name for r in fleet.healthy()} == {name})
+            replica = fleet.replicas[name]
+            changed = dataclasses.replace(base.discovery, grace_s=10.0)
+            await sources.reload((), changed)
+            assert replica.leaving_since is None, "a listed pod left on an unrelated reload"
+            assert replica.healthy
+
+
+
+class Held:
+    """A loopback replica whose chat answers wait until `release` is set; what it was asked."""
+
+    def __init__(self) -> None:
+        self.chats = 0
+        self.release = asyncio.Event()
+        self.arrived = asyncio.Event()
+        app = web.Application()
+        app.router.add_get("/health", lambda _r: _ok(web.Response()))
+        app.router.add_get("/metrics", lambda _r: _ok(web.Response(text=ENGINE_METRICS)))
+        app.router.add_get("/v1/models", lambda _r: _ok(web.json_response(
+            {"object": "list", "data": [{"id": MODEL, "object": "model"}]})))
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self.runner = web.AppRunner(app, access_log=None)
+        self.port = 0
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        await request.read()
+        self.chats += 1
+        self.arrived.set()
+        await self.release.wait()
+        return web.Response(body=COMPLETION, content_type="application/json")
+
+    async def start(self) -> str:
+        await self.runner.setup()
+        self.port = free_port()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        return f"http://127.0.0.1:{self.port}"
+
+
+async def _ok(resp: web.StreamResponse) -> web.StreamResponse:
+    return resp
+
+
+def _predicted(resp: httpx.Response) -> int:
+    found = re.search(r"predicted=(\d+)", resp.headers.get("x-gateway-cache", ""))
+    return int(found.group(1)) if found else 0
+
+
+@pytest.mark.parametrize("moved", [True, False])
+async def test_a_request_in_flight_to_a_replaced_address_teaches_nothing_of_the_new_one(
+        tmp_path: Path, moved: bool) -> None:
+    """A replica whose name comes back at another address (a pod recreated with a new IP; a
+    reloaded [[replicas]] url) is another server with an empty cache: a request still in
+    flight to the old address must not teach the router that the new one holds its prompt.
+    Found: `Membership.reconcile` replaces at once (`remove` then `Fleet.add` under the same
+    name) and the old request's `Router.report` (gateway/proxy/flow.py finish) files its
+    blocks under the name, now the new server's: the next request with that prompt is
+    routed on a predicted hit the new server cannot give (moved=False is the control: the
+    same server, the prediction is right)."""
+    old, new = Held(), Held()
+    url_old, url_new = await old.start(), await new.start()
+    new.release.set()
+    path = tmp_path / "gateway.toml"
+    base = dataclasses.replace(settings(grace_s=0.0),
+                               routing=RoutingConfig())  # the cache-aware default policy
+
+    def write(url: str) -> None:
+        path.write_text(f'[[replicas]]\nname = "a"\nurl = "{url}"\n')
+
+    def reload() -> Settings:
+        return dataclasses.replace(base, replicas=parse_settings(path.read_text(), {}).replicas)
+
+    write(url_old)
+    app = GatewayApp(dataclasses.replace(base, replicas=parse_settings(
+        path.read_text(), {}).replicas), reload=reload)
+    try:
+        async with app.running():
+            services = app.services
+            assert services is not None
+            fleet = services.fleet
+            await until("a up", lambda: bool(fleet.healthy()))
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gw",
+                                         timeout=DEADLINE_S) as client:
+                body = chat()
+                first = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+                await asyncio.wait_for(old.arrived.wait(), DEADLINE_S)
+                if moved:
+                    write(url_new)
+                    assert await app.reload_settings()
+                    await until("the new a up", lambda: fleet.replicas["a"].url == url_new
+                                and fleet.replicas["a"].healthy)
+                old.release.set()
+                r1 = await first
+                assert r1.status_code == 200
+                r2 = await client.post("/v1/chat/completions", json=body)
+                assert r2.status_code == 200
+                if moved:
+                    assert new.chats == 1 and old.chats == 1
+                    assert _predicted(r2) == 0, r2.headers.get("x-gateway-cache")
+                else:
+                    assert _predicted(r2) > 0, r2.headers.get("x-gateway-cache")
+    finally:
+        await old.runner.cleanup()
+        await new.runner.cleanup()
