@@ -13,6 +13,7 @@ import httpx
 import pytest
 from aiohttp import web
 
+from gateway.admission.config import AdmissionConfig
 from gateway.proxy.app import GatewayApp
 from gateway.routing.config import RoutingConfig
 from gateway.settings import Settings, parse_settings
@@ -72,13 +73,24 @@ class Held:
         self.release = asyncio.Event()
         self.arrived = asyncio.Event()
         app = web.Application()
-        app.router.add_get("/health", lambda _r: _ok(web.Response()))
-        app.router.add_get("/metrics", lambda _r: _ok(web.Response(text=ENGINE_METRICS)))
-        app.router.add_get("/v1/models", lambda _r: _ok(web.json_response(
-            {"object": "list", "data": [{"id": MODEL, "object": "model"}]})))
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         self.runner = web.AppRunner(app, access_log=None)
         self.port = 0
+
+    @staticmethod
+    async def _health(_request: web.Request) -> web.Response:
+        return web.Response()
+
+    @staticmethod
+    async def _metrics(_request: web.Request) -> web.Response:
+        return web.Response(text=ENGINE_METRICS)
+
+    @staticmethod
+    async def _models(_request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
 
     async def _chat(self, request: web.Request) -> web.Response:
         await request.read()
@@ -92,10 +104,6 @@ class Held:
         self.port = free_port()
         await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
         return f"http://127.0.0.1:{self.port}"
-
-
-async def _ok(resp: web.StreamResponse) -> web.StreamResponse:
-    return resp
 
 
 def _predicted(resp: httpx.Response) -> int:
@@ -160,3 +168,57 @@ async def test_a_request_in_flight_to_a_replaced_address_teaches_nothing_of_the_
     finally:
         await old.runner.cleanup()
         await new.runner.cleanup()
+
+
+async def test_requests_queued_for_admission_when_a_replica_leaves(tmp_path: Path) -> None:
+    """[admission] on, one request per replica: a and b each hold one, two more wait in the
+    queue; a reload removes a. Each request gets exactly one answer, a receives nothing
+    after it left (its one request finishes there), the queued ones go to b, and a departs
+    once its request is done (not held to drain_timeout_s)."""
+    a, b = Held(), Held()
+    urls = {"a": await a.start(), "b": await b.start()}
+    path = tmp_path / "gateway.toml"
+    base = dataclasses.replace(
+        settings(grace_s=0.0, drain_timeout_s=600.0),
+        admission=AdmissionConfig(enabled=True, replica_max_in_flight=1))
+
+    def write(names: list[str]) -> None:
+        path.write_text("".join(f'[[replicas]]\nname = "{n}"\nurl = "{urls[n]}"\n'
+                                for n in names))
+
+    def reload() -> Settings:
+        return dataclasses.replace(base, replicas=parse_settings(path.read_text(), {}).replicas)
+
+    write(["a", "b"])
+    app = GatewayApp(reload(), reload=reload)
+    try:
+        async with app.running():
+            services = app.services
+            assert services is not None and services.gate is not None
+            fleet, gate = services.fleet, services.gate
+            await until("both up", lambda: len(fleet.healthy()) == 2)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gw",
+                                         timeout=DEADLINE_S) as client:
+                def send(i: int) -> asyncio.Task[httpx.Response]:
+                    return asyncio.create_task(client.post(
+                        "/v1/chat/completions", json=chat(user=f"u{i}")))
+
+                sent = [send(0), send(1)]
+                await until("one on each", lambda: a.chats == 1 and b.chats == 1)
+                sent += [send(2), send(3)]
+                await until("two queued", lambda: gate._count == 2)
+                write(["b"])
+                assert await app.reload_settings()
+                assert fleet.replicas["a"].leaving_since is not None
+                b.release.set()
+                a.release.set()
+                answers = [await asyncio.wait_for(t, DEADLINE_S) for t in sent]
+                assert [r.status_code for r in answers] == [200] * 4
+                assert (a.chats, b.chats) == (1, 3)
+                assert sorted(r.headers["x-gateway-replica"] for r in answers) == [
+                    "a", "b", "b", "b"]
+                await until("a departs", lambda: "a" not in fleet.replicas)
+    finally:
+        await a.runner.cleanup()
+        await b.runner.cleanup()
