@@ -15,6 +15,7 @@ from aiohttp import web
 
 from gateway.admission.config import AdmissionConfig
 from gateway.proxy.app import GatewayApp
+from gateway.replicas import membership
 from gateway.routing.config import RoutingConfig
 from gateway.settings import Settings, parse_settings
 from tests.fake_kube import fake_kube, pod
@@ -70,6 +71,7 @@ class Held:
 
     def __init__(self) -> None:
         self.chats = 0
+        self.auth: list[tuple[str, str]] = []  # ("health" | "chat", its Authorization)
         self.release = asyncio.Event()
         self.arrived = asyncio.Event()
         app = web.Application()
@@ -80,8 +82,8 @@ class Held:
         self.runner = web.AppRunner(app, access_log=None)
         self.port = 0
 
-    @staticmethod
-    async def _health(_request: web.Request) -> web.Response:
+    async def _health(self, request: web.Request) -> web.Response:
+        self.auth.append(("health", request.headers.get("Authorization", "")))
         return web.Response()
 
     @staticmethod
@@ -94,6 +96,7 @@ class Held:
 
     async def _chat(self, request: web.Request) -> web.Response:
         await request.read()
+        self.auth.append(("chat", request.headers.get("Authorization", "")))
         self.chats += 1
         self.arrived.set()
         await self.release.wait()
@@ -166,6 +169,7 @@ async def test_a_request_in_flight_to_a_replaced_address_teaches_nothing_of_the_
                 else:
                     assert _predicted(r2) > 0, r2.headers.get("x-gateway-cache")
     finally:
+        old.release.set()
         await old.runner.cleanup()
         await new.runner.cleanup()
 
@@ -220,5 +224,132 @@ async def test_requests_queued_for_admission_when_a_replica_leaves(tmp_path: Pat
                     "a", "b", "b", "b"]
                 await until("a departs", lambda: "a" not in fleet.replicas)
     finally:
+        a.release.set()  # a failed check leaves no request held through the shutdown
+        await a.runner.cleanup()
+        await b.runner.cleanup()
+
+
+async def test_a_reloaded_api_key_under_the_same_name_and_url_is_sent(tmp_path: Path) -> None:
+    """A reloaded [[replicas]] entry whose api_key changed (same name, same url) is an
+    update: the next request carries the new key, probes too (the engine was restarted
+    with a rotated --api-key); no request after the reload carries the old one."""
+    a = Held()
+    a.release.set()
+    url = await a.start()
+    path = tmp_path / "gateway.toml"
+    base = settings(grace_s=0.0)
+
+    def write(key: str) -> None:
+        path.write_text(f'[[replicas]]\nname = "a"\nurl = "{url}"\napi_key = "{key}"\n')
+
+    def reload() -> Settings:
+        return dataclasses.replace(base, replicas=parse_settings(path.read_text(), {}).replicas)
+
+    write("sk-old")
+    app = GatewayApp(reload(), reload=reload)
+    try:
+        async with app.running():
+            services = app.services
+            assert services is not None
+            fleet = services.fleet
+            await until("a up", lambda: bool(fleet.healthy()))
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gw",
+                                         timeout=DEADLINE_S) as client:
+                assert (await client.post("/v1/chat/completions", json=chat())).status_code \
+                    == 200
+                write("sk-new")
+                assert await app.reload_settings()
+                seen = len(a.auth)
+                assert (await client.post("/v1/chat/completions", json=chat())).status_code \
+                    == 200
+                await until("a probe after the reload", lambda: any(
+                    p == "health" for p, _ in a.auth[seen:]))
+                after = a.auth[seen:]
+                assert ("chat", "Bearer sk-new") in after, after
+                assert all(key == "Bearer sk-new" for _, key in after), after
+    finally:
+        a.release.set()  # a failed check leaves no request held through the shutdown
+        await a.runner.cleanup()
+
+
+async def test_leaving_replicas_are_bounded_through_membership(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`MAX_LEAVING` bounds the replicas kept while they drain (membership.py): DNS lists 6
+    addresses, then none, with a grace period far longer than the test; at most the bound
+    stay, the oldest departing first. (The pure `overflow` has a table; nothing showed the
+    membership applying it.)"""
+    monkeypatch.setattr(membership, "MAX_LEAVING", 2)
+    port = free_port()
+    answers = [f"127.0.0.{i}" for i in range(10, 16)]
+
+    async def resolve(host: str, asked: int) -> list[str]:
+        return list(answers)
+
+    app = GatewayApp(settings(dns=(f"vllm.test:{port}",), dns_interval_s=0.05,
+                              grace_s=3600.0, drain_timeout_s=3600.0), resolver=resolve)
+    async with app.running():
+        services = app.services
+        assert services is not None
+        fleet = services.fleet
+        await until("six listed", lambda: len(fleet.replicas) == 6)
+        answers[:] = []
+        await until("all but the bound departed", lambda: len(fleet.replicas) <= 2)
+        assert all(r.leaving_since is not None for r in fleet.replicas.values())
+
+
+async def test_a_leaving_replica_stays_until_its_request_in_flight_is_done(
+        tmp_path: Path) -> None:
+    """grace_s = 0 and a request in flight on a: a reload that removes a makes it leave (no
+    new request) but not depart while the request runs, across reaper rounds; it departs
+    once the request is answered. (No test held a replica's departure to its in-flight
+    requests: `departure_due`'s in_flight argument replaced by 0 at its call in
+    `Membership._reap_now` passed every fleet test.)"""
+    a, b = Held(), Held()
+    b.release.set()
+    urls = {"a": await a.start(), "b": await b.start()}
+    path = tmp_path / "gateway.toml"
+    base = settings(grace_s=0.0, drain_timeout_s=600.0)
+
+    def write(names: list[str]) -> None:
+        path.write_text("".join(f'[[replicas]]\nname = "{n}"\nurl = "{urls[n]}"\n'
+                                for n in names))
+
+    def reload() -> Settings:
+        return dataclasses.replace(base, replicas=parse_settings(path.read_text(), {}).replicas)
+
+    write(["a"])
+    app = GatewayApp(reload(), reload=reload)
+    try:
+        async with app.running():
+            services, sources = app.services, app.sources
+            assert services is not None and sources is not None
+            fleet = services.fleet
+            await until("a up", lambda: bool(fleet.healthy()))
+            rounds = [0]
+            reap = sources.membership._reap_now
+
+            def counted(now: float) -> None:
+                rounds[0] += 1
+                reap(now)
+
+            sources.membership._reap_now = counted  # type: ignore[method-assign]
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gw",
+                                         timeout=DEADLINE_S) as client:
+                first = asyncio.create_task(client.post("/v1/chat/completions", json=chat()))
+                await asyncio.wait_for(a.arrived.wait(), DEADLINE_S)
+                write(["b"])
+                assert await app.reload_settings()
+                begun = rounds[0]
+                await until("three reaper rounds", lambda: rounds[0] >= begun + 3)
+                assert "a" in fleet.replicas, "departed with a request in flight"
+                assert fleet.replicas["a"].leaving_since is not None
+                a.release.set()
+                r = await asyncio.wait_for(first, DEADLINE_S)
+                assert r.status_code == 200 and r.headers["x-gateway-replica"] == "a"
+                await until("a departs", lambda: "a" not in fleet.replicas)
+    finally:
+        a.release.set()  # a failed check leaves no request held through the shutdown
         await a.runner.cleanup()
         await b.runner.cleanup()
