@@ -19,6 +19,7 @@ from gateway.replicas import membership
 from gateway.routing.config import RoutingConfig
 from gateway.settings import Settings, parse_settings
 from tests.fake_kube import fake_kube, pod
+from tests.held_names import names_held
 from tests.proxy_fakes import COMPLETION, MODEL, chat
 from tests.servers import free_port
 from tests.test_fleet_sources_loopback import (
@@ -353,3 +354,43 @@ async def test_a_leaving_replica_stays_until_its_request_in_flight_is_done(
         a.release.set()  # a failed check leaves no request held through the shutdown
         await a.runner.cleanup()
         await b.runner.cleanup()
+
+
+async def test_a_dns_answer_with_duplicates_and_ipv6_then_without_it() -> None:
+    """A DNS answer naming ::1 twice and 127.0.0.1 (an AAAA and an A record of a dual-stack
+    Service): two replicas, the IPv6 one `[::1]:port` at `http://[::1]:port`, both routed;
+    the answer without ::1 makes it depart, and nothing of it stays (its name, its
+    address, its origin in the client pools)."""
+    port = free_port()
+    answers = ["::1", "::1", "127.0.0.1"]
+
+    async def resolve(host: str, asked: int) -> list[str]:
+        return list(answers)
+
+    app = GatewayApp(settings(dns=(f"vllm.test:{port}",), dns_interval_s=0.05, grace_s=0.0),
+                     resolver=resolve)
+    v6, v4 = f"[::1]:{port}", f"127.0.0.1:{port}"
+    async with pods() as pool, app.running():
+        await pool.start("::1", port)
+        await pool.start("127.0.0.1", port)
+        services = app.services
+        assert services is not None
+        fleet = services.fleet
+        await until("both up", lambda: {r.name for r in fleet.healthy()} == {v6, v4})
+        assert fleet.replicas[v6].url == f"http://{v6}"
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw",
+                                     timeout=DEADLINE_S) as client:
+            served = set()
+            for i in range(8):
+                r = await client.post("/v1/chat/completions", json=chat(user=f"u{i}"))
+                assert r.status_code == 200
+                served.add(r.headers["x-gateway-replica"])
+            assert served == {v6, v4}
+            answers[:] = ["127.0.0.1"]
+            await until("::1 departs", lambda: set(fleet.replicas) == {v4})
+            r = await client.post("/v1/chat/completions", json=chat())
+            assert r.status_code == 200 and r.headers["x-gateway-replica"] == v4
+            text = (await client.get("/metrics")).text
+        assert "::1" not in text
+        assert names_held(services, [v6, "::1", f"http://{v6}"]) == []
