@@ -103,11 +103,11 @@ class Held:
         await self.release.wait()
         return web.Response(body=COMPLETION, content_type="application/json")
 
-    async def start(self) -> str:
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         await self.runner.setup()
-        self.port = free_port()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-        return f"http://127.0.0.1:{self.port}"
+        self.port = port or free_port()
+        await web.TCPSite(self.runner, host, self.port).start()
+        return f"http://{host}:{self.port}"
 
 
 def _predicted(resp: httpx.Response) -> int:
@@ -394,3 +394,60 @@ async def test_a_dns_answer_with_duplicates_and_ipv6_then_without_it() -> None:
             text = (await client.get("/metrics")).text
         assert "::1" not in text
         assert names_held(services, [v6, "::1", f"http://{v6}"]) == []
+
+
+async def test_a_dns_answer_with_no_address_while_a_request_is_in_flight() -> None:
+    """Every address gone from the answer (the Deployment scaled to 0) while a request runs
+    on one: that request is answered by its replica; new ones get an OpenAI-shaped 503 at
+    once; /ready says not ready and /metrics still renders; the replicas depart once idle;
+    the name answering again brings the fleet back."""
+    port = port_on_every_host()
+    answers = list(HOSTS[:2])
+
+    async def resolve(host: str, asked: int) -> list[str]:
+        return list(answers)
+
+    a, b = Held(), Held()
+    b.release.set()
+    await a.start(HOSTS[0], port)
+    await b.start(HOSTS[1], port)
+    names = [f"{h}:{port}" for h in HOSTS[:2]]
+    app = GatewayApp(settings(dns=(f"vllm.test:{port}",), dns_interval_s=0.05, grace_s=0.0,
+                              drain_timeout_s=600.0), resolver=resolve)
+    try:
+        async with app.running():
+            services = app.services
+            assert services is not None
+            fleet = services.fleet
+            await until("both up", lambda: len(fleet.healthy()) == 2)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gw",
+                                         timeout=DEADLINE_S) as client:
+                held: list[asyncio.Task[httpx.Response]] = []
+                while a.chats == 0:  # round robin: a takes one of the first two
+                    held.append(asyncio.create_task(client.post(
+                        "/v1/chat/completions", json=chat())))
+                    await until("an answer or a's request", lambda: a.chats > 0 or all(
+                        t.done() for t in held))
+                answers[:] = []
+                await until("all leaving", lambda: not fleet.healthy())
+                r = await client.post("/v1/chat/completions", json=chat())
+                assert r.status_code == 503, r.text
+                assert r.json()["error"]["code"] == "no_healthy_replica"
+                assert (await client.get("/ready")).status_code == 503
+                assert (await client.get("/metrics")).status_code == 200
+                await until("b departs", lambda: names[1] not in fleet.replicas)
+                assert names[0] in fleet.replicas  # its request runs on
+                a.release.set()
+                done = [await asyncio.wait_for(t, DEADLINE_S) for t in held]
+                assert [x.status_code for x in done] == [200] * len(done)
+                assert done[-1].headers["x-gateway-replica"] == names[0]
+                await until("a departs", lambda: not fleet.replicas)
+                answers[:] = list(HOSTS[:2])
+                await until("both back", lambda: len(fleet.healthy()) == 2)
+                r = await client.post("/v1/chat/completions", json=chat())
+                assert r.status_code == 200
+    finally:
+        a.release.set()
+        await a.runner.cleanup()
+        await b.runner.cleanup()
