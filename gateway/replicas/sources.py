@@ -96,7 +96,9 @@ class DnsWatch:
         try:
             async with asyncio.timeout(RESOLVE_TIMEOUT_S):
                 addresses = await self.resolver(self.host, self.port)
-        except (OSError, TimeoutError) as exc:
+        # UnicodeError: a name IDNA refuses (settings check names; a resolver's own
+        # refusal is still a failed resolution, not the gateway's error)
+        except (OSError, TimeoutError, UnicodeError) as exc:
             if not self._failing:  # said once per outage, not at every interval
                 log.warning("DNS name not resolved; keeping its replicas", extra={
                     "dns_name": self.host, "error": str(exc)[:300]})
