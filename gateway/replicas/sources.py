@@ -120,6 +120,13 @@ def kube_members(endpoints: Mapping[str, str], max_replicas: int,
             for name in sorted(endpoints)[:max_replicas]}
 
 
+def kube_identity(d: DiscoverySettings) -> tuple[str, str, int, str]:
+    """What a pod watch is of (pure): a reload that changes only the rest of [discovery]
+    (api_key, max_replicas, grace_s, the DNS names) keeps the watch and its pods."""
+    return (d.kubernetes_selector, d.kubernetes_namespace, d.kubernetes_port,
+            d.kubernetes_port_name)
+
+
 class KubeSource:
     """The pods of `[discovery] kubernetes_selector`, watched in a thread (PodWatch)."""
 
@@ -129,7 +136,9 @@ class KubeSource:
         namespace = own_namespace(d.kubernetes_namespace)
         self.source = f"kubernetes:{namespace}/{d.kubernetes_selector}"
         self.discovery = discovery
+        self.identity = kube_identity(discovery)
         self.publish = publish
+        self._last: dict[str, str] | None = None  # the watch's last endpoints
         port: int | str = d.kubernetes_port or d.kubernetes_port_name
         selector = d.kubernetes_selector
         self.watch = PodWatch(api, namespace, lambda _api: (selector, (port,)),
@@ -142,7 +151,15 @@ class KubeSource:
     def stop(self) -> None:
         self.watch.stop()
 
+    def retune(self, discovery: DiscoverySettings) -> None:
+        """New parameters for the same watch: its last pods published again under them
+        (a new api_key, max_replicas), the watch left running."""
+        self.discovery = discovery
+        if self._last is not None:
+            self._found(self._last)
+
     def _found(self, endpoints: dict[str, str]) -> None:
+        self._last = endpoints
         d = self.discovery
         if len(endpoints) > d.max_replicas:
             log.warning("the selector picks more pods than discovery.max_replicas", extra={
@@ -179,7 +196,9 @@ class FleetSources:
                      discovery: DiscoverySettings) -> None:
         """A reloaded settings file: its static list and DNS names replace the running
         ones (changed DNS settings restart every watch; the replicas of a name no longer
-        configured leave)."""
+        configured leave). The pod watch of an unchanged selector, namespace and port goes
+        on, its pods kept and published again under the new parameters: stopping it
+        took every pod out of routing until a new watch listed them."""
         async with self._reloading:
             await self._reload(replicas, discovery)
 
@@ -191,26 +210,31 @@ class FleetSources:
         if discovery != before:
             for watch in self._watches.values():
                 await watch.aclose()
-            self._stop_kube()
-            kept = {w.source for w in self._watches.values()} & {
-                f"dns:{t}" for t in discovery.dns}
+            kube = self._kube
+            if kube is not None and kube.identity != kube_identity(discovery):
+                self._stop_kube()
+                kube = None
+            kept = ({w.source for w in self._watches.values()}
+                    & {f"dns:{t}" for t in discovery.dns}) | ({kube.source} if kube else set())
             for source in [s for s in self.membership.sources
                            if s.startswith(("dns:", "kubernetes:"))]:
                 if source not in kept:
                     del self.membership.sources[source]
             self._watches.clear()
+            if kube is not None:
+                kube.retune(discovery)
             self.membership.reconcile()
-            await self._watch(discovery)
+            await self._watch(discovery, kube=kube is None)
         else:
             self.membership.reconcile()
 
-    async def _watch(self, discovery: DiscoverySettings) -> None:
+    async def _watch(self, discovery: DiscoverySettings, kube: bool = True) -> None:
         for target in discovery.dns:
             watch = DnsWatch(target, discovery, self.resolver, self.membership.set_source,
                              self.membership.monitor.failures)
             self._watches[target] = watch
             await watch.start()
-        if discovery.kubernetes_selector:
+        if kube and discovery.kubernetes_selector:
             try:
                 api = self.kube()
             except Exception as exc:  # no kubeconfig, no service account: the rest runs
