@@ -139,6 +139,7 @@ class KubeSource:
         self.identity = kube_identity(discovery)
         self.publish = publish
         self._last: dict[str, str] | None = None  # the watch's last endpoints
+        self.listed = asyncio.Event()  # its first listing published
         port: int | str = d.kubernetes_port or d.kubernetes_port_name
         selector = d.kubernetes_selector
         self.watch = PodWatch(api, namespace, lambda _api: (selector, (port,)),
@@ -160,6 +161,7 @@ class KubeSource:
 
     def _found(self, endpoints: dict[str, str]) -> None:
         self._last = endpoints
+        self.listed.set()
         d = self.discovery
         if len(endpoints) > d.max_replicas:
             log.warning("the selector picks more pods than discovery.max_replicas", extra={
@@ -184,6 +186,23 @@ class FleetSources:
         self.membership.sources[STATIC] = {r.name: r for r in replicas}
         self.membership.start()
         await self._watch(self.membership.discovery)
+
+    async def settled(self, timeout_s: float) -> None:
+        """The sources' first answers applied and their replicas' joins ended (each first
+        probe), within `timeout_s` in all: DNS names were resolved in `start`; the pod
+        watch's first listing is awaited here. Shared state's catch-up waits on this: it
+        applies only facts about replicas the router knows (Router.apply)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if self._kube is not None:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._kube.listed.wait()
+            except TimeoutError:
+                log.warning("the label selector's pods not listed in time; facts shared "
+                            "about them are not replayed", extra={
+                                "selector": self.membership.discovery.kubernetes_selector})
+        await self.membership.joined(max(0.0, deadline - loop.time()))
 
     async def aclose(self) -> None:
         for watch in self._watches.values():
