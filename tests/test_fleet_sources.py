@@ -98,7 +98,8 @@ def test_dns_members(answers: list[str], port: int, bound: int, names: list[str]
     ("a" * 63 + ".svc:1", ("a" * 63 + ".svc", 1)), ("a" * 64 + ".svc:1", None),
     (".".join(["a" * 63] * 3 + ["b" * 61]) + ":1", (".".join(["a" * 63] * 3 + ["b" * 61]), 1)),
     (".".join(["a" * 63] * 3 + ["b" * 62]) + ":1", None),
-    ("vllm.svc.:1", ("vllm.svc.", 1)), ("a..b:1", None), ("bücher.example:1", ("bücher.example", 1)),
+    ("vllm.svc.:1", ("vllm.svc.", 1)), ("a..b:1", None),
+    ("bücher.example:1", ("bücher.example", 1)),
     ("[2001:db8::1]:80", ("2001:db8::1", 80)), ("10.0.0.1:80", ("10.0.0.1", 80)),
 ])
 def test_host_port(text: str, ok: tuple[str, int] | None) -> None:
