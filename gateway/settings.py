@@ -31,6 +31,7 @@ tests and benchmarks, which start gateways that inherit it).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -268,7 +269,27 @@ def host_port(target: str) -> tuple[str, int]:
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"discovery.dns: {target!r} is not host:port")
+    if not resolvable_name(host):
+        raise ValueError(f"discovery.dns: {target!r}: {host!r} is no DNS name (RFC 1123: "
+                         "labels of 1 to 63 characters, 253 in all)")
     return host, int(port)
+
+
+def resolvable_name(host: str) -> bool:
+    """An IP address, or a name a resolver can ask for (pure): labels of 1..63 octets and
+    253 in all once IDNA-encoded (a final dot allowed). The system resolver refuses any
+    other before a query (getaddrinfo's UnicodeError), at every interval."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    try:
+        encoded = name.encode("idna")
+    except UnicodeError:  # a label empty or past 63 octets, or not IDNA-encodable
+        return False
+    return len(encoded) <= 253 and all(0 < len(label) <= 63 for label in encoded.split(b"."))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -94,9 +94,9 @@ async def started(app: GatewayApp, records: list[UsageRecord]) -> AsyncIterator[
         recorder = app.services.recorder
         original = recorder.record
 
-        def spy(rec: UsageRecord) -> None:
+        def spy(rec: UsageRecord, departed: bool = False) -> None:
             records.append(rec)
-            original(rec)
+            original(rec, departed)
 
         recorder.record = spy  # type: ignore[method-assign]
         transport = httpx.ASGITransport(app=app)

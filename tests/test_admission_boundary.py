@@ -295,3 +295,21 @@ def test_what_was_learnt_of_a_replica_that_left_is_dropped() -> None:
         await g.aclose()
         return sorted(g.stats()["replicas"])
     assert asyncio.run(run()) == ["b"]
+
+
+def test_a_request_of_a_departed_replica_gives_back_nothing_under_its_name() -> None:
+    """`a` departs with a request in flight and comes back as another server (a new
+    address): the old request's end (`done(counted=False)`, gateway/proxy/flow.py) leaves
+    the new a's admitted count as it is; counted, it would free the new one's room."""
+    async def run() -> tuple[int, int]:
+        g, _, fleet, _, _ = world(replica_max_in_flight=1)
+        (old,) = await busy(g, fleet, "a", 1)
+        g.forget_replica("a")  # departed (Services.remove_replica), back at a new address
+        fleet.replicas["a"] = dataclasses.replace(fleet.replicas["a"], in_flight=0)
+        (new,) = await busy(g, fleet, "a", 1)
+        g.done(old, counted=False)
+        kept = g._admitted.get("a", 0)
+        g.done(new)
+        await g.aclose()
+        return kept, g._admitted.get("a", 0)
+    assert asyncio.run(run()) == (1, 0)

@@ -64,9 +64,9 @@ async def running_epp(urls: list[str], admission: AdmissionConfig | None = None,
         records: list[UsageRecord] = []
         original = services.recorder.record
 
-        def keep(rec: UsageRecord) -> None:
+        def keep(rec: UsageRecord, departed: bool = False) -> None:
             records.append(rec)
-            original(rec)
+            original(rec, departed)
 
         services.recorder.record = keep  # type: ignore[method-assign]
         picker = Picker(services, settings.epp, time.perf_counter)

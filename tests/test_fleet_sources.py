@@ -94,6 +94,13 @@ def test_dns_members(answers: list[str], port: int, bound: int, names: list[str]
 @pytest.mark.parametrize(("text", "ok"), [
     ("vllm:8000", ("vllm", 8000)), ("[::1]:9", ("::1", 9)), ("a.b.svc:1", ("a.b.svc", 1)),
     ("vllm", None), ("vllm:0", None), ("vllm:65536", None), (":80", None), ("v:x", None),
+    # RFC 1123 lengths: a label of 63 octets, a name of 253, a final dot; an IDNA name
+    ("a" * 63 + ".svc:1", ("a" * 63 + ".svc", 1)), ("a" * 64 + ".svc:1", None),
+    (".".join(["a" * 63] * 3 + ["b" * 61]) + ":1", (".".join(["a" * 63] * 3 + ["b" * 61]), 1)),
+    (".".join(["a" * 63] * 3 + ["b" * 62]) + ":1", None),
+    ("vllm.svc.:1", ("vllm.svc.", 1)), ("a..b:1", None),
+    ("bücher.example:1", ("bücher.example", 1)),
+    ("[2001:db8::1]:80", ("2001:db8::1", 80)), ("10.0.0.1:80", ("10.0.0.1", 80)),
 ])
 def test_host_port(text: str, ok: tuple[str, int] | None) -> None:
     if ok is None:

@@ -8,6 +8,7 @@ ready pod without the named port, are never replicas."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 
 from gateway.proxy.app import GatewayApp
 from gateway.replicas.kube import ready_endpoints
-from gateway.replicas.sources import kube_members
+from gateway.replicas.sources import kube_identity, kube_members
 from gateway.settings import DiscoverySettings, ReplicaSettings
 from tests.fake_kube import fake_kube, pod
 from tests.test_fleet_sources_loopback import (
@@ -138,3 +139,51 @@ async def test_a_reload_without_the_selector_stops_the_watch(
             await sources.reload((), base.discovery)
             await until("both pods up", lambda: {r.name for r in fleet.healthy()} == {
                 f"vllm-0:{port}", f"vllm-1:{port}"})
+
+
+@pytest.mark.parametrize(("change", "same"), [
+    ({"grace_s": 1.0, "drain_timeout_s": 2.0}, True),
+    ({"api_key": "k2", "max_replicas": 1, "dns": ("vllm:8000",), "dns_interval_s": 1.0}, True),
+    ({"kubernetes_selector": "app=other"}, False),
+    ({"kubernetes_namespace": "other"}, False),
+    ({"kubernetes_port_name": "", "kubernetes_port": 8000}, False),
+    ({"kubernetes_port_name": "vllm"}, False),
+])
+def test_kube_identity(change: dict[str, Any], same: bool) -> None:
+    base = DiscoverySettings(kubernetes_selector="app=vllm", kubernetes_namespace="ns",
+                             kubernetes_port_name="http")
+    if "kubernetes_port" in change:  # a number against a number
+        base = dataclasses.replace(base, kubernetes_port=9000, kubernetes_port_name="")
+    assert (kube_identity(dataclasses.replace(base, **change)) == kube_identity(base)) is same
+
+
+async def test_a_reload_of_the_same_selector_keeps_its_watch_under_new_parameters(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new api_key and max_replicas for the same selector: the pods are published again
+    at once under them (no second listing), and the one past the bound leaves."""
+    port = port_on_every_host()
+    named = {"http": port}
+    with fake_kube({"metadata": {"name": "unused"}}) as kube:
+        monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path / "kubeconfig")))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        for i in (0, 1):
+            kube.put(pod(f"vllm-{i}", HOSTS[i], True, LABELS, named))
+        base = settings(kubernetes_selector="app=vllm", kubernetes_namespace="ns",
+                        kubernetes_port_name="http", grace_s=0.0)
+        app = GatewayApp(base)
+        async with pods() as pool, app.running():
+            for i in (0, 1):
+                await pool.start(HOSTS[i], port)
+            services, sources = app.services, app.sources
+            assert services is not None and sources is not None
+            fleet = services.fleet
+            first, second = f"vllm-0:{port}", f"vllm-1:{port}"
+            await until("both pods up", lambda: {r.name for r in fleet.healthy()} == {
+                first, second})
+            listings = [r for r in kube.requests if "watch=true" not in r]
+            await sources.reload((), dataclasses.replace(base.discovery, api_key="k2",
+                                                         max_replicas=1))
+            assert fleet.replicas[first].settings.api_key == "k2"
+            assert fleet.replicas[first].leaving_since is None
+            await until("the pod past the bound departs", lambda: second not in fleet.replicas)
+            assert [r for r in kube.requests if "watch=true" not in r] == listings

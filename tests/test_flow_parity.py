@@ -112,9 +112,9 @@ def _spy(app: GatewayApp, seen: Seen) -> None:
                              o.cached_tokens, o.completion_tokens, o.reply_text))
         router_report(plan, now)
 
-    def keep(rec: UsageRecord) -> None:
+    def keep(rec: UsageRecord, departed: bool = False) -> None:
         seen.records.append(rec)
-        record(rec)
+        record(rec, departed)
 
     s.router.report = report  # type: ignore[method-assign]
     s.recorder.record = keep  # type: ignore[method-assign]

@@ -280,17 +280,20 @@ class Gate:
         if self._count:
             self._dispatch_guarded()  # the room it left may take a waiter
 
-    def done(self, ticket: Ticket) -> None:
-        """The request is over: its room is free again."""
+    def done(self, ticket: Ticket, counted: bool = True) -> None:
+        """The request is over: its room is free again. `counted` False: the replica it
+        was admitted to departed (its count went with it, `forget_replica`), and its name
+        may be another server's now, whose count and figures are not this request's."""
         name = ticket.replica
         if name is None:
             return
-        self._fleet_view.doubt(ticket.plan.outcome)
-        left = self._admitted.get(name, 0) - 1
-        if left > 0:
-            self._admitted[name] = left
-        else:
-            self._admitted.pop(name, None)
+        if counted:
+            self._fleet_view.doubt(ticket.plan.outcome)
+            left = self._admitted.get(name, 0) - 1
+            if left > 0:
+                self._admitted[name] = left
+            else:
+                self._admitted.pop(name, None)
         if self._count:
             self._dispatch_guarded()  # never an error in this request's own cleanup
 

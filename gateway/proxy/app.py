@@ -82,6 +82,9 @@ log = logging.getLogger("gateway.proxy.app")
 
 JSON = "application/json"
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+# With [redis]: how long start-up waits for discovered replicas to be listed and probed
+# before replaying the others' facts (only facts about known replicas are applied)
+CATCH_UP_JOIN_WAIT_S = 10.0
 HTML = "text/html; charset=utf-8"
 # The inference routes the gateway routes by prefix and accounts (POST only).
 _ROUTED: dict[str, Endpoint] = {
@@ -209,7 +212,15 @@ class GatewayApp:
         await monitor.start()
         if services.feeds is not None:
             await services.feeds.start(on_restart=router.replica_restarted)
+        membership = Membership(fleet, monitor, services.remove_replica, settings.discovery,
+                                self.clock, on_member=services.joined)
+        self.sources = FleetSources(membership, self._resolver)
+        await self.sources.start(settings.replicas)
         if settings.redis.enabled:
+            # The catch-up applies only facts about replicas the router knows: a DNS name's
+            # or a selector's replicas are known once resolved, listed and probed up
+            # (bounded: one that takes longer starts without the others' memory of it).
+            await self.sources.settled(CATCH_UP_JOIN_WAIT_S)
             services.shared = await start_shared_state(settings, router, services, metrics,
                                                       self.clock)
         gate = Gate(settings.admission, settings.routing, router, metrics, self.clock,
@@ -224,10 +235,6 @@ class GatewayApp:
             upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer,
             counters=UpstreamCounters(metrics.registry),
             salts=salts, tracer=services.tracer, pd=settings.pd)
-        membership = Membership(fleet, monitor, services.remove_replica, settings.discovery,
-                                self.clock, on_member=services.joined)
-        self.sources = FleetSources(membership, self._resolver)
-        await self.sources.start(settings.replicas)
         log.debug("gateway services started", extra={
             "replicas": [r.name for r in settings.replicas],
             "healthy": [r.name for r in fleet.healthy()]})

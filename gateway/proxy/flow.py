@@ -17,7 +17,10 @@ are moved here and nothing is awaited but the admission queue.
                router moves its bookkeeping there, the in-flight count and the gate's
                ticket follow
     finish     once, whatever happened: the plan's outcome from the usage read, the
-               in-flight count released, Router.report, Gate.done, one UsageRecord
+               in-flight count released, Router.report, Gate.done, one UsageRecord;
+               of these only the in-flight count when the replica it was sent to is no
+               longer the fleet's under that name (departed, or the name now another
+               server's: Fleet.current), so an old address teaches nothing of the new one
 
 Order in `finish`: the in-flight count is released before `Gate.done`, whose dispatch
 reads each replica's load as max(in flight, admitted): a count still held would keep the
@@ -260,17 +263,19 @@ class RequestFlow:
             o.completion_tokens = u.completion_tokens if u else None
             # non-streamed answers, and streams collected for P/D reuse (gateway.pd.answer)
             o.reply_text = ex.outcome.reply_text
-        if turn.replica is not None:
-            turn.replica.in_flight -= 1
+        sent_to = turn.replica
+        gone = sent_to is not None and not self.fleet.current(sent_to)
+        if sent_to is not None:
+            sent_to.in_flight -= 1  # the count is the instance's own, whichever it is
             turn.replica = None
         try:
-            if plan is not None:
+            if plan is not None and not gone:
                 self.router.report(plan, self.clock())
         finally:
             if turn.ticket is not None:
-                self.gate.done(turn.ticket)
+                self.gate.done(turn.ticket, counted=not gone)
             record = ex.record(self.timer())
-            self.recorder.record(record)
+            self.recorder.record(record, departed=gone)
             ticket = turn.ticket
             self.tracer.end(turn.trace, record, ticket.cls if ticket else None,
                             ticket.queued_ms if ticket else None)

@@ -185,6 +185,13 @@ class Fleet:
         if replica.models is not None:
             r.models = frozenset(replica.models)
 
+    def current(self, replica: Replica) -> bool:
+        """Whether `replica` is the server the fleet routes to under its name now. The
+        Replica object is the incarnation: `update` and `rejoin` change it in place (the
+        same server), a new address under the same name is a new object (`remove`, then
+        `add`), so a request sent to the old one ends with this False."""
+        return self.replicas.get(replica.name) is replica
+
     def remove(self, name: str) -> Replica | None:
         """A replica that left; requests in flight to it finish on their own. Only the
         whole departure (`gateway.replicas.departure`) calls this: every other map keyed

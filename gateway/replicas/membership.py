@@ -130,6 +130,12 @@ class Membership:
         self._tasks.clear()
         self._reaper = None
 
+    async def joined(self, timeout_s: float) -> None:
+        """The joins and probes started so far have ended, or `timeout_s` passed (they
+        go on; a replica that takes longer is routed when its probe ends)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+
     def set_source(self, source: str, replicas: Mapping[str, ReplicaSettings]) -> None:
         """`source`'s whole current set (empty: it lists none); the fleet follows."""
         if replicas:

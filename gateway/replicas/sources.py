@@ -96,7 +96,9 @@ class DnsWatch:
         try:
             async with asyncio.timeout(RESOLVE_TIMEOUT_S):
                 addresses = await self.resolver(self.host, self.port)
-        except (OSError, TimeoutError) as exc:
+        # UnicodeError: a name IDNA refuses (settings check names; a resolver's own
+        # refusal is still a failed resolution, not the gateway's error)
+        except (OSError, TimeoutError, UnicodeError) as exc:
             if not self._failing:  # said once per outage, not at every interval
                 log.warning("DNS name not resolved; keeping its replicas", extra={
                     "dns_name": self.host, "error": str(exc)[:300]})
@@ -118,6 +120,13 @@ def kube_members(endpoints: Mapping[str, str], max_replicas: int,
             for name in sorted(endpoints)[:max_replicas]}
 
 
+def kube_identity(d: DiscoverySettings) -> tuple[str, str, int, str]:
+    """What a pod watch is of (pure): a reload that changes only the rest of [discovery]
+    (api_key, max_replicas, grace_s, the DNS names) keeps the watch and its pods."""
+    return (d.kubernetes_selector, d.kubernetes_namespace, d.kubernetes_port,
+            d.kubernetes_port_name)
+
+
 class KubeSource:
     """The pods of `[discovery] kubernetes_selector`, watched in a thread (PodWatch)."""
 
@@ -127,7 +136,10 @@ class KubeSource:
         namespace = own_namespace(d.kubernetes_namespace)
         self.source = f"kubernetes:{namespace}/{d.kubernetes_selector}"
         self.discovery = discovery
+        self.identity = kube_identity(discovery)
         self.publish = publish
+        self._last: dict[str, str] | None = None  # the watch's last endpoints
+        self.listed = asyncio.Event()  # its first listing published
         port: int | str = d.kubernetes_port or d.kubernetes_port_name
         selector = d.kubernetes_selector
         self.watch = PodWatch(api, namespace, lambda _api: (selector, (port,)),
@@ -140,7 +152,16 @@ class KubeSource:
     def stop(self) -> None:
         self.watch.stop()
 
+    def retune(self, discovery: DiscoverySettings) -> None:
+        """New parameters for the same watch: its last pods published again under them
+        (a new api_key, max_replicas), the watch left running."""
+        self.discovery = discovery
+        if self._last is not None:
+            self._found(self._last)
+
     def _found(self, endpoints: dict[str, str]) -> None:
+        self._last = endpoints
+        self.listed.set()
         d = self.discovery
         if len(endpoints) > d.max_replicas:
             log.warning("the selector picks more pods than discovery.max_replicas", extra={
@@ -166,6 +187,23 @@ class FleetSources:
         self.membership.start()
         await self._watch(self.membership.discovery)
 
+    async def settled(self, timeout_s: float) -> None:
+        """The sources' first answers applied and their replicas' joins ended (each first
+        probe), within `timeout_s` in all: DNS names were resolved in `start`; the pod
+        watch's first listing is awaited here. Shared state's catch-up waits on this: it
+        applies only facts about replicas the router knows (Router.apply)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if self._kube is not None:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._kube.listed.wait()
+            except TimeoutError:
+                log.warning("the label selector's pods not listed in time; facts shared "
+                            "about them are not replayed", extra={
+                                "selector": self.membership.discovery.kubernetes_selector})
+        await self.membership.joined(max(0.0, deadline - loop.time()))
+
     async def aclose(self) -> None:
         for watch in self._watches.values():
             await watch.aclose()
@@ -177,7 +215,9 @@ class FleetSources:
                      discovery: DiscoverySettings) -> None:
         """A reloaded settings file: its static list and DNS names replace the running
         ones (changed DNS settings restart every watch; the replicas of a name no longer
-        configured leave)."""
+        configured leave). The pod watch of an unchanged selector, namespace and port goes
+        on, its pods kept and published again under the new parameters: stopping it
+        took every pod out of routing until a new watch listed them."""
         async with self._reloading:
             await self._reload(replicas, discovery)
 
@@ -189,26 +229,31 @@ class FleetSources:
         if discovery != before:
             for watch in self._watches.values():
                 await watch.aclose()
-            self._stop_kube()
-            kept = {w.source for w in self._watches.values()} & {
-                f"dns:{t}" for t in discovery.dns}
+            kube = self._kube
+            if kube is not None and kube.identity != kube_identity(discovery):
+                self._stop_kube()
+                kube = None
+            kept = ({w.source for w in self._watches.values()}
+                    & {f"dns:{t}" for t in discovery.dns}) | ({kube.source} if kube else set())
             for source in [s for s in self.membership.sources
                            if s.startswith(("dns:", "kubernetes:"))]:
                 if source not in kept:
                     del self.membership.sources[source]
             self._watches.clear()
+            if kube is not None:
+                kube.retune(discovery)
             self.membership.reconcile()
-            await self._watch(discovery)
+            await self._watch(discovery, kube=kube is None)
         else:
             self.membership.reconcile()
 
-    async def _watch(self, discovery: DiscoverySettings) -> None:
+    async def _watch(self, discovery: DiscoverySettings, kube: bool = True) -> None:
         for target in discovery.dns:
             watch = DnsWatch(target, discovery, self.resolver, self.membership.set_source,
                              self.membership.monitor.failures)
             self._watches[target] = watch
             await watch.start()
-        if discovery.kubernetes_selector:
+        if kube and discovery.kubernetes_selector:
             try:
                 api = self.kube()
             except Exception as exc:  # no kubeconfig, no service account: the rest runs

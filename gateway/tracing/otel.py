@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway.extras import MissingExtra, require
-from gateway.tracing import attributes, protofix
+from gateway.tracing import attributes, propagate, protofix
 from gateway.tracing.config import TracingSettings
 from gateway.tracing.tracer import Trace
 from gateway.usage.record import UsageRecord
@@ -35,6 +35,9 @@ log = logging.getLogger("gateway.tracing")
 EXTRA = "otel"
 FEATURE = "[tracing] enabled"
 SERVICE_NAME = "cache-gateway"
+# the API's TraceState parser logs each member it refuses, whole, at WARNING: a client's
+# header text, once per request
+SDK_TRACESTATE_LOGGER = "opentelemetry.trace.span"
 
 
 def protocol(env: Mapping[str, str]) -> str:
@@ -146,6 +149,27 @@ def _bounded_processor(sdk_trace: Any, export: Any, exporter: Any,
     return Bounded()
 
 
+def _carrier(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """What the propagator may read of the client's trace headers (pure): the first
+    traceparent as sent (the SDK validates it, and continues a later W3C version), its
+    tracestate only when well formed and within MAX_TRACESTATE, as with tracing off
+    (propagate.client_context): the SDK keeps and re-sends any well-formed one, of any
+    length, to every replica."""
+    lowered = [(k.lower(), v) for k, v in headers]
+    parent = next((v for k, v in lowered if k == "traceparent"), None)
+    state = next((v for k, v in lowered if k == "tracestate"), None)
+    carrier = {} if parent is None else {"traceparent": parent}
+    if parent is not None and propagate.valid_tracestate(state):
+        assert state is not None
+        carrier["tracestate"] = state
+    return carrier
+
+
+class _Drop(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
 class OtelTracer:
     """begin/end as gateway.tracing.tracer.RequestTracer says."""
 
@@ -159,11 +183,17 @@ class OtelTracer:
         self._tracer = provider.get_tracer("cache-gateway")
         # W3C trace context only: what vLLM reads (never the process-wide propagators)
         self._propagator = tracecontext.TraceContextTextMapPropagator()
+        # The gateway feeds that logger only clients' headers (it builds no TraceState
+        # of its own), so while this tracer exists it writes nothing: a refused header is
+        # the client's text, and one warning per request is the client filling the
+        # operator's log. Only this logger, only until close(): other loggers of the SDK
+        # (export failures) still write.
+        self._quiet = _Drop()
+        logging.getLogger(SDK_TRACESTATE_LOGGER).addFilter(self._quiet)
 
     def begin(self, headers: Sequence[tuple[str, str]], endpoint: str, method: str,
               model: str | None = None) -> Trace:
-        carrier = {k.lower(): v for k, v in headers if k.lower() in ("traceparent",
-                                                                     "tracestate")}
+        carrier = _carrier(headers)
         # an invalid traceparent is ignored by the propagator: a new trace is started
         parent = self._propagator.extract(carrier)
         span = self._tracer.start_span(
@@ -199,6 +229,7 @@ class OtelTracer:
 
     def close(self) -> None:
         """Export what is queued, within [tracing] shutdown_timeout_s (the rest dropped)."""
+        logging.getLogger(SDK_TRACESTATE_LOGGER).removeFilter(self._quiet)
         done = threading.Thread(target=self._provider.shutdown, name="trace-shutdown",
                                 daemon=True)
         done.start()

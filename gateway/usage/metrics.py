@@ -344,10 +344,11 @@ class GatewayMetrics:
 
     # -- per request -------------------------------------------------------------------
 
-    def observe(self, rec: UsageRecord) -> None:
+    def observe(self, rec: UsageRecord, departed: bool = False) -> None:
+        """`departed`: its replica left (Recorder.record), whatever the name is now."""
         model = rec.model or NONE_LABEL
         replica = _label(rec.replica)
-        if not self.live_or_none(rec.replica):
+        if departed or not self.live_or_none(rec.replica):
             replica = DEPARTED
         tokens_key = (model, replica, _label(rec.tenant), _label(rec.route))
         req_key = (*tokens_key, str(rec.status))

@@ -191,13 +191,16 @@ class UsageRecorder:
             hygiene_log.log(level, "hygiene finding", extra={
                 "request_id": rec.request_id, "model": rec.model, **f.to_dict()})
 
-    def record(self, rec: UsageRecord) -> None:
-        """Account one finished request. Never blocks, never raises to the caller."""
+    def record(self, rec: UsageRecord, departed: bool = False) -> None:
+        """Account one finished request. Never blocks, never raises to the caller.
+        `departed`: the replica it went to left, though its name may be in the fleet again
+        (another server's): counted as DEPARTED, as when the name is gone; the access log
+        and the usage stream still name it."""
         try:
             if self._access_log:
                 log_access(rec)
-            self._metrics.observe(rec)
-            live = self._metrics.live_or_none(rec.replica)
+            self._metrics.observe(rec, departed)
+            live = not departed and self._metrics.live_or_none(rec.replica)
             # a request that ended after its replica left: no row of that name again
             self._windows.add(rec if live else dataclasses.replace(rec, replica=DEPARTED))
             if rec.findings:
