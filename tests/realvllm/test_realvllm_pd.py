@@ -23,11 +23,16 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+import openai
 import pytest
+from openai.types.chat import ChatCompletion
 
+from tests.realvllm.gateways import fronted, records
 from tests.realvllm.pd import PREFILL_PARAMS, RECOMPUTE_THRESHOLD, PdPair, xfer_count
 from tests.realvllm.vllm import MODEL_NAME
 
@@ -121,3 +126,74 @@ def test_engine_pulls_prompt_to_decoder_then_conversation_back_to_prefiller(
     assert _count_reaches(pair.prefill, p0 + 1) == p0 + 1  # P pulled D's tokens back
     alone2 = _post(pair.decode, "/v1/completions", {**body2, **salted}, "aggregated-2")
     _same_answer(turn2, alone2)
+
+
+def _same_chat(got: ChatCompletion, alone: ChatCompletion) -> None:
+    a, b = got.choices[0], alone.choices[0]
+    assert (a.model_extra or {})["token_ids"] == (b.model_extra or {})["token_ids"]
+    assert a.logprobs is not None and a.logprobs.content is not None
+    assert b.logprobs is not None and b.logprobs.content is not None
+    drift = max(abs(x.logprob - y.logprob)
+                for x, y in zip(a.logprobs.content, b.logprobs.content, strict=True))
+    assert drift <= LOGPROB_TOLERANCE, drift
+
+
+def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back(
+    vllm_pd: PdPair, tmp_path: Path
+) -> None:
+    """Three turns through `gateway serve --prefill P --decode D` with the official client:
+    every answer is the one D gives alone; D pulls the prompt on turn 1; with
+    `reuse_decoder_kv` P pulls the last turn back from D on turns 2 and 3; a turn whose
+    history the client edited is prefilled afresh (P pulls nothing) and still answers as
+    D alone does."""
+    pair, log = vllm_pd, tmp_path / "usage.jsonl"
+    env = {
+        "GATEWAY_PD__REUSE_DECODER_KV": "true",
+        # every turn takes both legs, even when D holds all but the last message
+        "GATEWAY_PD__MIN_REMOTE_PREFILL_TOKENS": "0",
+    }
+    words = " ".join(f"g{i % 29} step {i}" for i in range(120))
+    messages: list[Any] = [
+        {"role": "system", "content": f"pd conversation {uuid.uuid4().hex}: {words}"},
+        {"role": "user", "content": "Turn 1: go on."},
+    ]
+    create: dict[str, Any] = {
+        "model": MODEL_NAME, "temperature": 0, "max_tokens": ANSWER_TOKENS, "logprobs": True,
+        "extra_body": {"min_tokens": ANSWER_TOKENS, "ignore_eos": True, "return_token_ids": True},
+    }  # fmt: skip
+    salted = {**create["extra_body"], "cache_salt": f"aggregated-{uuid.uuid4().hex}"}
+    with (
+        fronted([], log, "--prefill", pair.prefill, "--decode", pair.decode, env=env) as gw,
+        openai.OpenAI(base_url=gw + "/v1", api_key="x", max_retries=0, timeout=300) as client,
+        openai.OpenAI(base_url=pair.decode + "/v1", api_key="x", max_retries=0,
+                      timeout=300) as alone,
+    ):  # fmt: skip
+        for turn in (1, 2, 3):
+            p0, d0 = xfer_count(pair.prefill), xfer_count(pair.decode)
+            got = client.chat.completions.create(messages=messages, **create)
+            if turn == 1:  # D pulled the prompt P computed; P pulled nothing
+                assert _count_reaches(pair.decode, d0 + 1) == d0 + 1
+                assert xfer_count(pair.prefill) == p0
+            else:  # P pulled D's last turn back instead of recomputing it
+                assert _count_reaches(pair.prefill, p0 + 1) == p0 + 1, f"turn {turn}"
+            ref = alone.chat.completions.create(
+                messages=messages, **{**create, "extra_body": salted})
+            _same_chat(got, ref)
+            answer = got.choices[0].message.content
+            messages = [*messages, {"role": "assistant", "content": answer},
+                        {"role": "user", "content": f"Turn {turn + 1}: go on."}]  # fmt: skip
+
+        # The client rewrites the last answer: D's KV no longer matches the history.
+        edited = [*messages[:-2], {"role": "assistant", "content": "Edited. " * 60},
+                  messages[-1]]  # fmt: skip
+        p0 = xfer_count(pair.prefill)
+        got = client.chat.completions.create(messages=edited, **create)
+        ref = alone.chat.completions.create(messages=edited, **{**create, "extra_body": salted})
+        _same_chat(got, ref)
+        assert xfer_count(pair.prefill) == p0  # read after D's reference: any pull is counted
+
+    recs = records(log)  # complete: the gateway has stopped
+    assert len(recs) == 4
+    # every turn took both legs, the edited one included (a fresh prefill, not D alone)
+    names = (urlsplit(pair.decode).netloc, urlsplit(pair.prefill).netloc)  # serve's names
+    assert [(r["replica"], r["prefill_replica"]) for r in recs] == [names] * 4
