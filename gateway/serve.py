@@ -84,6 +84,13 @@ def add_arguments(parser: argparse.ArgumentParser, listener: str = "server",
     parser.add_argument("--config", metavar="FILE", help="TOML settings file")
     parser.add_argument("--backend", metavar="URL", action="append", default=[],
                         help="replica base URL (repeatable); replaces [[replicas]]")
+    if listener == "server":  # P/D legs are serve's (gateway.pd)
+        parser.add_argument("--prefill", metavar="URL", action="append", default=[],
+                            help="a prefill replica's base URL (repeatable, beside --backend; "
+                            "[[replicas]] role = \"prefill\")")
+        parser.add_argument("--decode", metavar="URL", action="append", default=[],
+                            help="a decode replica's base URL (repeatable, beside --backend; "
+                            "[[replicas]] role = \"decode\")")
     if listener == "server":  # the picker's replicas are its pool's or its list
         parser.add_argument("--dns", metavar="HOST:PORT", action="append", default=[],
                             help="a DNS name whose every address is a replica, re-resolved "
@@ -138,7 +145,9 @@ def load_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
         overrides.setdefault("server", {})["access_log"] = False
     if getattr(args, "demo_speed", None) is not None:
         overrides.setdefault("demo", {})["speed"] = args.demo_speed
-    return parse_settings(text, env, source=source, backends=args.backend, overrides=overrides)
+    return parse_settings(text, env, source=source, backends=args.backend, overrides=overrides,
+                          prefill=getattr(args, "prefill", ()),
+                          decode=getattr(args, "decode", ()))
 
 
 def free_port_run(n: int) -> int:

@@ -9,7 +9,8 @@ by field name and type (`gateway.coerce`): `[routing]` -> `RoutingConfig`, `[hyg
 KV events), `[redis]` -> `RedisSettings` (routing state shared between instances),
 `[admission]` -> `AdmissionConfig` (the gateway queue: priorities, fair shares, shedding),
 `[discovery]` -> `DiscoverySettings` (replicas from DNS names; how a replica leaves),
-`[tracing]` -> `TracingSettings` (OpenTelemetry spans; the OTEL_* variables configure the rest).
+`[tracing]` -> `TracingSettings` (OpenTelemetry spans; the OTEL_* variables configure the rest),
+`[pd]` -> `PdConfig` (prefill/decode disaggregation, gateway.pd).
 
 Environment scheme (values are text, parsed by the field's type):
 - `GATEWAY_<SECTION>__<KEY>` sets `[section] key`, e.g. `GATEWAY_ROUTING__POLICY=session`,
@@ -41,6 +42,7 @@ from gateway.coerce import SettingsError, build, coerce, field_types
 from gateway.events.config import TokenSettings
 from gateway.hygiene.config import HygieneConfig
 from gateway.logs import LogFormat
+from gateway.pd.config import PdConfig
 from gateway.routing.config import RoutingConfig
 from gateway.servicelinks import is_service_link
 from gateway.shared.config import RedisSettings
@@ -53,6 +55,10 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "x-session-affinity",
                    "session-id", "session_id")
 ENV_PREFIX = "GATEWAY_"
+# What a replica does for a request (gateway.pd): `both` computes prompt and answer (the
+# default, every replica before P/D); `prefill` only ever gets prefill legs; `decode` gets
+# decode legs and every request it serves alone.
+Role = Literal["both", "prefill", "decode"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -132,6 +138,8 @@ class ReplicaSettings:
     # Where it publishes KV events, when GET /kv_event_sources cannot say ([tokens]):
     kv_events_endpoint: str | None = None  # tcp://host:port of the PUB socket
     kv_events_replay_endpoint: str | None = None  # tcp://host:port of the replay socket
+    # both | prefill | decode (gateway.pd): prefill replicas get prefill legs only
+    role: Role = "both"
 
     def __post_init__(self) -> None:
         for name in ("kv_events_endpoint", "kv_events_replay_endpoint"):
@@ -323,6 +331,7 @@ class Settings:
 
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)  # OpenTelemetry spans
+    pd: PdConfig = field(default_factory=PdConfig)  # prefill/decode disaggregation
 
 
 # table sections: name -> dataclass (replicas, an array of tables, is handled apart)
@@ -341,19 +350,22 @@ SECTIONS: dict[str, type[Any]] = {
 
     "discovery": DiscoverySettings,
     "tracing": TracingSettings,
+    "pd": PdConfig,
 }
 
 
-def replica_from_url(url: str) -> ReplicaSettings:
-    """A `--backend URL` replica, named by its host:port (what x-gateway-replica shows)."""
+def replica_from_url(url: str, role: Role = "both") -> ReplicaSettings:
+    """A `--backend URL` replica (`--prefill`, `--decode`: of that role), named by its
+    host:port (what x-gateway-replica shows)."""
     url = url.rstrip("/")
     if url.endswith("/v1"):
         url = url[:-3]
     netloc = urlsplit(url).netloc
     try:
-        return ReplicaSettings(name=netloc or url, url=url)
+        return ReplicaSettings(name=netloc or url, url=url, role=role)
     except ValueError as exc:
-        raise SettingsError(f"--backend: {exc}") from exc
+        flag = "--backend" if role == "both" else f"--{role}"
+        raise SettingsError(f"{flag}: {exc}") from exc
 
 
 def _env_target(name: str) -> tuple[str, str]:
@@ -431,10 +443,14 @@ def parse_settings(
     source: str = "config",
     backends: Sequence[str] = (),
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    prefill: Sequence[str] = (),
+    decode: Sequence[str] = (),
 ) -> Settings:
     """Validate file text + environment + flags (later wins) into `Settings`.
 
-    `backends` (from `--backend`, else `GATEWAY_BACKENDS`) replace the file's replicas.
+    `backends` (from `--backend`, else `GATEWAY_BACKENDS`) replace the file's replicas;
+    so do `prefill` and `decode` (`--prefill`, `--decode`: replicas of those roles), beside
+    them.
     `overrides` maps section -> key -> typed value (command-line flags)."""
     try:
         doc: dict[str, Any] = tomllib.loads(toml_text) if toml_text else {}
@@ -454,9 +470,11 @@ def parse_settings(
         merged = {**raw, **env_sections.get(name, {}), **(overrides or {}).get(name, {})}
         built[name] = build(cls, merged, name)
 
-    urls = list(backends) or env_backends
-    if urls:
-        replicas = tuple(replica_from_url(u) for u in urls)
+    urls = list(backends) or ([] if prefill or decode else env_backends or [])
+    if urls or prefill or decode:
+        replicas = (*(replica_from_url(u) for u in urls),
+                    *(replica_from_url(u, "prefill") for u in prefill),
+                    *(replica_from_url(u, "decode") for u in decode))
     else:
         raw_replicas = doc.get("replicas", [])
         if not isinstance(raw_replicas, list):

@@ -213,7 +213,7 @@ class GatewayApp:
             metrics=metrics, recorder=recorder, auth=services.auth, monitor=monitor,
             upstream=upstream, affinity=services.affinity, clock=self.clock, timer=self.timer,
             counters=UpstreamCounters(metrics.registry),
-            salts=salts, tracer=services.tracer)
+            salts=salts, tracer=services.tracer, pd=settings.pd)
         membership = Membership(fleet, monitor, services.remove_replica, settings.discovery,
                                 self.clock)
         if services.feeds is not None:
@@ -405,6 +405,8 @@ class GatewayApp:
             stats["token_mode"] = s.feeds.status(s.clock())
         if s.gate is not None:
             stats["admission"] = s.gate.stats()
+        if self._proxy is not None and s.fleet.has_prefill():
+            stats["pd"] = self._proxy.pd.stats.snapshot()  # P/D traffic (gateway.pd)
         return stats
 
 

@@ -17,9 +17,10 @@ class Exchange:
     """Per-request facts that end up in the usage record."""
 
     __slots__ = (
-        "best", "disconnected", "done", "endpoint", "error", "findings", "method", "model", "moved",
-        "outcome", "predicted", "replica", "request_id", "route", "session", "status", "stream",
-        "t0", "target", "tenant", "ts", "up_headers", "upstream_id", "withheld",
+        "best", "cached_from", "disconnected", "done", "endpoint", "error", "findings", "method",
+        "model", "moved", "outcome", "predicted", "prefill_replica", "replica", "request_id",
+        "route", "session", "status", "stream", "t0", "target", "tenant", "transferred_tokens",
+        "ts", "up_headers", "upstream_id", "withheld",
     )
 
     def __init__(self, request_id: str, ts: float, t0: float, endpoint: str,
@@ -49,6 +50,11 @@ class Exchange:
         self.done = False  # the last byte was handed to the server: disconnects are moot
         self.target = ""  # the checked request target for the replica (gateway.proxy.target)
         self.up_headers: list[tuple[str, str]] = []  # the client headers that may go upstream
+        # P/D (gateway.pd): the replica of the prefill leg, the tokens it offered the decode
+        # replica, and where the reported cached tokens were found
+        self.prefill_replica: str | None = None
+        self.transferred_tokens: int | None = None
+        self.cached_from: str | None = None
 
     def fail(self, error: GatewayError) -> None:
         self.status = error.status
@@ -72,4 +78,6 @@ class Exchange:
             hygiene=len(self.findings), endpoint=self.endpoint, error=self.error, moved=self.moved,
             method=self.method, findings=tuple(self.findings),
             engine_request_id=self.upstream_id if self.replica is not None else None,
+            prefill_replica=self.prefill_replica, transferred_tokens=self.transferred_tokens,
+            cached_from=self.cached_from,
         )

@@ -254,7 +254,9 @@ class RequestFlow:
             o, u = plan.outcome, ex.outcome.usage
             o.ok = ex.status < 400
             o.prompt_tokens = u.prompt_tokens if u else None
-            o.cached_tokens = u.cached_tokens if u else None
+            # a decode leg reports the prefill replica's cached tokens (vLLM >= 0.32): they
+            # do not judge the prediction on the decode replica (gateway.pd)
+            o.cached_tokens = u.cached_tokens if u and ex.cached_from is None else None
             o.completion_tokens = u.completion_tokens if u else None
             o.reply_text = ex.outcome.reply_text  # non-streamed answers only
         if turn.replica is not None:

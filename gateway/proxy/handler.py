@@ -33,11 +33,18 @@ If that replica left the fleet or is unhealthy, the gateway answers 404/503 sayi
 instead of sending it where it can only fail. Each relayed Responses answer's id is
 remembered with the replica that made it (`Services.affinity`).
 
+P/D (gateway.pd.path): with `prefill` replicas in the fleet, a chat or completions request
+whose decode replica (the router's decision) would leave enough of the prompt uncached
+takes a prefill leg first; the decode leg is then this module's ordinary try on the
+decision's ranking, whose failure before a byte (`pull`: PullFailed) lets the prefill
+replica answer the whole request.
+
 Other `/v1/*` calls and vLLM's own endpoints (`forward`) go to the least busy healthy
-replica serving the body's `model` (any healthy replica without one), relayed the same way,
-and are recorded too. A call on one stored response (`GET`/`DELETE /v1/responses/{id}`,
-`POST /v1/responses/{id}/cancel`) goes to the replica that created it when the gateway knows
-it (404/503 as above when that replica is gone or down).
+replica (never a `prefill` one) serving the body's `model` (any healthy replica without
+one), relayed the same way, and are recorded too. A call on one stored response
+(`GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`) goes to the replica
+that created it when the gateway knows it (404/503 as above when that replica is gone or
+down).
 """
 
 from __future__ import annotations
@@ -55,6 +62,9 @@ from gateway.admission import priority
 from gateway.admission.gate import Gate
 from gateway.admission.priority import header_value as priority_header
 from gateway.hygiene.analyzer import HygieneAnalyzer
+from gateway.pd.config import PdConfig
+from gateway.pd.failures import PullFailed, prefill_instead
+from gateway.pd.path import PdPath
 from gateway.proxy import pinning
 from gateway.proxy.asgi import ClientGone, Headers, Receive, Scope, Send, read_body, request_headers
 from gateway.proxy.auth import Authenticator
@@ -96,6 +106,7 @@ class Proxy:
         affinity: AffinityStore, clock: Callable[[], float], timer: Callable[[], float],
         counters: UpstreamCounters,
         gate: Gate, salts: TenantSalts | None = None, tracer: RequestTracer | None = None,
+        pd: PdConfig | None = None,
     ) -> None:
         self.gate = gate  # admission: the gateway queue
         self.affinity = affinity  # Responses API: which replica created which response
@@ -121,6 +132,10 @@ class Proxy:
             fleet=fleet, router=router, analyzer=analyzer, metrics=metrics, recorder=recorder,
             auth=auth, gate=gate, salts=salts or TenantSalts((), ""), affinity=affinity,
             clock=clock, timer=timer, tracer=tracer)
+        # prefill/decode legs, where the fleet has prefill replicas ([pd], gateway.pd)
+        self.pd = PdPath(config=pd or PdConfig(), fleet=fleet, router=router, flow=self.flow,
+                         upstream=upstream, monitor=monitor, counters=counters,
+                         timeouts=self.timeouts, clock=clock)
 
     @property
     def salts(self) -> TenantSalts:
@@ -209,7 +224,14 @@ class Proxy:
         plan = turn.plan
         assert plan is not None
         strip = prep.inbound.stream and not prep.inbound.client_wants_usage
-        await self._attempts(scope, send, payload, plan.decision.ranked, strip, turn, headers)
+
+        async def attempts(body: bytes, ranked: tuple[str, ...], pull: bool) -> None:
+            await self._attempts(scope, send, body, ranked, strip, turn, headers, pull=pull)
+
+        if not await self.pd.serve(turn, prep, payload, headers, attempts):
+            await self._attempts(scope, send, payload, plan.decision.ranked, strip, turn,
+                                 headers)
+        self.pd.answered(turn, prep)  # a decoder's params for the next turn ([pd])
 
     def _edit(self, inbound: Inbound, view: dict[str, object], kind: Kind) -> bool:
         """serve's own byte changes (the picker forwards the client's bytes): usage asked
@@ -242,7 +264,7 @@ class Proxy:
             ex.model = model if self.fleet.known_model(model) else UNKNOWN_MODEL
             candidates = self.fleet.candidates(model)
         else:
-            candidates = self.fleet.healthy()
+            candidates = self.fleet.serving()
             if not candidates:
                 raise no_healthy(None)
         ranked = tuple(r.name for r in sorted(candidates, key=lambda r: r.in_flight))
@@ -256,9 +278,10 @@ class Proxy:
 
     async def _attempts(
         self, scope: Scope, send: Send, payload: bytes | None, ranked: tuple[str, ...],
-        strip: bool, turn: Turn, headers: Headers,
+        strip: bool, turn: Turn, headers: Headers, *, pull: bool = False,
     ) -> None:
-        """Try the ranked replicas in turn while a try was not delivered."""
+        """Try the ranked replicas in turn while a try was not delivered (`pull`: a decode
+        leg, `_attempt`)."""
         failure: GatewayError | None = None
         fleet = self.fleet.replicas
         tries = 0
@@ -275,18 +298,21 @@ class Proxy:
                 self.counters.retried(name)
             else:
                 self.flow.bind(turn, name)
-            failure = await self._attempt(scope, send, payload, replica, strip, turn, headers)
+            failure = await self._attempt(scope, send, payload, replica, strip, turn, headers,
+                                          pull=pull)
             if failure is None:
                 return
         raise failure if failure is not None else no_healthy(turn.ex.model or None)
 
     async def _attempt(
         self, scope: Scope, send: Send, payload: bytes | None, replica: Replica,
-        strip: bool, turn: Turn, headers: Headers,
+        strip: bool, turn: Turn, headers: Headers, *, pull: bool = False,
     ) -> GatewayError | None:
         """One try on one replica: None when it answered the client, the error to answer
         when nothing reached the replica (the caller may try another), else raises. The
-        in-flight count is the flow's (taken at the pick, moved, released at the end)."""
+        in-flight count is the flow's (taken at the pick, moved, released at the end).
+        `pull`: a P/D decode leg, whose failure before its answer's head raises PullFailed
+        where gateway.pd.failures lets the prefill replica answer instead."""
         name, ex = replica.name, turn.ex
         resp: UpstreamResponse | None = None
         clean = False
@@ -303,6 +329,8 @@ class Proxy:
                 rule = verdict(what)
                 if rule.suspect:
                     self.monitor.suspect(replica)
+                if pull and prefill_instead(what):
+                    raise PullFailed(name, what) from None
                 error = client_error(exc, None if ex.withheld else name, self.retry_after_s)
                 if rule.retry:
                     return error
@@ -310,6 +338,8 @@ class Proxy:
             status_class = answered(resp.status)
             if status_class is not None:
                 self.counters.failure(name, status_class)  # relayed as is (the table)
+                if pull and prefill_instead(status_class):
+                    raise PullFailed(name, status_class)  # dropped unread (`finally`)
             await self._relay(send, resp, replica, strip, turn, headers, outcome)
             clean = outcome.error is None
             return None

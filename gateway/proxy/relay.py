@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 from gateway.proxy.asgi import Headers, Send
 from gateway.proxy.errors import GatewayError, UpstreamError, from_upstream
@@ -74,7 +75,7 @@ def client_response_headers(upstream: RawHeaders, extra: Headers) -> tuple[Heade
 class RelayOutcome:
     """What the relay observed; the request path turns it into the usage record."""
 
-    __slots__ = ("error", "first_byte", "reply_text", "started", "status", "usage")
+    __slots__ = ("error", "first_byte", "kv_params", "reply_text", "started", "status", "usage")
 
     def __init__(self) -> None:
         self.started = False  # the response head went to the client
@@ -85,6 +86,8 @@ class RelayOutcome:
         # mean parsing every token event, and the tap only parses the usage event.
         self.reply_text: str | None = None
         self.error: GatewayError | None = None
+        # a non-streamed answer's own kv_transfer_params (a P/D decoder's, gateway.pd)
+        self.kv_params: dict[str, Any] | None = None
 
 
 async def relay(
@@ -102,6 +105,7 @@ async def relay(
         if resp.status == 200:
             answer = parse_answer(data)
             outcome.usage, outcome.reply_text = answer.usage, answer.text
+            outcome.kv_params = answer.kv_transfer_params
             if answer.response_id is not None and on_response_id is not None:
                 on_response_id(answer.response_id)
         headers.append((b"content-length", str(len(data)).encode()))

@@ -75,6 +75,11 @@ class Replica:
     def url(self) -> str:
         return self.settings.url
 
+    @property
+    def prefill_only(self) -> bool:
+        """A `prefill` replica (gateway.pd): it gets prefill legs, never a whole request."""
+        return self.settings.role == "prefill"
+
     def state(self) -> ReplicaState:
         snap = self.snapshot
         return ReplicaState(
@@ -200,11 +205,15 @@ class Fleet:
 
     def candidates(self, model: str) -> list[Replica]:
         """Healthy replicas serving model; 404 when no replica knows it, 503 when the ones
-        that do are down. Replicas whose models are not known yet count as serving it."""
+        that do are down. Replicas whose models are not known yet count as serving it.
+        `prefill` replicas are never candidates (they get prefill legs only:
+        `prefill_candidates`)."""
         up: list[Replica] = []
         unknown: list[Replica] = []
         known_anywhere = False
         for r in self.replicas.values():
+            if r.prefill_only:
+                continue
             if r.models is None:
                 if r.healthy:
                     unknown.append(r)
@@ -220,6 +229,21 @@ class Fleet:
         if known_anywhere or not any(r.healthy for r in self.replicas.values()):
             raise no_healthy(model)
         raise not_found(model)
+
+    def prefill_candidates(self, model: str) -> list[Replica]:
+        """Healthy `prefill` replicas serving model (those whose models are not known yet
+        count as serving it); none is no error: the decode replica then computes alone."""
+        return [r for r in self.replicas.values()
+                if r.prefill_only and r.healthy and (r.models is None or model in r.models)]
+
+    def has_prefill(self) -> bool:
+        """The fleet has a `prefill` replica: without one, nothing of P/D runs."""
+        return any(r.prefill_only for r in self.replicas.values())
+
+    def serving(self) -> list[Replica]:
+        """Healthy replicas that take whole requests (not `prefill`): where a call no
+        model names is forwarded."""
+        return [r for r in self.replicas.values() if r.healthy and not r.prefill_only]
 
     def probe_result(self, name: str, ok: bool, now: float) -> Transition:
         r = self.replicas.get(name)

@@ -220,6 +220,19 @@ class Router:
                 self._drop_own(plan, old)
         self._sent(plan, replica, now)
 
+    def holds(self, replica: str, plan: RoutePlan, now: float) -> None:
+        """`replica` computed `plan`'s prompt too (a P/D prefill leg, gateway.pd): it holds
+        the prefix now, as the replica serving the request does; nothing else of the
+        request (its session, queued work) moves there."""
+        if replica not in self._limits:
+            self.add_replica(replica)
+        index = self._index
+        index.record(replica, plan.hashes, len(plan.hashes), index.matched(replica, plan.hashes))
+        if self._publish is not None:  # another instance records it as a reply's blocks
+            self._publish(Reply(replica, plan.hashes, 0))
+        if plan.tokens is not None and self._tokens is not None:
+            self._tokens.sent(plan.tokens, replica, now)
+
     # the decision ---------------------------------------------------------------------
     def _route(
         self,

@@ -50,6 +50,7 @@ from gateway.sim.asgi import (
     watch_disconnect,
     whole,
 )
+from gateway.sim.connector import KvConnector, PullFailed
 from gateway.sim.errors import ApiError, bad_request
 from gateway.sim.hashing import salt_key
 from gateway.sim.host import timing as _timing
@@ -95,8 +96,10 @@ class ServeConfig:
 
 
 class SimApp:
-    def __init__(self, replica: Replica, tokenizer: Tokenizer, config: ServeConfig) -> None:
+    def __init__(self, replica: Replica, tokenizer: Tokenizer, config: ServeConfig,
+                 connector: KvConnector | None = None) -> None:
         self.replica = replica
+        self.connector = connector  # --role prefill|decode: the P/D legs
         self.tokenizer = tokenizer
         self.config = config
         self.policy = UsagePolicy(
@@ -195,12 +198,25 @@ class SimApp:
         rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + request_id(scope)
         replica = self.replica
         script = None if call is None else tuple(self.tokenizer.encode(call.text))
+        salt = salt_key(gen.cache_salt)
+        admission = None
+        if self.connector is not None and gen.kv_transfer is not None:
+            try:
+                admission = await self.connector.admit(gen.kv_transfer, ids, salt)
+            except PullFailed as exc:
+                await self._pull_failed(scope, receive, send, gen.stream, str(exc))
+                return
+        arrival = replica.arrive()
         try:
             req = replica.engine.new_request(
-                rid, ids, max_tokens, replica.arrive(), stop, salt_key(gen.cache_salt),
-                gen.priority, script)
+                rid, ids, max_tokens, arrival if admission is None else admission.arrival,
+                stop, salt, gen.priority, script)
         except ValueError as exc:
             raise bad_request(str(exc), "priority") from None
+        if admission is not None:
+            req.hold, req.hold_s = admission.hold, admission.hold_s
+            req.num_external_tokens = admission.external_tokens
+            req.reported_cached = admission.reported_cached
         replica.in_flight += 1
         try:
             pending = replica.submit(req, streaming=gen.stream)
@@ -230,22 +246,23 @@ class SimApp:
             out = out[:-1]  # the stop token is counted but not shown
         text = self.tokenizer.decode(out)
         usage = self.policy.usage(
-            req.num_prompt_tokens, req.num_output_tokens, req.num_cached_tokens,
+            req.num_prompt_tokens, req.num_output_tokens, req.usage_cached,
             created=endpoint == "chat",
         )
         finish = req.finish_reason or "stop"
+        kv = None if self.connector is None else self.connector.answer(req)
         if endpoint != "chat":
             body = completion_body(rid, int(time.time()), self.config.model, text, finish,
-                                   usage, contract=self.config.contract)
+                                   usage, contract=self.config.contract, kv_transfer=kv)
         elif call is not None and finish == "stop":
             # The whole call came out: vLLM returns it parsed ("stop" for a named one).
             body = chat_body(rid, int(time.time()), self.config.model, text, call.finish,
                              usage, contract=self.config.contract, tool_calls=[call.message()],
-                             tool_content=call.content)
+                             tool_content=call.content, kv_transfer=kv)
         else:
             # A call cut by max_tokens does not parse: vLLM returns the text as content.
             body = chat_body(rid, int(time.time()), self.config.model, text, finish, usage,
-                             contract=self.config.contract)
+                             contract=self.config.contract, kv_transfer=kv)
         headers = [(b"x-request-id", rid.split("-", 1)[1].encode())]
         if self.config.timing_comments:
             headers.append((b"x-sim-timing", orjson.dumps(_timing(req))))
@@ -291,6 +308,8 @@ class SimApp:
             first = False
             produced += 1
             finished = req.status == "finished" and produced == req.num_output_tokens
+            if finished and self.connector is not None:
+                writer.set_kv_transfer(self.connector.answer(req))
             text = "" if token == req.stop_token and req.finish_reason == "stop" else piece(token)
             usage = running_usage(prompt, produced) if continuous else None
             if tools is not None:
@@ -319,7 +338,7 @@ class SimApp:
         if include_usage:
             tail += writer.usage(
                 self.policy.usage(
-                    prompt, req.num_output_tokens, req.num_cached_tokens,
+                    prompt, req.num_output_tokens, req.usage_cached,
                     created=endpoint == "chat",
                 )
             )
@@ -328,6 +347,19 @@ class SimApp:
         await send(
             {"type": "http.response.body", "body": tail + ChunkWriter.DONE, "more_body": False}
         )
+
+    async def _pull_failed(self, scope: Scope, receive: Receive, send: Send, stream: bool,
+                           message: str) -> None:
+        """vLLM fails a request whose KV cannot be loaded (policy "fail"): a 500, or on a
+        stream the error event after the 200 it has already sent."""
+        error = ApiError(500, message)
+        if not stream:
+            await whole(error.body(), 500)(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [*_SSE, (b"x-request-id", request_id(scope).encode())]})
+        await send({"type": "http.response.body", "more_body": False,
+                    "body": ChunkWriter.error(error.body()) + ChunkWriter.DONE})
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.config.model:

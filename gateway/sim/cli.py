@@ -19,7 +19,9 @@ from collections.abc import Mapping
 from gateway.extras import MissingExtra
 from gateway.logs import configure_logging
 from gateway.sim.cluster import SimCluster, SimOptions
+from gateway.sim.connector import ROLES
 from gateway.sim.kvpublish import KVEventsOptions
+from gateway.sim.transfer import TransferConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -123,6 +125,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.hash_seed,
         help="NONE_HASH per replica: fixed (0.33 sha256) or random (0.11)",
     )
+    add_pd_arguments(parser)
+
+
+def add_pd_arguments(parser: argparse.ArgumentParser) -> None:
+    t = TransferConfig()
+    a = parser.add_argument
+    a("--role", action="append", choices=ROLES, default=[],
+      help="P/D: replica i takes the i-th --role, the last repeating (default: both, no KV "
+      "connector); prefill and decode get vLLM's NixlConnector (kv_both) and answer either "
+      "leg, as the router asks; P and D must run in one `gateway sim`")
+    a("--kv-lease-s", type=float, default=t.lease_s,
+      help="P/D: wall seconds P holds a prefill leg's KV for D (default %(default)s, "
+      "vLLM's kv_lease_duration; the router's round trip is not scaled by --speed)")
+    a("--kv-transfer-us-per-token", type=float, default=t.seconds_per_token * 1e6,
+      help="P/D: simulated microseconds a KV pull takes per token (default %(default)s)")
+    a("--bidirectional-kv-xfer", action="store_true",
+      help="P/D: a decode leg's answer carries its own kv_transfer_params and keeps its KV "
+      "for the next turn's prefill leg (vLLM's bidirectional_kv_xfer)")
+    a("--decoder-kv-ttl-s", type=float, default=t.decoder_ttl_s,
+      help="P/D: simulated seconds D keeps that KV (default %(default)s, "
+      "decoder_kv_blocks_ttl; a client's gap between turns scales with --speed)")
+    a("--kv-recompute-threshold", type=int, default=t.recompute_threshold,
+      help="P/D: P pulls a decoder's KV only when it lacks more than this many tokens "
+      "(default %(default)s)")
 
 
 def options_from(args: argparse.Namespace, env: Mapping[str, str]) -> SimOptions:
@@ -155,6 +181,12 @@ def options_from(args: argparse.Namespace, env: Mapping[str, str]) -> SimOptions
         hash_seed=args.hash_seed,
         kv_events=KVEventsOptions(port=args.kv_events_port, encoding=args.kv_events_encoding)
         if args.kv_events else None,
+        roles=tuple(args.role),
+        transfer=TransferConfig(
+            lease_s=args.kv_lease_s, bidirectional=args.bidirectional_kv_xfer,
+            decoder_ttl_s=args.decoder_kv_ttl_s,
+            recompute_threshold=args.kv_recompute_threshold,
+            seconds_per_token=args.kv_transfer_us_per_token / 1e6),
         responses_store=args.responses_store
         or os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") not in ("", "0", "false"),
     )

@@ -20,12 +20,14 @@ from typing import Any, Final, Literal
 import uvicorn
 
 from gateway.sim.app import ServeConfig, SimApp
+from gateway.sim.connector import KvConnector, KvFabric, Role
 from gateway.sim.engine import Engine, EngineConfig
 from gateway.sim.kvpublish import KVEventsOptions, ReplicaEvents, zmq_context
 from gateway.sim.replica import Replica
 from gateway.sim.responses import CURRENT, Contract
 from gateway.sim.steptime import StepTimeModel
 from gateway.sim.tokenizer import Tokenizer
+from gateway.sim.transfer import TransferConfig
 
 # The tool-call parser a vLLM deployment for agents names with --enable-auto-tool-choice:
 # hermes is vLLM's parser for the Qwen2.5 models the simulator impersonates by default.
@@ -63,6 +65,14 @@ class SimOptions:
     responses_store: bool = False
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
     kv_events: KVEventsOptions | None = None  # publish KV events (vLLM --kv-events-config)
+    # P/D: replica i takes roles[i], the last one repeating (none: every replica "both",
+    # without a KV connector); the connector's timings.
+    roles: tuple[Role, ...] = ()
+    transfer: TransferConfig = field(default_factory=TransferConfig)
+
+    def role(self, i: int) -> Role:
+        roles = self.roles
+        return roles[min(i, len(roles) - 1)] if roles else "both"
 
     def __post_init__(self) -> None:
         checks = {
@@ -94,6 +104,7 @@ class SimCluster:
         self._servers: list[uvicorn.Server] = []
         self._events: list[ReplicaEvents] = []
         self._zmq: Any = None
+        self.fabric = KvFabric()  # the P/D replicas' side channel, in this process
 
     @property
     def urls(self) -> list[str]:
@@ -118,6 +129,7 @@ class SimCluster:
                         hash_seed=o.hash_seed,
                         step_time=o.step_time,
                         kv_events=o.kv_events is not None,
+                        kv_connector=o.role(i) != "both",
                     ),
                     self.tokenizer,
                 )
@@ -135,6 +147,9 @@ class SimCluster:
                     sources = events.sources
                 replica.start()
                 self.replicas.append(replica)
+                connector = None if o.role(i) == "both" else KvConnector(
+                    replica, self.fabric, o.transfer, role=o.role(i), host=o.host,
+                    port=o.port + i, usage_from_prefill=o.contract == "0.32")
                 app = SimApp(
                     replica,
                     self.tokenizer,
@@ -153,6 +168,7 @@ class SimCluster:
                         responses_store=o.responses_store,
                         kv_event_sources=sources,
                     ),
+                    connector,
                 )
                 config = uvicorn.Config(
                     app,

@@ -19,15 +19,16 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gateway.sim.generator import OutputGenerator
-from gateway.sim.hashing import none_hash
+from gateway.sim.hashing import extend_hashes, none_hash
 from gateway.sim.hitrate import HitRateWindow
 from gateway.sim.kvevents import EventQueue
-from gateway.sim.metrics import EngineMetrics, Gauges
+from gateway.sim.metrics import EngineMetrics, Gauges, NixlStats
 from gateway.sim.pool import BlockPool
 from gateway.sim.request import SimRequest
 from gateway.sim.scheduler import Scheduler, StepPlan
 from gateway.sim.steptime import StepTimeModel
 from gateway.sim.tokenizer import Tokenizer
+from gateway.sim.transfer import Lease, LeaseTable
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +47,8 @@ class EngineConfig:
     # vLLM's --scheduling-policy: `priority` orders the waiting queue by the requests'
     # `priority` (lower first, then arrival); `fcfs` refuses a non-zero priority.
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    # vLLM's NixlConnector: leases, pulls and the vllm:nixl_* metrics (gateway/sim/connector.py)
+    kv_connector: bool = False
 
 
 @dataclass(slots=True)
@@ -71,6 +74,9 @@ class Engine:
         )
         self.generator = OutputGenerator(tokenizer, config.seed, config.output_len)
         self.metrics = EngineMetrics(config.max_model_len)
+        self.leases = LeaseTable()
+        if config.kv_connector:
+            self.metrics.nixl = NixlStats()
         self.hit_rate = HitRateWindow()
         # Since the last log line: computed prompt tokens, generated tokens.
         self.interval_prompt_tokens = 0
@@ -131,6 +137,7 @@ class Engine:
         return self.scheduler.has_work()
 
     def plan_step(self, noise: float, start: float) -> tuple[StepPlan, float]:
+        self.expire_leases(start)
         plan = self.scheduler.schedule()
         decode_ctx = prefill = attention = 0
         for req, n in plan.work:
@@ -149,6 +156,8 @@ class Engine:
             c = self.metrics.counters
             c.prompt_tokens += req.num_prompt_tokens
             c.prompt_tokens_cached += req.num_cached_tokens
+            # Blocks pulled from a peer are external KV, not local prefix-cache hits.
+            c.prefix_hits -= min(req.num_external_tokens, req.num_cached_tokens)
             self.metrics.queue.observe(start - req.arrival)
             self.metrics.prompt_len.observe(req.num_prompt_tokens)
         c = self.metrics.counters
@@ -192,6 +201,8 @@ class Engine:
             elif produced >= req.max_tokens or req.num_tokens >= self.config.max_model_len:
                 reason = "length"
             if reason is not None:
+                if req.hold is not None:
+                    self._lease(req, end)
                 self.scheduler.release(req)
                 req.status = "finished"
                 finished_any = True
@@ -202,6 +213,69 @@ class Engine:
         if finished_any:
             self.scheduler.drop_finished()
         return outputs
+
+    # -- KV transfer (the simulated NixlConnector) ----------------------------------------
+
+    def _lease(self, req: SimRequest, now: float) -> None:
+        """Keep a finished request's blocks (one more reference each) for a peer to pull."""
+        assert req.hold is not None
+        self.pool.touch(req.blocks)
+        req.lease = Lease(kind=req.hold, request_id=req.request_id, blocks=list(req.blocks),
+                          num_tokens=req.num_computed, cached_tokens=req.num_cached_tokens,
+                          expires=now + req.hold_s)
+        old = self.leases.add(req.lease)
+        if old is not None:
+            self.pool.free(reversed(old.blocks))
+
+    def expire_leases(self, now: float) -> None:
+        for lease in self.leases.expire(now):
+            self.pool.free(reversed(lease.blocks))
+            if self.metrics.nixl is not None:
+                self.metrics.nixl.expired += 1
+
+    def release_lease(self, lease: Lease) -> None:
+        """The peer read the blocks (or gave up): they are ordinary cached blocks again."""
+        self.leases.pop(lease)
+        self.pool.free(reversed(lease.blocks))
+
+    def cached_prefix(self, ids: list[int], first_extra: bytes) -> int:
+        """Tokens of `ids` this engine's prefix cache would serve (whole blocks, at most
+        all but the last token, as the scheduler looks them up)."""
+        return self.pool_blocks(ids, first_extra, len(ids))[1] * self.config.block_size
+
+    def pool_blocks(self, ids: list[int], first_extra: bytes, upto: int
+                    ) -> tuple[list[int], int]:
+        """The hashes of the full blocks of `ids[:upto]` (at most all but the last token)
+        and how many of them, from the first, the cache holds."""
+        bs = self.config.block_size
+        hashes: list[int] = []
+        extend_hashes(hashes, ids, min(upto, len(ids) - 1) // bs * bs, bs,
+                      self.scheduler.none_hash, first_extra)
+        held = 0
+        for h in hashes:
+            if self.pool.lookup(h) is None:
+                break
+            held += 1
+        return hashes, held
+
+    def install(self, ids: list[int], first_extra: bytes, upto: int) -> int:
+        """Blocks pulled from a peer enter this prefix cache as if computed here (the same
+        hashes, announced as ordinary stores), free and evictable like any cached block,
+        so the scheduler finds them as hits. Returns the tokens installed (fewer when the
+        pool has no room)."""
+        bs = self.config.block_size
+        pool = self.pool
+        hashes, held = self.pool_blocks(ids, first_extra, upto)
+        have = [b for b in map(pool.lookup, hashes[:held]) if b is not None]
+        pool.touch(have)  # not evicted by the allocation below
+        new = pool.allocate(min(len(hashes) - held, pool.num_free))
+        for block, h in zip(new, hashes[held:], strict=False):
+            pool.cache(block, h)
+        if new and pool.events is not None:
+            pool.events.stored(hashes[held:held + len(new)], hashes[held - 1] if held else None,
+                               ids[held * bs:(held + len(new)) * bs], first_extra)
+        pool.free(reversed(have + new))
+        return len(new) * bs
 
     def reset_prefix_cache(self) -> bool:
         if not self.pool.reset():

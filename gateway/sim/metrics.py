@@ -133,6 +133,20 @@ class EngineCounters:
     success: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
 
 
+# vLLM's NixlPromMetrics: the xfer-time buckets (its list less the first, 0.001).
+NIXL_XFER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+
+
+@dataclass(slots=True)
+class NixlStats:
+    """The NixlConnector's metrics (only an engine with the connector has them): transfers
+    timed on the engine that pulls, failed pulls there, leases expired on the holder."""
+
+    xfer_time: Histogram = field(default_factory=lambda: Histogram(NIXL_XFER_BUCKETS))
+    failed: int = 0
+    expired: int = 0
+
+
 @dataclass(frozen=True, kw_only=True)
 class Gauges:
     running: int
@@ -152,6 +166,7 @@ class EngineMetrics:
         tokens = token_buckets(max_model_len)
         self.prompt_len = Histogram(tokens)
         self.generation_len = Histogram(tokens)
+        self.nixl: NixlStats | None = None
 
     def render(self, model: str, gauges: Gauges, deprecated: bool = False,
                started: float | None = None) -> str:
@@ -230,6 +245,16 @@ class EngineMetrics:
             family = HistogramMetricFamily(name, help_text, labels=_LABELS)
             family.add_metric(values, _buckets(h), h.total)
             out.append(family)
+        if self.nixl is not None:
+            family = HistogramMetricFamily(
+                "vllm:nixl_xfer_time_seconds",
+                "Histogram of transfer duration for NIXL KV Cache transfers.", labels=_LABELS)
+            family.add_metric(values, _buckets(self.nixl.xfer_time), self.nixl.xfer_time.total)
+            out.append(family)
+            counter("vllm:nixl_num_failed_transfers",
+                    "Number of failed NIXL KV Cache transfers.", self.nixl.failed)
+            counter("vllm:nixl_num_kv_expired_reqs",
+                    "Number of requests that had their KV expire.", self.nixl.expired)
         info = GaugeMetricFamily(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
             labels=["block_size", "cache_dtype", "enable_prefix_caching", "engine",

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from gateway.sim.errors import ApiError, bad_request
+from gateway.sim.transfer import KvTransfer, parse_kv_transfer
 
 _ROLES = ("system", "user", "assistant", "tool", "developer")
 _NUMBERS = (
@@ -39,6 +40,7 @@ class GenerationParams:
     max_tokens: int | None
     cache_salt: str | None
     priority: int = 0  # vLLM's scheduling priority (lower first); needs the priority policy
+    kv_transfer: KvTransfer | None = None  # kv_transfer_params (a P/D leg)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,7 +98,12 @@ def parse_generation(body: Mapping[str, Any], name: str) -> GenerationParams:
         max_tokens = _opt(body, "max_completion_tokens", int, "an integer")
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+    raw_kv = _opt(body, "kv_transfer_params", dict, "an object")
+    kv_transfer = None if raw_kv is None else parse_kv_transfer(raw_kv)
+    if isinstance(kv_transfer, str):
+        raise bad_request(kv_transfer, "kv_transfer_params")
     return GenerationParams(
+        kv_transfer=kv_transfer,
         model=model,
         stream=stream,
         include_usage=include,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gateway.sim.pool import KVBlock
+from gateway.sim.transfer import Lease, LeaseKind
 
 Status = Literal["waiting", "running", "finished", "aborted"]
 FinishReason = Literal["stop", "length", "abort"]
@@ -44,6 +45,14 @@ class SimRequest:
     last_token: float | None = None
     finished: float | None = None
     finish_reason: FinishReason | None = None
+    # KV transfer (gateway/sim/transfer.py): keep the blocks on a lease of this kind for
+    # `hold_s` after finishing; the lease, once made; tokens pulled from a peer; the cached
+    # count usage reports when it is not the engine's own (vLLM >= 0.32 on a decode leg).
+    hold: LeaseKind | None = None
+    hold_s: float = 0.0
+    lease: Lease | None = None
+    num_external_tokens: int = 0
+    reported_cached: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -52,6 +61,10 @@ class SimRequest:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def usage_cached(self) -> int:
+        return self.num_cached_tokens if self.reported_cached is None else self.reported_cached
 
     @property
     def output_ids(self) -> list[int]:

@@ -63,9 +63,10 @@ class UsagePolicy:
 def chat_body(
     rid: str, created: int, model: str, text: str, finish: str, usage: dict[str, Any],
     *, contract: Contract = CURRENT, tool_calls: list[dict[str, Any]] | None = None,
-    tool_content: str | None = None,
+    tool_content: str | None = None, kv_transfer: dict[str, Any] | None = None,
 ) -> bytes:
-    """`tool_calls`: the parsed calls; then `content` is `tool_content`: null as vLLM's
+    """`kv_transfer`: the answer's kv_transfer_params (a P/D leg's; else null).
+    `tool_calls`: the parsed calls; then `content` is `tool_content`: null as vLLM's
     hermes parser leaves it when the reply is nothing but calls ("auto"), "" for a named
     or "required" choice."""
     message: dict[str, Any] = {
@@ -97,7 +98,7 @@ def chat_body(
         "usage": usage,
         "prompt_logprobs": None,
         "prompt_token_ids": None,
-        "kv_transfer_params": None,
+        "kv_transfer_params": kv_transfer,
     }
     if contract == "0.32" and not tool_calls:
         del message["tool_calls"]  # 0.32 leaves an empty tool_calls list out
@@ -110,7 +111,7 @@ def chat_body(
 
 def completion_body(
     rid: str, created: int, model: str, text: str, finish: str, usage: dict[str, Any],
-    *, contract: Contract = CURRENT,
+    *, contract: Contract = CURRENT, kv_transfer: dict[str, Any] | None = None,
 ) -> bytes:
     choice: dict[str, Any] = {
         "index": 0,
@@ -131,7 +132,7 @@ def completion_body(
         "service_tier": None,
         "system_fingerprint": None,
         "usage": usage,
-        "kv_transfer_params": None,
+        "kv_transfer_params": kv_transfer,
     }
     if contract == "0.32":
         choice = {k: choice[k] for k in _COMPLETION_CHOICE_032}
@@ -158,6 +159,9 @@ class ChunkWriter:
         self.current = contract == "0.32"
         obj = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
         self.endpoint = endpoint
+        # The stream's last chunk carries this (a P/D leg's kv_transfer_params), set by the
+        # caller once the request has finished.
+        self.final_extra = b""
         self._head = (
             b'data: {"id":'
             + orjson.dumps(rid)
@@ -206,6 +210,8 @@ class ChunkWriter:
         tail = _usage_tail(usage)
         if last and self.current:
             tail += b',"system_fingerprint":"' + _FINGERPRINT.encode() + b'"'
+        if last:
+            tail += self.final_extra
         return self._head + choice + tail + b"}\n\n"
 
     def delta(
@@ -222,6 +228,8 @@ class ChunkWriter:
         tail = _usage_tail(usage)
         if last and self.current:
             tail += b',"system_fingerprint":"' + _FINGERPRINT.encode() + b'"'
+        if last:
+            tail += self.final_extra
         return self._head + choice + tail + b"}\n\n"
 
     def usage(self, usage: dict[str, Any]) -> bytes:
@@ -235,6 +243,7 @@ class ChunkWriter:
                     k: v for k, v in details.items() if v is not None
                 }
             tail = b',"system_fingerprint":"' + _FINGERPRINT.encode() + b'"'
+        tail += self.final_extra
         return self._head + b'[],"usage":' + orjson.dumps(clean) + tail + b"}\n\n"
 
     @staticmethod
@@ -244,6 +253,10 @@ class ChunkWriter:
     @staticmethod
     def comment(name: str, payload: dict[str, Any]) -> bytes:
         return b": " + name.encode() + b" " + orjson.dumps(payload) + b"\n\n"
+
+    def set_kv_transfer(self, params: dict[str, Any] | None) -> None:
+        self.final_extra = b"" if params is None else (
+            b',"kv_transfer_params":' + orjson.dumps(params))
 
     DONE = b"data: [DONE]\n\n"
 

@@ -122,6 +122,8 @@ class Answer:
     usage: Usage | None
     text: str | None
     response_id: str | None  # Responses API: the id a continuation will name
+    # P/D: the decoder's own kv_transfer_params (vLLM's bidirectional_kv_xfer), gateway.pd
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 def parse_answer(body: bytes) -> Answer:
@@ -134,7 +136,9 @@ def parse_answer(body: bytes) -> Answer:
         return Answer(None, None, None)
     if not isinstance(doc, dict):
         return Answer(None, None, None)
-    return Answer(usage_from_mapping(doc.get("usage")), reply_text(doc), response_id(doc))
+    params = doc.get("kv_transfer_params")
+    return Answer(usage_from_mapping(doc.get("usage")), reply_text(doc), response_id(doc),
+                  params if isinstance(params, dict) and params else None)
 
 
 def answer_from_body(body: bytes) -> tuple[Usage | None, str | None]:

@@ -23,8 +23,10 @@ _INT_OR_NONE = (
     "predicted_cached_tokens",
     "best_available_tokens",
     "completion_tokens",
+    "transferred_tokens",
 )
-_STR_OR_NONE = ("tenant", "replica", "route", "session", "error", "engine_request_id")
+_STR_OR_NONE = ("tenant", "replica", "route", "session", "error", "engine_request_id",
+                "prefill_replica", "cached_from")
 _FIELDS = tuple(f.name for f in fields(UsageRecord))
 
 

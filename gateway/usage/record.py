@@ -52,6 +52,13 @@ class UsageRecord:
     # The id the engine got as X-Request-Id (the gateway's own random one, never the
     # client's), to find this request in a replica's logs; None for records made before.
     engine_request_id: str | None = None
+    # P/D (gateway.pd): the replica that computed the prompt when another decoded it (None:
+    # one replica did both), the prompt tokens whose KV it offered the decoder, and where
+    # `cached_tokens` were found ("prefill": on that replica, as vLLM >= 0.32 reports them
+    # on the decoder; None: on `replica`)
+    prefill_replica: str | None = None
+    transferred_tokens: int | None = None
+    cached_from: str | None = None
 
     @property
     def endpoint_kind(self) -> str:

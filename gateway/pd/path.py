@@ -1,0 +1,206 @@
+"""The P/D request path (I/O): it sequences the pure parts (choice.py, legs.py,
+failures.py) around the request path's own tries (gateway.proxy.handler).
+
+    D = the router's decision (already made, among `decode`/`both` replicas)
+    legs = choose_legs(...)                  one leg: the caller goes on as today
+    prefill leg on P (ranked; not delivered: the next P), read whole, never relayed
+        failed, or no kv_transfer_params: D alone (the caller goes on as today)
+    the router learns the prompt's blocks on P too (both hold the prefix afterwards)
+    decode leg on D with P's params, relayed to the client as a single replica's answer
+        failed before a byte (PullFailed): P answers the whole request instead
+    `[pd] reuse_decoder_kv`: the conversation's last decoder params go with the prefill
+    leg when its prompt extends that turn exactly (pullback.py); a non-streamed answer's
+    own params are kept for the next turn (`answered`)
+
+Accounting (on the request's Exchange, into its usage record): `prefill_replica`,
+`transferred_tokens` (what P offered D), `cached_from` ("prefill": vLLM >= 0.32 reports
+P's cached tokens as D's, so the prediction recorded is P's; "decoder_kv": P was sent the
+decoder's params of the last turn, so those tokens were pulled back from D). The decode leg's cached
+count does not judge D's prediction (RequestFlow.finish leaves it out of the feedback).
+
+`gateway epp` has no P/D: llm-d runs the decode leg's sidecar on the decode pod instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.pd.choice import Legs, choose_legs
+from gateway.pd.config import PdConfig
+from gateway.pd.failures import PullFailed, after_prefill
+from gateway.pd.legs import answer_params, decode_body, prefill_body, transferred_tokens
+from gateway.pd.pullback import PullBack
+from gateway.pd.stats import LegFailure, PdStats
+from gateway.proxy.asgi import Headers
+from gateway.proxy.exchange import Exchange
+from gateway.proxy.flow import Prepared, RequestFlow, Turn
+from gateway.proxy.relay import upstream_request_headers
+from gateway.replicas.fleet import Fleet
+from gateway.replicas.monitor import FleetMonitor
+from gateway.routing.router import Router
+from gateway.upstream.counters import UpstreamCounters
+from gateway.upstream.errors import UpstreamError
+from gateway.upstream.failure import answered, happened, verdict
+from gateway.upstream.seam import Timeouts, Upstream, UpstreamResponse
+from gateway.usage.extract import parse_answer
+
+# The request path's tries on a ranked list of replicas with a body (pull: a decode leg,
+# whose failure before a byte raises PullFailed instead of answering the client).
+Attempts = Callable[[bytes, tuple[str, ...], bool], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Prefilled:
+    replica: str
+    params: dict[str, Any]  # P's kv_transfer_params, verbatim
+    prompt_tokens: int | None
+    cached_tokens: int | None
+
+
+class PdPath:
+    def __init__(self, *, config: PdConfig, fleet: Fleet, router: Router, flow: RequestFlow,
+                 upstream: Upstream, monitor: FleetMonitor, counters: UpstreamCounters,
+                 timeouts: Timeouts, clock: Callable[[], float]) -> None:
+        self.config = config
+        self.fleet = fleet
+        self.router = router
+        self.flow = flow
+        self.upstream = upstream
+        self.monitor = monitor
+        self.counters = counters
+        self.timeouts = timeouts
+        self.clock = clock
+        self.stats = PdStats()
+        self.pullback = PullBack(config, fleet, router)
+
+    def legs(self, turn: Turn, prep: Prepared) -> tuple[Legs, dict[str, int]] | None:
+        """The request's legs and P's predicted cached tokens per prefill replica; None
+        when P/D does not apply (no prefill replica in the fleet, another endpoint, a
+        request pinned to its replica)."""
+        plan = turn.plan
+        if (plan is None or prep.endpoint not in ("chat", "completions")
+                or plan.decision.reason == "response" or not self.fleet.has_prefill()):
+            return None
+        decision = plan.decision
+        prefill = self.fleet.prefill_candidates(prep.inbound.model)
+        legs = choose_legs(prompt_tokens=decision.estimated_prompt_tokens,
+                           decode_cached=decision.predicted_cached_tokens,
+                           min_remote_prefill_tokens=self.config.min_remote_prefill_tokens,
+                           prefill_ranked=[r.name for r in prefill])
+        if not legs.two:
+            return legs, {}
+        # P by its prefix and load: the router's ranking of the prefill replicas, counted
+        # as sent nowhere (`holds` records the prompt on the P that computed it)
+        ranked = self.router.preview(prep.view, prep.kind, prep.inbound.model, None,
+                                     [r.state() for r in prefill], self.clock(),
+                                     tenant=turn.ex.tenant)
+        return (Legs(ranked.decision.ranked, legs.why, legs.uncached_tokens),
+                dict(ranked.predicted))
+
+    async def serve(self, turn: Turn, prep: Prepared, payload: bytes, headers: Headers,
+                    attempts: Attempts) -> bool:
+        """Serve the request in two legs when its choice says so; False when it is one
+        leg (the caller sends it to D as today, prefill failures included). `payload`:
+        the request as one replica gets it (for P alone)."""
+        found = self.legs(turn, prep)
+        if found is None:
+            return False
+        legs, predicted = found
+        self.stats.chose(legs.why)
+        if not legs.two:
+            return False
+        ex, plan = turn.ex, turn.plan
+        assert plan is not None
+        pulled = self.pullback.take(plan, self.clock())
+        if pulled is not None:
+            self.stats.pulled_back += 1
+        pre = await self._prefill(ex, legs.prefill,
+                                  orjson.dumps(prefill_body(prep.body, pulled)))
+        if pre is None:
+            self.stats.decode_alone()
+            return False
+        moved = transferred_tokens(pre.params, pre.prompt_tokens)
+        self.stats.transferred(moved)
+        ex.prefill_replica, ex.transferred_tokens, ex.cached_from = (
+            pre.replica, moved, "prefill" if pulled is None else "decoder_kv")
+        ex.predicted = predicted.get(pre.replica, ex.predicted)
+        self.router.holds(pre.replica, plan, self.clock())
+        if not ex.withheld:
+            headers.append((b"x-gateway-prefill", pre.replica.encode()))
+        try:
+            await attempts(orjson.dumps(decode_body(prep.body, pre.params)),
+                           plan.decision.ranked, True)
+        except PullFailed as failed:
+            self.stats.pull_failed(failed.what)
+            # P holds the prompt's KV: it answers the whole request, as sent to one replica
+            self.flow.moved(turn, pre.replica)
+            await attempts(payload, (pre.replica,), False)
+        return True
+
+    def answered(self, turn: Turn, prep: Prepared) -> None:
+        """The request was answered: keep a decoder's returned params for the next turn
+        (`[pd] reuse_decoder_kv`; a non-streamed 200 from a decode replica only)."""
+        ex, plan = turn.ex, turn.plan
+        out = ex.outcome
+        if (not self.pullback.enabled or plan is None or ex.status != 200
+                or out.kv_params is None or ex.replica is None
+                or prep.endpoint not in ("chat", "completions")):
+            return
+        replica = self.fleet.replicas.get(ex.replica)
+        if replica is None or replica.prefill_only:
+            return  # P answered alone: its params are no decoder's
+        if self.pullback.remember(plan, prep.kind, ex.replica, out.reply_text, out.kv_params,
+                                  self.clock()):
+            self.stats.remembered += 1
+
+    async def _prefill(self, ex: Exchange, ranked: Sequence[str], body: bytes,
+                       ) -> Prefilled | None:
+        """The prefill leg on the first of `ranked` that takes it (after_prefill); None
+        when D must compute alone."""
+        for name in ranked:
+            replica = self.fleet.replicas.get(name)
+            if replica is None or not replica.healthy:
+                continue
+            what: LegFailure | None = None
+            data = b""
+            resp: UpstreamResponse | None = None
+            clean = False
+            replica.in_flight += 1  # P's load while its leg runs
+            try:
+                try:
+                    resp = await self.upstream.send(
+                        "POST", replica.url + ex.target,
+                        upstream_request_headers(ex.up_headers, ex.upstream_id,
+                                                 replica.upstream_headers),
+                        body, self.timeouts)
+                    what = answered(resp.status)
+                    data = await resp.read()
+                    clean = True
+                except UpstreamError as exc:
+                    what = happened(exc)
+                    if verdict(what).suspect:
+                        self.monitor.suspect(replica)
+            finally:
+                replica.in_flight -= 1
+                if resp is not None:
+                    if clean:
+                        resp.release()
+                    else:
+                        resp.abort()
+            params = answer_params(data) if what is None else None
+            if params is not None:
+                usage = parse_answer(data).usage
+                return Prefilled(name, params, usage.prompt_tokens if usage else None,
+                                 usage.cached_tokens if usage else None)
+            if what is None:
+                what = "no_params"
+            else:
+                self.counters.failure(name, what)
+            self.stats.leg_failed("prefill", what)
+            if after_prefill(what) == "decode_alone":
+                return None
+        return None

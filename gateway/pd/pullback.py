@@ -1,0 +1,100 @@
+"""Turn two without re-prefill (`[pd] reuse_decoder_kv`): the decoder's returned
+`kv_transfer_params`, kept per conversation (gateway.pd.reuse's `DecoderKvMemory`) and sent
+with the conversation's next prefill leg, so P pulls the turn's KV back from D instead of
+recomputing it.
+
+What is checked, since the engine checks nothing (real-vllm-pd.md):
+- the conversation: the client's session id, else the router's implicit conversation,
+  both scoped by tenant; a request with neither is never given another's params;
+- the tokens: D's KV covers the last turn's prompt and answer; its canonical bytes (the
+  router's rendering: the prompt, the answer, and for chat the end of the message, as the
+  next turn renders it) must begin the new prompt exactly (`DecoderKvMemory.take`), else
+  the prefill is fresh;
+- the replica: still the same one, not restarted since (its KV would be gone): the entry
+  remembers the `Replica` object and the router's restart count of it, and an entry of a
+  replica that left, was replaced or restarted is dropped.
+
+Only a non-streamed answer is remembered: the relay collects neither a stream's text nor
+its final chunk's params. Bounds: `reuse_max_conversations` entries for `reuse_ttl_s`
+(the memory's), and one record per replica of the fleet (`_seen`, pruned to the fleet).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from gateway.pd.config import PdConfig
+from gateway.pd.reuse import DecoderKvMemory
+from gateway.replicas.fleet import Fleet, Replica
+from gateway.routing.normalize import END
+from gateway.routing.plan import RoutePlan
+from gateway.routing.router import Router
+
+
+def conversation_key(plan: RoutePlan) -> str | None:
+    """The conversation's key: its tenant and its session id or implicit conversation."""
+    tenant = plan.tenant or ""
+    if plan.session is not None:
+        return f"{tenant}\x1fs{plan.session}"
+    if plan.conversation is not None:
+        return f"{tenant}\x1fc{plan.conversation}"
+    return None
+
+
+def turn_bytes(plan: RoutePlan, kind: Literal["chat", "completions"], reply: str) -> bytes:
+    """The canonical bytes D's KV covers after answering `reply`, as the next turn
+    renders them (the router indexes a reply the same way)."""
+    end = END.encode() if kind == "chat" else b""
+    return plan.data + reply.encode("utf-8", "surrogatepass") + end
+
+
+class PullBack:
+    def __init__(self, config: PdConfig, fleet: Fleet, router: Router) -> None:
+        self.enabled = config.reuse_decoder_kv
+        self.memory = DecoderKvMemory(config.reuse_max_conversations, config.reuse_ttl_s)
+        self.fleet = fleet
+        self.router = router
+        # replica name -> (the Replica, its restart count) when its entries were made
+        self._seen: dict[str, tuple[Replica, int]] = {}
+
+    def remember(self, plan: RoutePlan, kind: Literal["chat", "completions"], replica: str,
+                 reply: str | None, params: dict[str, Any] | None, now: float) -> bool:
+        """D (`replica`) answered `reply` and returned `params`: keep them for the
+        conversation's next turn. False when nothing was kept."""
+        key = conversation_key(plan)
+        if not self.enabled or key is None or reply is None or params is None:
+            return False
+        if self._refresh(replica) == "gone":
+            return False
+        self.memory.remember(key, replica, turn_bytes(plan, kind, reply), params, now)
+        return True
+
+    def take(self, plan: RoutePlan, now: float) -> dict[str, Any] | None:
+        """The params to send with this request's prefill leg, or None (fresh prefill)."""
+        key = conversation_key(plan)
+        if not self.enabled or key is None:
+            return None
+        found = self.memory.take(key, plan.data, now)
+        if found is None:
+            return None
+        replica, params = found
+        return params if self._refresh(replica) == "same" else None
+
+    def _refresh(self, name: str) -> Literal["gone", "changed", "same"]:
+        """Whether `name` is the replica its entries were made with, not restarted since;
+        when it is not, those entries go and it is recorded as it is now."""
+        replica = self.fleet.replicas.get(name)
+        if replica is None:
+            self.memory.forget_replica(name)
+            self._seen.pop(name, None)
+            return "gone"
+        now_seen = (replica, self.router.restarts(name))
+        seen = self._seen.get(name)
+        if seen is not None and seen[0] is replica and seen[1] == now_seen[1]:
+            return "same"
+        self.memory.forget_replica(name)  # made before a restart or a replacement
+        for gone in [n for n in self._seen if n not in self.fleet.replicas]:
+            self.memory.forget_replica(gone)
+            del self._seen[gone]
+        self._seen[name] = now_seen
+        return "changed"

@@ -1,0 +1,122 @@
+"""[pd] reuse_decoder_kv's bookkeeping around the reuse map (gateway.pd.pullback): which
+conversation a request is, the bytes D's KV covers as the next turn renders them, and
+entries of a replica that restarted, left or was replaced are never handed out."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from gateway.pd.config import PdConfig
+from gateway.pd.pullback import PullBack, conversation_key, turn_bytes
+from gateway.replicas.fleet import Fleet
+from gateway.routing.config import RoutingConfig
+from gateway.routing.decision import ReplicaState
+from gateway.routing.normalize import canonical_bytes
+from gateway.routing.plan import RoutePlan
+from gateway.routing.router import Router
+from gateway.settings import ReplicaSettings
+
+PARAMS = {"do_remote_decode": True, "remote_block_ids": [[7]], "remote_num_tokens": 40}
+SYSTEM = {"role": "system", "content": "You are terse. " * 20}
+
+
+def chat(*messages: dict[str, str]) -> dict[str, Any]:
+    return {"model": "m", "messages": [SYSTEM, *messages]}
+
+
+def user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str) -> dict[str, str]:
+    return {"role": "assistant", "content": text}
+
+
+def setup(enabled: bool = True) -> tuple[Fleet, Router, PullBack]:
+    fleet = Fleet([ReplicaSettings(name="d1", url="http://d1:1", role="decode")])
+    fleet.probe_result("d1", True, time.time())
+    router = Router(RoutingConfig())
+    return fleet, router, PullBack(PdConfig(reuse_decoder_kv=enabled), fleet, router)
+
+
+def decide(router: Router, fleet: Fleet, body: dict[str, Any], session: str | None,
+           tenant: str | None = None, kind: str = "chat") -> RoutePlan:
+    # routed among the replicas the test began with (one may have left since)
+    return router.decide(body, kind, "m", session,  # type: ignore[arg-type]
+                         [ReplicaState("d1", 0)], time.time(), tenant=tenant)
+
+
+@pytest.mark.parametrize(("session", "tenant", "conversation", "key"), [
+    ("s-1", None, None, "\x1fss-1"),
+    ("s-1", "team-a", 7, "team-a\x1fss-1"),  # the session wins over the conversation
+    (None, "team-a", 7, "team-a\x1fc7"),
+    (None, None, 7, "\x1fc7"),
+    (None, None, None, None),  # no conversation: never given another's params
+])
+def test_conversation_key(session: str | None, tenant: str | None, conversation: int | None,
+                          key: str | None) -> None:
+    plan = RoutePlan(decision=None, model="m", session=session,  # type: ignore[arg-type]
+                     conversation=conversation, data=b"", seed=0, hashes=[], matched={},
+                     predicted={}, estimated_tokens=0.0, tenant=tenant)
+    assert conversation_key(plan) == key
+
+
+def test_the_turn_bytes_begin_the_next_turns_prompt_exactly() -> None:
+    fleet, router, _ = setup()
+    first = chat(user("hello"))
+    plan = decide(router, fleet, first, "s")
+    turn = turn_bytes(plan, "chat", "hi there")
+    assert canonical_bytes(chat(user("hello"), assistant("hi there"), user("more")),
+                           "chat").startswith(turn)
+    for edited in (chat(user("hello"), assistant("hi there!"), user("more")),
+                   chat(user("hello!"), assistant("hi there"), user("more"))):
+        assert not canonical_bytes(edited, "chat").startswith(turn)
+    done = decide(router, fleet, {"model": "m", "prompt": "abc " * 30}, "c",
+                  kind="completions")
+    nxt = canonical_bytes({"model": "m", "prompt": "abc " * 30 + "xyz and on"}, "completions")
+    assert nxt.startswith(turn_bytes(done, "completions", "xyz"))
+
+
+def _turn_two(router: Router, fleet: Fleet, back: PullBack, session: str | None = "s",
+              ) -> dict[str, Any] | None:
+    plan = decide(router, fleet, chat(user("hello")), session)
+    back.remember(plan, "chat", "d1", "hi there", PARAMS, time.time())
+    nxt = decide(router, fleet, chat(user("hello"), assistant("hi there"), user("more")),
+                 session)
+    return back.take(nxt, time.time())
+
+
+def test_an_exact_next_turn_takes_the_params_once() -> None:
+    fleet, router, back = setup()
+    assert _turn_two(router, fleet, back) == PARAMS
+    fleet2, router2, back2 = setup()
+    assert _turn_two(router2, fleet2, back2, session=None) == PARAMS  # implicit too
+
+
+@pytest.mark.parametrize("change", ["restarted", "replaced", "departed", "off"])
+def test_a_decoder_that_changed_is_never_pulled_from(change: str) -> None:
+    fleet, router, back = setup(enabled=change != "off")
+    plan = decide(router, fleet, chat(user("hello")), "s")
+    back.remember(plan, "chat", "d1", "hi there", PARAMS, time.time())
+    if change == "restarted":
+        router.replica_restarted("d1", time.time())
+    elif change == "replaced":
+        fleet.remove("d1")
+        fleet.add(ReplicaSettings(name="d1", url="http://d1:2", role="decode"))
+        fleet.probe_result("d1", True, time.time())
+    elif change == "departed":
+        fleet.remove("d1")
+    nxt = decide(router, fleet, chat(user("hello"), assistant("hi there"), user("more")), "s")
+    assert back.take(nxt, time.time()) is None
+
+
+def test_another_tenants_conversation_is_not_given_the_params() -> None:
+    fleet, router, back = setup()
+    plan = decide(router, fleet, chat(user("hello")), "s", tenant="team-a")
+    back.remember(plan, "chat", "d1", "hi there", PARAMS, time.time())
+    nxt = decide(router, fleet, chat(user("hello"), assistant("hi there"), user("more")), "s",
+                 tenant="team-b")
+    assert back.take(nxt, time.time()) is None
