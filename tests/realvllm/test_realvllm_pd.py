@@ -128,14 +128,14 @@ def test_engine_pulls_prompt_to_decoder_then_conversation_back_to_prefiller(
     _same_answer(turn2, alone2)
 
 
-def _same_chat(got: ChatCompletion, alone: ChatCompletion) -> None:
+def _same_chat(got: ChatCompletion, alone: ChatCompletion, where: str) -> None:
     a, b = got.choices[0], alone.choices[0]
-    assert (a.model_extra or {})["token_ids"] == (b.model_extra or {})["token_ids"]
+    assert (a.model_extra or {})["token_ids"] == (b.model_extra or {})["token_ids"], where
     assert a.logprobs is not None and a.logprobs.content is not None
     assert b.logprobs is not None and b.logprobs.content is not None
     drift = max(abs(x.logprob - y.logprob)
                 for x, y in zip(a.logprobs.content, b.logprobs.content, strict=True))
-    assert drift <= LOGPROB_TOLERANCE, drift
+    assert drift <= LOGPROB_TOLERANCE, (where, drift)
 
 
 def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back(
@@ -178,7 +178,7 @@ def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back
                 assert _count_reaches(pair.prefill, p0 + 1) == p0 + 1, f"turn {turn}"
             ref = alone.chat.completions.create(
                 messages=messages, **{**create, "extra_body": salted})
-            _same_chat(got, ref)
+            _same_chat(got, ref, f"turn {turn}")
             answer = got.choices[0].message.content
             messages = [*messages, {"role": "assistant", "content": answer},
                         {"role": "user", "content": f"Turn {turn + 1}: go on."}]  # fmt: skip
@@ -189,8 +189,8 @@ def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back
         p0 = xfer_count(pair.prefill)
         got = client.chat.completions.create(messages=edited, **create)
         ref = alone.chat.completions.create(messages=edited, **{**create, "extra_body": salted})
-        _same_chat(got, ref)
         assert xfer_count(pair.prefill) == p0  # read after D's reference: any pull is counted
+        _same_chat(got, ref, "edited")
 
     recs = records(log)  # complete: the gateway has stopped
     assert len(recs) == 4
