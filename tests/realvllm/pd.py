@@ -83,7 +83,8 @@ class PdPair:
 @contextlib.contextmanager
 def pd_pair(options: VllmOptions) -> Iterator[PdPair]:
     """Starts both replicas at once (their minutes of start-up overlap), waits for both under
-    `options.start_timeout_s`, yields them; each stopped by pid on exit."""
+    `options.start_timeout_s`, yields them; each stopped by pid on exit, with the engine
+    processes it started."""
     logs = ROOT / "build" / "realvllm" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
@@ -95,7 +96,7 @@ def pd_pair(options: VllmOptions) -> Iterator[PdPair]:
             argv = [*options.argv(port), "--kv-transfer-config", kv_transfer_config()]
             log = logs / f"vllm-pd-{role}-{port}.log"
             procs.append(stack.enter_context(running(argv, [], env=pd_env(options, side),
-                                                     log_path=log)))  # fmt: skip
+                                                     log_path=log, group=True)))  # fmt: skip
             urls.append(f"http://127.0.0.1:{port}")
             logs_of.append(log)
         for url, proc in zip(urls, procs, strict=True):
