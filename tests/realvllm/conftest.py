@@ -79,7 +79,7 @@ def fresh_vllm(vllm_options: VllmOptions) -> Iterator[Callable[..., list[str]]]:
 
 
 # NIXL's replicas compile and warm up longer than plain ones: 4-5 minutes each on a quiet
-# 2-core machine, both at once; measured 623 s and 654 s under a load average of 12-22
+# 2-core machine, both at once; measured 245 s to 654 s under a load average of 12-22
 # (five test runs sharing 2 cores). The bound leaves room for that and more.
 PD_START_TIMEOUT_S = 1200.0
 
