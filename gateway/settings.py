@@ -216,8 +216,8 @@ class EppSettings:
     shed_in_flight: int = 0
     # Candidates from an InferencePool's pods instead of [[replicas]]: the pool's name ("" =
     # none) and namespace ("" = the picker's own pod's, else "default"); the `kubernetes`
-    # extra. In a cluster the pod's service account is used (it may get and watch
-    # inferencepools and pods), elsewhere the kubeconfig.
+    # extra. In a cluster the pod's service account is used (it may get inferencepools
+    # and list and watch pods), elsewhere the kubeconfig.
     pool: str = ""
     pool_namespace: str = ""
     # Concurrent ext_proc streams (one per request in flight through Envoy); more wait

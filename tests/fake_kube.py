@@ -55,6 +55,8 @@ class FakeKube:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.requests: list[str] = []
+        # every request the API server was sent, whatever its route: (method, path?query)
+        self.calls: list[tuple[str, str]] = []
 
     # the test's side (any thread) -----------------------------------------------------------
 
@@ -142,7 +144,13 @@ def fake_kube(pool: dict[str, Any]) -> Iterator[FakeKube]:
         nonlocal stop
         stop = asyncio.Event()
         kube.loop = asyncio.get_running_loop()
-        app = web.Application()
+        @web.middleware
+        async def record(request: web.Request, handler: Any) -> web.StreamResponse:
+            kube.calls.append((request.method, request.path_qs))
+            response: web.StreamResponse = await handler(request)
+            return response
+
+        app = web.Application(middlewares=[record])
         app.router.add_get(
             "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools/{name}",
             kube.get_pool)

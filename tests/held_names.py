@@ -20,6 +20,10 @@ _SKIP_MODULES = ("prometheus_client", "aiohttp", "asyncio", "logging", "httpx", 
 
 # Paths the walk leaves out: none (the admission queue forgets at the departure too).
 NOT_YET: tuple[str, ...] = ()
+# Paths that hold a departed replica's name by design, bounded in count and time: the
+# shared state's record of departures (gateway/shared/departures.py: facts about it from
+# before it left are void, should a server come back under its name).
+KEPT: tuple[str, ...] = ("services.shared.departures._at",)
 
 
 def names_held(root: object, names: Iterable[str], limit: int = 500_000) -> list[str]:
@@ -33,7 +37,7 @@ def names_held(root: object, names: Iterable[str], limit: int = 500_000) -> list
     while todo and len(seen) < limit:
         obj, path = todo.popleft()
         if isinstance(obj, str):
-            if obj in wanted and not path.startswith(NOT_YET):
+            if obj in wanted and not path.startswith((*NOT_YET, *KEPT)):
                 found.append(path)
             continue
         if id(obj) in seen or obj is None or isinstance(obj, (int, float, bytes, bool)):

@@ -12,9 +12,9 @@ it read whole (its body and X-Request-Id).
 - anything else: a whole request, answered as one replica does.
 
 `mode` makes a leg fail: "500", "400" (answered), "read-close" (read, then the connection
-closes without an answer), "noparams" (a prefill answer without params: an engine without
-a KV connector). Each answer's text names the replica and the leg, so a test sees who
-answered what.
+closes without an answer), "hang" (read, never answered), "noparams" (a prefill answer
+without params: an engine without a KV connector). Each answer's text names the replica
+and the leg, so a test sees who answered what.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class PdReplica:
         self.name = name
         self.mode = mode
         self.params_on_whole = False  # its own params on a whole request's answer too
+        self.closed = asyncio.Event()  # a "hang" leg's connection was closed by the gateway
         self.bodies: list[dict[str, Any]] = []
         self.request_ids: list[bytes] = []
         self.port = 0
@@ -79,17 +80,22 @@ class PdReplica:
                 doc = orjson.loads(body)
                 self.bodies.append(doc)
                 self.request_ids.append(rid)
-                if not await self._answer(doc, writer):
+                if not await self._answer(doc, reader, writer):
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
 
-    async def _answer(self, doc: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
+    async def _answer(self, doc: dict[str, Any], reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> bool:
         which = leg(doc)
         failing = self.mode if which != "whole" else "ok"
         if failing == "read-close":
+            return False
+        if failing == "hang":  # never answers; waits for the gateway to close
+            await reader.read()
+            self.closed.set()
             return False
         if failing == "500":
             writer.write(response("500 Internal Server Error",

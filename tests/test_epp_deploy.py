@@ -49,12 +49,13 @@ def test_picker_settings_and_pod() -> None:
     assert settings.epp.pool == d["InferencePool"]["metadata"]["name"]
     assert settings.epp.host == "0.0.0.0"
     pod = d["Deployment"]["spec"]["template"]["spec"]
-    # the service account may read the pool and watch its pods, nothing more
+    # the service account may read the pool and list and watch its pods, nothing more
+    # (exactly what the pool watch's calls need: tests/test_deploy.py)
     assert pod["serviceAccountName"] == d["ServiceAccount"]["metadata"]["name"]
     rules = {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"])
              for r in d["Role"]["rules"]}
     assert rules == {("inference.networking.k8s.io", "inferencepools"): {"get"},
-                     ("", "pods"): {"get", "list", "watch"}}
+                     ("", "pods"): {"list", "watch"}}
     (container,) = pod["containers"]
     assert container["command"][:2] == ["gateway", "epp"]
     assert container["readinessProbe"]["grpc"]["port"] == settings.epp.port

@@ -4,14 +4,13 @@ replica's in-flight count back to zero, the gate's tickets given back, its queue
 
 - a waiter whose data plane restricted it with a subset hint is bound by the gate only
   within that subset (accounting and destination agree);
-- calls on one stored response (`GET`/`DELETE /v1/responses/{id}`,
-  `POST /v1/responses/{id}/cancel`) go to the replica that created it, as in serve
-  (404 when it left, 503 when it is down, another tenant's id a 404)."""
+- replicas failing, moved, shed or displaced while requests wait; another tenant's chain.
+Stored responses through the picker: tests/test_flow_epp_stored.py."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import orjson
 import pytest
@@ -22,9 +21,10 @@ from gateway.admission.config import AdmissionConfig
 from gateway.epp import decision
 from gateway.proxy import pinning
 from gateway.settings import AuthSettings
+from tests.epp_outsider import call, hinted, nothing_held, responses_body, two_holders
 from tests.proxy_fakes import COMPLETION
 from tests.servers import sim
-from tests.test_epp_grpc import MODEL, Epp, Stream, response_headers, running_epp
+from tests.test_epp_grpc import Stream, response_headers, running_epp
 from tests.test_flow_epp_admission import (
     ONE_EACH,
     chat,
@@ -48,21 +48,6 @@ def one_of(two: list[str]) -> list[str]:
     return two[:1]
 
 
-def nothing_held(epp: Epp) -> None:
-    s = epp.app.services
-    assert s is not None and s.gate is not None
-    assert {n: r.in_flight for n, r in s.fleet.replicas.items()} == dict.fromkeys(
-        s.fleet.replicas, 0)
-    assert s.gate._admitted == {}
-    assert s.gate.stats()["queued"] == {"high": 0, "normal": 0, "low": 0}
-    assert s.gate._count == 0
-
-
-def hinted(req: ext.ProcessingRequest, hint: Sequence[str]) -> ext.ProcessingRequest:
-    st = struct_pb2.Struct()
-    st.update({decision.SUBSET: list(hint)})
-    req.metadata_context.filter_metadata[decision.SUBSET_NAMESPACE].CopyFrom(st)
-    return req
 
 
 async def test_a_hinted_waiter_is_bound_within_its_subset(two: list[str]) -> None:
@@ -93,95 +78,6 @@ async def test_a_hinted_waiter_is_bound_within_its_subset(two: list[str]) -> Non
         nothing_held(epp)
 
 
-# calls on one stored response ------------------------------------------------------------
-
-def call(path: str, method: str, auth: str) -> ext.ProcessingRequest:
-    req = ext.ProcessingRequest()
-    for k, v in ((":path", path), (":method", method), ("authorization", auth)):
-        req.request_headers.headers.headers.add(key=k, raw_value=v.encode())
-    req.request_headers.end_of_stream = method != "POST"
-    return req
-
-
-async def stored_call(epp: Epp, path: str, method: str, auth: str,
-                      ) -> ext.ProcessingResponse:
-    """One body-less call on a stored response (`POST .../cancel` with an empty body);
-    the picker's answer to it (the pick, or an immediate response)."""
-    s = Stream(epp)
-    resp = await s.ask(call(path, method, auth))
-    if method == "POST" and resp.HasField("request_headers"):
-        empty = ext.ProcessingRequest()
-        empty.request_body.end_of_stream = True
-        resp = await s.ask(empty)
-    if not resp.HasField("immediate_response"):
-        await s.ask(response_headers(200))
-    await s.close()
-    return resp
-
-
-def target(resp: ext.ProcessingResponse) -> str:
-    phase = resp.request_body if resp.HasField("request_body") else resp.request_headers
-    return {h.header.key: h.header.raw_value.decode()
-            for h in phase.response.header_mutation.set_headers}[decision.DESTINATION]
-
-
-def error(resp: ext.ProcessingResponse) -> tuple[int, str, str]:
-    im = resp.immediate_response
-    err = orjson.loads(im.body)["error"]
-    return im.status.code, err["code"], err["param"]
-
-
-STORED = [("GET", "/v1/responses/{}"), ("DELETE", "/v1/responses/{}"),
-          ("POST", "/v1/responses/{}/cancel")]
-
-
-async def test_stored_response_calls_go_to_their_creator(two: list[str]) -> None:
-    keys = AuthSettings(keys={"ka": "alice", "kb": "bob"})
-    alice, bob = "Bearer ka", "Bearer kb"
-    async with running_epp(two, auth=keys) as epp:
-        services = epp.app.services
-        assert services is not None
-        creator_ep, other_ep = epp.endpoints
-        # alice's answer is made on the first replica (the hint puts it there)
-        s = Stream(epp)
-        await s.ask(hinted(request([("authorization", alice), (":path", "/v1/responses")]),
-                           [creator_ep]))
-        first = ext.ProcessingRequest()
-        first.request_body.body = orjson.dumps({"model": MODEL, "input": "remember me"})
-        first.request_body.end_of_stream = True
-        assert picked(await s.ask(first))[0] == creator_ep
-        await s.ask(response_headers(200))
-        answer = ext.ProcessingRequest()
-        answer.response_body.body = orjson.dumps({
-            "id": "resp_alice1", "object": "response", "status": "completed", "output": [],
-            "usage": {"input_tokens": 5, "output_tokens": 1}})
-        answer.response_body.end_of_stream = True
-        await s.ask(answer)
-        await s.close()
-        creator = epp.picker.by_endpoint[creator_ep]
-        # the creator busier than the other: least busy alone would send them elsewhere
-        services.fleet.replicas[creator].in_flight += 5
-        for method, path in STORED:
-            resp = await stored_call(epp, path.format("resp_alice1"), method, alice)
-            assert target(resp) == creator_ep, (method, path)  # no fallback either
-            assert epp.records[-1].route == "response"
-        services.fleet.replicas[creator].in_flight -= 5
-        for method, path in STORED:  # another tenant's id: as the engine's unknown id
-            resp = await stored_call(epp, path.format("resp_alice1"), method, bob)
-            assert error(resp) == (404, "response_not_found", "response_id")
-        services.fleet.replicas[creator].healthy = False
-        for method, path in STORED:
-            resp = await stored_call(epp, path.format("resp_alice1"), method, alice)
-            assert error(resp) == (503, "previous_response_unavailable", "response_id")
-        services.fleet.replicas[creator].healthy = True
-        services.fleet.remove(creator)  # left (its stored state with it)
-        resp = await stored_call(epp, "/v1/responses/resp_alice1", "GET", alice)
-        assert error(resp) == (404, "previous_response_lost", "response_id")
-        # an id the gateway never saw: any replica (the engine answers)
-        resp = await stored_call(epp, "/v1/responses/resp_unknown", "GET", alice)
-        assert target(resp).split(",")[0] == other_ep
-        nothing_held(epp)
-
 
 async def test_an_escaped_route_is_still_admitted(two: list[str]) -> None:
     """`/v1/chat%2Fcompletions` is the chat route to the engine (and to serve, which reads
@@ -202,20 +98,11 @@ async def test_an_escaped_route_is_still_admitted(two: list[str]) -> None:
 
 # a replica failing while requests wait ----------------------------------------------------
 
-async def _two_holders(epp: Epp) -> list[tuple[Stream, str]]:
-    holders = []
-    for i in range(2):
-        s, task = await start(epp, f"holder {i}")
-        holders.append((s, picked(await asyncio.wait_for(task, 10))[0]))
-    assert {ep for _, ep in holders} == set(epp.endpoints)  # one on each
-    return holders
-
-
 async def test_a_replica_marked_down_gets_none_of_the_queued(two: list[str]) -> None:
     async with running_epp(two, admission=ONE_EACH) as epp:
         services = epp.app.services
         assert services is not None
-        (down_s, down_ep), (up_s, up_ep) = await _two_holders(epp)
+        (down_s, down_ep), (up_s, up_ep) = await two_holders(epp)
         waiting = [await start(epp, f"waiter {i}") for i in range(2)]
         await until(lambda: queued(epp)["normal"] == 2, "the waiters never queued")
         services.fleet.replicas[epp.picker.by_endpoint[down_ep]].healthy = False
@@ -234,7 +121,7 @@ async def test_a_hinted_waiter_whose_subset_left_is_answered_at_once(two: list[s
     async with running_epp(two, admission=ONE_EACH) as epp:
         services = epp.app.services
         assert services is not None
-        (gone_s, gone_ep), (stay_s, _) = await _two_holders(epp)
+        (gone_s, gone_ep), (stay_s, _) = await two_holders(epp)
         w = Stream(epp)
         await w.ask(hinted(request(), [gone_ep]))
         pick = asyncio.create_task(w.ask(hinted(chat("only there"), [gone_ep])))
@@ -288,61 +175,6 @@ async def test_a_session_moved_off_a_replica_is_recorded_so(two: list[str]) -> N
         nothing_held(epp)
     assert [r.moved for r in epp.records] == [None, "unavailable"]
 
-
-def _responses(content: str, **extra: object) -> ext.ProcessingRequest:
-    req = ext.ProcessingRequest()
-    req.request_body.body = orjson.dumps({"model": MODEL, "input": content, **extra})
-    req.request_body.end_of_stream = True
-    return req
-
-
-async def test_a_streamed_responses_answer_pins_its_continuation(two: list[str]) -> None:
-    """`[epp] response = "body"`: the id is read from the stream's `response.created`."""
-    async with running_epp(two, response="body") as epp:
-        creator_ep = epp.endpoints[1]
-        s = Stream(epp)
-        await s.ask(hinted(request([(":path", "/v1/responses")]), [creator_ep]))
-        assert picked(await s.ask(hinted(_responses("stream it", stream=True),
-                                         [creator_ep])))[0] == creator_ep
-        await s.ask(response_headers(200, content_type="text/event-stream"))
-        event = ext.ProcessingRequest()
-        event.response_body.body = (
-            b'event: response.created\ndata: {"type": "response.created", "response": '
-            b'{"id": "resp_streamed1", "status": "in_progress", "usage": null}}\n\n')
-        await s.ask(event)
-        end = ext.ProcessingRequest()
-        end.response_body.end_of_stream = True
-        await s.ask(end)
-        await s.close()
-        creator = epp.picker.by_endpoint[creator_ep]
-        assert epp.app.services is not None
-        epp.app.services.fleet.replicas[creator].in_flight += 3  # least busy: the other
-        s = Stream(epp)
-        await s.ask(request([(":path", "/v1/responses")]))
-        resp = await s.ask(_responses("go on", previous_response_id="resp_streamed1"))
-        assert picked(resp)[0] == creator_ep
-        await s.close()
-        epp.app.services.fleet.replicas[creator].in_flight -= 3
-        nothing_held(epp)
-    assert epp.records[-1].route == "response"
-
-
-async def test_a_continuation_pinned_outside_the_hint_is_a_503_at_once(two: list[str]) -> None:
-    async with running_epp(two, admission=ONE_EACH) as epp:
-        services = epp.app.services
-        assert services is not None
-        creator_ep, other_ep = epp.endpoints
-        services.affinity.remember("resp_there", epp.picker.by_endpoint[creator_ep])
-        (s1, _), (s2, _) = await _two_holders(epp)  # no room anywhere: it would queue
-        s = Stream(epp)
-        await s.ask(hinted(request([(":path", "/v1/responses")]), [other_ep]))
-        resp = await asyncio.wait_for(s.ask(hinted(
-            _responses("go on", previous_response_id="resp_there"), [other_ep])), 5)
-        assert resp.immediate_response.status.code == 503
-        await s.close()
-        for h in (s1, s2):
-            await finish(h)
-        nothing_held(epp)
 
 
 async def test_a_pick_without_a_known_endpoint_moves_the_conversation(two: list[str]) -> None:
@@ -437,7 +269,7 @@ async def test_another_tenants_chain_is_not_found_through_the_picker(two: list[s
                          epp.picker.by_endpoint[epp.endpoints[0]])
         s = Stream(epp)
         await s.ask(request([(":path", "/v1/responses"), ("authorization", "Bearer kb")]))
-        resp = await s.ask(_responses("read hers", previous_response_id="resp_alices"))
+        resp = await s.ask(responses_body("read hers", previous_response_id="resp_alices"))
         err = orjson.loads(resp.immediate_response.body)["error"]
         assert (resp.immediate_response.status.code, err["code"]) == (404,
                                                                         "response_not_found")
@@ -476,7 +308,7 @@ async def test_a_waiter_takes_the_room_a_moved_request_left(two: list[str]) -> N
     slow = AdmissionConfig(enabled=True, replica_max_in_flight=1, max_queue=8,
                            recheck_s=30.0, own_replica_max_wait_s=0.0)
     async with running_epp(two, admission=slow) as epp:
-        (moving, pick), (other, fallback) = await _two_holders(epp)
+        (moving, pick), (other, fallback) = await two_holders(epp)
         s, task = await start(epp, "waits for room")
         await until(lambda: queued(epp)["normal"] == 1, "it never queued")
         await moving.ask(response_headers(200, served=fallback))  # served elsewhere

@@ -422,3 +422,27 @@ async def test_a_prefill_replica_answering_alone_leaves_no_params_for_the_next_t
         assert r.status_code == 200 and r.json()["kv_transfer_params"]["remote_engine_id"] \
             == "p1-d"
         assert gw.stats()["pd"]["decoder_kv"]["remembered"] == 0
+
+
+async def test_a_client_gone_during_the_prefill_leg_cancels_it_and_sends_nothing_to_d() -> None:
+    async with replicas(("p1", "hang"), ("d1", "ok")) as (p, d), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d), "decode")]) as gw:
+        async with httpx.AsyncClient(timeout=10) as client:
+            call = asyncio.create_task(client.post(gw.url + "/v1/chat/completions", json=CHAT))
+            for _ in range(1000):  # bounded: until P has the leg
+                if p.received:
+                    break
+                await asyncio.sleep(0.01)
+            assert p.received == 1
+            call.cancel()  # the client goes
+            with contextlib.suppress(asyncio.CancelledError):
+                await call
+        await asyncio.wait_for(p.closed.wait(), 10)  # P's connection dropped: it aborts
+        assert d.received == 0
+        for _ in range(1000):
+            if gw.records:
+                break
+            await asyncio.sleep(0.01)
+        assert gw.records[0].status == 499
+        assert gw.app.services is not None
+        assert gw.app.services.fleet.replicas["p1"].in_flight == 0

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from gateway.routing.config import RoutingConfig
 from gateway.routing.decision import ReplicaState
 from gateway.routing.facts import (
+    Departed,
     Dropped,
     Fact,
     FactError,
@@ -38,6 +39,7 @@ FACTS: list[Fact] = [
     Response("resp_abc", "r2"),
     Restarted("r1"),
     Restarted("r1", 1_800_000_123.25),  # with the engine's process start time
+    Departed("r2"),
 ]
 
 

@@ -118,14 +118,11 @@ async def serve_epp(settings: Settings) -> int:
         epp = settings.epp
         watch = None
         if epp.pool:
-            from gateway.epp.pool import Members, PoolWatch
+            from gateway.epp.pool import watch_pool
             from gateway.replicas.kube import kube_api, own_namespace
 
-            members = Members(services.fleet, services.monitor, services.remove_replica,
-                              picker.set_endpoints)
-            watch = PoolWatch(kube_api(), own_namespace(epp.pool_namespace), epp.pool,
-                              members.apply, asyncio.get_running_loop())
-            watch.start()
+            watch = watch_pool(services, kube_api(), own_namespace(epp.pool_namespace),
+                               epp.pool, picker.set_endpoints)
             resolving = None
         else:
             urls = {r.name: r.url for r in settings.replicas}

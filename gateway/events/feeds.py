@@ -13,8 +13,9 @@ routed in text mode until events flow, and for good when its block size is not t
 renderer hashes at (said in `status`).
 
 The replicas are the configured ones at start-up, then follow the fleet: a replica that
-joins at run time (a DNS name, a Kubernetes selector, a reloaded settings file) gets its
-feed (`add_replica`, from gateway.replicas.membership), and one that departs has its feed
+joins at run time (a DNS name, a Kubernetes selector, a reloaded settings file, `gateway
+epp`'s InferencePool) gets its feed (`add_replica`, from `Services.joined`, which
+gateway.replicas.membership and gateway.epp.pool call), and one that departs has its feed
 cancelled, its sockets closed and its state forgotten (`remove_replica`, from
 `Services.remove_replica`), so the feeds are bounded by the fleet whatever the churn.
 """

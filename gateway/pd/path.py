@@ -58,7 +58,6 @@ class Prefilled:
     replica: str
     params: dict[str, Any]  # P's kv_transfer_params, verbatim
     prompt_tokens: int | None
-    cached_tokens: int | None
 
 
 class PdPath:
@@ -194,8 +193,7 @@ class PdPath:
             params = answer_params(data) if what is None else None
             if params is not None:
                 usage = parse_answer(data).usage
-                return Prefilled(name, params, usage.prompt_tokens if usage else None,
-                                 usage.cached_tokens if usage else None)
+                return Prefilled(name, params, usage.prompt_tokens if usage else None)
             if what is None:
                 what = "no_params"
             else:

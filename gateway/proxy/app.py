@@ -68,7 +68,7 @@ from gateway.replicas.monitor import FleetMonitor
 from gateway.replicas.sources import FleetSources, Resolver, getaddrinfo
 from gateway.routing.affinity import AffinityStore, ResponseAffinity
 from gateway.routing.router import Router
-from gateway.settings import Settings
+from gateway.settings import ReplicaSettings, Settings
 from gateway.tracing import request_tracer
 from gateway.tracing.tracer import Passthrough, RequestTracer
 from gateway.upstream.counters import UpstreamCounters
@@ -119,6 +119,14 @@ class Services:
     # [tracing]: one span per request, serve's and the picker's (gateway.tracing)
     tracer: RequestTracer = field(default_factory=Passthrough)
 
+    def joined(self, replica: ReplicaSettings) -> None:
+        """A replica joined the fleet, or its settings changed (gateway serve's sources
+        through `Membership.on_member`, gateway epp's InferencePool through
+        `Members.on_member`): its KV-event feed in token mode, started now when the feeds
+        run. Its departure goes through `remove_replica`."""
+        if self.feeds is not None:
+            self.feeds.add_replica(feed_target(replica))
+
     def remove_replica(self, name: str) -> Replica | None:
         """A replica left the fleet: out of every per-replica map at once
         (gateway.replicas.departure lists them); None when no replica had that name."""
@@ -129,6 +137,8 @@ class Services:
             self.affinity.forget_replica]
         if self.gate is not None:
             parts.append(self.gate.forget_replica)
+        if self.shared is not None:  # facts about it from before are void, everywhere
+            parts.append(self.shared.depart)
         return depart(self.fleet, name, parts, (self.upstream, self.probes))
 
 
@@ -215,10 +225,7 @@ class GatewayApp:
             counters=UpstreamCounters(metrics.registry),
             salts=salts, tracer=services.tracer, pd=settings.pd)
         membership = Membership(fleet, monitor, services.remove_replica, settings.discovery,
-                                self.clock)
-        if services.feeds is not None:
-            feeds = services.feeds
-            membership.on_member = lambda replica: feeds.add_replica(feed_target(replica))
+                                self.clock, on_member=services.joined)
         self.sources = FleetSources(membership, self._resolver)
         await self.sources.start(settings.replicas)
         log.debug("gateway services started", extra={

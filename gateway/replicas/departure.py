@@ -13,6 +13,10 @@ What goes, through `Services.remove_replica` (gateway/proxy/app.py), which names
   and model refreshes in flight are dropped when they come (`Fleet.holds`);
 - its cached_tokens verdict (`UsageRecorder.forget_replica`) and the Responses API's
   response ids stored on it (`AffinityStore.forget_replica`);
+- with shared state ([redis]), the departure itself (`SharedState.depart`): recorded in
+  Redis, so that facts about it from before now are void on every instance, those
+  starting later included, should a server come back under its name
+  (gateway/shared/departures.py);
 - its origin's connection slots, idle pooled connections and closing record in the client
   pool and the probes' pool, unless another live replica has the same origin
   (`Upstream.retain_origins`: every origin no live replica has goes, so one made again by

@@ -17,6 +17,9 @@ to its own router, so every decision still reads local memory only.
   longer hold. With the engine's process start time when it shows one, so that instances
   tell one restart seen twice from two restarts by it, not by how close in time they came
   (routing/restarts.py).
+- `Departed`: a replica left the fleet (gateway.replicas.departure): whatever comes back
+  under its name is another server with an empty cache, so facts about it from before
+  the departure no longer hold (gateway/shared/departures.py; not a router's business).
 
 Every fact is applied at the time it happened (the envelope's `at`), not when it arrives:
 a session last seen an hour ago weighs what an hour-old session weighs.
@@ -88,7 +91,12 @@ class Restarted:
     started: float | None = None  # the engine's process start time (unix s), when shown
 
 
-Fact = Sent | Reply | Dropped | Trust | Response | Restarted
+@dataclass(frozen=True, slots=True)
+class Departed:
+    replica: str
+
+
+Fact = Sent | Reply | Dropped | Trust | Response | Restarted | Departed
 
 
 def _pack(hashes: Sequence[int]) -> bytes:
@@ -154,6 +162,8 @@ def encode(fact: Fact, origin: str, at: float, base: Base | None = None
         out |= {b"k": b"x", b"r": fact.replica.encode()}
         if fact.started is not None:
             out[b"e"] = repr(fact.started).encode()
+    elif isinstance(fact, Departed):
+        out |= {b"k": b"g", b"r": fact.replica.encode()}
     else:
         out |= {b"k": b"p", b"r": fact.replica.encode(), b"i": fact.response_id.encode()}
     return out
@@ -212,6 +222,8 @@ def _fact(fields: Mapping[bytes, bytes], before: int) -> Fact:
     if kind == b"p":
         return Response(_text(fields, b"i"), _text(fields, b"r"))
     replica = _text(fields, b"r")
+    if kind == b"g":
+        return Departed(replica)
     if kind == b"x":
         return Restarted(replica, _time(fields, b"e") if b"e" in fields else None)
     if kind == b"t":

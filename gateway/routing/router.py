@@ -58,7 +58,16 @@ from gateway.routing.config import RoutingConfig
 from gateway.routing.conversations import Conversations
 from gateway.routing.decision import Decision, ReplicaState
 from gateway.routing.estimate import TokenEstimator
-from gateway.routing.facts import Dropped, Fact, Reply, Response, Restarted, Sent, Trust
+from gateway.routing.facts import (
+    Departed,
+    Dropped,
+    Fact,
+    Reply,
+    Response,
+    Restarted,
+    Sent,
+    Trust,
+)
 from gateway.routing.feedback import Limits, adjust, verdict
 from gateway.routing.index import BlockIndex
 from gateway.routing.normalize import END, canonical_bytes, chain_seed
@@ -468,8 +477,9 @@ class Router:
         happened: the same bookkeeping as if this one had routed it then, but no queued
         work (that load is the other's, and the replica's own metrics show it to everyone).
         Replicas this router does not know (not in its fleet, or not up yet) are left
-        alone; blocks a replica held before its last restart are not put back."""
-        if isinstance(fact, Response) or fact.replica not in self._limits:
+        alone; blocks a replica held before its last restart are not put back. A departure
+        is the shared state's to apply (it voids the facts before it, gateway/shared/)."""
+        if isinstance(fact, (Response, Departed)) or fact.replica not in self._limits:
             return
         replica, index = fact.replica, self._index
         if isinstance(fact, Restarted):

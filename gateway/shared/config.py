@@ -8,7 +8,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RedisSettings:
     url: str | None = None  # e.g. redis://10.0.0.9:6379/0; None: this instance alone
-    prefix: str = "gateway"  # keys: <prefix>:routing (one stream of facts)
+    # keys: <prefix>:routing (one stream of facts), <prefix>:departed (departures)
+    prefix: str = "gateway"
     timeout_s: float = 0.5  # per Redis command (never on a request's path: staleness only)
     # The stream's bound, in bytes of Redis memory: each XADD trims it (MAXLEN ~) to as
     # many facts as fit, from the bytes per fact this instance measures on what it writes

@@ -29,6 +29,11 @@ Why these Redis mechanisms:
   are one background `XREAD BLOCK` loop from the last id seen. Redis is therefore never
   on a request's path; a slow or dead Redis costs nothing but staleness.
 
+Departures (gateway/shared/departures.py): a replica that left is recorded in
+`<prefix>:departed` (read before the catch-up) and as a `Departed` fact; facts about it
+from before its departure are skipped, so that one back under its name is not taken for
+warm.
+
 Failure: a command that fails or takes longer than `timeout_s` marks Redis down (one
 warning, `gateway_shared_state_up` 0); the failed batch is dropped and counted, new facts
 queue (the oldest dropped once `queue_size` is reached), and both loops retry with
@@ -51,8 +56,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gateway.backoff import Backoff, Retrier
+from gateway.routing import facts
 from gateway.routing.affinity import AffinityStore
 from gateway.routing.facts import Base, Fact, FactError, Reply, Response, Sent, decode, encode
+from gateway.shared import departures as gone
 from gateway.shared.chains import Chains, Published
 from gateway.shared.config import RedisSettings
 from gateway.shared.stream import entry_bytes, entry_time, stream_id, stream_maxlen
@@ -82,6 +89,8 @@ class SharedState:
         # remembered, as `Router.apply` ignores the other facts about it.
         self._known = known
         self._clock = clock
+        self._departed_key = gone.departed_key(settings.prefix)
+        self.departures = gone.Departures(gone.MAX_DEPARTED, settings.replay_s)
         self._queue: deque[tuple[Fact, float]] = deque(maxlen=settings.queue_size)
         self._wake = asyncio.Event()
         # both loops pause retry_s, doubling up to 10 s, less up to a fifth at random, so
@@ -124,6 +133,13 @@ class SharedState:
 
     def remember_response(self, response_id: str, replica: str) -> None:
         self.publish(Response(response_id, replica))
+
+    def depart(self, replica: str) -> None:
+        """`replica` left this instance's fleet: facts about it from before now are void
+        here and, once written, everywhere (gateway/shared/departures.py)."""
+        now = self._clock()
+        self.departures.record(replica, now, now)
+        self.publish(facts.Departed(replica))
 
     # lifecycle --------------------------------------------------------------------------
 
@@ -168,6 +184,9 @@ class SharedState:
         newest: list[tuple[bytes, dict[bytes, bytes]]] = []
         cursor = b"+"
         try:
+            # the departures first: every fact replayed below is checked against them
+            await self.departures.load(self._reader, self._departed_key, self._clock,
+                                       s.timeout_s * 4)
             while len(newest) < s.catch_up_facts:
                 page = await self._page(cursor, since, s.catch_up_facts - len(newest), True)
                 newest += page
@@ -306,6 +325,8 @@ class SharedState:
                         pipe.xadd(self.stream, fields, maxlen=maxlen, approximate=True)
                     pipe.xtrim(self.stream, minid=stream_id(self._clock() - s.replay_s),
                                approximate=True)
+                    gone.write_departures(pipe, self._departed_key, batch, self._clock(),
+                                          s.replay_s)
                     await asyncio.wait_for(pipe.execute(), s.timeout_s * 2)
             except (TimeoutError, RedisError, OSError) as exc:
                 self._m_facts.labels("out", "dropped").inc(len(batch))
@@ -377,12 +398,16 @@ class SharedState:
                 fact = dataclasses.replace(fact, hashes=whole)
             else:
                 self._chains.learn(fact.hashes)
+        if not self.departures.screen(fact, env.at, now):
+            # about the server that left, not the one now under its name
+            self._m_facts.labels("in", "departed").inc()
+            return
         if isinstance(fact, Response):
             if not self._known(fact.replica):
                 self._m_facts.labels("in", "unknown_replica").inc()
                 return
             self._affinity.remember(fact.response_id, fact.replica)
-        else:
+        elif not isinstance(fact, facts.Departed):  # (that one is ours, above)
             # Applied when it happened (a clock ahead of this one: now).
             self._apply(fact, min(env.at, now))
         self.applied += 1
