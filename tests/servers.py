@@ -70,6 +70,29 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
             proc.wait(timeout=timeout)
 
 
+def stop_group(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """Stops `proc` and every process of the session it leads (it was started with
+    `start_new_session`): a server that forks workers (vLLM's API server and its engine
+    core) leaves none behind, even when it has to be killed before it could stop them."""
+
+    def signal_all(sig: signal.Signals) -> bool:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return False  # nothing of the group is left
+        return True
+
+    signal_all(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=timeout)
+    deadline = time.monotonic() + timeout  # its children's own shutdown, bounded
+    while signal_all(signal.SIGCONT) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    signal_all(signal.SIGKILL)
+    if proc.poll() is None:
+        proc.wait(timeout=timeout)
+
+
 def script(name: str) -> list[str]:
     """The console script next to this interpreter (installed by pip install -e .)."""
     path = Path(sys.executable).parent / name
@@ -86,18 +109,24 @@ def running(
     timeout: float = 30.0,
     env: dict[str, str] | None = None,
     log_path: Path | None = None,
+    group: bool = False,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Start argv, wait until every ready URL answers 200, stop it on exit."""
+    """Start argv, wait until every ready URL answers 200, stop it on exit (with `group`,
+    it and every process it started: `stop_group`)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
     out = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
-    proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env=full_env)
+    proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env=full_env,
+                            start_new_session=group)  # fmt: skip
     try:
         for url in ready_urls:
             wait_http(url, timeout=timeout, proc=proc)
         yield proc
     finally:
-        stop(proc)
+        if group:
+            stop_group(proc)
+        else:
+            stop(proc)
         if log_path:
             out.close()  # type: ignore[union-attr]
 

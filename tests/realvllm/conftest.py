@@ -5,6 +5,8 @@
 - `vllm_pair` (session): base URLs of two real vLLM CPU replicas serving it; started once
   for the whole tier (about a minute each, started side by side) and stopped by pid.
 - `fresh_vllm(count, **overrides)` (function): replicas only the calling test uses.
+- `vllm_pd` (module): a prefill/decode pair (`NixlConnector`, CPU buffer; tests/realvllm/pd.py)
+  for the module that asks for it; skipped, with the reason, when NIXL does not import.
 
 Every test in this folder is marked `realvllm` and skipped, with the reason, when vLLM's
 interpreter (`GATEWAY_VLLM_PYTHON`, see tests/realvllm/install.sh) is absent or broken.
@@ -21,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.realvllm.pd import PdPair, nixl_unavailable, pd_pair
 from tests.realvllm.vllm import VllmOptions, ensure_model, vllm_replicas, vllm_unavailable
 from tests.servers import ROOT
 
@@ -73,3 +76,18 @@ def fresh_vllm(vllm_options: VllmOptions) -> Iterator[Callable[..., list[str]]]:
             return stack.enter_context(vllm_replicas(options, count))
 
         yield start
+
+
+# NIXL's replicas compile and warm up longer than plain ones: 4-5 minutes each on a quiet
+# 2-core machine, both at once; measured 245 s to 654 s under a load average of 12-22
+# (five test runs sharing 2 cores). The bound leaves room for that and more.
+PD_START_TIMEOUT_S = 1200.0
+
+
+@pytest.fixture(scope="module")
+def vllm_pd(vllm_options: VllmOptions) -> Iterator[PdPair]:
+    reason = nixl_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with pd_pair(dataclasses.replace(vllm_options, start_timeout_s=PD_START_TIMEOUT_S)) as pair:
+        yield pair

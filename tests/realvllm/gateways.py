@@ -13,14 +13,17 @@ from tests.servers import free_port, running, script
 
 
 @contextlib.contextmanager
-def fronted(urls: list[str], usage_log: Path, *extra: str) -> Iterator[str]:
-    """`gateway serve --backend ...` with a usage log; yields its base URL (no /v1)."""
+def fronted(urls: list[str], usage_log: Path, *extra: str,
+            env: dict[str, str] | None = None) -> Iterator[str]:
+    """`gateway serve --backend ...` with a usage log (and `env`, e.g. `GATEWAY_*` settings);
+    yields its base URL (no /v1)."""
     port = free_port()
     argv = [*script("gateway"), "serve", "--host", "127.0.0.1", "--port", str(port), *extra]
     for u in urls:
         argv += ["--backend", u]
     url = f"http://127.0.0.1:{port}"
-    with running(argv, [url + "/ready"], 60, env={"GATEWAY_USAGE__LOG_PATH": str(usage_log)}):
+    with running(argv, [url + "/ready"], 60,
+                 env={**(env or {}), "GATEWAY_USAGE__LOG_PATH": str(usage_log)}):
         yield url
 
 

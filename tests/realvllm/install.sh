@@ -7,6 +7,10 @@
 # Location: ${GATEWAY_VLLM_VENV:-$HOME/.cache/gateway-vllm/venv}. An existing venv whose vLLM
 # already imports is reused untouched (a few seconds); otherwise it is (re)built: a few
 # minutes with a warm pip cache. Needs Python 3.11 (python3.11, else python3).
+#
+# NIXL (vLLM's KV transfer library, for the prefill/decode pair) goes into the same venv:
+# the registry has only its CUDA build, whose UCX backend runs without a GPU; installed
+# --no-deps, else pip pulls the CUDA stack. Reused when it imports, added when it does not.
 set -euo pipefail
 
 VENV="${GATEWAY_VLLM_VENV:-$HOME/.cache/gateway-vllm/venv}"
@@ -17,7 +21,20 @@ works() {
     >/dev/null 2>&1
 }
 
+nixl_works() {
+  "$PY" -c 'import nixl._api' >/dev/null 2>&1
+}
+
+add_nixl() {
+  nixl_works || "$PY" -m pip install -q --no-deps nixl-cu12==1.5.1 nixl==1.5.1 >&2
+}
+
 if works; then
+  add_nixl
+  if ! nixl_works; then
+    echo "NIXL installed at $VENV but does not import" >&2
+    exit 1
+  fi
   echo "$PY"
   exit 0
 fi
@@ -31,9 +48,14 @@ mkdir -p "$(dirname "$VENV")"
 # importing a model class then fails (`operator torchvision::nms does not exist`).
 # Text models need none of them.
 "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec >&2 || true
+add_nixl
 
 if ! works; then
   echo "vLLM installed at $VENV but does not import" >&2
+  exit 1
+fi
+if ! nixl_works; then
+  echo "NIXL installed at $VENV but does not import" >&2
   exit 1
 fi
 echo "$PY"

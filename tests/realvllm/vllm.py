@@ -8,7 +8,8 @@ why the tier cannot run (the skip reason) or None.
 Each replica is `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script
 does not work with the CPU wheel) on its own 127.0.0.1 port, one OMP thread, 1 GiB of KV
 cache, offline. It takes about a minute to answer `/health` on a quiet machine; the wait
-is bounded by `VllmOptions.start_timeout_s`. Stopped by pid (SIGTERM, then SIGKILL).
+is bounded by `VllmOptions.start_timeout_s`. Stopped by pid (SIGTERM, then SIGKILL), with
+the processes it started (its own session: `tests.servers.stop_group`).
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ class VllmOptions:
 @contextlib.contextmanager
 def vllm_replicas(options: VllmOptions, count: int) -> Iterator[list[str]]:
     """`count` replicas, started side by side (their minute-long start-ups overlap), then
-    waited for; yields their base URLs; every one stopped by pid on exit."""
+    waited for; yields their base URLs; every one stopped by pid on exit, with the engine
+    processes it started (a server killed during its start-up left them running)."""
     logs = ROOT / "build" / "realvllm" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
@@ -126,7 +128,7 @@ def vllm_replicas(options: VllmOptions, count: int) -> Iterator[list[str]]:
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         procs = [
             stack.enter_context(running(options.argv(p), [], env=options.env(),
-                                        log_path=logs / f"vllm-{p}.log"))
+                                        log_path=logs / f"vllm-{p}.log", group=True))
             for p in ports
         ]  # fmt: skip
         for url, proc in zip(urls, procs, strict=True):

@@ -1,0 +1,127 @@
+"""A real vLLM prefill/decode pair for the `realvllm` tier: two CPU replicas with vLLM's
+`NixlConnector` (`kv_both`, a CPU transfer buffer, the bidirectional scheduler that hands the
+decoder's KV back to the next turn's prefill), started side by side and stopped by pid.
+
+Both replicas run the same flags: which one prefills and which decodes is decided per request
+by whoever sends the legs (the gateway, or a test by hand). NIXL's UCX backend talks TCP on
+loopback; each replica has its own side-channel port (the handshake through which the
+puller learns the holder's memory layout). Facts and the recipe: shared/real-vllm-pd.md.
+
+`nixl_unavailable()` says why the pair cannot start (a skip reason) or None; `xfer_count()`
+reads how many KV pulls a replica has completed (`vllm:nixl_xfer_time_seconds_count`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.realvllm.vllm import VllmOptions, vllm_python
+from tests.servers import ROOT, free_port, running, wait_http
+
+# Ask the engine to hand a pull to the puller rather than recompute under this many tokens
+# (vLLM's default, stated so the tests' answer lengths can be sized against it).
+RECOMPUTE_THRESHOLD = 64
+XFER_COUNT = "vllm:nixl_xfer_time_seconds"
+
+# The prefill leg's marker, as vLLM's reference proxy sends it: "prefill this and hold the
+# KV for a remote decoder".
+PREFILL_PARAMS: dict[str, Any] = {
+    "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+    "remote_block_ids": None, "remote_host": None, "remote_port": None,
+}  # fmt: skip
+
+
+def nixl_unavailable() -> str | None:
+    """Why vLLM's interpreter cannot load NIXL (a skip reason), or None when it can."""
+    probe = subprocess.run(
+        [str(vllm_python()), "-c", "import nixl._api"],
+        capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    if probe.returncode != 0:
+        tail = probe.stderr.decode(errors="replace").strip().splitlines()[-1:]
+        return (f"NIXL does not import in {vllm_python()} (run tests/realvllm/install.sh): "
+                f"{' '.join(tail)}")  # fmt: skip
+    return None
+
+
+def kv_transfer_config() -> str:
+    return json.dumps({
+        "kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": {
+            "bidirectional_kv_xfer": True, "kv_recompute_threshold": RECOMPUTE_THRESHOLD},
+    })  # fmt: skip
+
+
+def pd_env(options: VllmOptions, side_channel_port: int) -> dict[str, str]:
+    return {
+        **options.env(),
+        "UCX_TLS": "tcp,self,sm",  # no RDMA device here: TCP on loopback, shared memory
+        "UCX_NET_DEVICES": "all",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_channel_port),
+    }
+
+
+@dataclass(frozen=True)
+class PdPair:
+    """Base URLs (no /v1) of the two replicas: `prefill` is sent prefill legs, `decode` the
+    decode legs; either answers alone as an aggregated replica (no kv_transfer_params)."""
+
+    prefill: str
+    decode: str
+
+
+@contextlib.contextmanager
+def pd_pair(options: VllmOptions) -> Iterator[PdPair]:
+    """Starts both replicas at once (their minutes of start-up overlap), waits for both under
+    `options.start_timeout_s`, yields them; each stopped by pid on exit, with the engine
+    processes it started."""
+    logs = ROOT / "build" / "realvllm" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        urls: list[str] = []
+        procs = []
+        logs_of: list[Path] = []
+        for role in ("prefill", "decode"):
+            port, side = free_port(), free_port()
+            argv = [*options.argv(port), "--kv-transfer-config", kv_transfer_config()]
+            log = logs / f"vllm-pd-{role}-{port}.log"
+            procs.append(stack.enter_context(running(argv, [], env=pd_env(options, side),
+                                                     log_path=log, group=True)))  # fmt: skip
+            urls.append(f"http://127.0.0.1:{port}")
+            logs_of.append(log)
+        for url, proc in zip(urls, procs, strict=True):
+            wait_http(url + "/health", timeout=options.start_timeout_s, proc=proc)
+        for log in logs_of:  # vLLM found the library (else the connector has no transport)
+            if "NIXL is available" not in log.read_text(errors="replace"):
+                raise RuntimeError(f"{log}: vLLM did not log 'NIXL is available'")
+        yield PdPair(prefill=urls[0], decode=urls[1])
+
+
+def xfer_count(base: str) -> float:
+    """KV pulls this replica has completed (as the puller), summed over its engines."""
+    text = httpx.get(base + "/metrics", timeout=30).text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name == XFER_COUNT:
+            total += sum(s.value for s in family.samples if s.name == XFER_COUNT + "_count")
+    return total
+
+
+def reset_prefix_cache(base: str) -> None:
+    """Empties the replica's prefix cache (dev mode), so that the next request computes or
+    pulls its prompt rather than finding it local."""
+    r = httpx.post(base + "/reset_prefix_cache", timeout=60)
+    r.raise_for_status()
+    # It refuses (success false) while blocks are held: a running request, or KV kept for a
+    # remote puller under its lease.
+    assert r.json() == {"success": True}, f"{base}: reset refused: {r.text}"
