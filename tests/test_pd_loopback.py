@@ -85,9 +85,9 @@ async def gateway(replicas: list[tuple[str, str, str]], pd: PdConfig | None = No
     recorder = app.services.recorder
     original = recorder.record
 
-    def spy(rec: UsageRecord) -> None:
+    def spy(rec: UsageRecord, departed: bool = False) -> None:
         records.append(rec)
-        original(rec)
+        original(rec, departed)
 
     recorder.record = spy  # type: ignore[method-assign]
     try:
