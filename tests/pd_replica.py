@@ -13,7 +13,9 @@ it read whole (its body and X-Request-Id).
 
 `mode` makes a leg fail: "500", "400" (answered), "read-close" (read, then the connection
 closes without an answer), "hang" (read, never answered), "noparams" (a prefill answer
-without params: an engine without a KV connector). Each answer's text names the replica
+without params: an engine without a KV connector), "cut" (the answer's head and part of
+its body, then the connection closes: a non-streamed body cut short, or a stream cut
+after its first event). Each answer's text names the replica
 and the leg, so a test sees who answered what.
 """
 
@@ -130,6 +132,10 @@ class PdReplica:
             event = {"id": "c", "object": "chat.completion.chunk", "model": "m",
                      "choices": [{"index": 0, "delta": {"content": text}}]}
             out = SSE_HEAD + chunk(b"data: " + orjson.dumps(event) + b"\n\n")
+            if failing == "cut":
+                writer.write(out)
+                await writer.drain()
+                return False
             if (doc.get("stream_options") or {}).get("include_usage"):
                 tail = {"id": "c", "object": "chat.completion.chunk", "model": "m",
                         "choices": [], "usage": usage}
@@ -146,7 +152,12 @@ class PdReplica:
                 "remote_block_ids": [[7, 8]], "remote_engine_id": f"{self.name}-d",
                 "remote_host": "127.0.0.1", "remote_port": self.port,
                 "remote_num_tokens": PROMPT_TOKENS + 1, "remote_blocks_expiry_time": 480.0}
-        writer.write(response("200 OK", orjson.dumps(answer)))
+        whole = response("200 OK", orjson.dumps(answer))
+        if failing == "cut":
+            writer.write(whole[:len(whole) - 20])
+            await writer.drain()
+            return False
+        writer.write(whole)
         return True
 
 
