@@ -38,6 +38,9 @@ class PdReplica:
         self.name = name
         self.mode = mode
         self.params_on_whole = False  # its own params on a whole request's answer too
+        # a reasoning model's answer: the message's reasoning field (name, text), which the
+        # engine generated (its KV holds it) but a client's next turn does not send back
+        self.reasoning: tuple[str, str] | None = None
         self.closed = asyncio.Event()  # a "hang" leg's connection was closed by the gateway
         self.bodies: list[dict[str, Any]] = []
         self.request_ids: list[bytes] = []
@@ -146,6 +149,8 @@ class PdReplica:
                   "choices": [{"index": 0, "finish_reason": "stop",
                                "message": {"role": "assistant", "content": text}}],
                   "usage": usage}
+        if self.reasoning is not None:
+            answer["choices"][0]["message"][self.reasoning[0]] = self.reasoning[1]
         if which == "decode" or self.params_on_whole:  # bidirectional_kv_xfer: its own
             answer["kv_transfer_params"] = {
                 "do_remote_decode": True, "do_remote_prefill": False,

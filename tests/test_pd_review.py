@@ -22,7 +22,7 @@ from gateway.pd.config import PdConfig
 from gateway.pd.legs import FRESH
 from gateway.proxy.app import create_app
 from gateway.routing.config import RoutingConfig
-from gateway.settings import ReplicaSettings, ServerSettings, Settings
+from gateway.settings import AuthSettings, ReplicaSettings, ServerSettings, Settings
 from gateway.usage.config import UsageConfig
 from gateway.usage.record import UsageRecord
 from tests.pd_replica import PdReplica
@@ -43,9 +43,10 @@ LEASE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id
 @contextlib.asynccontextmanager
 async def gateway(specs: list[tuple[str, str, str]], pd: PdConfig, *,
                   read_timeout_s: float = 10, admission: bool = False,
-                  retries: int | None = None) -> AsyncIterator[Gateway]:
-    """As tests/test_pd_loopback.py's, with the read timeout, admission and retries
-    settable. `specs`: (name, url, role)."""
+                  retries: int | None = None, keys: dict[str, str] | None = None,
+                  ) -> AsyncIterator[Gateway]:
+    """As tests/test_pd_loopback.py's, with the read timeout, admission, retries and
+    tenants' keys settable. `specs`: (name, url, role)."""
     settings = Settings(
         replicas=tuple(ReplicaSettings(name=n, url=u, role=role, models=("m",))  # type: ignore[arg-type]
                        for n, u, role in specs),
@@ -53,7 +54,8 @@ async def gateway(specs: list[tuple[str, str, str]], pd: PdConfig, *,
                               health_timeout_s=5, health_interval_s=60),
         routing=RoutingConfig(policy="least_loaded"),
         usage=UsageConfig(startup_probe=False, scrape_interval_s=60),
-        admission=AdmissionConfig(enabled=admission), pd=pd)
+        admission=AdmissionConfig(enabled=admission), auth=AuthSettings(keys=keys or {}),
+        pd=pd)
     if retries is not None:
         settings = dataclasses.replace(
             settings, server=dataclasses.replace(settings.server, retries=retries))
@@ -199,6 +201,50 @@ async def test_a_fork_uses_the_decoders_params_once() -> None:
             assert r.status_code == 200
         pulled = [b["kv_transfer_params"]["remote_engine_id"] for b in p.bodies]
         assert pulled == [None, "d1-d", None]
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+async def test_a_reasoning_answer_is_not_taken_for_the_tokens_ds_kv_holds(field: str) -> None:
+    """A reasoning model's D generated its thinking and then the answer: its KV holds
+    prompt + thinking + answer, while the next turn (clients send back the content only)
+    renders prompt + answer. The turn's bytes are built from the content alone
+    (extract.reply_text), so the check passes and P would load the thinking's KV at the
+    answer's positions."""
+    async with replicas(("p1", "ok"), ("d1", "ok")) as (p, d), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d), "decode")],
+            PdConfig(min_remote_prefill_tokens=16, reuse_decoder_kv=True)) as gw, \
+            httpx.AsyncClient(timeout=10) as client:
+        d.reasoning = (field, "let me think this through step by step " * 30)
+        headers = {"x-session-id": "conv-1"}
+        r = await client.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers)
+        message = r.json()["choices"][0]["message"]
+        assert message[field].startswith("let me think")
+        turn2 = next_turn(CHAT, message["content"], "and then? " * 40)
+        r = await client.post(gw.url + "/v1/chat/completions", json=turn2, headers=headers)
+        assert r.status_code == 200 and p.legs() == ["prefill", "prefill"]
+        assert p.bodies[1]["kv_transfer_params"] == dict(FRESH), \
+            "D's KV (prompt, thinking, answer) was sent for a prompt without the thinking"
+
+
+async def test_another_tenants_next_turn_is_never_given_the_decoders_params() -> None:
+    """Tenant B sends tenant A's next turn (same session id, same prompt, same answer):
+    A's decoder params never go with B's prefill leg."""
+    async with replicas(("p1", "ok"), ("d1", "ok")) as (p, d), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d), "decode")],
+            PdConfig(min_remote_prefill_tokens=16, reuse_decoder_kv=True),
+            keys={"key-a": "A", "key-b": "B"}) as gw, \
+            httpx.AsyncClient(timeout=10) as client:
+        def who(key: str) -> dict[str, str]:
+            return {"x-session-id": "conv-1", "authorization": f"Bearer {key}"}
+        r = await client.post(gw.url + "/v1/chat/completions", json=CHAT, headers=who("key-a"))
+        answer = r.json()["choices"][0]["message"]["content"]
+        turn2 = next_turn(CHAT, answer, "and then? " * 40)
+        r = await client.post(gw.url + "/v1/chat/completions", json=turn2, headers=who("key-b"))
+        assert r.status_code == 200 and p.bodies[1]["kv_transfer_params"] == dict(FRESH)
+        # A's own next turn still gets them: the entry was not consumed by B
+        r = await client.post(gw.url + "/v1/chat/completions", json=turn2, headers=who("key-a"))
+        assert r.status_code == 200
+        assert p.bodies[2]["kv_transfer_params"]["remote_engine_id"] == "d1-d"
 
 
 # 1. At most once per engine, and every count back to zero ------------------------------
