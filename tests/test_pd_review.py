@@ -44,9 +44,9 @@ LEASE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id
 async def gateway(specs: list[tuple[str, str, str]], pd: PdConfig, *,
                   read_timeout_s: float = 10, admission: bool = False,
                   retries: int | None = None, keys: dict[str, str] | None = None,
-                  ) -> AsyncIterator[Gateway]:
-    """As tests/test_pd_loopback.py's, with the read timeout, admission, retries and
-    tenants' keys settable. `specs`: (name, url, role)."""
+                  max_in_flight: int = 0) -> AsyncIterator[Gateway]:
+    """As tests/test_pd_loopback.py's, with the read timeout, admission (and its cap per
+    replica), retries and tenants' keys settable. `specs`: (name, url, role)."""
     settings = Settings(
         replicas=tuple(ReplicaSettings(name=n, url=u, role=role, models=("m",))  # type: ignore[arg-type]
                        for n, u, role in specs),
@@ -54,8 +54,8 @@ async def gateway(specs: list[tuple[str, str, str]], pd: PdConfig, *,
                               health_timeout_s=5, health_interval_s=60),
         routing=RoutingConfig(policy="least_loaded"),
         usage=UsageConfig(startup_probe=False, scrape_interval_s=60),
-        admission=AdmissionConfig(enabled=admission), auth=AuthSettings(keys=keys or {}),
-        pd=pd)
+        admission=AdmissionConfig(enabled=admission, replica_max_in_flight=max_in_flight),
+        auth=AuthSettings(keys=keys or {}), pd=pd)
     if retries is not None:
         settings = dataclasses.replace(
             settings, server=dataclasses.replace(settings.server, retries=retries))
@@ -359,3 +359,29 @@ async def test_a_fleet_of_prefill_replicas_only_sends_them_nothing() -> None:
         r = await client.post(gw.url + "/v1/chat/completions", json=CHAT)
         assert r.status_code == 503 and r.json()["error"]["type"]
         assert p.received == 0
+
+
+async def test_admissions_cap_per_replica_holds_on_a_prefill_replica() -> None:
+    """`[admission] replica_max_in_flight = 1` with two decode replicas and one prefill
+    replica: the second request waits in the gate while the first's prefill leg holds P
+    (P never holds two prefill legs under a cap of one; without the cap it does)."""
+    async with replicas(("p1", "hang"), ("d1", "ok"), ("d2", "ok")) as (p, d1, d2), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d1), "decode"),
+             ("d2", url(d2), "decode")],
+            PdConfig(min_remote_prefill_tokens=16), admission=True, max_in_flight=1,
+            read_timeout_s=30) as gw, httpx.AsyncClient(timeout=30) as client:
+        calls = [asyncio.create_task(client.post(gw.url + "/v1/chat/completions",
+                                                 json=CHAT)) for _ in range(2)]
+
+        def settled() -> bool:
+            queued = gw.stats()["admission"]["queued"]["normal"]
+            return p.received + queued == 2
+        try:
+            await until(settled, "both requests at P or queued")
+            assert p.received == 1, f"P holds {p.received} prefill legs under a cap of 1"
+        finally:
+            for call in calls:
+                call.cancel()
+            for call in calls:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await call
