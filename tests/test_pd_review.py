@@ -2,7 +2,12 @@
 double (tests/pd_replica.py), counting what each replica received.
 
 Tests that fail on main are findings (the report names their suspected causes); the
-others kill mutations that the P/D tests before them let through."""
+others guard what held. Mutations seen failing here that the P/D tests before them let
+through: path.legs choosing with decode_cached=0 (D's prediction ignored:
+test_a_prompt_d_holds_already_is_served_by_d_alone), a decode leg's timeout answered by P
+(the failure rows' "hang" case). Also seen failing here: a decode 5xx relayed, the reuse
+check on half the turn's bytes, the turn's bytes without the end of D's message, the
+conversation key without its tenant."""
 
 from __future__ import annotations
 
