@@ -71,7 +71,13 @@ from gateway.proxy.auth import Authenticator
 from gateway.proxy.errors import GatewayError, UpstreamError, error_response, from_upstream
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.flow import Kind, RequestFlow, Turn
-from gateway.proxy.inbound import Endpoint, Inbound, inject_usage, parse_json
+from gateway.proxy.inbound import (
+    Endpoint,
+    Inbound,
+    inject_usage,
+    parse_json,
+    strip_gateway_only,
+)
 from gateway.proxy.pd_path import PdPath
 from gateway.proxy.relay import RelayOutcome, relay, shutting_down, upstream_request_headers
 from gateway.proxy.session import session_header
@@ -259,8 +265,10 @@ class Proxy:
                 if isinstance(doc.get("model"), str):
                     model = doc["model"]
                 # vLLM's pooling, score, tokenize... bodies take `priority` too: no class
-                # is granted here, so the engine's default (`normal`)
-                if priority.stamp(doc, None):
+                # is granted here, so the engine's default (`normal`); and only the gateway
+                # sets kv_transfer_params, on any endpoint (inbound.GATEWAY_ONLY)
+                stripped = strip_gateway_only(doc)
+                if priority.stamp(doc, None) or stripped:
                     raw = orjson.dumps(doc)
         if model is not None:
             ex.model = model if self.fleet.known_model(model) else UNKNOWN_MODEL
