@@ -3,10 +3,13 @@ cases, on loopback against the vLLM-like double (tests/pd_replica.py):
 
 - F1: a client's `kv_transfer_params` are dropped while the body is parsed, whatever the
   fleet: with no prefill replica at all (a `both` fleet whose engines run NixlConnector),
-  on every inference endpoint and on a forwarded `/v1/*` body.
+  on every inference endpoint and on a forwarded `/v1/*` body;
+- F3: a turn without the generation prompt (`add_generation_prompt` false) never begins
+  the next turn's prompt (its bytes lack the assistant's header).
 
 Mutations seen failing here: the strip in RequestFlow.prepare removed (the fleet and
-endpoint rows), the strip in Proxy._forward_other removed (the forwarded row).
+endpoint rows), the strip in Proxy._forward_other removed (the forwarded row),
+normalize rendering the generation prompt whatever `add_generation_prompt` says.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import httpx
 import pytest
 
 from gateway.pd.config import PdConfig
-from tests.test_pd_loopback import CHAT, replicas, url
+from gateway.pd.legs import FRESH
+from tests.test_pd_loopback import CHAT, next_turn, replicas, url
 from tests.test_pd_review import LEASE, VICTIM, gateway, params_sent
 
 BODIES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -47,3 +51,19 @@ async def test_a_both_fleet_never_sends_a_clients_kv_transfer_params(
         assert params_sent(b) == [None], f"the client's params reached an engine: {b.bodies}"
         assert {k: v for k, v in b.bodies[0].items() if k != "stream_options"} == {
             k: v for k, v in body.items() if k != "stream_options"}
+
+
+async def test_a_turn_without_the_generation_prompt_is_prefilled_afresh_next() -> None:
+    """`add_generation_prompt: false`: D's KV covers a prompt without the assistant's
+    header, which the next turn renders before the same answer."""
+    async with replicas(("p1", "ok"), ("d1", "ok")) as (p, d), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d), "decode")],
+            PdConfig(min_remote_prefill_tokens=16, reuse_decoder_kv=True)) as gw, \
+            httpx.AsyncClient(timeout=10) as client:
+        headers = {"x-session-id": "conv-1"}
+        r = await client.post(gw.url + "/v1/chat/completions",
+                              json={**CHAT, "add_generation_prompt": False}, headers=headers)
+        answer = r.json()["choices"][0]["message"]["content"]
+        r = await client.post(gw.url + "/v1/chat/completions",
+                              json=next_turn(CHAT, answer, "and then? " * 40), headers=headers)
+        assert r.status_code == 200 and p.bodies[1]["kv_transfer_params"] == dict(FRESH)
