@@ -38,8 +38,9 @@ class PdReplica:
         self.name = name
         self.mode = mode
         self.params_on_whole = False  # its own params on a whole request's answer too
-        # a reasoning model's answer: the message's reasoning field (name, text), which the
-        # engine generated (its KV holds it) but a client's next turn does not send back
+        # a reasoning model's answer: the message's (or a stream's first delta's) reasoning
+        # field (name, text), which the engine generated (its KV holds it) but a client's
+        # next turn does not send back
         self.reasoning: tuple[str, str] | None = None
         self.closed = asyncio.Event()  # a "hang" leg's connection was closed by the gateway
         self.bodies: list[dict[str, Any]] = []
@@ -141,7 +142,13 @@ class PdReplica:
                                                   "finish_reason": "stop"}]}
             if which == "decode":  # its own, on the final chunk (bidirectional_kv_xfer)
                 event["kv_transfer_params"] = own
-            out = SSE_HEAD + chunk(b"data: " + orjson.dumps(event) + b"\n\n")
+            out = SSE_HEAD
+            if self.reasoning is not None:  # the thinking streams first, in its own events
+                think = {"id": "c", "object": "chat.completion.chunk", "model": "m",
+                         "choices": [{"index": 0, "delta": {self.reasoning[0]:
+                                                            self.reasoning[1]}}]}
+                out += chunk(b"data: " + orjson.dumps(think) + b"\n\n")
+            out += chunk(b"data: " + orjson.dumps(event) + b"\n\n")
             if failing == "cut":
                 writer.write(out)
                 await writer.drain()

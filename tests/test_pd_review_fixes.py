@@ -5,11 +5,13 @@ cases, on loopback against the vLLM-like double (tests/pd_replica.py):
   fleet: with no prefill replica at all (a `both` fleet whose engines run NixlConnector),
   on every inference endpoint and on a forwarded `/v1/*` body;
 - F3: a turn without the generation prompt (`add_generation_prompt` false) never begins
-  the next turn's prompt (its bytes lack the assistant's header).
+  the next turn's prompt (its bytes lack the assistant's header);
+- F4: a streamed answer that carried reasoning is not remembered either.
 
 Mutations seen failing here: the strip in RequestFlow.prepare removed (the fleet and
 endpoint rows), the strip in Proxy._forward_other removed (the forwarded row),
-normalize rendering the generation prompt whatever `add_generation_prompt` says.
+normalize rendering the generation prompt whatever `add_generation_prompt` says,
+StreamAnswer not marking reasoning.
 """
 
 from __future__ import annotations
@@ -67,3 +69,38 @@ async def test_a_turn_without_the_generation_prompt_is_prefilled_afresh_next() -
         r = await client.post(gw.url + "/v1/chat/completions",
                               json=next_turn(CHAT, answer, "and then? " * 40), headers=headers)
         assert r.status_code == 200 and p.bodies[1]["kv_transfer_params"] == dict(FRESH)
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+async def test_a_streamed_reasoning_answer_is_not_remembered(field: str) -> None:
+    async with replicas(("p1", "ok"), ("d1", "ok")) as (p, d), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d), "decode")],
+            PdConfig(min_remote_prefill_tokens=16, reuse_decoder_kv=True)) as gw, \
+            httpx.AsyncClient(timeout=10) as client:
+        d.reasoning = (field, "let me think this through step by step " * 30)
+        headers = {"x-session-id": "conv-1"}
+        r = await client.post(gw.url + "/v1/chat/completions",
+                              json={**CHAT, "stream": True}, headers=headers)
+        assert r.status_code == 200 and b"let me think" in r.content
+        assert b"kv_transfer_params" not in r.content
+        assert gw.stats()["pd"]["decoder_kv"]["remembered"] == 0
+        turn2 = next_turn(CHAT, "d1:decode", "and then? " * 40)
+        r = await client.post(gw.url + "/v1/chat/completions", json=turn2, headers=headers)
+        assert r.status_code == 200 and p.bodies[1]["kv_transfer_params"] == dict(FRESH)
+
+
+async def test_a_streamed_answer_without_reasoning_is_still_remembered() -> None:
+    """The control of the case above: the same stream without thinking is kept."""
+    async with replicas(("p1", "ok"), ("d1", "ok")) as (p, d), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d), "decode")],
+            PdConfig(min_remote_prefill_tokens=16, reuse_decoder_kv=True)) as gw, \
+            httpx.AsyncClient(timeout=10) as client:
+        headers = {"x-session-id": "conv-1"}
+        r = await client.post(gw.url + "/v1/chat/completions",
+                              json={**CHAT, "stream": True}, headers=headers)
+        assert r.status_code == 200
+        assert gw.stats()["pd"]["decoder_kv"]["remembered"] == 1
+        turn2 = next_turn(CHAT, "d1:decode", "and then? " * 40)
+        r = await client.post(gw.url + "/v1/chat/completions", json=turn2, headers=headers)
+        assert r.status_code == 200
+        assert p.bodies[1]["kv_transfer_params"]["remote_engine_id"] == "d1-d"

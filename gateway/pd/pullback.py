@@ -15,6 +15,8 @@ What is checked, since the engine checks nothing (real-vllm-pd.md):
   `chat_template`, `chat_template_kwargs`, `continue_final_message`); the generation
   prompt is in the bytes already (normalize renders it unless `add_generation_prompt`
   is false), so a turn without it never begins the next one;
+- the answer: one that carried reasoning is never remembered (PdPath.answered: D's KV
+  holds the thinking, which the next turn does not send back);
 - the replica: still the same one, not restarted since (its KV would be gone): the entry
   remembers the `Replica` object and the router's restart count of it, and an entry of a
   replica that left, was replaced or restarted is dropped.

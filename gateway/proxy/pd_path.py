@@ -151,11 +151,13 @@ class PdPath:
 
     def answered(self, turn: Turn, prep: Prepared) -> None:
         """The request was answered: keep a decoder's returned params for the next turn
-        (`[pd] reuse_decoder_kv`; a 200 from a decode replica, whole or streamed)."""
+        (`[pd] reuse_decoder_kv`; a 200 from a decode replica, whole or streamed, whose
+        answer carried no reasoning: D's KV holds the thinking, the next turn sends the
+        content alone, so its bytes cannot be checked against D's tokens)."""
         ex, plan = turn.ex, turn.plan
         out = ex.outcome
         if (not self.pullback.enabled or plan is None or ex.status != 200
-                or out.kv_params is None or ex.replica is None
+                or out.kv_params is None or ex.replica is None or out.reasoned
                 or prep.endpoint not in ("chat", "completions")):
             return
         replica = self.fleet.replicas.get(ex.replica)
