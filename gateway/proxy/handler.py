@@ -354,7 +354,7 @@ class Proxy:
                 self.counters.failure(name, status_class)  # relayed as is (the table)
                 if pull and prefill_instead(status_class):
                     raise PullFailed(name, status_class)  # dropped unread (`finally`)
-            await self._relay(send, resp, replica, strip, turn, headers, outcome)
+            await self._relay(send, resp, replica, strip, turn, headers, outcome, pull=pull)
             clean = outcome.error is None
             return None
         finally:
@@ -367,8 +367,11 @@ class Proxy:
 
     async def _relay(
         self, send: Send, resp: UpstreamResponse, replica: Replica, strip: bool, turn: Turn,
-        headers: Headers, outcome: RelayOutcome,
+        headers: Headers, outcome: RelayOutcome, *, pull: bool = False,
     ) -> None:
+        """Relay one answer. `pull` (a decode leg): a failure before anything went to the
+        client (a whole JSON answer cut after its head: the relay reads it whole first) is
+        the failure table's "broken before any answer" and raises PullFailed."""
         name, ex = replica.name, turn.ex
         extra = headers if ex.withheld else [*headers, (b"x-gateway-replica", name.encode())]
         responses = ex.endpoint == "responses"
@@ -380,8 +383,11 @@ class Proxy:
                                         if responses else None),
                         first_token=b'"response.output_text.delta"' if responses else None,
                         collect_reply=self.pd.collects(ex.endpoint))
-        except UpstreamError as exc:  # before the head: delivered, no usable answer
-            self.counters.failure(name, happened(exc))
+        except UpstreamError as exc:  # nothing sent yet: delivered, no usable answer
+            what = happened(exc)
+            self.counters.failure(name, what)
+            if pull and prefill_instead(what):  # relay raises only before any byte went
+                raise PullFailed(name, what) from None
             raise from_upstream(exc, None if ex.withheld else name) from None
         ex.status = outcome.status
         if outcome.error is not None:
