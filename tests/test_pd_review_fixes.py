@@ -6,16 +6,20 @@ cases, on loopback against the vLLM-like double (tests/pd_replica.py):
   on every inference endpoint and on a forwarded `/v1/*` body;
 - F3: a turn without the generation prompt (`add_generation_prompt` false) never begins
   the next turn's prompt (its bytes lack the assistant's header);
-- F4: a streamed answer that carried reasoning is not remembered either.
+- F4: a streamed answer that carried reasoning is not remembered either;
+- F6: a prefill replica at admission's `replica_max_in_flight` is passed over: the
+  decode replica computes the prompt alone.
 
 Mutations seen failing here: the strip in RequestFlow.prepare removed (the fleet and
 endpoint rows), the strip in Proxy._forward_other removed (the forwarded row),
 normalize rendering the generation prompt whatever `add_generation_prompt` says,
-StreamAnswer not marking reasoning.
+StreamAnswer not marking reasoning, PdPath._prefill not checking the cap.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 import httpx
@@ -24,7 +28,7 @@ import pytest
 from gateway.pd.config import PdConfig
 from gateway.pd.legs import FRESH
 from tests.test_pd_loopback import CHAT, next_turn, replicas, url
-from tests.test_pd_review import LEASE, VICTIM, gateway, params_sent
+from tests.test_pd_review import LEASE, VICTIM, gateway, params_sent, until
 
 BODIES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat": ("/v1/chat/completions", CHAT),
@@ -104,3 +108,35 @@ async def test_a_streamed_answer_without_reasoning_is_still_remembered() -> None
         r = await client.post(gw.url + "/v1/chat/completions", json=turn2, headers=headers)
         assert r.status_code == 200
         assert p.bodies[1]["kv_transfer_params"]["remote_engine_id"] == "d1-d"
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+async def test_a_prefill_replica_at_the_cap_is_passed_over(cap: int) -> None:
+    """The first request's prefill leg holds P (it never answers); the second, admitted
+    on the other decode replica, finds P at a cap of 1 and is computed there alone; under
+    a cap of 2 its prefill leg goes to P."""
+    async with replicas(("p1", "hang"), ("d1", "ok"), ("d2", "ok")) as (p, d1, d2), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d1), "decode"),
+             ("d2", url(d2), "decode")],
+            PdConfig(min_remote_prefill_tokens=16), admission=True, max_in_flight=cap,
+            read_timeout_s=30) as gw, httpx.AsyncClient(timeout=30) as client:
+        first = asyncio.create_task(client.post(gw.url + "/v1/chat/completions", json=CHAT))
+        try:
+            await until(lambda: p.received == 1, "P has the first prefill leg")
+            other = {**CHAT, "messages": [{"role": "user", "content": "another story " * 40}]}
+            second = asyncio.create_task(client.post(gw.url + "/v1/chat/completions",
+                                                     json=other))
+            if cap == 1:
+                r = await asyncio.wait_for(second, 20)
+                assert r.status_code == 200, r.text
+                assert p.received == 1 and d1.legs() + d2.legs() == ["whole"]
+                assert gw.stats()["pd"]["decode_alone"]["prefill_full"] == 1
+            else:
+                await until(lambda: p.received == 2, "the second prefill leg on P")
+                second.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await second
+        finally:
+            first.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await first

@@ -143,7 +143,9 @@ class Proxy:
         self.pd = PdPath(config=pd or PdConfig(), fleet=fleet, router=router, flow=self.flow,
                          upstream=upstream, monitor=monitor, counters=counters,
                          timeouts=self.timeouts, clock=clock,
-                         metrics=PdMetrics(metrics.registry))
+                         metrics=PdMetrics(metrics.registry),
+                         prefill_cap=(gate.config.replica_max_in_flight
+                                      if gate.config.enabled else 0))
 
     @property
     def salts(self) -> TenantSalts:
