@@ -384,8 +384,9 @@ async def test_admissions_cap_per_replica_holds_on_a_prefill_replica() -> None:
                                                      json=other)))
         try:
             # d2 has room: the gate dispatches the second request there at its next tick.
-            # A bounded look for a second prefill leg on P (a fix keeps it queued, and
-            # this look then ends at its bound; main gets there within a tick).
+            # A bounded look for a second prefill leg on P (a fix keeps it queued or, as
+            # PdPath does, passes P over for D alone, and this look then ends at its
+            # bound; without one it gets there within a tick).
             with contextlib.suppress(AssertionError):
                 await until(lambda: p.received >= 2, "a second prefill leg on P")
             assert p.received == 1, f"P holds {p.received} prefill legs under a cap of 1"
