@@ -13,7 +13,9 @@ it read whole (its body and X-Request-Id).
 
 `mode` makes a leg fail: "500", "400" (answered), "read-close" (read, then the connection
 closes without an answer), "hang" (read, never answered), "noparams" (a prefill answer
-without params: an engine without a KV connector). Each answer's text names the replica
+without params: an engine without a KV connector), "cut" (the answer's head and part of
+its body, then the connection closes: a non-streamed body cut short, or a stream cut
+after its first event). Each answer's text names the replica
 and the leg, so a test sees who answered what.
 """
 
@@ -36,6 +38,10 @@ class PdReplica:
         self.name = name
         self.mode = mode
         self.params_on_whole = False  # its own params on a whole request's answer too
+        # a reasoning model's answer: the message's (or a stream's first delta's) reasoning
+        # field (name, text), which the engine generated (its KV holds it) but a client's
+        # next turn does not send back
+        self.reasoning: tuple[str, str] | None = None
         self.closed = asyncio.Event()  # a "hang" leg's connection was closed by the gateway
         self.bodies: list[dict[str, Any]] = []
         self.request_ids: list[bytes] = []
@@ -136,7 +142,17 @@ class PdReplica:
                                                   "finish_reason": "stop"}]}
             if which == "decode":  # its own, on the final chunk (bidirectional_kv_xfer)
                 event["kv_transfer_params"] = own
-            out = SSE_HEAD + chunk(b"data: " + orjson.dumps(event) + b"\n\n")
+            out = SSE_HEAD
+            if self.reasoning is not None:  # the thinking streams first, in its own events
+                think = {"id": "c", "object": "chat.completion.chunk", "model": "m",
+                         "choices": [{"index": 0, "delta": {self.reasoning[0]:
+                                                            self.reasoning[1]}}]}
+                out += chunk(b"data: " + orjson.dumps(think) + b"\n\n")
+            out += chunk(b"data: " + orjson.dumps(event) + b"\n\n")
+            if failing == "cut":
+                writer.write(out)
+                await writer.drain()
+                return False
             if (doc.get("stream_options") or {}).get("include_usage"):
                 tail = {"id": "c", "object": "chat.completion.chunk", "model": "m",
                         "choices": [], "usage": usage}
@@ -147,9 +163,16 @@ class PdReplica:
                   "choices": [{"index": 0, "finish_reason": "stop",
                                "message": {"role": "assistant", "content": text}}],
                   "usage": usage}
+        if self.reasoning is not None:
+            answer["choices"][0]["message"][self.reasoning[0]] = self.reasoning[1]
         if which == "decode" or self.params_on_whole:  # bidirectional_kv_xfer: its own
             answer["kv_transfer_params"] = own
-        writer.write(response("200 OK", orjson.dumps(answer)))
+        whole = response("200 OK", orjson.dumps(answer))
+        if failing == "cut":
+            writer.write(whole[:len(whole) - 20])
+            await writer.drain()
+            return False
+        writer.write(whole)
         return True
 
 

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from gateway.pd.answer import StreamAnswer, strip_json
+from gateway.usage.extract import parse_answer
 
 PARAMS = {"remote_host": "10.0.0.6", "remote_port": 5600, "remote_block_ids": [[7, 8]],
           "remote_engine_id": "d1"}
@@ -89,6 +90,12 @@ def test_token_chunks_pass_untouched_and_nothing_is_collected_unasked() -> None:
     ([chat("a"), ev({"choices": [{"index": 1, "delta": {"content": "b"}}]})], None),
     ([chat("a" * 6)], None),  # over the bound (5)
     ([chat("a" * 5)], "a" * 5),
+    # a reasoning model's thinking: D's KV holds it, the text does not (review F4)
+    ([ev({"choices": [{"index": 0, "delta": {"reasoning_content": "hm"}}]}), chat("a")],
+     None),
+    ([chat("a"), ev({"choices": [{"index": 0, "delta": {"reasoning": "hm"}}]})], None),
+    ([ev({"choices": [{"index": 0, "delta": {"reasoning_content": "", "content": "a"}}]})],
+     "a"),  # an empty field is no thinking
 ])
 def test_the_collected_text(events: list[bytes], reply: str | None) -> None:
     answer = StreamAnswer(collect=True, max_reply_chars=5)
@@ -96,6 +103,20 @@ def test_the_collected_text(events: list[bytes], reply: str | None) -> None:
         answer.feed(e)
     answer.finish()
     assert answer.reply == reply
+    assert answer.reasoned == any(b'"reasoning' in e and b'":""' not in e for e in events)
+
+
+@pytest.mark.parametrize(("message", "reasoning"), [
+    ({"content": "a"}, False),
+    ({"content": "a", "reasoning_content": "hm"}, True),
+    ({"content": "a", "reasoning": "hm"}, True),
+    ({"content": "a", "reasoning_content": None, "reasoning": ""}, False),
+])
+def test_a_whole_answers_reasoning_is_read(message: dict[str, Any], reasoning: bool) -> None:
+    body = {"choices": [{"index": 0, "message": message}], "usage": {"prompt_tokens": 1},
+            "kv_transfer_params": PARAMS}
+    answer = parse_answer(orjson.dumps(body))
+    assert (answer.reasoning, answer.text, answer.kv_transfer_params) == (reasoning, "a", PARAMS)
 
 
 def test_a_partial_event_over_the_bound_is_let_go_without_the_params() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.pd.config import PdConfig
-from gateway.pd.pullback import PullBack, conversation_key, turn_bytes
+from gateway.pd.pullback import PullBack, conversation_key, template_tag, turn_bytes
 from gateway.replicas.fleet import Fleet
 from gateway.routing.config import RoutingConfig
 from gateway.routing.decision import ReplicaState
@@ -33,6 +33,9 @@ def user(text: str) -> dict[str, str]:
 
 def assistant(text: str) -> dict[str, str]:
     return {"role": "assistant", "content": text}
+
+
+FIRST = chat(user("hello"))
 
 
 def setup(enabled: bool = True) -> tuple[Fleet, Router, PullBack]:
@@ -69,20 +72,21 @@ def test_the_turn_bytes_begin_the_next_turns_prompt_exactly() -> None:
     first = chat(user("hello"))
     plan = decide(router, fleet, first, "s")
     turn = turn_bytes(plan, "chat", "hi there")
-    assert canonical_bytes(chat(user("hello"), assistant("hi there"), user("more")),
-                           "chat").startswith(turn)
+    tag = template_tag(plan)
+    assert (tag + canonical_bytes(chat(user("hello"), assistant("hi there"), user("more")),
+                                  "chat")).startswith(turn)
     for edited in (chat(user("hello"), assistant("hi there!"), user("more")),
                    chat(user("hello!"), assistant("hi there"), user("more"))):
-        assert not canonical_bytes(edited, "chat").startswith(turn)
+        assert not (tag + canonical_bytes(edited, "chat")).startswith(turn)
     done = decide(router, fleet, {"model": "m", "prompt": "abc " * 30}, "c",
                   kind="completions")
     nxt = canonical_bytes({"model": "m", "prompt": "abc " * 30 + "xyz and on"}, "completions")
-    assert nxt.startswith(turn_bytes(done, "completions", "xyz"))
+    assert (template_tag(done) + nxt).startswith(turn_bytes(done, "completions", "xyz"))
 
 
 def _turn_two(router: Router, fleet: Fleet, back: PullBack, session: str | None = "s",
               ) -> dict[str, Any] | None:
-    plan = decide(router, fleet, chat(user("hello")), session)
+    plan = decide(router, fleet, FIRST, session)
     back.remember(plan, "chat", "d1", "hi there", PARAMS, time.time())
     nxt = decide(router, fleet, chat(user("hello"), assistant("hi there"), user("more")),
                  session)
@@ -120,3 +124,29 @@ def test_another_tenants_conversation_is_not_given_the_params() -> None:
     nxt = decide(router, fleet, chat(user("hello"), assistant("hi there"), user("more")), "s",
                  tenant="team-b")
     assert back.take(nxt, time.time()) is None
+
+
+# What renders the bytes into tokens: a next turn under another template is never given
+# D's params (review F3); a turn without the generation prompt never begins the next one
+# (its bytes lack the assistant's header the next turn renders before the answer).
+@pytest.mark.parametrize(("first", "second", "taken"), [
+    ({}, {}, True),
+    ({}, {"chat_template_kwargs": {"enable_thinking": False}}, False),
+    ({"chat_template_kwargs": {"enable_thinking": False}}, {}, False),
+    ({}, {"chat_template": "{{ messages }}"}, False),
+    ({}, {"continue_final_message": True, "add_generation_prompt": False}, False),
+    ({}, {"cache_salt": "other"}, False),
+    ({"add_generation_prompt": False}, {}, False),
+    ({"continue_final_message": True, "add_generation_prompt": False},
+     {"continue_final_message": True, "add_generation_prompt": False}, False),
+    ({"add_generation_prompt": True}, {}, True),
+])
+def test_a_template_switch_is_a_fresh_prefill(first: dict[str, Any], second: dict[str, Any],
+                                              taken: bool) -> None:
+    fleet, router, back = setup()
+    body = {**FIRST, **first}
+    plan = decide(router, fleet, body, "s")
+    back.remember(plan, "chat", "d1", "hi there", PARAMS, time.time())
+    nxt = decide(router, fleet, {**chat(user("hello"), assistant("hi there"), user("more")),
+                                 **second}, "s")
+    assert (back.take(nxt, time.time()) == PARAMS) is taken

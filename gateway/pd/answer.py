@@ -13,7 +13,9 @@ without re-prefill (gateway.pd.pullback) works for streamed turns with the same 
 check as for a whole answer: the text of choice 0 (`delta.content` for chat, `text` for
 completions). A stream the next turn cannot be rebuilt from gets no text (`reply` None,
 nothing kept): more than one choice, tool calls (a whole answer's text is its content
-alone too), or more than `max_reply_chars` characters (the bound on what is held).
+alone too), reasoning (D's KV holds the thinking, which the next turn does not send:
+`carries_reasoning`, also read from a whole answer), or more than `max_reply_chars`
+characters (the bound on what is held).
 
 Cost: without collection, a chunk that ends on an event boundary and holds no
 `"kv_transfer_params"` goes through untouched after one byte search; only events that
@@ -26,6 +28,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+
+from gateway.usage.extract import carries_reasoning
 
 KEY = b'"kv_transfer_params"'
 MAX_REPLY_CHARS = 1 << 20  # characters of a streamed answer collected for reuse
@@ -100,6 +104,7 @@ class StreamAnswer:
         self._parts: list[str] = []
         self._chars = 0
         self._whole = collect  # the text collected so far is the whole answer's
+        self.reasoned = False  # a collected event carried reasoning
         self._tail = b""
 
     @property
@@ -166,7 +171,9 @@ class StreamAnswer:
                 return
             delta = choice.get("delta")
             if isinstance(delta, dict):
-                if delta.get("tool_calls"):
+                if carries_reasoning(delta):
+                    self.reasoned = True  # D's KV holds thinking the text has not
+                if delta.get("tool_calls") or self.reasoned:
                     self._whole = False
                     return
                 text = delta.get("content")

@@ -12,7 +12,8 @@ once per leg, and nothing is sent again once a byte reached the client.
                                                            none left: P alone, as below
     decode   5xx, or broken before any answer: the pull  P alone, a whole request: it holds
                failed or D gave up, no byte reached the    the prompt's KV (vLLM's
-               client                                      kv_load_failure_policy "fail")
+               client (before its head, or a JSON answer   kv_load_failure_policy "fail")
+               cut short: the relay reads it whole first)
     decode   4xx, timeout, pool busy                     as for one replica (relayed, 504,
                                                            503)
 

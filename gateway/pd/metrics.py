@@ -7,7 +7,8 @@
   or "no_params" (P answered nothing to pull)
 - `gateway_pd_requests_total{served}` counter: how a P/D request was served: `two_legs`,
   D alone because its cache covered the prompt (`cached`), no prefill replica could take
-  it (`no_prefill`), every prefill leg failed (`prefill_failed`), or P answered it whole
+  it (`no_prefill`), every prefill leg failed (`prefill_failed`), every prefill replica
+  was at `[admission] replica_max_in_flight` (`prefill_full`), or P answered it whole
   after the decode leg failed (`prefill_alone`)
 - `gateway_pd_transfers_total` counter: prefill legs whose KV was offered to a decoder
 - `gateway_pd_transferred_tokens_total` counter: the tokens offered (vLLM's
@@ -31,7 +32,8 @@ from prometheus_client import CollectorRegistry, Counter
 from gateway.upstream.failure import Happened
 
 OUTCOMES = ("ok", "no_params", *get_args(Happened))
-SERVED = ("two_legs", "cached", "no_prefill", "prefill_failed", "prefill_alone")
+SERVED = ("two_legs", "cached", "no_prefill", "prefill_failed", "prefill_full",
+          "prefill_alone")
 REUSE = ("kept", "hit", "miss")
 
 

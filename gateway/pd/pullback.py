@@ -10,6 +10,13 @@ What is checked, since the engine checks nothing (real-vllm-pd.md):
   router's rendering: the prompt, the answer, and for chat the end of the message, as the
   next turn renders it) must begin the new prompt exactly (`DecoderKvMemory.take`), else
   the prefill is fresh;
+- the template: the canonical bytes do not show what renders them into tokens, so both
+  are prefixed with `template_tag` (the router's chain seed: model, cache_salt,
+  `chat_template`, `chat_template_kwargs`, `continue_final_message`); the generation
+  prompt is in the bytes already (normalize renders it unless `add_generation_prompt`
+  is false), so a turn without it never begins the next one;
+- the answer: one that carried reasoning is never remembered (PdPath.answered: D's KV
+  holds the thinking, which the next turn does not send back);
 - the replica: still the same one, not restarted since (its KV would be gone): the entry
   remembers the `Replica` object and the router's restart count of it, and an entry of a
   replica that left, was replaced or restarted is dropped.
@@ -44,11 +51,18 @@ def conversation_key(plan: RoutePlan) -> str | None:
     return None
 
 
+def template_tag(plan: RoutePlan) -> bytes:
+    """What renders the canonical bytes into tokens, as bytes that begin both the stored
+    turn and the compared prompt: the chain seed (normalize.chain_seed hashes the model,
+    cache_salt and the template switches), so a switch is a mismatch."""
+    return plan.seed.to_bytes(8, "big")
+
+
 def turn_bytes(plan: RoutePlan, kind: Literal["chat", "completions"], reply: str) -> bytes:
-    """The canonical bytes D's KV covers after answering `reply`, as the next turn
-    renders them (the router indexes a reply the same way)."""
+    """The bytes D's KV covers after answering `reply`, as the next turn renders them
+    (the router indexes a reply the same way), after the template's tag."""
     end = END.encode() if kind == "chat" else b""
-    return plan.data + reply.encode("utf-8", "surrogatepass") + end
+    return template_tag(plan) + plan.data + reply.encode("utf-8", "surrogatepass") + end
 
 
 class PullBack:
@@ -77,7 +91,7 @@ class PullBack:
         key = conversation_key(plan)
         if not self.enabled or key is None:
             return None
-        found = self.memory.take(key, plan.data, now)
+        found = self.memory.take(key, template_tag(plan) + plan.data, now)
         if found is None:
             return None
         replica, params = found

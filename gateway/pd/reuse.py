@@ -4,9 +4,10 @@ With vLLM's `bidirectional_kv_xfer`, D ends a turn with its own `kv_transfer_par
 with the next turn's prefill leg, P pulls the conversation's KV from D instead of
 recomputing it. The engine does not check that those are the tokens of the new prompt
 (`real-vllm-pd.md`), so the gateway keeps, per conversation key, the replica that holds
-them, the params, and `turn`: the exact canonical bytes (prompt + answer) that D's KV
-covers. `take` hands the params out only when the new prompt starts with those bytes
-exactly and the entry is fresh; an entry is used once (taken whether it matches or not:
+them, the params, and `turn`: the exact bytes (prompt + answer, after a tag of what
+renders them into tokens: gateway.pd.pullback) that D's KV covers. `take` hands the
+params out only when the new prompt starts with those bytes exactly and the entry is
+fresh; an entry is used once (taken whether it matches or not:
 after a mismatch the KV on D belongs to a history the conversation left).
 
 Bounds: at most `max_entries` conversations (least recently remembered dropped first);

@@ -5,20 +5,24 @@ decode replica served alone and why, which legs failed and how. Every key is a f
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from gateway.pd.choice import Why
 from gateway.pd.metrics import PdMetrics
 from gateway.upstream.failure import Happened
 
 LegFailure = Happened | str  # a failure class, or "no_params" (P answered nothing to pull)
+# why D computed a two-leg request's prompt alone after all: every prefill leg failed, or
+# every prefill replica was at admission's `replica_max_in_flight` (none was tried)
+Alone = Literal["prefill_failed", "prefill_full"]
 
 
 class PdStats:
     def __init__(self, metrics: PdMetrics | None = None) -> None:
         self.metrics = metrics
         self.two_legs = 0
-        self.alone: dict[str, int] = {"cached": 0, "no_prefill": 0, "prefill_failed": 0}
+        self.alone: dict[str, int] = {"cached": 0, "no_prefill": 0, "prefill_failed": 0,
+                                      "prefill_full": 0}
         self.prefill_alone = 0  # the decode leg failed before a byte: P answered it all
         self.transferred_tokens = 0
         self.failures: dict[str, dict[str, int]] = {"prefill": {}, "decode": {}}
@@ -52,11 +56,12 @@ class PdStats:
         if self.metrics is not None:
             self.metrics.leg(leg, what)
 
-    def decode_alone(self) -> None:
-        """No prefill leg succeeded: D computed the prompt itself."""
-        self.alone["prefill_failed"] += 1
+    def decode_alone(self, why: Alone = "prefill_failed") -> None:
+        """No prefill leg succeeded (or every P was at admission's cap): D computed the
+        prompt itself."""
+        self.alone[why] += 1
         if self.metrics is not None:
-            self.metrics.served("prefill_failed")
+            self.metrics.served(why)
 
     def pull_failed(self, what: Happened) -> None:
         self.leg_failed("decode", what)

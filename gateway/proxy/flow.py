@@ -44,7 +44,7 @@ from gateway.proxy.auth import Authenticator
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import response_headers
-from gateway.proxy.inbound import Endpoint, Inbound, chat_view, parse_inbound
+from gateway.proxy.inbound import Endpoint, Inbound, chat_view, parse_inbound, strip_gateway_only
 from gateway.proxy.session import resolve_session
 from gateway.proxy.tenancy import WITHHELD, TenantSalts
 from gateway.replicas.fleet import Fleet, Replica
@@ -141,6 +141,8 @@ class RequestFlow:
         ex = turn.ex
         inbound = parse_inbound(raw, endpoint)
         body = inbound.body
+        # before anything reads or sends it: only the gateway sets kv_transfer_params
+        stripped = strip_gateway_only(body)
         # A name no replica serves is recorded (so labelled) as "unknown": bounded series.
         ex.model = inbound.model if self.fleet.known_model(inbound.model) else UNKNOWN_MODEL
         ex.stream = inbound.stream
@@ -155,7 +157,7 @@ class RequestFlow:
         # the prompt the engine receives, so a tool order the gateway sorts (a key order it
         # canonicalizes) breaks nothing and is no finding, nor a remedy telling the operator
         # to set the rewrite that is set.
-        changed = edit(inbound, view, kind) if edit is not None else False
+        changed = (edit(inbound, view, kind) if edit is not None else False) or stripped
         # parse_inbound has checked a chat or completions body more strictly than the
         # analyzer would; a converted view is checked again
         findings = self.analyzer.scan(view, kind, ex.session, ex.ts, validated=view is body,

@@ -71,7 +71,13 @@ from gateway.proxy.auth import Authenticator
 from gateway.proxy.errors import GatewayError, UpstreamError, error_response, from_upstream
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.flow import Kind, RequestFlow, Turn
-from gateway.proxy.inbound import Endpoint, Inbound, inject_usage, parse_json
+from gateway.proxy.inbound import (
+    Endpoint,
+    Inbound,
+    inject_usage,
+    parse_json,
+    strip_gateway_only,
+)
 from gateway.proxy.pd_path import PdPath
 from gateway.proxy.relay import RelayOutcome, relay, shutting_down, upstream_request_headers
 from gateway.proxy.session import session_header
@@ -137,7 +143,9 @@ class Proxy:
         self.pd = PdPath(config=pd or PdConfig(), fleet=fleet, router=router, flow=self.flow,
                          upstream=upstream, monitor=monitor, counters=counters,
                          timeouts=self.timeouts, clock=clock,
-                         metrics=PdMetrics(metrics.registry))
+                         metrics=PdMetrics(metrics.registry),
+                         prefill_cap=(gate.config.replica_max_in_flight
+                                      if gate.config.enabled else 0))
 
     @property
     def salts(self) -> TenantSalts:
@@ -259,8 +267,10 @@ class Proxy:
                 if isinstance(doc.get("model"), str):
                     model = doc["model"]
                 # vLLM's pooling, score, tokenize... bodies take `priority` too: no class
-                # is granted here, so the engine's default (`normal`)
-                if priority.stamp(doc, None):
+                # is granted here, so the engine's default (`normal`); and only the gateway
+                # sets kv_transfer_params, on any endpoint (inbound.GATEWAY_ONLY)
+                stripped = strip_gateway_only(doc)
+                if priority.stamp(doc, None) or stripped:
                     raw = orjson.dumps(doc)
         if model is not None:
             ex.model = model if self.fleet.known_model(model) else UNKNOWN_MODEL
@@ -346,7 +356,7 @@ class Proxy:
                 self.counters.failure(name, status_class)  # relayed as is (the table)
                 if pull and prefill_instead(status_class):
                     raise PullFailed(name, status_class)  # dropped unread (`finally`)
-            await self._relay(send, resp, replica, strip, turn, headers, outcome)
+            await self._relay(send, resp, replica, strip, turn, headers, outcome, pull=pull)
             clean = outcome.error is None
             return None
         finally:
@@ -359,8 +369,11 @@ class Proxy:
 
     async def _relay(
         self, send: Send, resp: UpstreamResponse, replica: Replica, strip: bool, turn: Turn,
-        headers: Headers, outcome: RelayOutcome,
+        headers: Headers, outcome: RelayOutcome, *, pull: bool = False,
     ) -> None:
+        """Relay one answer. `pull` (a decode leg): a failure before anything went to the
+        client (a whole JSON answer cut after its head: the relay reads it whole first) is
+        the failure table's "broken before any answer" and raises PullFailed."""
         name, ex = replica.name, turn.ex
         extra = headers if ex.withheld else [*headers, (b"x-gateway-replica", name.encode())]
         responses = ex.endpoint == "responses"
@@ -372,8 +385,11 @@ class Proxy:
                                         if responses else None),
                         first_token=b'"response.output_text.delta"' if responses else None,
                         collect_reply=self.pd.collects(ex.endpoint))
-        except UpstreamError as exc:  # before the head: delivered, no usable answer
-            self.counters.failure(name, happened(exc))
+        except UpstreamError as exc:  # nothing sent yet: delivered, no usable answer
+            what = happened(exc)
+            self.counters.failure(name, what)
+            if pull and prefill_instead(what):  # relay raises only before any byte went
+                raise PullFailed(name, what) from None
             raise from_upstream(exc, None if ex.withheld else name) from None
         ex.status = outcome.status
         if outcome.error is not None:

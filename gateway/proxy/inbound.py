@@ -144,6 +144,23 @@ def parse_inbound(raw: bytes, endpoint: Endpoint) -> Inbound:
     return Inbound(body=body, model=model, stream=stream, client_wants_usage=wants)
 
 
+# Fields only the gateway may set on an upstream body. `kv_transfer_params` tells a
+# NixlConnector engine which blocks to load from which engine (or to lease a prefill): a
+# client's own would make an engine pull another conversation's KV, whatever the fleet.
+GATEWAY_ONLY = ("kv_transfer_params",)
+
+
+def strip_gateway_only(body: dict[str, Any]) -> bool:
+    """Drop the fields only the gateway sets from a client's body; True when any was
+    there (the body then goes re-encoded)."""
+    found = False
+    for key in GATEWAY_ONLY:
+        if key in body:
+            del body[key]
+            found = True
+    return found
+
+
 def inject_usage(body: dict[str, Any]) -> None:
     """Ask the engine for the final usage chunk the client did not request. Continuous
     per-chunk usage is switched off with it, or every chunk the client sees would change."""

@@ -4,7 +4,8 @@ in gateway.proxy because it drives the proxy's relay and flow (gateway.pd stays 
 
     D = the router's decision (already made, among `decode`/`both` replicas)
     legs = choose_legs(...)                  one leg: the caller goes on as today
-    prefill leg on P (ranked; not delivered: the next P), read whole, never relayed
+    prefill leg on P (ranked; not delivered or at admission's cap: the next P), read
+        whole, never relayed
         failed, or no kv_transfer_params: D alone (the caller goes on as today)
     the router learns the prompt's blocks on P too (both hold the prefix afterwards)
     decode leg on D with P's params, relayed to the client as a single replica's answer
@@ -36,7 +37,7 @@ from gateway.pd.failures import PullFailed, after_prefill
 from gateway.pd.legs import answer_params, decode_body, prefill_body, transferred_tokens
 from gateway.pd.metrics import PdMetrics
 from gateway.pd.pullback import PullBack
-from gateway.pd.stats import LegFailure, PdStats
+from gateway.pd.stats import Alone, LegFailure, PdStats
 from gateway.proxy.asgi import Headers
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.flow import Prepared, RequestFlow, Turn
@@ -66,7 +67,7 @@ class PdPath:
     def __init__(self, *, config: PdConfig, fleet: Fleet, router: Router, flow: RequestFlow,
                  upstream: Upstream, monitor: FleetMonitor, counters: UpstreamCounters,
                  timeouts: Timeouts, clock: Callable[[], float],
-                 metrics: PdMetrics | None = None) -> None:
+                 metrics: PdMetrics | None = None, prefill_cap: int = 0) -> None:
         self.config = config
         self.fleet = fleet
         self.router = router
@@ -76,6 +77,10 @@ class PdPath:
         self.counters = counters
         self.timeouts = timeouts
         self.clock = clock
+        # admission's `replica_max_in_flight` (0: none) on prefill replicas too: the gate
+        # admits and waits on decode replicas only, so a P at the cap is passed over here
+        # (the next P, or D computes alone) rather than given one leg more
+        self.prefill_cap = prefill_cap
         self.stats = PdStats(metrics)
         self.pullback = PullBack(config, fleet, router)
 
@@ -122,8 +127,8 @@ class PdPath:
             self.stats.reused(pulled is not None)
         pre = await self._prefill(ex, legs.prefill,
                                   orjson.dumps(prefill_body(prep.body, pulled)))
-        if pre is None:
-            self.stats.decode_alone()
+        if not isinstance(pre, Prefilled):
+            self.stats.decode_alone(pre)
             return False
         moved = transferred_tokens(pre.params, pre.prompt_tokens)
         self.stats.transferred(moved)
@@ -151,11 +156,13 @@ class PdPath:
 
     def answered(self, turn: Turn, prep: Prepared) -> None:
         """The request was answered: keep a decoder's returned params for the next turn
-        (`[pd] reuse_decoder_kv`; a 200 from a decode replica, whole or streamed)."""
+        (`[pd] reuse_decoder_kv`; a 200 from a decode replica, whole or streamed, whose
+        answer carried no reasoning: D's KV holds the thinking, the next turn sends the
+        content alone, so its bytes cannot be checked against D's tokens)."""
         ex, plan = turn.ex, turn.plan
         out = ex.outcome
         if (not self.pullback.enabled or plan is None or ex.status != 200
-                or out.kv_params is None or ex.replica is None
+                or out.kv_params is None or ex.replica is None or out.reasoned
                 or prep.endpoint not in ("chat", "completions")):
             return
         replica = self.fleet.replicas.get(ex.replica)
@@ -166,13 +173,18 @@ class PdPath:
             self.stats.kept()
 
     async def _prefill(self, ex: Exchange, ranked: Sequence[str], body: bytes,
-                       ) -> Prefilled | None:
-        """The prefill leg on the first of `ranked` that takes it (after_prefill); None
-        when D must compute alone."""
+                       ) -> Prefilled | Alone:
+        """The prefill leg on the first of `ranked` that takes it (after_prefill); else
+        why D must compute alone: "prefill_full" when every P was at the cap and none was
+        tried, "prefill_failed" otherwise."""
+        why: Alone = "prefill_full"
         for name in ranked:
             replica = self.fleet.replicas.get(name)
             if replica is None or not replica.healthy:
                 continue
+            if self.prefill_cap and replica.in_flight >= self.prefill_cap:
+                continue  # full: nothing sent, the next P or D alone
+            why = "prefill_failed"
             what: LegFailure | None = None
             data = b""
             resp: UpstreamResponse | None = None
@@ -209,5 +221,5 @@ class PdPath:
                 self.counters.failure(name, what)
             self.stats.leg_failed("prefill", what)
             if after_prefill(what) == "decode_alone":
-                return None
-        return None
+                return why
+        return why

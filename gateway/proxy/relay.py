@@ -81,7 +81,8 @@ def client_response_headers(upstream: RawHeaders, extra: Headers) -> tuple[Heade
 class RelayOutcome:
     """What the relay observed; the request path turns it into the usage record."""
 
-    __slots__ = ("error", "first_byte", "kv_params", "reply_text", "started", "status", "usage")
+    __slots__ = ("error", "first_byte", "kv_params", "reasoned", "reply_text", "started",
+                 "status", "usage")
 
     def __init__(self) -> None:
         self.started = False  # the response head went to the client
@@ -95,6 +96,9 @@ class RelayOutcome:
         # the answer's own kv_transfer_params (a P/D decoder's, gateway.pd), whole or
         # from a stream's final chunk; the client never gets them (gateway.pd.answer)
         self.kv_params: dict[str, Any] | None = None
+        # the answer carried reasoning (whole, or a collected stream): D's KV then holds
+        # tokens its text does not, and P/D keeps nothing for the next turn
+        self.reasoned = False
 
 
 async def relay(
@@ -114,6 +118,7 @@ async def relay(
             answer = parse_answer(data)
             outcome.usage, outcome.reply_text = answer.usage, answer.text
             outcome.kv_params = answer.kv_transfer_params
+            outcome.reasoned = answer.reasoning
             if answer.response_id is not None and on_response_id is not None:
                 on_response_id(answer.response_id)
         data = strip_json(data)  # read above; never the client's (gateway.pd.answer)
@@ -168,6 +173,7 @@ async def relay(
         raise
     outcome.usage = tap.usage
     outcome.kv_params = stream.params
+    outcome.reasoned = stream.reasoned
     if outcome.error is None and resp.status == 200:
         outcome.reply_text = stream.reply
     await send({"type": "http.response.body", "body": tail, "more_body": False})

@@ -82,6 +82,18 @@ def usage_from_body(body: bytes) -> Usage | None:
     return answer_from_body(body)[0]
 
 
+# vLLM's reasoning parsers put a reasoning model's thinking beside the content (the field
+# is named either way across versions); a P/D decoder's KV holds it, while the next turn
+# sends the content alone (gateway.pd.answer)
+REASONING = ("reasoning_content", "reasoning")
+
+
+def carries_reasoning(part: Any) -> bool:
+    """Whether a chat message or a stream's delta carries reasoning text."""
+    return isinstance(part, dict) and any(
+        isinstance(part.get(k), str) and part[k] for k in REASONING)
+
+
 def reply_text(doc: dict[str, Any]) -> str | None:
     """The generated text of a parsed non-streaming chat/completions answer."""
     choices = doc.get("choices")
@@ -124,6 +136,8 @@ class Answer:
     response_id: str | None  # Responses API: the id a continuation will name
     # P/D: the decoder's own kv_transfer_params (vLLM's bidirectional_kv_xfer), gateway.pd
     kv_transfer_params: dict[str, Any] | None = None
+    # choice 0's message carried reasoning beside its content (gateway.pd.answer)
+    reasoning: bool = False
 
 
 def parse_answer(body: bytes) -> Answer:
@@ -137,8 +151,11 @@ def parse_answer(body: bytes) -> Answer:
     if not isinstance(doc, dict):
         return Answer(None, None, None)
     params = doc.get("kv_transfer_params")
+    choices = doc.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
     return Answer(usage_from_mapping(doc.get("usage")), reply_text(doc), response_id(doc),
-                  params if isinstance(params, dict) and params else None)
+                  params if isinstance(params, dict) and params else None,
+                  isinstance(first, dict) and carries_reasoning(first.get("message")))
 
 
 def answer_from_body(body: bytes) -> tuple[Usage | None, str | None]:
