@@ -42,7 +42,7 @@ from gateway.proxy.asgi import Headers
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.flow import Prepared, RequestFlow, Turn
 from gateway.proxy.relay import upstream_request_headers
-from gateway.replicas.fleet import Fleet
+from gateway.replicas.fleet import Fleet, Replica
 from gateway.replicas.monitor import FleetMonitor
 from gateway.routing.router import Router
 from gateway.upstream.counters import UpstreamCounters
@@ -61,6 +61,9 @@ class Prefilled:
     replica: str
     params: dict[str, Any]  # P's kv_transfer_params, verbatim
     prompt_tokens: int | None
+    # the server the leg ran on: a new address under the same name while it ran is another
+    # server (Fleet.current), which holds none of this prompt
+    instance: Replica
 
 
 class PdPath:
@@ -135,7 +138,8 @@ class PdPath:
         ex.prefill_replica, ex.transferred_tokens, ex.cached_from = (
             pre.replica, moved, "prefill" if pulled is None else "decoder_kv")
         ex.predicted = predicted.get(pre.replica, ex.predicted)
-        self.router.holds(pre.replica, plan, self.clock())
+        if self.fleet.current(pre.instance):
+            self.router.holds(pre.replica, plan, self.clock())
         if not ex.withheld:
             headers.append((b"x-gateway-prefill", pre.replica.encode()))
         try:
@@ -165,9 +169,9 @@ class PdPath:
                 or out.kv_params is None or ex.replica is None or out.reasoned
                 or prep.endpoint not in ("chat", "completions")):
             return
-        replica = self.fleet.replicas.get(ex.replica)
-        if replica is None or replica.prefill_only:
-            return  # P answered alone: its params are no decoder's
+        replica = turn.replica  # the server that answered, not whoever has its name now
+        if replica is None or not self.fleet.current(replica) or replica.prefill_only:
+            return  # replaced or gone while it ran; or P answered alone: no decoder's params
         if self.pullback.remember(plan, prep.kind, ex.replica, out.reply_text, out.kv_params,
                                   self.clock()):
             self.stats.kept()
@@ -214,7 +218,8 @@ class PdPath:
             params = answer_params(data) if what is None else None
             if params is not None:
                 usage = parse_answer(data).usage
-                return Prefilled(name, params, usage.prompt_tokens if usage else None)
+                return Prefilled(name, params, usage.prompt_tokens if usage else None,
+                                 replica)
             if what is None:
                 what = "no_params"
             else:
