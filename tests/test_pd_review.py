@@ -78,9 +78,9 @@ async def gateway(specs: list[tuple[str, str, str]], pd: PdConfig, *,
     recorder = app.services.recorder
     original = recorder.record
 
-    def spy(rec: UsageRecord) -> None:
+    def spy(rec: UsageRecord, departed: bool = False) -> None:
         records.append(rec)
-        original(rec)
+        original(rec, departed)
 
     recorder.record = spy  # type: ignore[method-assign]
     try:
