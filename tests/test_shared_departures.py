@@ -75,6 +75,29 @@ def test_a_departure_fact_is_recorded_and_the_record_is_bounded() -> None:
 # ---- the record in Redis ------------------------------------------------------------------
 
 @needs_redis
+class FutureScores:
+    """A Redis reader whose departed set holds `r1` dated `at` (a writer's clock ahead)."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    async def zrevrangebyscore(self, *_: object, **__: object) -> list[tuple[bytes, float]]:
+        return [(b"r1", self.at)]
+
+
+@pytest.mark.parametrize("skew_s", [0.0, 30.0, 300.0])
+async def test_a_starting_instance_caps_a_loaded_departure_at_its_own_clock(
+        skew_s: float) -> None:
+    """The Redis set keeps the writer's time (ZADD GT); an instance that starts with it
+    records no departure later than its own `now`, so a fresh fact about the returned
+    replica stands on it as on a running instance (tests/test_review37b_departures.py)."""
+    now = 1_000.0
+    d = Departures(MAX_DEPARTED, KEEP_S)
+    await d.load(FutureScores(now + skew_s), departed_key("t"), lambda: now, 5.0)
+    assert d.void("r1", now - 1, now)  # the old server's facts are still void
+    assert d.screen(Sent("r1", [1]), now + 5, now + 5)
+
+
 async def test_the_record_in_redis_is_bounded_in_time_and_count() -> None:
     pytest.importorskip("redis")
     from redis.asyncio import Redis

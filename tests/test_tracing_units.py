@@ -60,6 +60,45 @@ def test_valid_tracestate(value: str | None, ok: bool) -> None:
     assert propagate.valid_tracestate(value) is ok
 
 
+# W3C Trace Context's tracestate grammar at its edges (propagate.py states it), within
+# MAX_TRACESTATE: each verdict is also the OpenTelemetry SDK's parser's (below), so that the
+# gateway forwards exactly what the SDK, and an engine parsing as W3C says, accepts.
+MEMBERS_32 = ",".join(f"k{i}=v" for i in range(32))
+W3C_EDGES = [
+    ("k=" + "v" * 257, False),                                # a value is 256 at most
+    ("k=" + " " * 5 + "x", True), ("k=a b", True),            # inner spaces are chr
+    ("k= ", False), ("k=x=y", False), ("k=\u00e9", False),    # last not a space; no "="
+    ("a" + "b" * 255 + "=x", True), ("a" + "b" * 256 + "=x", False),  # simple key: 256
+    ("t" * 241 + "@s=x", True), ("t" * 242 + "@s=x", False),  # tenant-id: 241
+    ("t@s" + "y" * 13 + "=x", True), ("t@s" + "y" * 14 + "=x", False),  # system-id: 14
+    ("0t@vendor=x", True), ("0t=x", False), ("t@0v=x", False),
+    ("a=1,,b=2", True), (MEMBERS_32 + ",,,", True), (MEMBERS_32 + ",k32=v", False),
+    (",, ,", False),                                          # no member at all
+    ("a=1, \tb=2", True), ("a=1,b=2,a=3", False),
+]
+
+
+@pytest.mark.parametrize(("value", "ok"), W3C_EDGES)
+def test_tracestate_is_checked_by_w3cs_grammar(value: str, ok: bool) -> None:
+    assert propagate.valid_tracestate(value) is ok
+
+
+@pytest.mark.parametrize(("value", "ok"), W3C_EDGES)
+def test_the_w3c_edges_are_the_sdks_reading(value: str, ok: bool) -> None:
+    span = pytest.importorskip("opentelemetry.trace.span")
+    assert (len(span.TraceState.from_header([value])) > 0) is ok
+
+
+@pytest.mark.parametrize(("headers", "expected"), [
+    ([("tracestate", "a=1")], "a=1"), ([], None), ([("traceparent", GOOD)], None),
+    ([("tracestate", "a=1"), ("TraceState", "b=2")], "a=1,b=2"),
+    ([("tracestate", "a=1"), ("x", "y"), ("tracestate", "")], "a=1,"),
+])
+def test_several_tracestate_headers_are_one_list(headers: list[tuple[str, str]],
+                                                 expected: str | None) -> None:
+    assert propagate.tracestate(headers) == expected
+
+
 @pytest.mark.parametrize(("headers", "expected"), [
     ([("traceparent", GOOD)], (("traceparent", GOOD),)),
     ([("traceparent", GOOD), ("tracestate", "a=1")],

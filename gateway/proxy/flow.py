@@ -240,9 +240,17 @@ class RequestFlow:
         return replica
 
     def remember_response(self, turn: Turn, response_id: str) -> None:
-        """A Responses answer's id: its continuations go where it was made."""
-        if turn.ex.replica is not None:
+        """A Responses answer's id: its continuations go where it was made. Not when the
+        server that made it is no longer the fleet's under that name (departed, or the
+        name now another server's): the departure already forgot that server's responses,
+        and a pin written now would send continuations to a server that never stored it."""
+        if turn.ex.replica is not None and not self._gone(turn):
             pinning.remember(self.affinity, response_id, turn.ex.tenant, turn.ex.replica)
+
+    def _gone(self, turn: Turn) -> bool:
+        """Whether the replica `turn` was sent to is no longer the fleet's under its name
+        (Fleet.current): what it answers teaches nothing of the server there now."""
+        return turn.replica is not None and not self.fleet.current(turn.replica)
 
     def first_token(self, turn: Turn) -> None:
         if turn.plan is not None:
@@ -266,7 +274,7 @@ class RequestFlow:
             # non-streamed answers, and streams collected for P/D reuse (gateway.pd.answer)
             o.reply_text = ex.outcome.reply_text
         sent_to = turn.replica
-        gone = sent_to is not None and not self.fleet.current(sent_to)
+        gone = self._gone(turn)
         if sent_to is not None:
             sent_to.in_flight -= 1  # the count is the instance's own, whichever it is
             turn.replica = None

@@ -249,10 +249,13 @@ class FleetSources:
 
     async def _watch(self, discovery: DiscoverySettings, kube: bool = True) -> None:
         for target in discovery.dns:
-            watch = DnsWatch(target, discovery, self.resolver, self.membership.set_source,
-                             self.membership.monitor.failures)
-            self._watches[target] = watch
-            await watch.start()
+            self._watches[target] = DnsWatch(target, discovery, self.resolver,
+                                             self.membership.set_source,
+                                             self.membership.monitor.failures)
+        # The first resolutions run together: names that never answer delay the start
+        # (and a reload, under its lock) by one RESOLVE_TIMEOUT_S, not one each in turn.
+        # At most 16 at once: settings bound `discovery.dns` to 16 names.
+        await asyncio.gather(*(watch.start() for watch in self._watches.values()))
         if kube and discovery.kubernetes_selector:
             try:
                 api = self.kube()

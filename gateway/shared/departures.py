@@ -58,7 +58,12 @@ class Departures:
         return len(self._at)
 
     def record(self, replica: str, at: float, now: float) -> None:
-        """`replica` departed at `at` (the later of two departures stands)."""
+        """`replica` departed at `at` (the later of two departures stands). A time ahead
+        of `now` (the writer's clock ahead of this one's) counts as `now`, as the fact
+        stream's other facts do: uncapped, it would void every fresh fact about the new
+        server under that name for as long as the skew. `screen` (the stream) and `load`
+        (the Redis set, a starting instance) both come through here."""
+        at = min(at, now)
         if at < now - self.keep_s:
             return
         self._at[replica] = max(at, self._at.get(replica, at))

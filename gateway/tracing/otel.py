@@ -157,7 +157,7 @@ def _carrier(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
     length, to every replica."""
     lowered = [(k.lower(), v) for k, v in headers]
     parent = next((v for k, v in lowered if k == "traceparent"), None)
-    state = next((v for k, v in lowered if k == "tracestate"), None)
+    state = propagate.tracestate(lowered)  # every tracestate header, combined
     carrier = {} if parent is None else {"traceparent": parent}
     if parent is not None and propagate.valid_tracestate(state):
         assert state is not None
