@@ -32,8 +32,11 @@ def chat(text: str, **extra: Any) -> bytes:
 
 @pytest.mark.parametrize(("body", "kept"), [
     ({"choices": [], "usage": {}, "kv_transfer_params": PARAMS}, {"choices": [], "usage": {}}),
-    ({"choices": [], "kv_transfer_params": None}, {"choices": []}),
+    # vLLM's null on an answer without a connector: nothing to hide, the bytes stay
+    ({"choices": [], "kv_transfer_params": None}, {"choices": [], "kv_transfer_params": None}),
     ({"choices": [{"text": "kv_transfer_params"}]}, {"choices": [{"text": "kv_transfer_params"}]}),
+    # nested (a Responses object): removed wherever it is
+    ({"response": {"id": "r", "kv_transfer_params": PARAMS}}, {"response": {"id": "r"}}),
 ])
 def test_strip_json_removes_the_params(body: dict[str, Any], kept: dict[str, Any]) -> None:
     out = strip_json(orjson.dumps(body))
@@ -42,8 +45,29 @@ def test_strip_json_removes_the_params(body: dict[str, Any], kept: dict[str, Any
 
 
 def test_strip_json_leaves_other_bytes_as_they_are() -> None:
-    for raw in (b'{"a": 1}', b"not json", b'["kv_transfer_params"]', b""):
+    for raw in (b'{"a": 1}', b"not json", b'["kv_transfer_params"]', b"",
+                b'{"id": "c",  "kv_transfer_params": null}'):
         assert strip_json(raw) == raw
+
+
+@pytest.mark.parametrize("params", [None, PARAMS])
+def test_a_named_event_keeps_its_name_and_loses_only_the_params(
+        params: dict[str, Any] | None) -> None:
+    """A Responses stream names its events (`event:` lines) and nests the response
+    object: an event is never dropped or renamed, only the params leave it."""
+    created = (b"event: response.created\ndata: "
+               + orjson.dumps({"type": "response.created",
+                               "response": {"id": "r", "kv_transfer_params": params}})
+               + b"\n\n")
+    answer = StreamAnswer(collect=False)
+    out = answer.feed(created) + answer.finish()
+    if params is None:
+        assert out == created
+    else:
+        assert out.startswith(b"event: response.created\ndata: ")
+        assert b"10.0.0.6" not in out and out.endswith(b"\n\n")
+        assert orjson.loads(out.split(b"data: ", 1)[1]) == {
+            "type": "response.created", "response": {"id": "r"}}
 
 
 STREAMS: list[tuple[str, list[bytes]]] = [

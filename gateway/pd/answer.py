@@ -36,19 +36,34 @@ MAX_REPLY_CHARS = 1 << 20  # characters of a streamed answer collected for reuse
 MAX_EVENT_BYTES = 1 << 20  # a partial event held longer than this is let go
 
 
+def _strip(doc: Any) -> bool:
+    """Remove every non-null `kv_transfer_params` from a parsed answer, at any depth (a
+    Responses event nests the response object); whether one was removed. vLLM writes
+    `"kv_transfer_params": null` on every answer without a connector: nothing to hide
+    there, and leaving it keeps the answer's bytes as the engine sent them."""
+    removed = False
+    if isinstance(doc, dict):
+        if doc.get("kv_transfer_params") is not None:
+            del doc["kv_transfer_params"]
+            removed = True
+        for value in doc.values():
+            removed = _strip(value) or removed
+    elif isinstance(doc, list):
+        for value in doc:
+            removed = _strip(value) or removed
+    return removed
+
+
 def strip_json(data: bytes) -> bytes:
-    """A whole JSON answer without its top-level `kv_transfer_params` (unchanged bytes
-    when it has none)."""
+    """A whole JSON answer without its `kv_transfer_params` (unchanged bytes when it has
+    none, or only nulls)."""
     if KEY not in data:
         return data
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError:
         return data
-    if not isinstance(doc, dict) or "kv_transfer_params" not in doc:
-        return data
-    del doc["kv_transfer_params"]
-    return orjson.dumps(doc)
+    return orjson.dumps(doc) if _strip(doc) else data
 
 
 def _boundary(buf: bytes) -> int:
@@ -79,6 +94,17 @@ def _split(region: bytes) -> list[bytes]:
     if start < n:
         out.append(region[start:])
     return out
+
+
+def _rewritten(event: bytes, doc: dict[str, Any]) -> bytes:
+    """The event with its `data:` replaced by `doc`; its other lines (`event:`, `id:`, a
+    Responses stream's event names) kept in place."""
+    end = event[len(event.rstrip(b"\r\n")):] or b"\n\n"
+    lines = event.rstrip(b"\r\n").splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(b"data:"))
+    kept = [line for line in lines if not line.startswith(b"data:")]
+    kept.insert(at, b"data: " + orjson.dumps(doc))
+    return b"\n".join(kept) + end
 
 
 def _doc(event: bytes) -> dict[str, Any] | None:
@@ -144,13 +170,12 @@ class StreamAnswer:
             doc = _doc(event) if has_key or self.collect else None
             if doc is not None and self.collect:
                 self._read(doc)
-            if has_key and doc is not None and "kv_transfer_params" in doc:
-                params = doc.pop("kv_transfer_params")
+            if has_key and doc is not None:
+                params = doc.get("kv_transfer_params")
                 if isinstance(params, dict) and params:
                     self.params = params
-                end = event[len(event.rstrip(b"\r\n")):]
-                event = b"data: " + orjson.dumps(doc) + (end if end else b"\n\n")
-                changed = True
+                if _strip(doc):
+                    event, changed = _rewritten(event, doc), True
             elif has_key:  # not JSON we can rewrite: dropped rather than passed on
                 event, changed = b"", True
             out.append(event)
