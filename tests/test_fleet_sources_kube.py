@@ -127,13 +127,16 @@ async def test_a_reload_without_the_selector_stops_the_watch(
             fleet = services.fleet
             await until("the pod up", lambda: {r.name for r in fleet.healthy()} == {
                 f"vllm-0:{port}"})
+            assert sources._kube is not None
+            watch = sources._kube.watch
             await sources.reload((), DiscoverySettings(grace_s=0.0))
             await until("its replica departs", lambda: not fleet.replicas)
             assert not any(s.startswith("kubernetes:") for s in sources.membership.sources)
             # the watch is gone: a pod that turns ready now is no replica
             kube.put(pod("vllm-1", HOSTS[1], True, LABELS, named))
-            # (the stopped watch ends at that event and closes its stream)
-            await until("no watch open", lambda: not kube.watchers)
+            # the stopped watch's thread ends at that event (the fake server's side of the
+            # stream may stay open: aiohttp notices a client gone only at its next write)
+            await until("the watch's thread ended", lambda: not watch._thread.is_alive())
             assert not fleet.replicas
             # and a reload that names the selector again follows the pods again
             await sources.reload((), base.discovery)
