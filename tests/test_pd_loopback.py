@@ -71,6 +71,13 @@ async def gateway(replicas: list[tuple[str, str, str]], pd: PdConfig | None = No
         routing=RoutingConfig(policy="least_loaded"),
         usage=UsageConfig(startup_probe=False, scrape_interval_s=60),
         pd=pd or PdConfig(min_remote_prefill_tokens=16))
+    async with served(settings) as gw:
+        yield gw
+
+
+@contextlib.asynccontextmanager
+async def served(settings: Settings) -> AsyncIterator[Gateway]:
+    """A gateway with `settings` on a loopback port, its usage records kept."""
     app = create_app(settings)
     port = free_port()
     srv = InProcessServer(uvicorn.Config(app, host="127.0.0.1", port=port, loop="none",

@@ -20,19 +20,16 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from gateway.admission.config import AdmissionConfig
 from gateway.pd.config import PdConfig
 from gateway.pd.legs import FRESH
-from gateway.proxy.app import create_app
 from gateway.routing.config import RoutingConfig
 from gateway.settings import AuthSettings, ReplicaSettings, ServerSettings, Settings
 from gateway.usage.config import UsageConfig
-from gateway.usage.record import UsageRecord
 from tests.pd_replica import PdReplica
-from tests.test_fault_hang import InProcessServer, free_port
-from tests.test_pd_loopback import CHAT, Gateway, next_turn, replicas, url
+from tests.test_fault_hang import free_port
+from tests.test_pd_loopback import CHAT, Gateway, next_turn, replicas, served, url
 
 # What a client could send to make an engine load (or lease) blocks it names: a decode
 # shape naming a victim's blocks on another engine, and a prefill shape.
@@ -64,30 +61,8 @@ async def gateway(specs: list[tuple[str, str, str]], pd: PdConfig, *,
     if retries is not None:
         settings = dataclasses.replace(
             settings, server=dataclasses.replace(settings.server, retries=retries))
-    app = create_app(settings)
-    port = free_port()
-    srv = InProcessServer(uvicorn.Config(app, host="127.0.0.1", port=port, loop="none",
-                                         lifespan="on", log_config=None, access_log=False))
-    task = asyncio.create_task(srv.serve())
-    deadline = time.monotonic() + 10
-    while not srv.started:
-        assert not task.done() and time.monotonic() < deadline, "the server did not start"
-        await asyncio.sleep(0.01)
-    records: list[UsageRecord] = []
-    assert app.services is not None
-    recorder = app.services.recorder
-    original = recorder.record
-
-    def spy(rec: UsageRecord, departed: bool = False) -> None:
-        records.append(rec)
-        original(rec, departed)
-
-    recorder.record = spy  # type: ignore[method-assign]
-    try:
-        yield Gateway(f"http://127.0.0.1:{port}", app, records)
-    finally:
-        srv.should_exit = True
-        await asyncio.wait_for(task, 10)
+    async with served(settings) as gw:
+        yield gw
 
 
 async def until(check: Any, what: str) -> None:
