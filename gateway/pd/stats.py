@@ -29,6 +29,9 @@ class PdStats:
         # [pd] reuse_decoder_kv: decoder params kept for a next turn, and sent with one
         self.remembered = 0
         self.pulled_back = 0
+        # tokens P pulled back from decoders as the gateway reads P's reports (exact or
+        # estimated per request: gateway.pd.accounting)
+        self.pulled_tokens = 0
 
     def chose(self, why: Why) -> None:
         if why == "remote":
@@ -81,9 +84,16 @@ class PdStats:
         if self.metrics is not None:
             self.metrics.reuse("hit" if hit else "miss")
 
+    def pulled(self, tokens: int) -> None:
+        """A prefill leg sent the decoder's params: the tokens P's report shows pulled."""
+        self.pulled_tokens += tokens
+        if self.metrics is not None:
+            self.metrics.pulled(tokens)
+
     def snapshot(self) -> dict[str, Any]:
         return {"two_legs": self.two_legs, "decode_alone": dict(self.alone),
                 "prefill_alone": self.prefill_alone,
                 "transferred_tokens": self.transferred_tokens,
-                "decoder_kv": {"remembered": self.remembered, "pulled_back": self.pulled_back},
+                "decoder_kv": {"remembered": self.remembered, "pulled_back": self.pulled_back,
+                               "pulled_tokens": self.pulled_tokens},
                 "transfer_failures": {k: dict(v) for k, v in self.failures.items()}}

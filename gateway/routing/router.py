@@ -68,7 +68,7 @@ from gateway.routing.facts import (
     Sent,
     Trust,
 )
-from gateway.routing.feedback import Limits, adjust, verdict
+from gateway.routing.feedback import Limits, Verdict, adjust, verdict
 from gateway.routing.index import BlockIndex
 from gateway.routing.normalize import END, canonical_bytes, chain_seed
 from gateway.routing.plan import RoutePlan, engine_cap
@@ -228,6 +228,17 @@ class Router:
             if old in self._limits:
                 self._drop_own(plan, old)
         self._sent(plan, replica, now)
+
+    def judged(self, plan: RoutePlan, replica: str, delivered: int, outcome: Verdict) -> None:
+        """`replica`'s answer to `plan` was judged elsewhere (a P/D prefill leg's own
+        report, gateway.pd.accounting: `plan` is the preview that ranked the prefill
+        replicas): the same limits a one-leg answer's verdict moves."""
+        if replica in plan.predicted and replica in self._limits and self.config.feedback:
+            self._feedback(plan, replica, delivered, outcome)
+
+    def engine_block(self, replica: str) -> int:
+        """The engine's KV block size on `replica` (its scrape's, else the configured)."""
+        return self._engine_block.get(replica, self.config.engine_block_size)
 
     def holds(self, replica: str, plan: RoutePlan, now: float) -> None:
         """`replica` computed `plan`'s prompt too (a P/D prefill leg, gateway.pd): it holds
@@ -579,10 +590,11 @@ class Router:
             for plan in [p for p, at in live.items() if at < cutoff]:
                 del live[plan]
 
-    def _feedback(self, plan: RoutePlan, replica: str, delivered: int) -> None:
+    def _feedback(self, plan: RoutePlan, replica: str, delivered: int,
+                  outcome: Verdict | None = None) -> None:
         cfg = self.config
-        block = self._engine_block.get(replica, cfg.engine_block_size)
-        outcome = verdict(plan.predicted[replica], delivered, block)
+        if outcome is None:
+            outcome = verdict(plan.predicted[replica], delivered, self.engine_block(replica))
         short = False
         if outcome == "over":
             ratio = self._estimator.ratio(ratio_key(plan.model, plan.tenant))

@@ -1,0 +1,177 @@
+"""P/D accounting (gateway.pd.accounting, UsageRecord.cache_split): what a prefill leg's
+own report says of P's cache and of its prediction, and how the cache figures of /stats
+and /metrics count a two-leg request (a miss on P is a miss; tokens pulled back from the
+decoder are neither hits nor misses). Tables of values; no server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.pd.accounting import PrefillReport, prefill_verdict, pull_level, read_prefill
+from gateway.pd.stats import PdStats
+from gateway.routing.config import RoutingConfig
+from gateway.routing.decision import ReplicaState
+from gateway.routing.feedback import Verdict
+from gateway.routing.router import Router
+from gateway.usage.exposure import stats_view
+from gateway.usage.metrics import GatewayMetrics
+from gateway.usage.record import UsageRecord
+from gateway.usage.stats import UsageWindows
+from tests.records import usage_record
+
+BLOCK = 16
+THRESHOLD = 64
+
+
+@pytest.mark.parametrize(("sent", "prompt", "level"), [
+    (None, 1000, None),  # no decoder params sent
+    (800, 1000, 800),  # the decoder's turn is shorter than the new prompt: all of it
+    (1200, 1000, 1000),  # at most the prompt
+    (800, None, None),  # the prompt's size unknown
+])
+def test_pull_level(sent: int | None, prompt: int | None, level: int | None) -> None:
+    assert pull_level(sent, prompt) == level
+
+
+# (reported, predicted, sent, level) -> the report
+READ: list[tuple[int, int | None, bool, int | None, PrefillReport]] = [
+    # a fresh prefill leg loads nothing: P's own hits, exactly, judged in full
+    (100, 200, False, None, PrefillReport(100, 0, True, "full")),
+    (0, 0, False, None, PrefillReport(0, 0, True, "full")),
+    # the report is the pull level: P held 700 as predicted, pulled the 300 D generated
+    (1000, 700, True, 1000, PrefillReport(1000, 300, False, "under_only")),
+    # one block below the level still may be a pull (an engine trimming the last block)
+    (990, 700, True, 1000, PrefillReport(990, 290, False, "under_only")),
+    # what the prediction leaves is below the recompute threshold: nothing pulled
+    (1000, 980, True, 1000, PrefillReport(1000, 0, False, "under_only")),
+    # cold P (nothing predicted): the whole report may be pulled
+    (1000, 0, True, 1000, PrefillReport(1000, 1000, False, "under_only")),
+    # well below the level: a pull would have brought it there, so none happened
+    (500, 700, True, 1000, PrefillReport(500, 0, True, "full")),
+    # above the level: more than any pull gives, P's own hits
+    (1010, 700, True, 1000, PrefillReport(1010, 0, True, "full")),
+    # params sent, level unknown: any report may include a pull
+    (800, 300, True, None, PrefillReport(800, 500, False, "under_only")),
+]
+
+
+@pytest.mark.parametrize(("reported", "predicted", "sent", "level", "expected"), READ)
+def test_read_prefill(reported: int, predicted: int | None, sent: bool, level: int | None,
+                      expected: PrefillReport) -> None:
+    assert read_prefill(reported, predicted, sent=sent, level=level, engine_block=BLOCK,
+                        threshold=THRESHOLD) == expected
+
+
+# (report, predicted) -> verdict on P's prediction (None: not judged)
+VERDICTS: list[tuple[PrefillReport, int, Verdict | None]] = [
+    (PrefillReport(100, 0, True, "full"), 500, "under"),  # P lost what the index listed
+    (PrefillReport(500, 0, True, "full"), 100, "over"),
+    (PrefillReport(500, 0, True, "full"), 500, "ok"),
+    # a pull only adds: a report well below the prediction is still "under"
+    (PrefillReport(500, 0, False, "under_only"), 1000, "under"),
+    # more than predicted: a pull or P's own hits, not told apart
+    (PrefillReport(1000, 700, False, "under_only"), 300, None),
+    # as predicted: P may have held less and pulled the rest
+    (PrefillReport(1000, 0, False, "under_only"), 1000, None),
+]
+
+
+@pytest.mark.parametrize(("report", "predicted", "expected"), VERDICTS)
+def test_prefill_verdict(report: PrefillReport, predicted: int,
+                         expected: Verdict | None) -> None:
+    assert prefill_verdict(report, predicted, BLOCK) == expected
+
+
+def test_a_verdict_on_p_moves_ps_limit_as_a_one_leg_answer_does() -> None:
+    router = Router(RoutingConfig(policy="prefix"))
+    router.set_capacity("p", 1_000_000)
+    body = {"model": "m", "messages": [{"role": "user", "content": "tell me a story " * 200}]}
+    states = [ReplicaState(name="p", in_flight=0)]
+    plan = router.decide(body, "chat", "m", None, states, 0.0)
+    plan.outcome.prompt_tokens, plan.outcome.ok = 800, True
+    router.report(plan, 1.0)
+    preview = router.preview(body, "chat", "m", None, states, 2.0)
+    assert preview.predicted["p"] > 0
+    before = router.index_limit("p")
+    router.judged(preview, "p", preview.predicted["p"], "ok")
+    assert router.index_limit("p") == before  # at its nominal already
+    router.judged(preview, "p", 0, "under")
+    assert router.index_limit("p") < before
+    assert router.engine_block("p") == RoutingConfig().engine_block_size
+
+
+def two_legs(**kw: Any) -> UsageRecord:
+    return usage_record(**{"prefill_replica": "p", "cached_from": "prefill",
+                           "transferred_tokens": 1000, **kw})
+
+
+# (record, expected figures of its window): one leg; two legs P cold; two legs P warm;
+# decoder_kv with a pull; decoder_kv below the recompute threshold
+SPLIT: list[tuple[str, UsageRecord, dict[str, Any]]] = [
+    ("one leg", usage_record(cached_tokens=400, predicted_cached_tokens=600),
+     {"prompt_tokens": 1000, "cached_tokens": 400, "cached_ratio": 0.4, "delivered": 400 / 600,
+      "pulled_tokens": 0}),
+    ("P cold", two_legs(cached_tokens=0, prefill_cached_tokens=0, predicted_cached_tokens=0),
+     {"prompt_tokens": 1000, "cached_tokens": 0, "cached_ratio": 0.0, "delivered": None,
+      "pulled_tokens": 0}),
+    # D's report is a copy of P's (or, before vLLM 0.32, the whole transferred prompt):
+    # P's own report is what counts
+    ("P warm", two_legs(cached_tokens=1000, prefill_cached_tokens=600,
+                        predicted_cached_tokens=600),
+     {"prompt_tokens": 1000, "cached_tokens": 600, "cached_ratio": 0.6, "delivered": 1.0,
+      "pulled_tokens": 0}),
+    # P held 600 of its own, pulled 300: the 300 are neither hits nor misses; the 100 P
+    # computed are a miss
+    ("pulled", two_legs(cached_from="decoder_kv", cached_tokens=900, prefill_cached_tokens=900,
+                        pulled_tokens=300, pulled_exact=False, predicted_cached_tokens=600),
+     {"prompt_tokens": 1000, "cached_tokens": 600, "cached_ratio": 600 / 700,
+      "delivered": 1.0, "pulled_tokens": 300}),
+    ("below threshold", two_legs(cached_from="decoder_kv", cached_tokens=880,
+                                 prefill_cached_tokens=880, pulled_tokens=0,
+                                 pulled_exact=False, predicted_cached_tokens=880),
+     {"prompt_tokens": 1000, "cached_tokens": 880, "cached_ratio": 0.88, "delivered": 1.0,
+      "pulled_tokens": 0}),
+]
+
+
+@pytest.mark.parametrize(("case", "rec", "expected"), SPLIT, ids=[c[0] for c in SPLIT])
+def test_the_cache_figures_of_a_two_leg_request(case: str, rec: UsageRecord,
+                                                expected: dict[str, Any]) -> None:
+    windows = UsageWindows(bucket_s=1.0)
+    windows.add(rec)
+    summary = windows.summary(rec.ts, None)
+    assert {k: summary[k] for k in expected} == pytest.approx(expected)
+    # /metrics counts the same hits and ratio
+    metrics = GatewayMetrics()
+    metrics.observe(rec)
+    reg = metrics.registry
+    cached = reg.get_sample_value("gateway_cached_tokens_total",
+                                  {"model": "m", "replica": "a", "tenant": "none",
+                                   "route": "prefix"})
+    assert (cached or 0) == expected["cached_tokens"]
+    ratio_sum = reg.get_sample_value("gateway_cached_ratio_sum", {"model": "m", "replica": "a"})
+    assert ratio_sum == pytest.approx(expected["cached_ratio"])
+
+
+def test_another_tenants_pd_traffic_is_not_in_a_tenants_view() -> None:
+    windows = UsageWindows(bucket_s=1.0)
+    windows.add(usage_record(tenant="alice", cached_tokens=400))
+    windows.add(two_legs(tenant="bob", cached_from="decoder_kv", cached_tokens=900,
+                         prefill_cached_tokens=900, pulled_tokens=300, pulled_exact=False))
+    pd = PdStats()
+    pd.transferred(1000)
+    pd.pulled(300)
+    doc = {"windows": windows.windows(1000.0), "pd": pd.snapshot()}
+    seen = stats_view(doc, "tenant", "alice")
+    assert "pd" not in seen and "bob" not in str(seen)
+    for window in seen["windows"].values():
+        assert window["by_tenant"]["alice"]["pulled_tokens"] == 0
+        assert "pulled_tokens" not in window  # the fleet's sum moves with bob's turns
+        for dim in ("by_model", "by_replica", "by_endpoint"):
+            assert all("pulled_tokens" not in v and "cached_tokens" not in v
+                       for v in window[dim].values())
+    # bob reads his own
+    assert stats_view(doc, "tenant", "bob")["windows"]["all"]["by_tenant"]["bob"][
+        "pulled_tokens"] == 300
