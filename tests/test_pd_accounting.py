@@ -1,15 +1,18 @@
 """P/D accounting (gateway.pd.accounting, UsageRecord.cache_split): what a prefill leg's
 own report says of P's cache and of its prediction, and how the cache figures of /stats
 and /metrics count a two-leg request (a miss on P is a miss; tokens pulled back from the
-decoder are neither hits nor misses). Tables of values; no server."""
+decoder are neither hits nor misses). Tables of values, and one loopback run for the
+wiring (tests/test_pd_loopback.py's harness)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway.pd.accounting import PrefillReport, prefill_verdict, pull_level, read_prefill
+from gateway.pd.config import PdConfig
 from gateway.pd.stats import PdStats
 from gateway.routing.config import RoutingConfig
 from gateway.routing.decision import ReplicaState
@@ -19,7 +22,9 @@ from gateway.usage.exposure import stats_view
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.record import UsageRecord
 from gateway.usage.stats import UsageWindows
+from tests.pd_replica import P_CACHED
 from tests.records import usage_record
+from tests.test_pd_loopback import CHAT, gateway, next_turn, replicas, url
 
 BLOCK = 16
 THRESHOLD = 64
@@ -175,3 +180,40 @@ def test_another_tenants_pd_traffic_is_not_in_a_tenants_view() -> None:
     # bob reads his own
     assert stats_view(doc, "tenant", "bob")["windows"]["all"]["by_tenant"]["bob"][
         "pulled_tokens"] == 300
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+async def test_ps_own_report_is_recorded_and_judges_ps_prediction_once(reuse: bool) -> None:
+    """Through the gateway (loopback, tests/pd_replica.py: P reports P_CACHED on every
+    prefill leg): each prefill leg's report judges P once; D is judged by nothing."""
+    pd = PdConfig(min_remote_prefill_tokens=16, reuse_decoder_kv=reuse)
+    async with replicas(("p1", "ok"), ("d1", "ok")) as (p, d), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d), "decode")], pd) as gw, \
+            httpx.AsyncClient(timeout=10) as client:
+        assert gw.app.services is not None
+        router = gw.app.services.router
+        judged: list[tuple[str, int, str]] = []
+        original = router.judged
+
+        def spy(plan: Any, replica: str, delivered: int, outcome: Any) -> None:
+            judged.append((replica, delivered, outcome))
+            original(plan, replica, delivered, outcome)
+
+        router.judged = spy  # type: ignore[method-assign]
+        headers = {"x-session-id": "conv-1"}
+        r = await client.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers)
+        answer = r.json()["choices"][0]["message"]["content"]
+        await client.post(gw.url + "/v1/chat/completions", headers=headers,
+                          json=next_turn(CHAT, answer, "and then? " * 40))
+        first, second = gw.records
+        assert [rec.prefill_cached_tokens for rec in gw.records] == [P_CACHED, P_CACHED]
+        assert first.pulled_tokens is None
+        if reuse:  # the decoder's params went to P: its report (32) is far below their
+            # pull level (150 tokens): nothing was pulled, exactly, and it is judged in full
+            assert (second.cached_from, second.pulled_tokens, second.pulled_exact) == (
+                "decoder_kv", 0, True)
+        else:
+            assert (second.cached_from, second.pulled_tokens) == ("prefill", None)
+        # P predicted nothing on turn 1 and got 32 (two 16-token blocks): over
+        assert judged[0] == ("p1", P_CACHED, "over")
+        assert len(judged) == 2 and all(j[0] == "p1" for j in judged)

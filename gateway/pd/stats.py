@@ -5,11 +5,13 @@ decode replica served alone and why, which legs failed and how. Every key is a f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from gateway.pd.choice import Why
 from gateway.pd.metrics import PdMetrics
 from gateway.upstream.failure import Happened
+from gateway.usage.snapshot import EngineSnapshot
 
 LegFailure = Happened | str  # a failure class, or "no_params" (P answered nothing to pull)
 # why D computed a two-leg request's prompt alone after all: every prefill leg failed, or
@@ -97,3 +99,16 @@ class PdStats:
                 "decoder_kv": {"remembered": self.remembered, "pulled_back": self.pulled_back,
                                "pulled_tokens": self.pulled_tokens},
                 "transfer_failures": {k: dict(v) for k, v in self.failures.items()}}
+
+
+def engine_split(snapshots: Mapping[str, EngineSnapshot | None]) -> dict[str, Any]:
+    """The prefill replicas' own split of their cached prompt tokens, as their last scrape
+    read it (`vllm:prompt_tokens_by_source`, cumulative since each engine started; None
+    where the engine does not export it): `external_kv_transfer` is what a prefill replica
+    loaded from elsewhere, i.e. pulled back from decoders; the exact figure that a usage
+    record's `pulled_tokens` can only estimate per request (gateway.pd.accounting). One
+    entry per prefill replica of the fleet: bounded."""
+    return {name: {"local_cache_hit": None if s is None else s.local_cache_hit_tokens_total,
+                   "external_kv_transfer": None if s is None else s.external_kv_tokens_total,
+                   "engine_started": None if s is None else s.process_start_time_seconds}
+            for name, s in sorted(snapshots.items())}
