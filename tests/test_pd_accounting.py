@@ -205,9 +205,14 @@ async def test_ps_own_report_is_recorded_and_judges_ps_prediction_once(reuse: bo
         headers = {"x-session-id": "conv-1"}
         r = await client.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers)
         answer = r.json()["choices"][0]["message"]["content"]
-        await client.post(gw.url + "/v1/chat/completions", headers=headers,
-                          json=next_turn(CHAT, answer, "and then? " * 40))
+        r2 = await client.post(gw.url + "/v1/chat/completions", headers=headers,
+                               json=next_turn(CHAT, answer, "and then? " * 40))
         first, second = gw.records
+        # the answer's x-gateway-cache predicts what its usage reports: P's cached tokens
+        for resp, rec in ((r, first), (r2, second)):
+            items = dict(item.split("=", 1)
+                         for item in resp.headers["x-gateway-cache"].split(", "))
+            assert items["predicted"] == str(rec.predicted_cached_tokens)
         assert [rec.prefill_cached_tokens for rec in gw.records] == [P_CACHED, P_CACHED]
         assert first.pulled_tokens is None
         if reuse:  # the decoder's params went to P: its report (32) is far below their

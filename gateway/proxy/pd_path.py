@@ -44,6 +44,7 @@ from gateway.pd.stats import Alone, LegFailure, PdStats
 from gateway.proxy.asgi import Headers
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.flow import Prepared, RequestFlow, Turn
+from gateway.proxy.headers import repredicted
 from gateway.proxy.relay import upstream_request_headers
 from gateway.replicas.fleet import Fleet, Replica
 from gateway.replicas.monitor import FleetMonitor
@@ -148,6 +149,7 @@ class PdPath:
         if self.fleet.current(pre.instance):
             self.router.holds(pre.replica, plan, self.clock())
         if not ex.withheld:
+            headers[:] = repredicted(headers, ex.route or "", ex.predicted, ex.findings)
             headers.append((b"x-gateway-prefill", pre.replica.encode()))
         try:
             await attempts(orjson.dumps(decode_body(prep.body, pre.params)),
