@@ -210,9 +210,7 @@ async def test_ps_own_report_is_recorded_and_judges_ps_prediction_once(reuse: bo
         first, second = gw.records
         # the answer's x-gateway-cache predicts what its usage reports: P's cached tokens
         for resp, rec in ((r, first), (r2, second)):
-            items = dict(item.split("=", 1)
-                         for item in resp.headers["x-gateway-cache"].split(", "))
-            assert items["predicted"] == str(rec.predicted_cached_tokens)
+            assert predicted_header(resp) == str(rec.predicted_cached_tokens)
         assert [rec.prefill_cached_tokens for rec in gw.records] == [P_CACHED, P_CACHED]
         assert first.pulled_tokens is None
         if reuse:  # the decoder's params went to P: its report (32) is far below their
@@ -224,3 +222,27 @@ async def test_ps_own_report_is_recorded_and_judges_ps_prediction_once(reuse: bo
         # P predicted nothing on turn 1 and got 32 (two 16-token blocks): over
         assert judged[0] == ("p1", P_CACHED, "over")
         assert len(judged) == 2 and all(j[0] == "p1" for j in judged)
+
+
+def predicted_header(resp: httpx.Response) -> str:
+    items = dict(item.split("=", 1) for item in resp.headers["x-gateway-cache"].split(", "))
+    return items["predicted"]
+
+
+async def test_a_two_leg_answers_header_predicts_ps_cached_tokens() -> None:
+    """Turn 2 goes to a decoder that holds nothing (predicted 0 there) while P holds turn
+    1's prompt: the answer's usage reports P's count, so its header predicts P's."""
+    async with replicas(("p1", "ok"), ("d1", "ok"), ("d2", "ok")) as (p, d1, d2), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d1), "decode"),
+             ("d2", url(d2), "decode")]) as gw, httpx.AsyncClient(timeout=10) as client:
+        gw.busy("d1", 5)  # turn 1 on d2 (and p1)
+        await client.post(gw.url + "/v1/chat/completions", json=CHAT)
+        gw.busy("d1", -5)
+        gw.busy("d2", 50)  # turn 2 on d1
+        r = await client.post(gw.url + "/v1/chat/completions",
+                              json=next_turn(CHAT, "ok", "and then? " * 40))
+        gw.busy("d2", -50)
+        assert (r.headers["x-gateway-replica"], r.headers["x-gateway-prefill"]) == ("d1", "p1")
+        predicted = gw.records[1].predicted_cached_tokens
+        assert predicted is not None and predicted > 0
+        assert predicted_header(r) == str(predicted)
