@@ -109,6 +109,34 @@ def test_a_verdict_on_p_moves_ps_limit_as_a_one_leg_answer_does() -> None:
     assert router.engine_block("p") == RoutingConfig().engine_block_size
 
 
+def test_a_prefill_replica_is_not_predicted_to_hold_the_answers_it_never_generated() -> None:
+    """A conversation's turn 1: D generated the answer, P computed the prompt only
+    (Router.holds). Turn 2's prediction on P is turn 1's prompt; on D, prompt and answer."""
+    router = Router(RoutingConfig(policy="prefix"))
+    for name in ("p", "d"):
+        router.set_capacity(name, 1_000_000)
+    turn1 = {"model": "m", "messages": [{"role": "user",
+                                         "content": " ".join(f"w{i}" for i in range(400))}]}
+    plan = router.decide(turn1, "chat", "m", "s", [ReplicaState(name="d", in_flight=0)], 0.0)
+    router.holds("p", plan, 0.1)
+    answer = " ".join(f"a{i}" for i in range(60))
+    o = plan.outcome
+    o.ok, o.prompt_tokens, o.completion_tokens, o.reply_text = True, 833, 96, answer
+    router.report(plan, 1.0)
+    turn2 = {"model": "m", "messages": [*turn1["messages"],
+                                        {"role": "assistant", "content": answer},
+                                        {"role": "user", "content": "and then? " * 40}]}
+
+    def predicted(name: str, answers: bool) -> int:
+        return router.preview(turn2, "chat", "m", None, [ReplicaState(name=name, in_flight=0)],
+                              2.0, answers=answers).predicted[name]
+
+    block = RoutingConfig().engine_block_size
+    assert predicted("p", answers=False) == 833 // block * block  # the prompt it computed
+    assert predicted("d", answers=True) == (833 + 96 - 1) // block * block
+    assert predicted("p", answers=True) == predicted("d", answers=True)  # the old guess
+
+
 def two_legs(**kw: Any) -> UsageRecord:
     return usage_record(**{"prefill_replica": "p", "cached_from": "prefill",
                            "transferred_tokens": 1000, **kw})

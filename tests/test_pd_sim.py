@@ -118,4 +118,7 @@ def test_the_usage_log_says_what_p_found_and_what_it_pulled_back(tmp_path: Path)
     # the engine's exact split: P loaded D's answer at least (over the threshold), and its
     # own hits and the loaded make up what it reported on the two prefill legs
     assert split["external_kv_transfer"] >= 64
+    # one conversation on a quiet P: P's prediction (turn 1's prompt, not D's answer) is
+    # what it held, so the estimate is the engine's own count
+    assert pulled == split["external_kv_transfer"]
     assert split["local_cache_hit"] + split["external_kv_transfer"] == own

@@ -114,7 +114,7 @@ class PdPath:
         # as sent nowhere (`holds` records the prompt on the P that computed it)
         ranked = self.router.preview(prep.view, prep.kind, prep.inbound.model, None,
                                      [r.state() for r in prefill], self.clock(),
-                                     tenant=turn.ex.tenant)
+                                     tenant=turn.ex.tenant, answers=False)
         return Legs(ranked.decision.ranked, legs.why, legs.uncached_tokens), ranked
 
     async def serve(self, turn: Turn, prep: Prepared, payload: bytes, headers: Headers,

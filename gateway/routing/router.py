@@ -164,13 +164,16 @@ class Router:
         now: float,
         *,
         tenant: str | None = None,
+        answers: bool = True,
     ) -> RoutePlan:
         """What `decide` would predict now, without counting anything as sent or opening a
         conversation (the admission queue asks it for each waiting request once, to know
-        which replica holds its prefix; `decide` is called when it goes)."""
+        which replica holds its prefix; `decide` is called when it goes). `answers` False:
+        the candidates never generate (P/D prefill replicas), so a conversation's earlier
+        answers are not predicted cached there (TokenEstimator.matched_tokens)."""
         self._settle(now)
         return self._route(body, endpoint, model, session, candidates, now, tenant,
-                           commit=False)
+                           commit=False, answers=answers)
 
     def report(self, plan: RoutePlan, now: float) -> None:
         """The request is over: its outcome (replica, usage, reply) is final."""
@@ -265,6 +268,7 @@ class Router:
         tenant: str | None = None,
         commit: bool = True,
         previewed: RoutePlan | None = None,
+        answers: bool = True,
     ) -> RoutePlan:
         """Rank `candidates` for this request (`commit`: a decision, not a preview: a new
         conversation is opened, round robin advances). Raises NormalizeError (a ValueError) for a
@@ -320,7 +324,7 @@ class Router:
             if p is None:
                 p = by_blocks.get(key)
             if p is None:
-                tokens = est.matched_tokens(data, hashes, m, ratio)
+                tokens = est.matched_tokens(data, hashes, m, ratio, answers)
                 p = by_blocks[key] = engine_cap(tokens, prompt_tokens, key[1])
             matched[name] = m
             predicted[name] = p
