@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from gateway.pd.accounting import PrefillReport, prefill_verdict, pull_level, read_prefill
@@ -19,6 +20,7 @@ from gateway.routing.decision import ReplicaState
 from gateway.routing.feedback import Verdict
 from gateway.routing.router import Router
 from gateway.usage.exposure import stats_view
+from gateway.usage.logfile import LogError, record_from_json
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.record import UsageRecord
 from gateway.usage.stats import UsageWindows
@@ -274,3 +276,22 @@ async def test_a_two_leg_answers_header_predicts_ps_cached_tokens() -> None:
         predicted = gw.records[1].predicted_cached_tokens
         assert predicted is not None and predicted > 0
         assert predicted_header(r) == str(predicted)
+
+
+@pytest.mark.parametrize(("field", "value", "error"), [
+    ("prefill_cached_tokens", 900, None), ("pulled_tokens", 300, None),
+    ("pulled_exact", False, None), ("pulled_exact", None, None),
+    ("prefill_cached_tokens", -1, "'prefill_cached_tokens' must be a non-negative integer"),
+    ("pulled_tokens", "300", "'pulled_tokens' must be a non-negative integer"),
+    ("pulled_exact", "no", "'pulled_exact' must be a boolean"),
+])
+def test_the_usage_log_reads_the_new_fields_back(field: str, value: Any,
+                                                 error: str | None) -> None:
+    rec = two_legs(cached_from="decoder_kv", prefill_cached_tokens=900, pulled_tokens=300,
+                   pulled_exact=True)
+    doc = {**orjson.loads(orjson.dumps(rec.to_dict())), field: value}
+    if error is None:
+        assert getattr(record_from_json(doc, 1), field) == value
+    else:
+        with pytest.raises(LogError, match=error):
+            record_from_json(doc, 1)
