@@ -19,6 +19,7 @@ from gateway.routing.config import RoutingConfig
 from gateway.routing.decision import ReplicaState
 from gateway.routing.feedback import Verdict
 from gateway.routing.router import Router
+from gateway.usage.digest import digest
 from gateway.usage.exposure import stats_view
 from gateway.usage.logfile import LogError, record_from_json
 from gateway.usage.metrics import GatewayMetrics
@@ -295,3 +296,15 @@ def test_the_usage_log_reads_the_new_fields_back(field: str, value: Any,
     else:
         with pytest.raises(LogError, match=error):
             record_from_json(doc, 1)
+
+
+def test_gateway_report_counts_what_p_computed_as_uncached() -> None:
+    """`gateway report`'s top sessions by uncached tokens: the tokens P computed (here
+    1000 - 600 own hits - 300 pulled), not the pulled ones, nor D's copied count."""
+    pulled = two_legs(session="s1", cached_from="decoder_kv", cached_tokens=900,
+                      prefill_cached_tokens=600 + 300, pulled_tokens=300, pulled_exact=False)
+    one = usage_record(session="s2", cached_tokens=850)
+    top = {e["name"]: e for e in digest([pulled, one])["top_sessions"]}
+    assert (top["s1"]["prompt_tokens"], top["s1"]["cached_tokens"],
+            top["s1"]["uncached_tokens"]) == (1000, 600, 100)
+    assert top["s2"]["uncached_tokens"] == 150
