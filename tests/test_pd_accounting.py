@@ -19,6 +19,8 @@ from gateway.routing.config import RoutingConfig
 from gateway.routing.decision import ReplicaState
 from gateway.routing.feedback import Verdict
 from gateway.routing.router import Router
+from gateway.settings import AuthSettings, ReplicaSettings, ServerSettings, Settings
+from gateway.usage.config import UsageConfig
 from gateway.usage.digest import digest
 from gateway.usage.exposure import stats_view
 from gateway.usage.logfile import LogError, record_from_json
@@ -27,7 +29,7 @@ from gateway.usage.record import UsageRecord
 from gateway.usage.stats import UsageWindows
 from tests.pd_replica import P_CACHED
 from tests.records import usage_record
-from tests.test_pd_loopback import CHAT, gateway, next_turn, replicas, url
+from tests.test_pd_loopback import CHAT, gateway, next_turn, replicas, served, url
 
 BLOCK = 16
 THRESHOLD = 64
@@ -308,3 +310,48 @@ def test_gateway_report_counts_what_p_computed_as_uncached() -> None:
     assert (top["s1"]["prompt_tokens"], top["s1"]["cached_tokens"],
             top["s1"]["uncached_tokens"]) == (1000, 600, 100)
     assert top["s2"]["uncached_tokens"] == 150
+
+
+async def test_bobs_pd_traffic_is_not_in_alices_stats() -> None:
+    """Through the gateway with two tenants' keys: bob's two-leg turns (one of them sent
+    the decoder's params) show in the operator's `/stats` and in bob's own rows, never in
+    alice's view, JSON or page, nor in her `/metrics`."""
+    async with replicas(("p1", "ok"), ("d1", "ok")) as (p, d):
+        settings = Settings(
+            replicas=(ReplicaSettings(name="p1", url=url(p), role="prefill", models=("m",)),
+                      ReplicaSettings(name="d1", url=url(d), role="decode", models=("m",))),
+            server=ServerSettings(read_timeout_s=10, connect_timeout_s=5, health_timeout_s=5,
+                                  health_interval_s=60),
+            routing=RoutingConfig(policy="least_loaded"),
+            usage=UsageConfig(startup_probe=False, scrape_interval_s=60),
+            pd=PdConfig(min_remote_prefill_tokens=16, reuse_decoder_kv=True),
+            auth=AuthSettings(keys={"ka": "alice", "kb": "bob", "ko": "ops"},
+                              admin_tenants=("ops",)))
+        async with served(settings) as gw, httpx.AsyncClient(timeout=10) as client:
+            bob = {"authorization": "Bearer kb", "x-session-id": "b-1"}
+            r = await client.post(gw.url + "/v1/chat/completions", json=CHAT, headers=bob)
+            answer = r.json()["choices"][0]["message"]["content"]
+            r = await client.post(gw.url + "/v1/chat/completions", headers=bob,
+                                  json=next_turn(CHAT, answer, "and then? " * 40))
+            assert r.status_code == 200 and p.legs() == ["prefill", "prefill"]
+            assert [rec.cached_from for rec in gw.records] == ["prefill", "decoder_kv"]
+
+            async def view(key: str, query: str = "") -> str:
+                resp = await client.get(gw.url + "/stats" + query,
+                                        headers={"authorization": f"Bearer {key}"})
+                assert resp.status_code == 200
+                return resp.text
+
+            ops = orjson.loads(await view("ko"))
+            assert ops["pd"]["two_legs"] == 2
+            assert "bob" in ops["windows"]["all"]["by_tenant"]
+            alice = await view("ka")
+            assert "bob" not in alice and '"pd"' not in alice
+            assert "pulled_tokens" not in alice and "prefill_engines" not in alice
+            page = await view("ka", "?format=html")
+            assert "Prefill/decode" not in page and "bob" not in page
+            own = orjson.loads(await view("kb"))["windows"]["all"]["by_tenant"]["bob"]
+            assert own["pulled_tokens"] == 0 and own["requests"] == 2
+            metrics = (await client.get(gw.url + "/metrics",
+                                        headers={"authorization": "Bearer ka"})).text
+            assert "gateway_pd_" not in metrics and "bob" not in metrics
