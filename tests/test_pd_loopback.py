@@ -386,7 +386,8 @@ async def test_turn_two_sends_the_decoders_params_only_for_an_exact_extension(
         r = await client.post(gw.url + "/v1/chat/completions", json=edited, headers=headers)
         assert r.status_code == 200 and len(p.bodies) == 3
         assert p.bodies[2]["kv_transfer_params"] == dict(FRESH)
-        assert gw.stats()["pd"]["decoder_kv"] == {"remembered": 3, "pulled_back": 1}
+        assert gw.stats()["pd"]["decoder_kv"] == {"remembered": 3, "pulled_back": 1,
+                                                  "pulled_tokens": 0}
 
 
 async def test_a_decoder_restarted_since_is_not_pulled_from() -> None:

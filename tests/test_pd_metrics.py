@@ -59,6 +59,8 @@ CASES: list[tuple[str, Callable[[PdStats], None], str, dict[str, str], float]] =
      {"result": "hit"}, 1),
     ("miss", lambda s: (s.reused(False), s.reused(False)), "gateway_pd_decoder_kv_total",
      {"result": "miss"}, 2),
+    ("pulled", lambda s: (s.pulled(300), s.pulled(0)), "gateway_pd_pulled_tokens_total", {},
+     300),
 ]
 
 

@@ -59,7 +59,8 @@ async def test_a_streamed_turn_is_pulled_back_on_an_exact_next_turn() -> None:
         edited = next_turn(turn2, "not what d1 said", "and then? " * 40)
         r = await client.post(gw.url + "/v1/chat/completions", json=edited, headers=headers)
         assert r.status_code == 200 and p.bodies[2]["kv_transfer_params"] == dict(FRESH)
-        assert gw.stats()["pd"]["decoder_kv"] == {"remembered": 3, "pulled_back": 1}
+        assert gw.stats()["pd"]["decoder_kv"] == {"remembered": 3, "pulled_back": 1,
+                                                  "pulled_tokens": 0}
 
 
 async def test_with_reuse_off_a_stream_keeps_nothing() -> None:
@@ -73,4 +74,5 @@ async def test_with_reuse_off_a_stream_keeps_nothing() -> None:
                               json=next_turn(CHAT, "".join(sse_texts(r.content)), "more " * 40),
                               headers=headers)
         assert r.status_code == 200 and p.bodies[1]["kv_transfer_params"] == dict(FRESH)
-        assert gw.stats()["pd"]["decoder_kv"] == {"remembered": 0, "pulled_back": 0}
+        assert gw.stats()["pd"]["decoder_kv"] == {"remembered": 0, "pulled_back": 0,
+                                                  "pulled_tokens": 0}

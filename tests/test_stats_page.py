@@ -103,6 +103,13 @@ ADMISSION = {"enabled": True, "queued": {"interactive": 3, "batch": 0},
              "admitted_tokens": {"<tenant>": 4096}}
 
 
+PD = {"two_legs": 3, "transferred_tokens": 2400,
+      "decoder_kv": {"remembered": 2, "pulled_back": 1, "pulled_tokens": 96},
+      "transfer_failures": {"prefill": {}, "decode": {"server_error": 1}},
+      "prefill_engines": {"<p>": {"local_cache_hit": 832.0, "external_kv_transfer": 96.0},
+                          "p2": {"local_cache_hit": None, "external_kv_transfer": None}}}
+
+
 @pytest.mark.parametrize(("extra", "expect", "absent"), [
     ({}, ["No replica configured.", "No errors.", "No hygiene figures."],
      ["Admission", "admission-queued"]),
@@ -114,6 +121,14 @@ ADMISSION = {"enabled": True, "queued": {"interactive": 3, "batch": 0},
       "<td>&lt;tenant&gt;</td><td>4096</td>"], []),
     ({"admission": {"enabled": False}},
      ["Gateway queue disabled; 0 queued, 0 shed.", "Nothing queued.", "Nothing shed."], []),
+    ({}, [], ["Prefill/decode", "pd-engines"]),
+    ({"pd": PD},
+     ["<h2>Prefill/decode</h2>", "3 two-leg requests, 2400 tokens offered to decoders, "
+      "96 pulled back from them",
+      '<tr data-leg="decode"><td>decode</td><td>server_error</td><td>1</td>',
+      '<tr data-replica="&lt;p&gt;"><td>&lt;p&gt;</td><td>832.0</td><td>96.0</td>',
+      '<tr data-replica="p2"><td>p2</td><td>n/a</td><td>n/a</td>'], ["No leg failed."]),
+    ({"pd": {"two_legs": 0}}, ["No leg failed.", "No prefill replica scraped yet."], []),
     ({"replicas": {"r1": {"healthy": False, "in_flight": 2, "requests_running": 1,
                           "requests_waiting": 4, "kv_cache_usage": 0.91, "kv_level": "warn"},
                    "r2": {"healthy": True, "in_flight": 0, "kv_level": "unknown"}}},

@@ -163,6 +163,12 @@ def finding(kind: str) -> Finding:
       "gen_ai.usage.cache_read.input_tokens", "gateway.admission.class"}),
     (record(endpoint="/v1/models", model="unknown"), None, None, {},
      {"gen_ai.request.model"}),
+    # P/D: delivered is P's own hits (900 reported, 300 of them pulled back from D)
+    (record(replica="d", prefill_replica="p", cached_from="decoder_kv", cached_tokens=900,
+            prefill_cached_tokens=900, pulled_tokens=300, pulled_exact=False), None, None,
+     {"gen_ai.usage.cache_read.input_tokens": 900, "gateway.cache.delivered_tokens": 600,
+      "gateway.cache.pulled_tokens": 300, "gateway.pd.prefill_replica": "p"}, set()),
+    (record(), None, None, {}, {"gateway.cache.pulled_tokens", "gateway.pd.prefill_replica"}),
 ])
 def test_end_attributes(rec: UsageRecord, cls: str | None, queued: float | None,
                         expected: dict[str, object], absent: set[str]) -> None:

@@ -211,6 +211,9 @@ def test_recorded_real_vllm_032() -> None:
         prefix_cache_queries_total=236.0, prefix_cache_hits_total=96.0,
         prompt_tokens_total=236.0, generation_tokens_total=16.0,
         num_gpu_blocks=32768, block_size=32, process_start_time_seconds=1.79553583429e9,
+        # vllm:prompt_tokens_by_source_total{source}: 140 computed, 96 local hits, none
+        # loaded from a peer (an aggregated replica)
+        local_cache_hit_tokens_total=96.0, external_kv_tokens_total=0.0,
     )  # fmt: skip
 
 

@@ -11,6 +11,8 @@ environment). They matter only when the fleet has a replica of role `prefill`
   in a bounded map (`reuse_max_conversations` entries, least recently used first out) for
   `reuse_ttl_s`, which must stay below the engine's `decoder_kv_blocks_ttl` (480 s): an
   entry the gateway still holds must name blocks the decoder still keeps.
+- `kv_recompute_threshold`: the engines' own (vLLM's default 64), for the accounting of
+  what a prefill replica pulled back from a decoder (gateway.pd.accounting).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ class PdConfig:
     reuse_ttl_s: float = 420.0
     # Conversations whose decoder params are kept at most (least recently used out first).
     reuse_max_conversations: int = 10_000
+    # The engines' `kv_recompute_threshold` (vLLM's NIXL scheduler pulls a decoder's KV
+    # only when at least this many tokens would come): how the gateway tells a prefill
+    # leg's pulled tokens from its own cache hits (gateway.pd.accounting).
+    kv_recompute_threshold: int = 64
 
     def __post_init__(self) -> None:
         if self.min_remote_prefill_tokens < 0:
@@ -42,5 +48,7 @@ class PdConfig:
         if not 0 < self.reuse_ttl_s < ENGINE_DECODER_KV_TTL_S:
             raise ValueError("pd.reuse_ttl_s must be above 0 and below the engine's "
                              f"decoder_kv_blocks_ttl ({ENGINE_DECODER_KV_TTL_S:g} s)")
+        if self.kv_recompute_threshold < 0:
+            raise ValueError("pd.kv_recompute_threshold must be >= 0")
         if self.reuse_max_conversations < 1:
             raise ValueError("pd.reuse_max_conversations must be >= 1")

@@ -52,6 +52,9 @@ class PdMetrics:
         self._reuse = Counter("gateway_pd_decoder_kv",
                               "A decoder's returned KV params kept, sent (hit), or not sent "
                               "with a two-leg request (miss).", ("result",), registry=registry)
+        self._pulled = Counter("gateway_pd_pulled_tokens",
+                               "Tokens prefill replicas pulled back from decoders.",
+                               registry=registry)
         # every series present from the start (fixed sets): a rate() needs no first sample
         for leg in ("prefill", "decode"):
             for outcome in OUTCOMES:
@@ -70,6 +73,9 @@ class PdMetrics:
     def transferred(self, tokens: int | None) -> None:
         self._transfers.inc()
         self._tokens.inc(tokens or 0)
+
+    def pulled(self, tokens: int) -> None:
+        self._pulled.inc(tokens)
 
     def reuse(self, result: str) -> None:
         self._reuse.labels(result).inc()

@@ -5,11 +5,13 @@ decode replica served alone and why, which legs failed and how. Every key is a f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from gateway.pd.choice import Why
 from gateway.pd.metrics import PdMetrics
 from gateway.upstream.failure import Happened
+from gateway.usage.snapshot import EngineSnapshot
 
 LegFailure = Happened | str  # a failure class, or "no_params" (P answered nothing to pull)
 # why D computed a two-leg request's prompt alone after all: every prefill leg failed, or
@@ -29,6 +31,9 @@ class PdStats:
         # [pd] reuse_decoder_kv: decoder params kept for a next turn, and sent with one
         self.remembered = 0
         self.pulled_back = 0
+        # tokens P pulled back from decoders as the gateway reads P's reports (exact or
+        # estimated per request: gateway.pd.accounting)
+        self.pulled_tokens = 0
 
     def chose(self, why: Why) -> None:
         if why == "remote":
@@ -81,9 +86,29 @@ class PdStats:
         if self.metrics is not None:
             self.metrics.reuse("hit" if hit else "miss")
 
+    def pulled(self, tokens: int) -> None:
+        """A prefill leg sent the decoder's params: the tokens P's report shows pulled."""
+        self.pulled_tokens += tokens
+        if self.metrics is not None:
+            self.metrics.pulled(tokens)
+
     def snapshot(self) -> dict[str, Any]:
         return {"two_legs": self.two_legs, "decode_alone": dict(self.alone),
                 "prefill_alone": self.prefill_alone,
                 "transferred_tokens": self.transferred_tokens,
-                "decoder_kv": {"remembered": self.remembered, "pulled_back": self.pulled_back},
+                "decoder_kv": {"remembered": self.remembered, "pulled_back": self.pulled_back,
+                               "pulled_tokens": self.pulled_tokens},
                 "transfer_failures": {k: dict(v) for k, v in self.failures.items()}}
+
+
+def engine_split(snapshots: Mapping[str, EngineSnapshot | None]) -> dict[str, Any]:
+    """The prefill replicas' own split of their cached prompt tokens, as their last scrape
+    read it (`vllm:prompt_tokens_by_source`, cumulative since each engine started; None
+    where the engine does not export it): `external_kv_transfer` is what a prefill replica
+    loaded from elsewhere, i.e. pulled back from decoders; the exact figure that a usage
+    record's `pulled_tokens` can only estimate per request (gateway.pd.accounting). One
+    entry per prefill replica of the fleet: bounded."""
+    return {name: {"local_cache_hit": None if s is None else s.local_cache_hit_tokens_total,
+                   "external_kv_transfer": None if s is None else s.external_kv_tokens_total,
+                   "engine_started": None if s is None else s.process_start_time_seconds}
+            for name, s in sorted(snapshots.items())}

@@ -49,6 +49,7 @@ from starlette.routing import Route
 from gateway.admission.gate import Gate
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.hygiene.lograte import LogLimiter
+from gateway.pd.stats import engine_split
 from gateway.proxy.asgi import Receive, Scope, Send
 from gateway.proxy.auth import Authenticator
 from gateway.proxy.client import AiohttpUpstream, ClientLimits
@@ -421,6 +422,8 @@ class GatewayApp:
             stats["admission"] = s.gate.stats()
         if self._proxy is not None and s.fleet.has_prefill():
             stats["pd"] = self._proxy.pd.stats.snapshot()  # P/D traffic (gateway.pd)
+            stats["pd"]["prefill_engines"] = engine_split(
+                {r.name: r.snapshot for r in reps if r.prefill_only})
         return stats
 
 

@@ -18,9 +18,10 @@ class Exchange:
 
     __slots__ = (
         "best", "cached_from", "disconnected", "done", "endpoint", "error", "findings", "method",
-        "model", "moved", "outcome", "predicted", "prefill_replica", "replica", "request_id",
-        "route", "session", "status", "stream", "t0", "target", "tenant", "transferred_tokens",
-        "ts", "up_headers", "upstream_id", "withheld",
+        "model", "moved", "outcome", "predicted", "prefill_cached_tokens", "prefill_replica",
+        "pulled_exact", "pulled_tokens", "replica", "request_id", "route", "session", "status",
+        "stream", "t0", "target", "tenant", "transferred_tokens", "ts", "up_headers",
+        "upstream_id", "withheld",
     )
 
     def __init__(self, request_id: str, ts: float, t0: float, endpoint: str,
@@ -55,6 +56,11 @@ class Exchange:
         self.prefill_replica: str | None = None
         self.transferred_tokens: int | None = None
         self.cached_from: str | None = None
+        # P's own reported cached tokens, and of those the ones pulled back from the decoder
+        # (decoder_kv turns), exact or estimated (gateway.pd.accounting)
+        self.prefill_cached_tokens: int | None = None
+        self.pulled_tokens: int | None = None
+        self.pulled_exact: bool | None = None
 
     def fail(self, error: GatewayError) -> None:
         self.status = error.status
@@ -79,5 +85,6 @@ class Exchange:
             method=self.method, findings=tuple(self.findings),
             engine_request_id=self.upstream_id if self.replica is not None else None,
             prefill_replica=self.prefill_replica, transferred_tokens=self.transferred_tokens,
-            cached_from=self.cached_from,
+            cached_from=self.cached_from, prefill_cached_tokens=self.prefill_cached_tokens,
+            pulled_tokens=self.pulled_tokens, pulled_exact=self.pulled_exact,
         )

@@ -96,3 +96,12 @@ def response_headers(route: str, predicted: int | None, findings: Sequence[Findi
     if fix is not None:
         out.append((b"x-gateway-fix", fix.encode("ascii")))
     return out
+
+
+def repredicted(headers: Sequence[tuple[bytes, bytes]], route: str, predicted: int | None,
+                findings: Sequence[Finding]) -> list[tuple[bytes, bytes]]:
+    """`headers` with `x-gateway-cache` (where present) saying `predicted`: a P/D request's
+    cached tokens are the prefill replica's (the answer's usage reports them), so its
+    prediction is the one the client can check."""
+    value = cache_header(route, predicted, findings).encode("latin-1")
+    return [(k, value if k == b"x-gateway-cache" else v) for k, v in headers]

@@ -18,7 +18,9 @@ Accounting (on the request's Exchange, into its usage record): `prefill_replica`
 `transferred_tokens` (what P offered D), `cached_from` ("prefill": vLLM >= 0.32 reports
 P's cached tokens as D's, so the prediction recorded is P's; "decoder_kv": P was sent the
 decoder's params of the last turn, so those tokens were pulled back from D). The decode leg's cached
-count does not judge D's prediction (RequestFlow.finish leaves it out of the feedback).
+count does not judge D's prediction (RequestFlow.finish leaves it out of the feedback); P's
+own report judges P's (`_account`, gateway.pd.accounting: `prefill_cached_tokens`, and on
+decoder_kv turns `pulled_tokens`, which are neither P's hits nor misses).
 
 `gateway epp` has no P/D: llm-d runs the decode leg's sidecar on the decode pod instead.
 """
@@ -31,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from gateway.pd.accounting import prefill_verdict, pull_level, read_prefill
 from gateway.pd.choice import Legs, choose_legs
 from gateway.pd.config import PdConfig
 from gateway.pd.failures import PullFailed, after_prefill
@@ -41,9 +44,11 @@ from gateway.pd.stats import Alone, LegFailure, PdStats
 from gateway.proxy.asgi import Headers
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.flow import Prepared, RequestFlow, Turn
+from gateway.proxy.headers import repredicted
 from gateway.proxy.relay import upstream_request_headers
 from gateway.replicas.fleet import Fleet, Replica
 from gateway.replicas.monitor import FleetMonitor
+from gateway.routing.plan import RoutePlan
 from gateway.routing.router import Router
 from gateway.upstream.counters import UpstreamCounters
 from gateway.upstream.errors import UpstreamError
@@ -61,6 +66,7 @@ class Prefilled:
     replica: str
     params: dict[str, Any]  # P's kv_transfer_params, verbatim
     prompt_tokens: int | None
+    cached_tokens: int | None  # P's own report: its cache hits plus any pulled
     # the server the leg ran on: a new address under the same name while it ran is another
     # server (Fleet.current), which holds none of this prompt
     instance: Replica
@@ -87,8 +93,9 @@ class PdPath:
         self.stats = PdStats(metrics)
         self.pullback = PullBack(config, fleet, router)
 
-    def legs(self, turn: Turn, prep: Prepared) -> tuple[Legs, dict[str, int]] | None:
-        """The request's legs and P's predicted cached tokens per prefill replica; None
+    def legs(self, turn: Turn, prep: Prepared) -> tuple[Legs, RoutePlan | None] | None:
+        """The request's legs and the router's preview that ranked the prefill replicas
+        (P's predicted cached tokens; None on one leg); None
         when P/D does not apply (no prefill replica in the fleet, another endpoint, a
         request pinned to its replica)."""
         plan = turn.plan
@@ -102,14 +109,13 @@ class PdPath:
                            min_remote_prefill_tokens=self.config.min_remote_prefill_tokens,
                            prefill_ranked=[r.name for r in prefill])
         if not legs.two:
-            return legs, {}
+            return legs, None
         # P by its prefix and load: the router's ranking of the prefill replicas, counted
         # as sent nowhere (`holds` records the prompt on the P that computed it)
         ranked = self.router.preview(prep.view, prep.kind, prep.inbound.model, None,
                                      [r.state() for r in prefill], self.clock(),
-                                     tenant=turn.ex.tenant)
-        return (Legs(ranked.decision.ranked, legs.why, legs.uncached_tokens),
-                dict(ranked.predicted))
+                                     tenant=turn.ex.tenant, answers=False)
+        return Legs(ranked.decision.ranked, legs.why, legs.uncached_tokens), ranked
 
     async def serve(self, turn: Turn, prep: Prepared, payload: bytes, headers: Headers,
                     attempts: Attempts) -> bool:
@@ -119,7 +125,7 @@ class PdPath:
         found = self.legs(turn, prep)
         if found is None:
             return False
-        legs, predicted = found
+        legs, preview = found
         self.stats.chose(legs.why)
         if not legs.two:
             return False
@@ -137,10 +143,13 @@ class PdPath:
         self.stats.transferred(moved)
         ex.prefill_replica, ex.transferred_tokens, ex.cached_from = (
             pre.replica, moved, "prefill" if pulled is None else "decoder_kv")
-        ex.predicted = predicted.get(pre.replica, ex.predicted)
+        if preview is not None:
+            ex.predicted = preview.predicted.get(pre.replica, ex.predicted)
+        self._account(ex, pre, preview, pulled)
         if self.fleet.current(pre.instance):
             self.router.holds(pre.replica, plan, self.clock())
         if not ex.withheld:
+            headers[:] = repredicted(headers, ex.route or "", ex.predicted, ex.findings)
             headers.append((b"x-gateway-prefill", pre.replica.encode()))
         try:
             await attempts(orjson.dumps(decode_body(prep.body, pre.params)),
@@ -175,6 +184,30 @@ class PdPath:
         if self.pullback.remember(plan, prep.kind, ex.replica, out.reply_text, out.kv_params,
                                   self.clock()):
             self.stats.kept()
+
+    def _account(self, ex: Exchange, pre: Prefilled, preview: RoutePlan | None,
+                 pulled: dict[str, Any] | None) -> None:
+        """P's own report (gateway.pd.accounting): its cached tokens and, on a turn sent
+        the decoder's params, those pulled back into the record; P's prediction judged by
+        what the report can tell, once (the decode leg's copy of it judges nothing)."""
+        if pre.cached_tokens is None:
+            return  # an engine without prompt_tokens_details: nothing to read or judge
+        predicted = None if preview is None else preview.predicted.get(pre.replica)
+        block = self.router.engine_block(pre.replica)
+        level = None if pulled is None else pull_level(transferred_tokens(pulled, None),
+                                                       pre.prompt_tokens)
+        report = read_prefill(pre.cached_tokens, predicted, sent=pulled is not None,
+                              level=level, engine_block=block,
+                              threshold=self.config.kv_recompute_threshold)
+        ex.prefill_cached_tokens = report.cached
+        if pulled is not None:
+            ex.pulled_tokens, ex.pulled_exact = report.pulled, report.exact
+            self.stats.pulled(report.pulled)
+        if preview is None or predicted is None or not self.fleet.current(pre.instance):
+            return  # a server replaced while the leg ran teaches nothing of the new one
+        outcome = prefill_verdict(report, predicted, block)
+        if outcome is not None:
+            self.router.judged(preview, pre.replica, report.cached, outcome)
 
     async def _prefill(self, ex: Exchange, ranked: Sequence[str], body: bytes,
                        ) -> Prefilled | Alone:
@@ -219,7 +252,7 @@ class PdPath:
             if params is not None:
                 usage = parse_answer(data).usage
                 return Prefilled(name, params, usage.prompt_tokens if usage else None,
-                                 replica)
+                                 usage.cached_tokens if usage else None, replica)
             if what is None:
                 what = "no_params"
             else:

@@ -27,6 +27,9 @@ Reading (vLLM V1, see vllm-contract.md section 3):
 - `vllm:cache_config_info{block_size, num_gpu_blocks}` (info gauge: the labels are the data).
 - `process_start_time_seconds` (prometheus_client's process collector, exported by vLLM's
   API server): a new value means the replica restarted.
+- `vllm:prompt_tokens_by_source_total{source}` (vLLM >= 0.32): `local_cache_hit` and
+  `external_kv_transfer` summed apart (the engine's split of its cached prompt tokens;
+  `/stats` `pd` shows it for prefill replicas).
 
 Data parallel: each engine exports its own series (label `engine`). Counts and counters
 are summed over series; `num_gpu_blocks` is summed too (each engine has its own cache);
@@ -78,7 +81,11 @@ _MAXED = frozenset(
      _START}
 )  # fmt: skip
 _INFO = "vllm:cache_config_info"
-_WANTED = _SUMMED | _MAXED | {_INFO}
+# vLLM's split of the prompt tokens, summed per `source` label (engines, models)
+_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+_SOURCES = {"local_cache_hit": "by_source:local_cache_hit",
+            "external_kv_transfer": "by_source:external_kv_transfer"}
+_WANTED = _SUMMED | _MAXED | {_INFO, _BY_SOURCE}
 _PREFIXES = tuple(sorted(_WANTED))  # for str.startswith; longer names are dropped by _WANTED
 _KV = frozenset({"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
                  "llamacpp:kv_cache_usage_ratio"})
@@ -155,6 +162,10 @@ def parse_engine_metrics(text: str, now: float) -> EngineSnapshot:
                 block_size = bs
             if nb is not None:
                 num_gpu_blocks = nb if num_gpu_blocks is None else num_gpu_blocks + nb
+        elif name == _BY_SOURCE:
+            key = _SOURCES.get(labels.get("source", ""))
+            if key is not None:
+                values[key] = values.get(key, 0.0) + value
         elif name in _MAXED:
             values[name] = max(values.get(name, value), value)
         else:
@@ -191,4 +202,6 @@ def parse_engine_metrics(text: str, now: float) -> EngineSnapshot:
         num_gpu_blocks=num_gpu_blocks,
         block_size=block_size,
         process_start_time_seconds=values.get(_START) or None,  # 0: unknown
+        local_cache_hit_tokens_total=values.get(_SOURCES["local_cache_hit"]),
+        external_kv_tokens_total=values.get(_SOURCES["external_kv_transfer"]),
     )

@@ -103,9 +103,12 @@ class TokenEstimator:
         return anchor.tokens + (nbytes - j * self._block) / ratio
 
     def matched_tokens(
-        self, data: bytes, hashes: Sequence[int], blocks: int, ratio: float
+        self, data: bytes, hashes: Sequence[int], blocks: int, ratio: float,
+        answers: bool = True,
     ) -> float:
-        """Tokens of this request a holder of hashes[:blocks] shares with it."""
+        """Tokens of this request a holder of hashes[:blocks] shares with it. `answers`:
+        whether that holder generated the earlier answers it holds the prompts of (a P/D
+        prefill replica computes prompts only: the reply credit is not its)."""
         if blocks <= 0:
             return 0.0
         est, j, anchor = self.tokens_at(hashes, blocks, ratio)
@@ -114,7 +117,8 @@ class TokenEstimator:
             if end <= len(data) and tail_hash(
                 data[: end], blocks, self._block, hashes[blocks - 1]
             ) == anchor.tail_hash:
-                return max(est, anchor.reach + self._reply_credit(data, end, anchor, ratio))
+                credit = self._reply_credit(data, end, anchor, ratio) if answers else 0.0
+                return max(est, anchor.reach + credit)
         if blocks < len(hashes):
             # The two streams part somewhere inside the next block: on average half-way.
             est += self._block / (2 * ratio)

@@ -68,7 +68,7 @@ from gateway.routing.facts import (
     Sent,
     Trust,
 )
-from gateway.routing.feedback import Limits, adjust, verdict
+from gateway.routing.feedback import Limits, Verdict, adjust, verdict
 from gateway.routing.index import BlockIndex
 from gateway.routing.normalize import END, canonical_bytes, chain_seed
 from gateway.routing.plan import RoutePlan, engine_cap
@@ -164,13 +164,16 @@ class Router:
         now: float,
         *,
         tenant: str | None = None,
+        answers: bool = True,
     ) -> RoutePlan:
         """What `decide` would predict now, without counting anything as sent or opening a
         conversation (the admission queue asks it for each waiting request once, to know
-        which replica holds its prefix; `decide` is called when it goes)."""
+        which replica holds its prefix; `decide` is called when it goes). `answers` False:
+        the candidates never generate (P/D prefill replicas), so a conversation's earlier
+        answers are not predicted cached there (TokenEstimator.matched_tokens)."""
         self._settle(now)
         return self._route(body, endpoint, model, session, candidates, now, tenant,
-                           commit=False)
+                           commit=False, answers=answers)
 
     def report(self, plan: RoutePlan, now: float) -> None:
         """The request is over: its outcome (replica, usage, reply) is final."""
@@ -229,6 +232,17 @@ class Router:
                 self._drop_own(plan, old)
         self._sent(plan, replica, now)
 
+    def judged(self, plan: RoutePlan, replica: str, delivered: int, outcome: Verdict) -> None:
+        """`replica`'s answer to `plan` was judged elsewhere (a P/D prefill leg's own
+        report, gateway.pd.accounting: `plan` is the preview that ranked the prefill
+        replicas): the same limits a one-leg answer's verdict moves."""
+        if replica in plan.predicted and replica in self._limits and self.config.feedback:
+            self._feedback(plan, replica, delivered, outcome)
+
+    def engine_block(self, replica: str) -> int:
+        """The engine's KV block size on `replica` (its scrape's, else the configured)."""
+        return self._engine_block.get(replica, self.config.engine_block_size)
+
     def holds(self, replica: str, plan: RoutePlan, now: float) -> None:
         """`replica` computed `plan`'s prompt too (a P/D prefill leg, gateway.pd): it holds
         the prefix now, as the replica serving the request does; nothing else of the
@@ -254,6 +268,7 @@ class Router:
         tenant: str | None = None,
         commit: bool = True,
         previewed: RoutePlan | None = None,
+        answers: bool = True,
     ) -> RoutePlan:
         """Rank `candidates` for this request (`commit`: a decision, not a preview: a new
         conversation is opened, round robin advances). Raises NormalizeError (a ValueError) for a
@@ -309,7 +324,7 @@ class Router:
             if p is None:
                 p = by_blocks.get(key)
             if p is None:
-                tokens = est.matched_tokens(data, hashes, m, ratio)
+                tokens = est.matched_tokens(data, hashes, m, ratio, answers)
                 p = by_blocks[key] = engine_cap(tokens, prompt_tokens, key[1])
             matched[name] = m
             predicted[name] = p
@@ -579,10 +594,11 @@ class Router:
             for plan in [p for p, at in live.items() if at < cutoff]:
                 del live[plan]
 
-    def _feedback(self, plan: RoutePlan, replica: str, delivered: int) -> None:
+    def _feedback(self, plan: RoutePlan, replica: str, delivered: int,
+                  outcome: Verdict | None = None) -> None:
         cfg = self.config
-        block = self._engine_block.get(replica, cfg.engine_block_size)
-        outcome = verdict(plan.predicted[replica], delivered, block)
+        if outcome is None:
+            outcome = verdict(plan.predicted[replica], delivered, self.engine_block(replica))
         short = False
         if outcome == "over":
             ratio = self._estimator.ratio(ratio_key(plan.model, plan.tenant))

@@ -157,7 +157,9 @@ class Engine:
             c.prompt_tokens += req.num_prompt_tokens
             c.prompt_tokens_cached += req.num_cached_tokens
             # Blocks pulled from a peer are external KV, not local prefix-cache hits.
-            c.prefix_hits -= min(req.num_external_tokens, req.num_cached_tokens)
+            external = min(req.num_external_tokens, req.num_cached_tokens)
+            c.prefix_hits -= external
+            c.external_tokens += external
             self.metrics.queue.observe(start - req.arrival)
             self.metrics.prompt_len.observe(req.num_prompt_tokens)
         c = self.metrics.counters

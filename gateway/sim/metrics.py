@@ -126,6 +126,7 @@ class Histogram:
 class EngineCounters:
     prompt_tokens: int = 0
     prompt_tokens_cached: int = 0
+    external_tokens: int = 0  # of the cached, loaded from a peer (KV transfer)
     generation_tokens: int = 0
     prefix_queries: int = 0
     prefix_hits: int = 0
@@ -222,6 +223,16 @@ class EngineMetrics:
                 "Number of cached prompt tokens (local + external).", c.prompt_tokens_cached)
         counter("vllm:generation_tokens", "Number of generation tokens processed.",
                 c.generation_tokens)
+        # vLLM 0.32's own split of the prompt tokens (v1/metrics/stats.py PromptTokenStats):
+        # computed + local cache hits + external KV transfer = all prompt tokens
+        by_source = CounterMetricFamily("vllm:prompt_tokens_by_source",
+                                        "Number of prompt tokens by source.",
+                                        labels=[*_LABELS, "source"])
+        for source, n in (("local_compute", c.prompt_tokens - c.prompt_tokens_cached),
+                          ("local_cache_hit", c.prompt_tokens_cached - c.external_tokens),
+                          ("external_kv_transfer", c.external_tokens)):
+            by_source.add_metric([*values, source], n)
+        out.append(by_source)
         success = CounterMetricFamily("vllm:request_success",
                                       "Count of successfully processed requests.",
                                       labels=[*_LABELS, "finished_reason"])

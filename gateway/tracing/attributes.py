@@ -61,7 +61,11 @@ def end_attributes(rec: UsageRecord, admission_class: str | None,
         "gateway.replica": rec.replica,
         "gateway.tenant": rec.tenant,
         "gateway.cache.predicted_tokens": rec.predicted_cached_tokens,
-        "gateway.cache.delivered_tokens": rec.cached_tokens,
+        # P/D: the prefill replica's own hits (what its prediction is judged by), the
+        # tokens it pulled back from the decoder apart (UsageRecord.cache_split)
+        "gateway.cache.delivered_tokens": rec.cache_split()[1],
+        "gateway.cache.pulled_tokens": rec.pulled_tokens,
+        "gateway.pd.prefill_replica": rec.prefill_replica,
         "gateway.cache.best_available_tokens": rec.best_available_tokens,
         "gateway.moved": rec.moved,
         "gateway.admission.class": admission_class,

@@ -5,8 +5,10 @@ last timestamp (what "the last minute" means for a log read later), plus the top
 and tenants by uncached prompt tokens: the requests that paid for prefill.
 
 uncached tokens = prompt_tokens - cached_tokens, over records whose engine reported
-cached_tokens. Prompt tokens of records without cached_tokens are shown apart
-(`unknown_prompt_tokens`) rather than guessed as all-uncached or all-cached.
+cached_tokens (a P/D request's: its prefill replica's own hits, and the tokens it pulled
+back from a decoder neither cached nor uncached). Prompt tokens of records without
+cached_tokens are shown apart (`unknown_prompt_tokens`) rather than guessed as
+all-uncached or all-cached.
 """
 
 from __future__ import annotations
@@ -37,11 +39,14 @@ class _Spend:
         if prompt is None:
             return
         self.prompt += prompt
-        if rec.cached_tokens is None:
+        # P/D: the prefill replica's own hits; tokens it pulled back from a decoder were
+        # neither cached nor computed (UsageRecord.cache_split)
+        own, cached, _ = rec.cache_split()
+        if cached is None or own is None:
             self.unknown += prompt
         else:
-            self.cached += rec.cached_tokens
-            self.uncached += max(0, prompt - rec.cached_tokens)
+            self.cached += cached
+            self.uncached += max(0, own - cached)
 
     def as_json(self, name: str) -> dict[str, Any]:
         return {

@@ -24,6 +24,8 @@ _INT_OR_NONE = (
     "best_available_tokens",
     "completion_tokens",
     "transferred_tokens",
+    "prefill_cached_tokens",
+    "pulled_tokens",
 )
 _STR_OR_NONE = ("tenant", "replica", "route", "session", "error", "engine_request_id",
                 "prefill_replica", "cached_from")
@@ -65,6 +67,9 @@ def record_from_json(obj: Any, line: int) -> UsageRecord:
     model = obj.get("model")
     if not isinstance(model, str):
         raise LogError(line, "field 'model' must be a string")
+    exact = obj.get("pulled_exact")
+    if exact is not None and not isinstance(exact, bool):
+        raise LogError(line, "field 'pulled_exact' must be a boolean or null")
     hygiene = obj.get("hygiene", 0)
     if isinstance(hygiene, bool) or not isinstance(hygiene, int):
         raise LogError(line, "field 'hygiene' must be an integer")

@@ -7,7 +7,8 @@ render the registry and check that each of these is present:
 Per request (from `UsageRecord`s, `observe`):
 - `gateway_requests_total{model,replica,tenant,route,status}` counter
 - `gateway_prompt_tokens_total{model,replica,tenant,route}` counter
-- `gateway_cached_tokens_total{model,replica,tenant,route}` counter (only engine-reported)
+- `gateway_cached_tokens_total{model,replica,tenant,route}` counter (only engine-reported;
+  a P/D request's are its prefill replica's own hits, less any pulled from a decoder)
 - `gateway_predicted_cached_tokens_total{model,replica,tenant,route}` counter
 - `gateway_best_available_tokens_total{model,replica,tenant,route}` counter
 - `gateway_completion_tokens_total{model,replica,tenant,route}` counter
@@ -21,7 +22,8 @@ Per request (from `UsageRecord`s, `observe`):
 - `gateway_request_latency_seconds{model,replica}` histogram (every request)
 - `gateway_request_prompt_tokens{model,replica}` histogram (prompt length per request,
   buckets up to 128k; not `gateway_prompt_tokens`, which is the counter's family name)
-- `gateway_cached_ratio{model,replica}` histogram (cached/prompt per request, 0..1)
+- `gateway_cached_ratio{model,replica}` histogram (cached/prompt per request, 0..1; P/D:
+  tokens pulled back from a decoder leave both, `UsageRecord.cache_split`)
 - `gateway_endpoint_requests_total{endpoint,status}`,
   `gateway_endpoint_prompt_tokens_total{endpoint}`,
   `gateway_endpoint_cached_tokens_total{endpoint}` counters: the same by inference API
@@ -363,7 +365,9 @@ class GatewayMetrics:
                 *(m.labels(*tokens_key) for m in
                   (self._prompt, self._cached, self._predicted, self._best, self._completion))
             )  # fmt: skip
-        prompt, cached = rec.prompt_tokens, rec.cached_tokens
+        # P/D: cached = the prefill replica's own hits; tokens it pulled back from a decoder
+        # are neither hits nor misses (gateway_pd_pulled_tokens_total counts them)
+        prompt, (own_prompt, cached, _) = rec.prompt_tokens, rec.cache_split()
         if prompt:
             tok.prompt.inc(prompt)
         if cached:
@@ -410,8 +414,8 @@ class GatewayMetrics:
                         replica
                     )
                 without.inc()
-            elif prompt > 0:
-                hist.ratio.observe(min(1.0, cached / prompt))
+            elif own_prompt:
+                hist.ratio.observe(min(1.0, cached / own_prompt))
 
     def live_or_none(self, replica: str | None) -> bool:
         """No replica (the gateway answered), or one in the fleet now."""

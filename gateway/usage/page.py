@@ -175,6 +175,7 @@ text-align: right }} td:first-child, th:first-child {{ text-align: left }}
 <h2 id=hygiene>Hygiene: why prompts miss the cache</h2>
 {panels.hygiene(stats.get("hygiene"))}
 {panels.admission(stats.get("admission"))}
+{panels.pd(stats.get("pd"))}
 <p class=empty>JSON: <a href="/stats">/stats</a> &middot;
 Prometheus: <a href="/metrics">/metrics</a></p>
 </body></html>

@@ -9,6 +9,9 @@ HTML-escaped; a part that is absent or empty says so instead of drawing an empty
   (message index, character offset), span and remedy.
 - `admission`: the gateway queue (queued per class, shed per reason, waits, admitted
   tokens per tenant), only where `/stats` has an `admission` section.
+- `pd`: P/D traffic (two-leg requests, transferred and pulled-back tokens, leg failures)
+  and each prefill replica's own split of its cached prompt tokens, only where `/stats`
+  has a `pd` section (a fleet with a prefill replica; the operator's view).
 """
 
 from __future__ import annotations
@@ -181,6 +184,31 @@ def admission(section: Mapping[str, Any] | None) -> str:
             + _table("admission-shed", ("reason", "shed"), shed_rows, "Nothing shed.")
             + _table("admission-tenants", ("tenant", "admitted tokens"), tenant_rows,
                      "No tokens admitted yet."))
+
+
+def pd(section: Mapping[str, Any] | None) -> str:
+    """P/D traffic; empty when `/stats` has no `pd` section."""
+    if section is None:
+        return ""
+    kv: Mapping[str, Any] = section.get("decoder_kv") or {}
+    failures: Mapping[str, Mapping[str, Any]] = section.get("transfer_failures") or {}
+    fail_rows = [f'<tr data-leg="{esc(leg)}"><td>{esc(leg)}</td><td>{esc(what)}</td>'
+                 f"<td>{num(n)}</td></tr>"
+                 for leg, per in sorted(failures.items()) for what, n in sorted(per.items())]
+    engines: Mapping[str, Mapping[str, Any]] = section.get("prefill_engines") or {}
+    engine_rows = [f'<tr data-replica="{esc(name)}"><td>{esc(name)}</td>'
+                   f"<td>{num(e.get('local_cache_hit'))}</td>"
+                   f"<td>{num(e.get('external_kv_transfer'))}</td></tr>"
+                   for name, e in sorted(engines.items())]
+    return (f'<h2>Prefill/decode</h2><p id="pd">{num(section.get("two_legs", 0))} two-leg '
+            f'requests, {num(section.get("transferred_tokens", 0))} tokens offered to '
+            f'decoders, {num(kv.get("pulled_tokens", 0))} pulled back from them (the '
+            "gateway's reading of the prefill replicas' answers).</p>"
+            + _table("pd-failures", ("leg", "failure", "count"), fail_rows,
+                     "No leg failed.")
+            + _table("pd-engines", ("prefill replica", "local cache hit tokens",
+                                    "external KV tokens (engine)"), engine_rows,
+                     "No prefill replica scraped yet."))
 
 
 def _ints(values: Iterable[Any]) -> Iterable[int]:

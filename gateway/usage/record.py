@@ -59,6 +59,25 @@ class UsageRecord:
     prefill_replica: str | None = None
     transferred_tokens: int | None = None
     cached_from: str | None = None
+    # P's own report on the prefill leg (its answer's cached tokens: its cache hits plus
+    # any pulled), and on "decoder_kv" turns the tokens of it pulled back from the decoder
+    # with whether that count is exact (False: estimated from P's prediction,
+    # gateway.pd.accounting); None on one-leg requests
+    prefill_cached_tokens: int | None = None
+    pulled_tokens: int | None = None
+    pulled_exact: bool | None = None
+
+    def cache_split(self) -> tuple[int | None, int | None, int]:
+        """(prompt, cached, pulled) as the cache figures count them: a two-leg request's
+        cached tokens are P's own report (the decoder's is a copy of it, or on engines
+        before vLLM 0.32 the whole transferred prompt), and tokens pulled back from the
+        decoder are neither cache hits nor misses: they leave both counts."""
+        prompt, cached = self.prompt_tokens, self.cached_tokens
+        if self.prefill_replica is None or self.prefill_cached_tokens is None:
+            return prompt, cached, 0
+        pulled = self.pulled_tokens or 0
+        hits = max(0, self.prefill_cached_tokens - pulled)
+        return (None if prompt is None else max(0, prompt - pulled)), hits, pulled
 
     @property
     def endpoint_kind(self) -> str:

@@ -25,6 +25,11 @@ class EngineSnapshot:
     # When the engine's server process started (unix seconds; prometheus_client's process
     # collector, which vLLM exports): a new value means the replica restarted.
     process_start_time_seconds: float | None = None
+    # vLLM's own split of its prompt tokens (`vllm:prompt_tokens_by_source`, since the
+    # engine started): cached in its local prefix cache, and loaded from a peer (a P/D
+    # transfer; on a prefill replica, what it pulled back from a decoder)
+    local_cache_hit_tokens_total: float | None = None
+    external_kv_tokens_total: float | None = None
 
     @property
     def capacity_tokens(self) -> int | None:

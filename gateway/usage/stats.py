@@ -30,6 +30,10 @@ Figures (all token-weighted sums over the window, never averages of per-request 
   made before tokenization can overshoot it) and predicted at best.
   Records with `cached_tokens` None are excluded from cached_ratio and delivered, and
   counted in `records_without_cached_tokens`.
+- P/D (two legs, `UsageRecord.cache_split`): "cached" is the prefill replica's own report
+  (what it did not compute), the prediction P's; tokens it pulled back from a decoder
+  (`pulled_tokens`, decoder_kv turns) are neither hits nor misses: they leave the prompt
+  and the cached counts of cached_ratio, available and delivered, and are summed apart.
 - Percentiles: prompt tokens P50/P95/P99; latency P50/P99 (every record with status <
   400); TTFT P99 over streamed records only (status < 400): a non-streamed answer arrives
   in one piece, its first byte is its last, so its "TTFT" would be its latency; TPOT P99,
@@ -66,7 +70,7 @@ class Totals:
 
     __slots__ = (
         "avail_den", "avail_num", "capt_den", "capt_num", "completion", "deliv_den",
-        "deliv_num", "prompt", "ratio_den", "ratio_num", "requests", "status", "without",
+        "deliv_num", "prompt", "pulled", "ratio_den", "ratio_num", "requests", "status", "without",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -77,6 +81,7 @@ class Totals:
         self.ratio_num = 0  # cached, where prompt and cached are known
         self.ratio_den = 0  # prompt, same records
         self.without = 0  # records with prompt known and cached None
+        self.pulled = 0  # P/D: prompt tokens a prefill replica pulled back from a decoder
         self.avail_num = 0
         self.avail_den = 0
         self.capt_num = 0
@@ -87,12 +92,15 @@ class Totals:
     def add(self, rec: UsageRecord) -> None:
         self.requests += 1
         self.status[rec.status] = self.status.get(rec.status, 0) + 1
-        prompt, cached = rec.prompt_tokens, rec.cached_tokens
+        # P/D: P's own hits; tokens pulled back from a decoder leave the cache figures
+        prompt, cached, pulled = rec.cache_split()
         predicted, best = rec.predicted_cached_tokens, rec.best_available_tokens
+        self.pulled += pulled
         if rec.completion_tokens is not None:
             self.completion += rec.completion_tokens
+        if rec.prompt_tokens is not None:
+            self.prompt += rec.prompt_tokens  # volume: every prompt token, pulled or not
         if prompt is not None:
-            self.prompt += prompt
             # Estimates made before the prompt was tokenized may overshoot it; no replica
             # can offer, nor routing predict, more than the whole prompt.
             best = None if best is None else min(best, prompt)
@@ -124,6 +132,7 @@ class Totals:
         self.ratio_num += o.ratio_num
         self.ratio_den += o.ratio_den
         self.without += o.without
+        self.pulled += o.pulled
         self.avail_num += o.avail_num
         self.avail_den += o.avail_den
         self.capt_num += o.capt_num
@@ -138,6 +147,7 @@ class Totals:
             "cached_tokens": self.ratio_num,
             "completion_tokens": self.completion,
             "cached_ratio": _ratio(self.ratio_num, self.ratio_den),
+            "pulled_tokens": self.pulled,
             "records_without_cached_tokens": self.without,
             "available": _ratio(self.avail_num, self.avail_den),
             "captured": _ratio(self.capt_num, self.capt_den),
