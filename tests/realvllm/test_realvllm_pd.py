@@ -202,3 +202,57 @@ def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back
     # every turn took both legs, the edited one included (a fresh prefill, not D alone)
     names = (urlsplit(pair.decode).netloc, urlsplit(pair.prefill).netloc)  # serve's names
     assert [(r["replica"], r["prefill_replica"]) for r in recs] == [names] * 4
+
+
+def _response_logprobs(response: Any) -> list[float]:
+    """The logprobs of a Responses answer's text (asked with `include`)."""
+    item = response["output"][-1]
+    assert item["type"] == "message", item
+    return [t["logprob"] for t in item["content"][0]["logprobs"]]
+
+
+def test_gateway_pd_responses_and_messages_equal_aggregated(
+    vllm_pd: PdPair, tmp_path: Path
+) -> None:
+    """One Responses turn and one Messages turn through `gateway serve --prefill P
+    --decode D` (both endpoints take `kv_transfer_params` in vLLM 0.32): D pulls each
+    prompt once, and each answer is the one D gives alone (Responses: text and logprobs;
+    Messages, which returns no logprobs: its text), the client seeing no transfer
+    params."""
+    pair, log = vllm_pd, tmp_path / "usage.jsonl"
+    env = {"GATEWAY_PD__MIN_REMOTE_PREFILL_TOKENS": "0"}
+    words = " ".join(f"r{i % 31} item {i}" for i in range(120))
+    instructions = f"pd apis {uuid.uuid4().hex}: {words}"
+    responses: dict[str, Any] = {
+        "model": MODEL_NAME, "instructions": instructions, "input": "Go on.",
+        "temperature": 0, "max_output_tokens": ANSWER_TOKENS, "ignore_eos": True,
+        "top_logprobs": 0, "include": ["message.output_text.logprobs"], "store": False,
+    }  # fmt: skip
+    messages: dict[str, Any] = {
+        "model": MODEL_NAME, "system": f"pd messages {uuid.uuid4().hex}: {words}",
+        "messages": [{"role": "user", "content": "Go on."}], "temperature": 0,
+        "max_tokens": ANSWER_TOKENS,
+    }  # fmt: skip
+    salt = {"cache_salt": f"aggregated-{uuid.uuid4().hex}"}
+    with fronted([], log, "--prefill", pair.prefill, "--decode", pair.decode, env=env) as gw:
+        d0 = xfer_count(pair.decode)
+        got = _post(gw, "/v1/responses", responses, "pd-responses")
+        assert _count_reaches(pair.decode, d0 + 1) == d0 + 1
+        assert "kv_transfer_params" not in got or got["kv_transfer_params"] is None
+        ref = _post(pair.decode, "/v1/responses", {**responses, **salt}, "alone-responses")
+        assert got["output"][-1]["content"][0]["text"] == ref["output"][-1]["content"][0]["text"]
+        drift = max(abs(x - y) for x, y in zip(_response_logprobs(got),
+                                               _response_logprobs(ref), strict=True))
+        assert drift <= LOGPROB_TOLERANCE, drift
+
+        d0 = xfer_count(pair.decode)
+        got = _post(gw, "/v1/messages", messages, "pd-messages")
+        assert _count_reaches(pair.decode, d0 + 1) == d0 + 1
+        assert "kv_transfer_params" not in got
+        ref = _post(pair.decode, "/v1/messages", {**messages, **salt}, "alone-messages")
+        assert got["content"] == ref["content"] and got["content"][0]["text"]
+
+    recs = records(log)
+    names = (urlsplit(pair.decode).netloc, urlsplit(pair.prefill).netloc)
+    assert [(r["endpoint"], r["replica"], r["prefill_replica"]) for r in recs] == [
+        ("responses", *names), ("messages", *names)]
