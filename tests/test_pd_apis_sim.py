@@ -17,7 +17,7 @@ connector (P's answer has none: D alone); the answer filter's nested strip remov
 streamed Responses answer carries D's engine id to the client); `after_prefill`
 answering "decode_alone" for a prefill leg not delivered; the Responses object without
 D's own params; D's Responses usage reporting the pulled prompt as cached (not P's
-count, as vLLM >= 0.32 reports).
+count, as vLLM >= 0.32 reports); a continuation of an unknown response given two legs.
 """
 
 from __future__ import annotations
@@ -323,3 +323,21 @@ async def test_a_failed_pull_is_answered_whole_by_the_prefill_replica() -> None:
             pd = gw.stats()["pd"]
             assert pd["prefill_alone"] == 1
             assert pd["transfer_failures"]["decode"] == {"server_error": 1}
+
+
+async def test_a_response_continuation_of_an_unknown_creator_stays_one_leg(
+        pair: tuple[str, str]) -> None:
+    """A `previous_response_id` the gateway never saw is not pinned, yet no prefill
+    replica can hold that stored response: the request goes to D alone, P gets nothing
+    (the replica's own 404 is relayed)."""
+    p, d = pair
+    async with served(settings([("p", p, "prefill"), ("d", d, "decode")])) as gw, \
+            httpx.AsyncClient(timeout=30) as client:
+        r = await client.post(gw.url + "/v1/responses", json={
+            "model": MODEL, "input": long("unknownchain"), "max_output_tokens": 4,
+            "previous_response_id": "resp_0123456789abcdef"})
+        assert r.status_code == 404 and r.headers["x-gateway-replica"] == "d"
+        assert "x-gateway-prefill" not in r.headers
+        pd = gw.stats()["pd"]
+        assert pd["two_legs"] == 0 and sum(pd["decode_alone"].values()) == 0
+        assert pd["transfer_failures"] == {"prefill": {}, "decode": {}}

@@ -20,6 +20,11 @@ P's cached tokens as D's, so the prediction recorded is P's; "decoder_kv": P was
 decoder's params of the last turn, so those tokens were pulled back from D). The decode leg's cached
 count does not judge D's prediction (RequestFlow.finish leaves it out of the feedback).
 
+Endpoints: chat, completions, Responses and Messages (vLLM 0.32 takes kv_transfer_params on
+each: gateway.pd.legs says how each prefill leg differs); a Responses request naming a
+`previous_response_id` stays one leg. `[pd] reuse_decoder_kv` keeps and sends a decoder's
+params on chat and completions only (`REUSE_ENDPOINTS`).
+
 `gateway epp` has no P/D: llm-d runs the decode leg's sidecar on the decode pod instead.
 """
 
