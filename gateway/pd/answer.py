@@ -8,6 +8,12 @@ routes the legs). They are removed from every relayed answer, after the gateway 
 them: `strip_json` for a whole JSON body, `StreamAnswer` for an SSE stream (vLLM puts them
 on the stream's final chunk).
 
+Where each endpoint's answer carries them (vLLM 0.32): chat and completions at the top of
+the body or the final chunk; Responses in the response object (the body, or nested in the
+stream's `response.completed` event: `response.kv_transfer_params`); Messages at the top
+of the body (its stream carries none: vLLM's converter drops them). Every depth is
+stripped, so each of these shapes reaches the client without them.
+
 `StreamAnswer(collect=True)` also collects the streamed answer's text, so turn two
 without re-prefill (gateway.pd.pullback) works for streamed turns with the same exact
 check as for a whole answer: the text of choice 0 (`delta.content` for chat, `text` for
@@ -172,6 +178,9 @@ class StreamAnswer:
                 self._read(doc)
             if has_key and doc is not None:
                 params = doc.get("kv_transfer_params")
+                nested = doc.get("response")  # a Responses stream's response.completed
+                if params is None and isinstance(nested, dict):
+                    params = nested.get("kv_transfer_params")
                 if isinstance(params, dict) and params:
                     self.params = params
                 if _strip(doc):

@@ -13,12 +13,28 @@ As vLLM's own reference proxy and every peer router do it (real-vllm-pd.md):
 Both legs carry the same `X-Request-Id` (the request path's). A `kv_transfer_params` the
 client sent never goes upstream on either leg: the gateway's replaces it (a client's own
 would make an engine load whatever blocks it names).
+
+The endpoints whose vLLM (0.32) requests accept `kv_transfer_params` and whose answers
+return them, and how each names its output limit (`prefill_body` per endpoint):
+- chat, completions: `max_tokens` (and chat's `max_completion_tokens` when sent);
+- responses (`/v1/responses`, vLLM's entrypoints/openai/responses/protocol.py: the field
+  goes to the sampler's extra_args; the response object carries P's): `max_output_tokens`.
+  The prefill leg also gets `store: false` (P would otherwise keep a one-token response
+  under an id the client never sees, in an unbounded store) and no `background` (a
+  background leg answers "queued" without P's params; and vLLM refuses background
+  without store);
+- messages (`/v1/messages`, entrypoints/anthropic/protocol.py: passed to the chat
+  request vLLM runs; a prefill leg with `do_remote_decode` skips the thinking-budget
+  check, since its `max_tokens` 1 is below any budget): `max_tokens`.
+Every other field is left as the client sent it: the prefill leg's prompt must render to
+the very tokens the decode leg's does (`instructions`, `reasoning`, `thinking`, tools,
+`cache_salt` all shape it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -28,18 +44,27 @@ FRESH: Mapping[str, Any] = {
 }
 
 
+Endpoint = Literal["chat", "completions", "responses", "messages"]
+ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completions", "responses", "messages")
+
+
 def prefill_body(body: Mapping[str, Any], pulled: Mapping[str, Any] | None = None,
-                 ) -> dict[str, Any]:
-    """The prefill leg's body. `pulled`: the decoder's params of the conversation's last
-    turn (`[pd] reuse_decoder_kv`, checked by the caller to extend it exactly), which let
-    P pull that turn's KV from D instead of computing it; sent with `do_remote_decode`
-    true, as vLLM's bidirectional example does."""
+                 endpoint: Endpoint = "chat") -> dict[str, Any]:
+    """The prefill leg's body for `endpoint`. `pulled`: the decoder's params of the
+    conversation's last turn (`[pd] reuse_decoder_kv`, checked by the caller to extend it
+    exactly), which let P pull that turn's KV from D instead of computing it; sent with
+    `do_remote_decode` true, as vLLM's bidirectional example does."""
     out = dict(body)
     out["kv_transfer_params"] = ({**pulled, "do_remote_decode": True} if pulled is not None
                                  else dict(FRESH))
     out["stream"] = False
-    out["max_tokens"] = 1
-    if "max_completion_tokens" in out:
+    if endpoint == "responses":
+        out["max_output_tokens"] = 1
+        out["store"] = False
+        out.pop("background", None)
+    else:
+        out["max_tokens"] = 1
+    if endpoint in ("chat", "completions") and "max_completion_tokens" in out:
         out["max_completion_tokens"] = 1
     out.pop("stream_options", None)
     out.pop("min_tokens", None)

@@ -33,9 +33,10 @@ If that replica left the fleet or is unhealthy, the gateway answers 404/503 sayi
 instead of sending it where it can only fail. Each relayed Responses answer's id is
 remembered with the replica that made it (`Services.affinity`).
 
-P/D (gateway.proxy.pd_path): with `prefill` replicas in the fleet, a chat or completions request
-whose decode replica (the router's decision) would leave enough of the prompt uncached
-takes a prefill leg first; the decode leg is then this module's ordinary try on the
+P/D (gateway.proxy.pd_path): with `prefill` replicas in the fleet, a chat, completions,
+Responses or Messages request (not one continuing a stored response) whose decode replica
+(the router's decision) would leave enough of the prompt uncached takes a prefill leg
+first; the decode leg is then this module's ordinary try on the
 decision's ranking, whose failure before a byte (`pull`: PullFailed) lets the prefill
 replica answer the whole request.
 

@@ -22,6 +22,11 @@ count does not judge D's prediction (RequestFlow.finish leaves it out of the fee
 own report judges P's (`_account`, gateway.pd.accounting: `prefill_cached_tokens`, and on
 decoder_kv turns `pulled_tokens`, which are neither P's hits nor misses).
 
+Endpoints: chat, completions, Responses and Messages (vLLM 0.32 takes kv_transfer_params on
+each: gateway.pd.legs says how each prefill leg differs); a Responses request naming a
+`previous_response_id` stays one leg. `[pd] reuse_decoder_kv` keeps and sends a decoder's
+params on chat and completions only (`REUSE_ENDPOINTS`).
+
 `gateway epp` has no P/D: llm-d runs the decode leg's sidecar on the decode pod instead.
 """
 
@@ -37,7 +42,13 @@ from gateway.pd.accounting import prefill_verdict, pull_level, read_prefill
 from gateway.pd.choice import Legs, choose_legs
 from gateway.pd.config import PdConfig
 from gateway.pd.failures import PullFailed, after_prefill
-from gateway.pd.legs import answer_params, decode_body, prefill_body, transferred_tokens
+from gateway.pd.legs import (
+    ENDPOINTS,
+    answer_params,
+    decode_body,
+    prefill_body,
+    transferred_tokens,
+)
 from gateway.pd.metrics import PdMetrics
 from gateway.pd.pullback import PullBack
 from gateway.pd.stats import Alone, LegFailure, PdStats
@@ -55,6 +66,11 @@ from gateway.upstream.errors import UpstreamError
 from gateway.upstream.failure import answered, happened, verdict
 from gateway.upstream.seam import Timeouts, Upstream, UpstreamResponse
 from gateway.usage.extract import parse_answer
+
+# `[pd] reuse_decoder_kv` keeps and sends a decoder's params on these only: a Messages
+# stream carries none (vLLM 0.32), and the gateway cannot check that a Responses or
+# Messages turn's rendering of the last answer is the bytes D's KV holds
+REUSE_ENDPOINTS = ("chat", "completions")
 
 # The request path's tries on a ranked list of replicas with a body (pull: a decode leg,
 # whose failure before a byte raises PullFailed instead of answering the client).
@@ -99,8 +115,12 @@ class PdPath:
         when P/D does not apply (no prefill replica in the fleet, another endpoint, a
         request pinned to its replica)."""
         plan = turn.plan
-        if (plan is None or prep.endpoint not in ("chat", "completions")
-                or plan.decision.reason == "response" or not self.fleet.has_prefill()):
+        if (plan is None or prep.endpoint not in ENDPOINTS or plan.decision.reason == "response"
+                or prep.body.get("previous_response_id") is not None
+                or not self.fleet.has_prefill()):
+            # a request continuing a stored response stays one leg even when the gateway
+            # does not know its creator: P holds no stored response (its legs are sent
+            # with store false), and the router saw only the new items of its prompt
             return None
         decision = plan.decision
         prefill = self.fleet.prefill_candidates(prep.inbound.model)
@@ -131,11 +151,13 @@ class PdPath:
             return False
         ex, plan = turn.ex, turn.plan
         assert plan is not None
-        pulled = self.pullback.take(plan, self.clock())
-        if self.pullback.enabled:
-            self.stats.reused(pulled is not None)
+        pulled = None
+        if prep.endpoint in REUSE_ENDPOINTS:  # docs/deployment/pd.md says why only these
+            pulled = self.pullback.take(plan, self.clock())
+            if self.pullback.enabled:
+                self.stats.reused(pulled is not None)
         pre = await self._prefill(ex, legs.prefill,
-                                  orjson.dumps(prefill_body(prep.body, pulled)))
+                                  orjson.dumps(prefill_body(prep.body, pulled, prep.endpoint)))
         if not isinstance(pre, Prefilled):
             self.stats.decode_alone(pre)
             return False
@@ -165,7 +187,7 @@ class PdPath:
     def collects(self, endpoint: str) -> bool:
         """Whether a stream's text is collected (gateway.pd.answer): the next turn's
         check needs it, and only `[pd] reuse_decoder_kv` keeps anything for one."""
-        return self.pullback.enabled and endpoint in ("chat", "completions")
+        return self.pullback.enabled and endpoint in REUSE_ENDPOINTS
 
     def answered(self, turn: Turn, prep: Prepared) -> None:
         """The request was answered: keep a decoder's returned params for the next turn
@@ -176,7 +198,7 @@ class PdPath:
         out = ex.outcome
         if (not self.pullback.enabled or plan is None or ex.status != 200
                 or out.kv_params is None or ex.replica is None or out.reasoned
-                or prep.endpoint not in ("chat", "completions")):
+                or prep.endpoint not in REUSE_ENDPOINTS):
             return
         replica = turn.replica  # the server that answered, not whoever has its name now
         if replica is None or not self.fleet.current(replica) or replica.prefill_only:

@@ -214,10 +214,7 @@ class SimApp:
         except ValueError as exc:
             raise bad_request(str(exc), "priority") from None
         if admission is not None:
-            req.hold, req.hold_s = admission.hold, admission.hold_s
-            req.num_external_tokens = admission.external_tokens
-            req.reported_cached = admission.reported_cached
-            req.remote_prefill_s = admission.remote_prefill_s
+            admission.apply(req)
         replica.in_flight += 1
         try:
             pending = replica.submit(req, streaming=gen.stream)

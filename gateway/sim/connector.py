@@ -66,6 +66,14 @@ class Admission:
     reported_cached: int | None = None
     remote_prefill_s: float = 0.0  # the prefill leg's time on P (a decode leg's timing)
 
+    def apply(self, req: SimRequest) -> None:
+        """Give the engine's request what the connector decided (its arrival was dated
+        `transfer_s` earlier by the caller)."""
+        req.hold, req.hold_s = self.hold, self.hold_s
+        req.num_external_tokens = self.external_tokens
+        req.reported_cached = self.reported_cached
+        req.remote_prefill_s = self.remote_prefill_s
+
 
 class KvConnector:
     def __init__(self, replica: Replica, fabric: KvFabric, config: TransferConfig, *,

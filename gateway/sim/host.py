@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from gateway.sim.connector import KvConnector
 from gateway.sim.replica import Replica
 from gateway.sim.request import SimRequest
 from gateway.sim.tokenizer import Tokenizer
@@ -28,6 +29,8 @@ class RouteConfig(Protocol):
 class RouteHost(Protocol):
     @property
     def replica(self) -> Replica: ...
+    @property
+    def connector(self) -> KvConnector | None: ...
     @property
     def tokenizer(self) -> Tokenizer: ...
     @property

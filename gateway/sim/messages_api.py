@@ -25,6 +25,9 @@ the conversion), runs it, and converts the answer back:
   known, content_block_delta `input_json_delta` fragments, content_block_stop,
   message_delta, message_stop. The next turn's `tool_use` / `tool_result` blocks are the
   chat tool calls and tool messages (`gateway.routing.messages_api`).
+- P/D (`--role prefill|decode`): `kv_transfer_params` is copied onto the chat request,
+  as vLLM does; the answer's own params come back in the body only (vLLM's stream
+  converter drops them);
 - errors: `{"type": "error", "error": {"type", "message"}}` with the status of the error,
   except request validation (a missing `max_tokens`, required as in Anthropic's API),
   which vLLM answers in its OpenAI shape with type "Bad Request" and param
@@ -59,6 +62,8 @@ def parse_messages(body: Mapping[str, Any]) -> protocol.ChatParams:
         "model": body.get("model"), "messages": view["messages"],
         "stream": body.get("stream"), "max_tokens": max_tokens,
         "temperature": body.get("temperature"), "top_p": body.get("top_p"),
+        # vLLM copies it onto the chat request it runs (a P/D leg: gateway.sim.connector)
+        "kv_transfer_params": body.get("kv_transfer_params"),
     }
     if "tools" in view:
         chat_body["tools"] = view["tools"]
@@ -116,17 +121,23 @@ def tool_use(call: PlannedCall) -> dict[str, Any]:
 
 
 def message_body(mid: str, model: str, text: str, finish: str | None,
-                 use: dict[str, Any], call: PlannedCall | None = None) -> bytes:
-    """`call`: the whole call that came out (then `finish` is the chat one for it)."""
+                 use: dict[str, Any], call: PlannedCall | None = None,
+                 kv_transfer: dict[str, Any] | None = None) -> bytes:
+    """`call`: the whole call that came out (then `finish` is the chat one for it).
+    `kv_transfer`: the answer's own params (a P/D leg), absent when None as vLLM writes
+    the body (`exclude_none`)."""
     content: list[dict[str, Any]] = [{"type": "text", "text": text}]
     if call is not None:
         content = [{"type": "text", "text": call.content}] if call.content else []
         content.append(tool_use(call))
-    return orjson.dumps({
+    body: dict[str, Any] = {
         "id": mid, "type": "message", "role": "assistant",
         "content": content, "model": model,
         "stop_reason": stop_reason(finish), "stop_sequence": None, "usage": use,
-    })
+    }
+    if kv_transfer is not None:
+        body["kv_transfer_params"] = kv_transfer
+    return orjson.dumps(body)
 
 
 def _event(kind: str, payload: dict[str, Any]) -> bytes:

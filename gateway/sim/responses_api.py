@@ -20,6 +20,10 @@ response.content_part.added, response.output_text.delta..., response.output_text
 response.content_part.done, response.output_item.done, response.completed (carrying the
 whole response with its usage). No `data: [DONE]`.
 
+P/D (`--role prefill|decode`): `kv_transfer_params` is the leg's, as on chat (vLLM
+passes it to the sampler's extra_args); the response object carries the answer's own
+(`kv_transfer_params`, in the body and in the stream's `response.completed`).
+
 Tool calls: `tools` (`{"type": "function", "name", "parameters"}`) and `tool_choice`
 ("auto" (the default with tools), "required", "none", or `{"type": "function", "name"}`)
 become the chat ones; the answer is drawn as on chat (gateway.sim.toolcalls). As vLLM's
@@ -126,6 +130,8 @@ def parse_responses(body: Mapping[str, Any], store: ResponseStore | None) -> Res
         "model": body.get("model"), "messages": messages, "stream": body.get("stream"),
         "max_tokens": max_output, "temperature": body.get("temperature"),
         "top_p": body.get("top_p"), "cache_salt": body.get("cache_salt"),
+        # vLLM passes it to the sampler (a P/D leg: gateway.sim.connector)
+        "kv_transfer_params": body.get("kv_transfer_params"),
     }
     if "tools" in view:
         chat_body["tools"] = view["tools"]
@@ -187,6 +193,7 @@ def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
 def response_object(
     rid: str, created: int, model: str, params: ResponsesParams, output: list[dict[str, Any]],
     status: str, use: dict[str, Any] | None, incomplete: str | None = None,
+    kv_transfer: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "id": rid, "created_at": created,
@@ -196,7 +203,7 @@ def response_object(
         "prompt": None, "reasoning": None, "service_tier": "auto", "status": status,
         "text": None, "top_logprobs": None, "truncation": "disabled", "usage": use,
         **params.echo, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-        "kv_transfer_params": None, "ec_transfer_params": None, "input_messages": None,
+        "kv_transfer_params": kv_transfer, "ec_transfer_params": None, "input_messages": None,
         "output_messages": None,
     }
 
