@@ -478,6 +478,11 @@ class Router:
             self._sessions.forget_replica(replica)
         return new
 
+    def token_mode(self, model: str) -> bool:
+        """Whether `model` is in token mode (`[tokens]`: the router renders and tokenizes
+        its prompts), whether or not its replicas' events flow right now."""
+        return self._tokens is not None and model in self._tokens.models()
+
     def restarts(self, replica: str) -> int:
         """How many restarts of `replica` were taken as new since it joined (however they
         were seen: its metrics, its KV events, down too long, another instance's fact):
