@@ -177,7 +177,8 @@ def token_pullback(token_mode: bool) -> tuple[Fleet, Router, PullBack]:
 def test_a_boundary_where_bytes_match_but_ids_differ_exists() -> None:
     """Why token mode refuses: D's KV holds the ids it generated; the same answer's bytes
     re-tokenized by the next turn are other ids (the tokenizer merges what was sampled
-    piece by piece: "hell" + "o" are not the ids of "hello"), so the byte check would hand out KV for other tokens."""
+    piece by piece: "hell" + "o" are not the ids of "hello"), so the byte check would hand
+    out KV for other tokens."""
     tok = tiny_tokens()
     sampled = tok.encode("hell") + tok.encode("o")  # what D may have generated
     assert sampled != tok.encode("hello")  # what the next prompt's ids hold

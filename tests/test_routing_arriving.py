@@ -113,3 +113,24 @@ def test_conversations_stay_indexed_through_a_fan_out_being_pulled() -> None:
     follow = router.preview(body(20), "chat", "m", None, STATES, 10.0)
     assert router.indexed_blocks("d") >= indexed
     assert follow.predicted["d"] > 500
+
+
+TWO = [ReplicaState(name="d", in_flight=0), ReplicaState(name="e", in_flight=0)]
+
+
+@pytest.mark.parametrize(("two_legs", "stays"), [(True, True), (False, False)])
+def test_a_prefill_leg_elsewhere_is_not_queued_on_the_decode_replica(
+        two_legs: bool, stays: bool) -> None:
+    """P/D: requests whose prefill runs on a prefill replica are not D's queued prefill
+    (D pulls their KV). Counted as queued there, they outweighed a conversation's cached
+    history on D and its follow-up left for the other decode replica ('load')."""
+    router = Router(RoutingConfig(default_capacity_tokens=200_000))
+    home = router.decide(body(7), "chat", "m", None, TWO[:1], 0.0)  # the conversation, on d
+    settle(router, home, 0.5)
+    for seed in range(30, 36):  # new conversations' first turns, sent to d, not answered yet
+        cold = router.decide(body(seed), "chat", "m", None, TWO[:1], 1.0)
+        if two_legs:
+            router.prefilled_elsewhere(cold)
+    assert (router.queued_tokens("d") == 0) is two_legs
+    follow = router.decide(body(7, turns=2), "chat", "m", None, TWO, 2.0)
+    assert (follow.decision.replica == "d") is stays

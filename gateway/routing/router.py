@@ -185,6 +185,15 @@ class Router:
         if live is not None:
             live.pop(plan, None)
 
+    def prefilled_elsewhere(self, plan: RoutePlan) -> None:
+        """`plan` takes a prefill leg on a prefill replica (gateway.pd): its replica (D)
+        pulls the prompt's KV instead of computing it, so its uncached tokens are not
+        prefill queued there (counted so, D looked busier than it was while P worked, and
+        follow-ups left their decode replica for load). It stays in flight there. Should
+        the prefill leg fail and D compute alone after all, its prefill is not counted
+        there either until its first token (rare: every prefill replica failed)."""
+        self._unqueue(plan, plan.outcome.replica)
+
     def engine_began(self, replica: str, asked_at: float, waiting: float | None) -> None:
         """A scrape of `replica` asked for at `asked_at` shows `waiting` requests in its
         engine's queue: of this gateway's requests sent there before it and still counted
