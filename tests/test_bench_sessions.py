@@ -81,3 +81,24 @@ def test_conversations_per_replica() -> None:
     assert out["per_replica"] == {"a": 2.0, "b": 1.0, "(idle 1)": 0.0}
     assert out["max_over_mean"] == pytest.approx(2.0)
     assert conversations_per_replica([]) is None
+
+
+def pd(session: str, turn: int, decode: str, prefill: str | None) -> RequestRecord:
+    r = rec(session, turn, decode)
+    r.prefill = prefill
+    return r
+
+
+@pytest.mark.parametrize(("records", "moved"), [
+    # the decode replica stays, the prefill replica changes on one of two follow-ups
+    ([pd("s", 0, "d1", "p1"), pd("s", 1, "d1", "p2"), pd("s", 2, "d1", "p2")], 0.5),
+    # a turn D served alone (no prefill leg) is not a P follow-up, nor the one after it
+    ([pd("s", 0, "d1", "p1"), pd("s", 1, "d1", None), pd("s", 2, "d1", "p2")], None),
+    ([pd("s", 0, "d1", "p1"), pd("s", 1, "d2", "p1")], 0.0),
+    # aggregated: no request names a prefill replica
+    ([rec("s", 0, "a"), rec("s", 1, "b")], None),
+])
+def test_follow_ups_moved_on_the_prefill_leg(records: list[RequestRecord],
+                                              moved: float | None) -> None:
+    got = follow_ups_moved(records, prefill=True)
+    assert got == (pytest.approx(moved) if moved is not None else None)

@@ -5,10 +5,13 @@ entries of a replica that restarted, left or was replaced are never handed out."
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gateway.events.kvindex import KVConfig, KVIndex
+from gateway.events.tokenmode import TokenMode
 from gateway.pd.config import PdConfig
 from gateway.pd.pullback import PullBack, conversation_key, template_tag, turn_bytes
 from gateway.replicas.fleet import Fleet
@@ -18,6 +21,9 @@ from gateway.routing.normalize import canonical_bytes
 from gateway.routing.plan import RoutePlan
 from gateway.routing.router import Router
 from gateway.settings import ReplicaSettings
+from gateway.tokens.render import TokenRenderer
+from gateway.tokens.template import load_template
+from gateway.tokens.tokenize import TokenizerCache
 
 PARAMS = {"do_remote_decode": True, "remote_block_ids": [[7]], "remote_num_tokens": 40}
 SYSTEM = {"role": "system", "content": "You are terse. " * 20}
@@ -150,3 +156,41 @@ def test_a_template_switch_is_a_fresh_prefill(first: dict[str, Any], second: dic
     nxt = decide(router, fleet, {**chat(user("hello"), assistant("hi there"), user("more")),
                                  **second}, "s")
     assert (back.take(nxt, time.time()) == PARAMS) is taken
+
+
+TINY = Path(__file__).parent / "data" / "tiny-model"
+
+
+def tiny_tokens() -> TokenizerCache:
+    return TokenizerCache.from_file(TINY / "tokenizer.json")
+
+
+def token_pullback(token_mode: bool) -> tuple[Fleet, Router, PullBack]:
+    fleet = Fleet([ReplicaSettings(name="d1", url="http://d1:1", role="decode")])
+    fleet.probe_result("d1", True, time.time())
+    renderer = TokenRenderer("m", load_template(TINY), tiny_tokens(), 32)
+    tokens = TokenMode({"m": renderer}, KVIndex(KVConfig())) if token_mode else None
+    router = Router(RoutingConfig(), tokens)
+    return fleet, router, PullBack(PdConfig(reuse_decoder_kv=True), fleet, router)
+
+
+def test_a_boundary_where_bytes_match_but_ids_differ_exists() -> None:
+    """Why token mode refuses: D's KV holds the ids it generated; the same answer's bytes
+    re-tokenized by the next turn are other ids (the tokenizer merges what was sampled
+    piece by piece: "hell" + "o" are not the ids of "hello"), so the byte check would hand
+    out KV for other tokens."""
+    tok = tiny_tokens()
+    sampled = tok.encode("hell") + tok.encode("o")  # what D may have generated
+    assert sampled != tok.encode("hello")  # what the next prompt's ids hold
+
+
+# The next turn extends the last one's bytes exactly in every row: text mode hands the
+# params out, token mode never (the gateway does not know D's generated ids).
+@pytest.mark.parametrize(("token_mode", "reused"), [(False, True), (True, False)])
+def test_token_mode_never_reuses_on_a_byte_match(token_mode: bool, reused: bool) -> None:
+    fleet, router, pull = token_pullback(token_mode)
+    first = decide(router, fleet, FIRST, "s-1")
+    kept = pull.remember(first, "chat", "d1", "hello", PARAMS, time.time())
+    assert kept is reused
+    nxt = decide(router, fleet, chat(user("hello"), assistant("hello"), user("again")), "s-1")
+    assert (pull.take(nxt, time.time()) == PARAMS) is reused

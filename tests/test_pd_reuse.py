@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.pd.reuse import DecoderKvMemory
+from gateway.pd.reuse import DIGEST_BYTES, DecoderKvMemory
 
 TURN = b"<system>be brief<user>hi<assistant>hello there"
 PARAMS = {"do_remote_decode": True, "remote_engine_id": "d-1", "remote_num_tokens": 40}
@@ -114,3 +114,46 @@ def test_edits_in_the_middle_never_match(history: bytes, data: st.DataObject,
     assert m.take("k", prompt, 1.0) == expected
     if kind == "replace":
         assert expected is None
+
+
+def _related_prompt(turn: bytes, data: st.DataObject) -> bytes:
+    """A prompt near `turn`: the turn extended, cut, edited at one byte, or unrelated."""
+    how = data.draw(st.sampled_from(["extend", "same", "cut", "flip", "other"]))
+    if how == "extend":
+        return turn + data.draw(st.binary(max_size=40))
+    if how == "same":
+        return turn
+    if how == "cut":
+        return turn[:data.draw(st.integers(0, len(turn) - 1))]
+    if how == "flip":
+        at = data.draw(st.integers(0, len(turn) - 1))
+        return turn[:at] + bytes([turn[at] ^ 1]) + turn[at + 1:] + data.draw(st.binary(max_size=8))
+    return data.draw(st.binary(max_size=len(turn) + 8))
+
+
+@given(turn=st.binary(min_size=1, max_size=300), data=st.data())
+def test_digest_accepts_exactly_what_the_byte_comparison_accepted(
+        turn: bytes, data: st.DataObject) -> None:
+    """The entry keeps a length and a digest, not the bytes: `take` must agree with
+    `prompt.startswith(turn)` (the check it replaced) on every prompt."""
+    prompt = _related_prompt(turn, data)
+    m = DecoderKvMemory(4, 60.0)
+    m.remember("k", "d0", turn, PARAMS, 0.0)
+    expected = ("d0", PARAMS) if prompt.startswith(turn) else None
+    assert m.take("k", prompt, 1.0) == expected
+
+
+def test_an_entry_keeps_no_bytes_of_its_turn() -> None:
+    """Memory is bounded per entry whatever the turn's length: a 1 MiB turn leaves a
+    16-byte digest and its length, not the turn."""
+    big = bytes(range(256)) * 4096
+    m = DecoderKvMemory(4, 60.0)
+    m.remember("k", "d0", big, PARAMS, 0.0)
+    entry = m._entries["k"]
+    kept = [v for v in vars_of(entry) if isinstance(v, (bytes, bytearray, memoryview))]
+    assert all(len(v) == DIGEST_BYTES for v in kept) and kept
+    assert m.take("k", big + b"next", 1.0) == ("d0", PARAMS)
+
+
+def vars_of(entry: object) -> list[object]:
+    return [getattr(entry, name) for name in entry.__slots__]  # type: ignore[attr-defined]

@@ -10,6 +10,8 @@
   landed on the replica of the session's previous main request.
 - follow-ups moved: of the follow-up turns (main requests, turn >= 1), the share sent to
   another replica than the session's previous turn: each re-prefilled the history it left.
+  On a P/D fleet that is the decode replica; `follow_ups_moved_prefill` is the same over
+  the prefill replicas, of the follow-ups whose turn and previous turn both took two legs.
 - conversations per replica: each session counted on the replica that served most of its
   main requests; max / mean as for requests (a cold spread that piles conversations up
   shows here before it shows in request counts).
@@ -79,11 +81,11 @@ def routing_precision(records: Sequence[RequestRecord]) -> float | None:
     return hits / total if total else None
 
 
-def follow_ups_moved(records: Sequence[RequestRecord]) -> float | None:
+def follow_ups_moved(records: Sequence[RequestRecord], prefill: bool = False) -> float | None:
     main: dict[str, dict[int, str | None]] = defaultdict(dict)
     for r in records:
         if r.sibling == 0:
-            main[r.session_id][r.turn] = r.replica
+            main[r.session_id][r.turn] = r.prefill if prefill else r.replica
     moved = total = 0
     for turns in main.values():
         for turn, replica in turns.items():
@@ -164,6 +166,7 @@ def summarize(
         "replica_prompt_tokens": shares(tok_counts, replicas) if tok_counts else None,
         "routing_precision": routing_precision(ok),
         "follow_ups_moved": follow_ups_moved(ok),
+        "follow_ups_moved_prefill": follow_ups_moved(ok, prefill=True),
         "replica_conversations": conversations_per_replica(ok, replicas),
         "gateway": bool(req_counts),
     }

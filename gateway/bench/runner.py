@@ -98,6 +98,8 @@ class RequestRecord:
     # and in the engine's own waiting queue (the simulator's `queue_ms`); the rest is prefill
     gateway_wait_ms: float | None = None
     engine_wait_ms: float | None = None
+    # P/D: the prefill leg's replica (`x-gateway-prefill`); None when the request took one leg
+    prefill: str | None = None
 
 
 @dataclass(kw_only=True)
@@ -136,6 +138,7 @@ def record_of(req: TurnRequest, ex: Exchange, send_s: float, plan: SessionPlan |
         timing="sim" if sim else "wall",
         sim_arrival_s=float(sim["arrival_s"]) if sim and "arrival_s" in sim else None,
         replica=ex.headers.get("x-gateway-replica"),
+        prefill=ex.headers.get("x-gateway-prefill"),
         route=ex.headers.get("x-gateway-route"),
         request_id=ex.headers.get("x-request-id"),
         tenant=plan.tenant if plan else None,

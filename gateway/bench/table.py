@@ -72,6 +72,7 @@ SUMMARY_ROWS: tuple[tuple[str, str, str], ...] = (
     ("prompt tokens max/mean", "replica_prompt_tokens.max_over_mean", "x"),
     ("routing precision", "routing_precision", "pct"),
     ("follow-ups moved", "follow_ups_moved", "pct"),
+    ("follow-ups moved (prefill leg)", "follow_ups_moved_prefill", "pct"),
     ("conversations max/mean", "replica_conversations.max_over_mean", "x"),
     ("pred-vs-delivered median abs err", "predicted.median_abs_error", ""),
     ("pred-vs-delivered p90", "predicted.p90_abs_error", ""),

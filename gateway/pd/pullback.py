@@ -21,6 +21,16 @@ What is checked, since the engine checks nothing (real-vllm-pd.md):
   remembers the `Replica` object and the router's restart count of it, and an entry of a
   replica that left, was replaced or restarted is dropped.
 
+Token mode (`[tokens]` names the model): never reused. The engine's KV is per token, and
+the same bytes can tokenize differently where the previous answer meets the next turn's
+text: D's KV holds the prompt's ids followed by the ids D generated, and the next
+prompt's ids must begin with exactly those. The gateway does not know the generated ids
+(an answer carries them only when the client asked `return_token_ids`, and its text
+re-tokenized is not them: D may have sampled "hell" + "o" where the tokenizer says
+"hello"), so a byte match proves nothing there and the prefill is fresh (safe). Text mode
+keeps the byte check: it compares what the router can know, and its mismatch risk is
+the one docs/deployment/pd.md states.
+
 A streamed answer is remembered as a whole one is: the relay collects its text and its
 final chunk's params (gateway.pd.answer; none for tool calls or n > 1). Bounds:
 `reuse_max_conversations` entries for `reuse_ttl_s` (the memory's), and one record per
@@ -79,7 +89,8 @@ class PullBack:
         """D (`replica`) answered `reply` and returned `params`: keep them for the
         conversation's next turn. False when nothing was kept."""
         key = conversation_key(plan)
-        if not self.enabled or key is None or reply is None or params is None:
+        if (not self.enabled or key is None or reply is None or params is None
+                or self.router.token_mode(plan.model)):
             return False
         if self._refresh(replica) == "gone":
             return False

@@ -151,6 +151,8 @@ class PdPath:
             return False
         ex, plan = turn.ex, turn.plan
         assert plan is not None
+        # D pulls the prompt rather than computing it: not D's queued prefill
+        self.router.prefilled_elsewhere(plan)
         pulled = None
         if prep.endpoint in REUSE_ENDPOINTS:  # docs/deployment/pd.md says why only these
             pulled = self.pullback.take(plan, self.clock())

@@ -46,8 +46,8 @@ class Outcome:
     Meanwhile the router reads it at each decision, so concurrent requests see where this one
     went and whether its prefill is still queued there."""
 
-    __slots__ = ("cached_tokens", "completion_tokens", "first_token_at", "ok", "prompt_tokens",
-                 "replica", "reply_text")
+    __slots__ = ("arriving_from", "cached_tokens", "completion_tokens", "first_token_at", "ok",
+                 "prompt_tokens", "replica", "reply_text")
 
     def __init__(self, replica: str = "") -> None:
         self.replica = replica
@@ -57,3 +57,7 @@ class Outcome:
         self.cached_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.reply_text: str | None = None  # a non-streamed answer's text, else None
+        # Set by the router when it is sent: the first block of its prompt that the index
+        # lists on its replica only because another request in flight there, without a
+        # first token yet, added it (the engine may not hold it yet); None: no such block.
+        self.arriving_from: int | None = None

@@ -185,6 +185,15 @@ class Router:
         if live is not None:
             live.pop(plan, None)
 
+    def prefilled_elsewhere(self, plan: RoutePlan) -> None:
+        """`plan` takes a prefill leg on a prefill replica (gateway.pd): its replica (D)
+        pulls the prompt's KV instead of computing it, so its uncached tokens are not
+        prefill queued there (counted so, D looked busier than it was while P worked, and
+        follow-ups left their decode replica for load). It stays in flight there. Should
+        the prefill leg fail and D compute alone after all, its prefill is not counted
+        there either until its first token (rare: every prefill replica failed)."""
+        self._unqueue(plan, plan.outcome.replica)
+
     def engine_began(self, replica: str, asked_at: float, waiting: float | None) -> None:
         """A scrape of `replica` asked for at `asked_at` shows `waiting` requests in its
         engine's queue: of this gateway's requests sent there before it and still counted
@@ -369,6 +378,7 @@ class Router:
             self.add_replica(replica)
         uncached = max(0.0, plan.estimated_tokens - plan.predicted.get(replica, 0))
         self._unqueue(plan, replica)
+        plan.outcome.arriving_from = self._arriving_from(plan, replica)
         self._pending.setdefault(replica, {})[plan] = (uncached, now)
         self._live.setdefault(replica, {})[plan] = now
         self._queued[replica] = self._queued.get(replica, 0.0) + uncached
@@ -476,6 +486,11 @@ class Router:
             self._index.clear(replica)
             self._sessions.forget_replica(replica)
         return new
+
+    def token_mode(self, model: str) -> bool:
+        """Whether `model` is in token mode (`[tokens]`: the router renders and tokenizes
+        its prompts), whether or not its replicas' events flow right now."""
+        return self._tokens is not None and model in self._tokens.models()
 
     def restarts(self, replica: str) -> int:
         """How many restarts of `replica` were taken as new since it joined (however they
@@ -599,6 +614,8 @@ class Router:
         cfg = self.config
         if outcome is None:
             outcome = verdict(plan.predicted[replica], delivered, self.engine_block(replica))
+        if outcome == "under" and self._arriving(plan, delivered):
+            return  # not judged: the blocks it missed were on their way, not evicted
         short = False
         if outcome == "over":
             ratio = self._estimator.ratio(ratio_key(plan.model, plan.tenant))
@@ -611,6 +628,38 @@ class Router:
         self._index.set_capacity(replica, limits.limit)
         if self._publish is not None and limits.nominal:
             self._publish(Trust(replica, min(1.0, limits.limit / limits.nominal)))
+
+    def _arriving(self, plan: RoutePlan, delivered: int) -> bool:
+        """Whether what `plan` was predicted but not delivered begins where blocks were
+        still arriving when it was sent (`arriving_from`, set by `_sent`), give or take
+        one index block of estimate: the engine had not computed them yet (a queued
+        prefill), or, on a P/D decode replica, not pulled them yet (the decode leg waits
+        for its prefill leg on P, gateway.pd: seconds under load). No sign of eviction.
+        Judging it cut the replica's limit to 0.8 x what it indexed then (little, early
+        in a run), and on a P/D decode replica nothing restored it (two-leg answers do not
+        judge its predictions): its index forgot the conversations it held and
+        follow-ups moved between decode replicas (bench/results/pd.md)."""
+        start = plan.outcome.arriving_from
+        if start is None:
+            return False
+        ratio = self._estimator.ratio(ratio_key(plan.model, plan.tenant))
+        pos = self._estimator.bytes_for_tokens(plan.hashes, len(plan.hashes), delivered, ratio)
+        held = min(len(plan.hashes), int(pos) // self.config.block_bytes)
+        return held + 1 >= start
+
+    def _arriving_from(self, plan: RoutePlan, replica: str) -> int | None:
+        """The first block of `plan`'s prompt that a request in flight on `replica` with
+        no first token yet added to the index there (past what that request found there,
+        up to what it shares with `plan`); None when none did. O(requests in flight
+        there), each a bisection of the two chains."""
+        first: int | None = None
+        for other in self._live.get(replica, {}):
+            if other is plan or other.outcome.first_token_at is not None:
+                continue
+            found = other.matched.get(replica, 0)
+            if shared_prefix(plan.hashes, other.hashes) > found:
+                first = found if first is None else min(first, found)
+        return first
 
     def _drop_own(self, plan: RoutePlan, replica: str) -> None:
         """Drop the blocks `plan` alone added on `replica`: past those it found there and
