@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway.events.kvindex import KVConfig, KVIndex
@@ -26,6 +27,11 @@ from gateway.settings import ReplicaSettings
 from gateway.tokens.render import TokenRenderer
 from gateway.tokens.template import load_template
 from gateway.tokens.tokenize import TokenizerCache
+from gateway.tracing.attributes import end_attributes
+from gateway.usage.record import UsageRecord
+from tests.pd_replica import PROMPT_TOKENS
+from tests.records import usage_record
+from tests.test_pd_loopback import CHAT, gateway, next_turn, replicas, url
 
 MODEL = Path(__file__).parent / "data" / "tiny-model"
 PARAMS = {"do_remote_decode": True, "remote_block_ids": [[7]], "remote_num_tokens": 22,
@@ -78,3 +84,102 @@ def test_token_mode_never_sends_params_for_a_prompt_whose_tokens_differ(
         {"model": "tiny", "prompt": reply}, "completions")
     assert (renderer.token_ids(second, "completions")[:len(turn)] == turn) is same_tokens
     assert (back.take(nxt, 2.0) is not None) is same_tokens
+
+
+# 2. The accounting's decisions that the P/D tests before let change unnoticed ------------
+
+@pytest.mark.parametrize(("reported", "predicted", "expected"), [
+    # vLLM's pull scheduler skips only `count < kv_recompute_threshold`: a count equal to
+    # the threshold is pulled (pull_scheduler.py), so P held 936 and pulled 64
+    (1000, 936, PrefillReport(1000, 64, False, "under_only")),
+    (1000, 937, PrefillReport(1000, 0, False, "under_only")),
+])
+def test_a_pull_of_exactly_the_threshold_is_a_pull(reported: int, predicted: int,
+                                                   expected: PrefillReport) -> None:
+    """Mutation `reported - local > threshold` (for >=) survived the P/D tests."""
+    assert read_prefill(reported, predicted, sent=True, level=1000, engine_block=16,
+                        threshold=64) == expected
+
+
+def test_a_two_leg_spans_delivered_tokens_leave_the_pulled_ones_out() -> None:
+    """Mutation `gateway.cache.delivered_tokens` = the record's cached_tokens (D's copy of
+    P's report, pulled tokens included) survived the tracing and P/D tests."""
+    rec = usage_record(prefill_replica="p", cached_from="decoder_kv", transferred_tokens=1000,
+                       cached_tokens=900, prefill_cached_tokens=900, pulled_tokens=300,
+                       pulled_exact=False)
+    attrs = end_attributes(rec, None, None)
+    assert attrs["gateway.cache.delivered_tokens"] == 600
+    assert attrs["gateway.cache.pulled_tokens"] == 300
+
+
+async def test_the_decode_legs_copy_of_ps_count_judges_no_prediction_on_d() -> None:
+    """The decode leg reports P's cached tokens (vLLM >= 0.32): RequestFlow.finish leaves
+    them out of D's feedback. Mutation `o.cached_tokens = u.cached_tokens` whatever
+    `cached_from` says survived: test_pd_accounting spies on Router.judged only, and
+    D's verdict goes through Router.report."""
+    pd = PdConfig(min_remote_prefill_tokens=16)
+    async with replicas(("p1", "ok"), ("d1", "ok")) as (p, d), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d), "decode")], pd) as gw, \
+            httpx.AsyncClient(timeout=10) as client:
+        assert gw.app.services is not None
+        router = gw.app.services.router
+        fed: list[str] = []
+        original = router._feedback
+
+        def spy(plan: Any, replica: str, delivered: int, outcome: Any = None) -> None:
+            fed.append(replica)
+            original(plan, replica, delivered, outcome)
+
+        router._feedback = spy  # type: ignore[method-assign]
+        for text in ("tell me a story " * 40, "tell me a poem " * 40):
+            r = await client.post(gw.url + "/v1/chat/completions",
+                                  json={**CHAT, "messages": [{"role": "user", "content": text}]})
+            assert r.status_code == 200 and r.headers["x-gateway-prefill"] == "p1"
+        assert [rec.replica for rec in gw.records] == ["d1", "d1"]
+        assert fed and set(fed) == {"p1"}
+
+
+async def _reused_turn(pd: PdConfig, prefill_cached: int,
+                       block: int | None = None) -> UsageRecord:
+    """Turn 1 through P/D, then turn 2 sent the decoder's params, P reporting
+    `prefill_cached` (its hits and any pulled); `block`: P's engine block as a scrape
+    would set it. The second record."""
+    async with replicas(("p1", "ok"), ("d1", "ok")) as (p, d), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d), "decode")], pd) as gw, \
+            httpx.AsyncClient(timeout=10) as client:
+        headers = {"x-session-id": "conv-1"}
+        r = await client.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers)
+        answer = r.json()["choices"][0]["message"]["content"]
+        if block is not None:
+            assert gw.app.services is not None
+            gw.app.services.router.set_capacity("p1", None, engine_block_size=block)
+        p.prefill_cached = prefill_cached
+        r2 = await client.post(gw.url + "/v1/chat/completions", headers=headers,
+                               json=next_turn(CHAT, answer, "and then? " * 40))
+        assert r2.status_code == 200
+        second = gw.records[1]
+        assert second.cached_from == "decoder_kv"
+        return second
+
+
+@pytest.mark.parametrize("threshold", [0, 10_000])
+async def test_the_configured_recompute_threshold_decides_the_pulled_estimate(
+        threshold: int) -> None:
+    """P reports the pull level (the decoder's 151 tokens capped at the 150-token prompt):
+    what P held is its prediction, the rest was pulled if at least `[pd]
+    kv_recompute_threshold`. Mutation: _account passing 64 whatever the setting survived."""
+    second = await _reused_turn(PdConfig(min_remote_prefill_tokens=16, reuse_decoder_kv=True,
+                                         kv_recompute_threshold=threshold), PROMPT_TOKENS)
+    assert second.prefill_cached_tokens == PROMPT_TOKENS and second.pulled_exact is False
+    gap = PROMPT_TOKENS - min(second.predicted_cached_tokens or 0, PROMPT_TOKENS)
+    assert gap > 0  # P was not predicted to hold the whole prompt: there was room to pull
+    assert second.pulled_tokens == (gap if gap >= threshold else 0)
+
+
+async def test_ps_scraped_block_size_is_the_room_below_the_pull_level() -> None:
+    """P's engine has 64-token blocks (its scrape), the configured default is 16: a report
+    40 tokens below the pull level (150) is within one of P's blocks, so it may include a
+    pull (not exact). Mutation: _account using a fixed 16 for P's block survived."""
+    second = await _reused_turn(PdConfig(min_remote_prefill_tokens=16, reuse_decoder_kv=True),
+                                PROMPT_TOKENS - 40, block=64)
+    assert second.pulled_exact is False
