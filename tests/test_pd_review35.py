@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from gateway.events.kvindex import KVConfig, KVIndex
 from gateway.events.tokenmode import TokenMode
+from gateway.pd.answer import MAX_EVENT_BYTES, StreamAnswer
 from gateway.pd.accounting import PrefillReport, read_prefill
 from gateway.pd.config import PdConfig
 from gateway.pd.pullback import PullBack
@@ -183,3 +185,60 @@ async def test_ps_scraped_block_size_is_the_room_below_the_pull_level() -> None:
     second = await _reused_turn(PdConfig(min_remote_prefill_tokens=16, reuse_decoder_kv=True),
                                 PROMPT_TOKENS - 40, block=64)
     assert second.pulled_exact is False
+
+
+# 3. A Responses stream's response.completed longer than the held-event bound ------------
+
+def _completed(text_chars: int, params: dict[str, Any] | None) -> bytes:
+    """vLLM's last Responses event: the whole response object (its output text, and with
+    `top_logprobs` each token's alternatives, so about 1 KiB a token), then the field
+    `kv_transfer_params` (null without a connector: protocol.py writes it on every one)."""
+    doc = {"type": "response.completed", "sequence_number": 7,
+           "response": {"id": "resp_1", "object": "response", "status": "completed",
+                        "output": [{"type": "message", "role": "assistant", "content": [
+                            {"type": "output_text", "text": "x" * text_chars,
+                             "annotations": []}]}],
+                        "usage": {"input_tokens": 10, "output_tokens": 20, "total_tokens": 30,
+                                  "input_tokens_details": {"cached_tokens": 0}},
+                        "kv_transfer_params": params}}
+    return b"event: response.completed\ndata: " + orjson.dumps(doc) + b"\n\n"
+
+
+HEAD = (b'event: response.created\ndata: {"type":"response.created","sequence_number":0}\n\n'
+        b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+        b'"sequence_number":1,"delta":"x"}\n\n')
+
+
+def _relayed(stream: bytes, piece: int = 65536) -> bytes:
+    answer = StreamAnswer(collect=False)
+    out = b"".join(answer.feed(stream[i:i + piece]) for i in range(0, len(stream), piece))
+    return out + answer.finish()
+
+
+@pytest.mark.parametrize("chars", [1000, 2 * MAX_EVENT_BYTES], ids=["short", "over-1MiB"])
+def test_a_responses_completed_event_with_null_params_reaches_the_client_as_sent(
+        chars: int) -> None:
+    """answer.py: a null `kv_transfer_params` is left as the engine sent it (vLLM's
+    api_router writes each event with model_dump_json, nulls included). An event still
+    partial past MAX_EVENT_BYTES is let go in part, then its rest (which holds the key,
+    after the output) is not an event `_doc` can parse and is dropped: the client gets
+    half a JSON line and never the end of response.completed (a Responses stream with
+    top_logprobs and a 2,000-token answer is that long). Every stream, P/D or not, goes
+    through StreamAnswer (relay.py)."""
+    stream = HEAD + _completed(chars, None)
+    assert _relayed(stream) == stream
+
+
+@pytest.mark.parametrize("chars", [1000, 2 * MAX_EVENT_BYTES], ids=["short", "over-1MiB"])
+def test_a_long_decode_legs_completed_event_loses_its_params_not_its_answer(chars: int) -> None:
+    """D's own params in response.completed are removed; the event the client gets is
+    still the response, whole, as JSON."""
+    out = _relayed(HEAD + _completed(chars, {"do_remote_decode": True,
+                                             "remote_engine_id": "d1-engine",
+                                             "remote_block_ids": [[7, 8]]}))
+    assert b"d1-engine" not in out
+    events = [e for e in out.split(b"\n\n") if e]
+    assert len(events) == 3
+    last = orjson.loads(events[-1].split(b"data: ", 1)[1])
+    assert last["type"] == "response.completed"
+    assert last["response"]["output"][0]["content"][0]["text"] == "x" * chars
