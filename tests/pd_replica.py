@@ -41,6 +41,12 @@ class PdReplica:
         # what a prefill leg's answer reports cached (its hits and any pulled), in its usage
         # and as `remote_prefill_cached_tokens`
         self.prefill_cached = P_CACHED
+        # False: a prefill answer's usage has no prompt_tokens_details (an engine without
+        # --enable-prompt-tokens-details); its params still carry the count
+        self.prefill_details = True
+        # set: a prefill leg is held (`holding` set) until it is set
+        self.hold: asyncio.Event | None = None
+        self.holding = asyncio.Event()
         # a reasoning model's answer: the message's (or a stream's first delta's) reasoning
         # field (name, text), which the engine generated (its KV holds it) but a client's
         # next turn does not send back
@@ -120,12 +126,18 @@ class PdReplica:
                  "prompt_tokens_details": {"cached_tokens": cached}}
         text = f"{self.name}:{which}"
         if which == "prefill":
+            if self.hold is not None:
+                self.holding.set()
+                await self.hold.wait()
+            details = ({"prompt_tokens_details": {"cached_tokens": self.prefill_cached}}
+                       if self.prefill_details else {})
             answer: dict[str, Any] = {"id": "c", "object": "chat.completion", "model": "m",
                                       "choices": [{"index": 0, "finish_reason": "length",
                                                    "message": {"role": "assistant",
                                                                "content": text}}],
-                                      "usage": {**usage, "prompt_tokens_details": {
-                                          "cached_tokens": self.prefill_cached}}}
+                                      "usage": {**{k: v for k, v in usage.items()
+                                                   if k != "prompt_tokens_details"},
+                                                **details}}
             if failing != "noparams":
                 answer["kv_transfer_params"] = {
                     "do_remote_prefill": True, "do_remote_decode": False,

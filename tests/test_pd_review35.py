@@ -1,12 +1,16 @@
 """A second outside review of P/D (issue 35): the accounting of a prefill leg's report
-(gateway.pd.accounting), Responses/Messages legs and `[pd] reuse_decoder_kv`'s check.
+(gateway.pd.accounting), Responses/Messages legs and `[pd] reuse_decoder_kv`'s check, on
+tables and on loopback against the vLLM-like double (tests/pd_replica.py).
 
 Tests that fail on main are findings (the review's report names their suspected causes);
-the others pin a decision that a mutation let through unnoticed by the P/D tests before
-them (each says which)."""
+the others pin a decision that a mutation changed with every P/D test before them still
+passing: `reported - local > threshold` (for >=) in read_prefill, _account passing 64
+for `[pd] kv_recompute_threshold`, _account using a fixed block for P's scraped one, and
+_account judging a P replaced while its leg ran. Each was seen failing here."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -17,8 +21,8 @@ import pytest
 
 from gateway.events.kvindex import KVConfig, KVIndex
 from gateway.events.tokenmode import TokenMode
-from gateway.pd.answer import MAX_EVENT_BYTES, StreamAnswer
 from gateway.pd.accounting import PrefillReport, read_prefill
+from gateway.pd.answer import MAX_EVENT_BYTES, StreamAnswer
 from gateway.pd.config import PdConfig
 from gateway.pd.pullback import PullBack
 from gateway.replicas.fleet import Fleet
@@ -29,11 +33,10 @@ from gateway.settings import ReplicaSettings
 from gateway.tokens.render import TokenRenderer
 from gateway.tokens.template import load_template
 from gateway.tokens.tokenize import TokenizerCache
-from gateway.tracing.attributes import end_attributes
 from gateway.usage.record import UsageRecord
 from tests.pd_replica import PROMPT_TOKENS
-from tests.records import usage_record
 from tests.test_pd_loopback import CHAT, gateway, next_turn, replicas, url
+from tests.test_pd_review import until
 
 MODEL = Path(__file__).parent / "data" / "tiny-model"
 PARAMS = {"do_remote_decode": True, "remote_block_ids": [[7]], "remote_num_tokens": 22,
@@ -71,7 +74,7 @@ def test_token_mode_never_sends_params_for_a_prompt_whose_tokens_differ(
     bytes extend it exactly but the tokens do not: D's KV holds the tokens of the first
     prompt then the answer's, at positions where the new prompt has other tokens, and the
     engine loads it unchecked (real-vllm-pd.md)."""
-    fleet, router, back, renderer = _token_mode()
+    _, router, back, renderer = _token_mode()
     first = {"model": "tiny", "prompt": prompt}
     second = {"model": "tiny", "prompt": prompt + reply + rest}
     states = [ReplicaState("d1", 0)]
@@ -101,44 +104,6 @@ def test_a_pull_of_exactly_the_threshold_is_a_pull(reported: int, predicted: int
     """Mutation `reported - local > threshold` (for >=) survived the P/D tests."""
     assert read_prefill(reported, predicted, sent=True, level=1000, engine_block=16,
                         threshold=64) == expected
-
-
-def test_a_two_leg_spans_delivered_tokens_leave_the_pulled_ones_out() -> None:
-    """Mutation `gateway.cache.delivered_tokens` = the record's cached_tokens (D's copy of
-    P's report, pulled tokens included) survived the tracing and P/D tests."""
-    rec = usage_record(prefill_replica="p", cached_from="decoder_kv", transferred_tokens=1000,
-                       cached_tokens=900, prefill_cached_tokens=900, pulled_tokens=300,
-                       pulled_exact=False)
-    attrs = end_attributes(rec, None, None)
-    assert attrs["gateway.cache.delivered_tokens"] == 600
-    assert attrs["gateway.cache.pulled_tokens"] == 300
-
-
-async def test_the_decode_legs_copy_of_ps_count_judges_no_prediction_on_d() -> None:
-    """The decode leg reports P's cached tokens (vLLM >= 0.32): RequestFlow.finish leaves
-    them out of D's feedback. Mutation `o.cached_tokens = u.cached_tokens` whatever
-    `cached_from` says survived: test_pd_accounting spies on Router.judged only, and
-    D's verdict goes through Router.report."""
-    pd = PdConfig(min_remote_prefill_tokens=16)
-    async with replicas(("p1", "ok"), ("d1", "ok")) as (p, d), gateway(
-            [("p1", url(p), "prefill"), ("d1", url(d), "decode")], pd) as gw, \
-            httpx.AsyncClient(timeout=10) as client:
-        assert gw.app.services is not None
-        router = gw.app.services.router
-        fed: list[str] = []
-        original = router._feedback
-
-        def spy(plan: Any, replica: str, delivered: int, outcome: Any = None) -> None:
-            fed.append(replica)
-            original(plan, replica, delivered, outcome)
-
-        router._feedback = spy  # type: ignore[method-assign]
-        for text in ("tell me a story " * 40, "tell me a poem " * 40):
-            r = await client.post(gw.url + "/v1/chat/completions",
-                                  json={**CHAT, "messages": [{"role": "user", "content": text}]})
-            assert r.status_code == 200 and r.headers["x-gateway-prefill"] == "p1"
-        assert [rec.replica for rec in gw.records] == ["d1", "d1"]
-        assert fed and set(fed) == {"p1"}
 
 
 async def _reused_turn(pd: PdConfig, prefill_cached: int,
@@ -242,3 +207,67 @@ def test_a_long_decode_legs_completed_event_loses_its_params_not_its_answer(char
     last = orjson.loads(events[-1].split(b"data: ", 1)[1])
     assert last["type"] == "response.completed"
     assert last["response"]["output"][0]["content"][0]["text"] == "x" * chars
+
+
+# 4. A prefill replica without prompt_tokens_details on a decoder_kv turn ------------------
+
+async def test_a_pull_is_not_counted_as_hits_when_p_omits_prompt_tokens_details() -> None:
+    """P runs without `--enable-prompt-tokens-details` (D with it): P's answer has no
+    cached count, so _account returns early (pd_path.py) and the record keeps no
+    prefill_cached_tokens. D's usage still reports P's count, its own hits and what it
+    pulled back from D together (vLLM 0.32 copies `remote_prefill_cached_tokens`, which
+    the scheduler sets on every prefill), and cache_split counts all of it as hits: the
+    150 tokens P pulled back become cache hits in /stats and /metrics, against the rule
+    that tokens pulled from the decoder are neither hits nor misses. Either the count is
+    read as P's report (it is one) or it is left out as unknown."""
+    pd = PdConfig(min_remote_prefill_tokens=16, reuse_decoder_kv=True)
+    async with replicas(("p1", "ok"), ("d1", "ok")) as (p, d), gateway(
+            [("p1", url(p), "prefill"), ("d1", url(d), "decode")], pd) as gw, \
+            httpx.AsyncClient(timeout=10) as client:
+        p.prefill_details = False
+        headers = {"x-session-id": "conv-1"}
+        r = await client.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers)
+        answer = r.json()["choices"][0]["message"]["content"]
+        p.prefill_cached = PROMPT_TOKENS  # turn 2: P pulls D's turn (the pull level)
+        r2 = await client.post(gw.url + "/v1/chat/completions", headers=headers,
+                               json=next_turn(CHAT, answer, "and then? " * 40))
+        assert r2.status_code == 200
+        second = gw.records[1]
+        assert second.cached_from == "decoder_kv"
+        assert second.cached_tokens == PROMPT_TOKENS  # D's copy of P's count
+        predicted = second.predicted_cached_tokens or 0
+        assert predicted < PROMPT_TOKENS  # P was not predicted to hold it all itself
+        hits = second.cache_split()[1]
+        assert second.prefill_cached_tokens == PROMPT_TOKENS or hits is None, (
+            f"{hits} cached tokens counted as P's own hits")
+
+
+async def test_a_prefill_replica_replaced_while_its_leg_ran_is_not_judged() -> None:
+    """A new server under P's name while the prefill leg ran holds none of this prompt:
+    the old one's report judges nothing (pd_path.py, `Fleet.current`). Mutation: the
+    `not self.fleet.current(pre.instance)` guard in _account dropped survived the P/D
+    tests."""
+    pd = PdConfig(min_remote_prefill_tokens=16)
+    async with replicas(("p1", "ok"), ("p1-new", "ok"), ("d1", "ok")) as (p, new, d), \
+            gateway([("p1", url(p), "prefill"), ("d1", url(d), "decode")], pd) as gw, \
+            httpx.AsyncClient(timeout=10) as client:
+        assert gw.app.services is not None
+        router, fleet = gw.app.services.router, gw.app.services.fleet
+        judged: list[str] = []
+        original = router.judged
+
+        def spy(plan: Any, replica: str, delivered: int, outcome: Any) -> None:
+            judged.append(replica)
+            original(plan, replica, delivered, outcome)
+
+        router.judged = spy  # type: ignore[method-assign]
+        p.hold = asyncio.Event()
+        sent = asyncio.create_task(client.post(gw.url + "/v1/chat/completions", json=CHAT))
+        await until(p.holding.is_set, "the prefill leg reached p1")
+        fleet.remove("p1")
+        fleet.add(ReplicaSettings(name="p1", url=url(new), role="prefill", models=("m",)))
+        fleet.probe_result("p1", True, time.time())
+        p.hold.set()
+        r = await sent
+        assert r.status_code == 200 and p.legs() == ["prefill"]
+        assert judged == []
