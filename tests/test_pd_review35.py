@@ -25,6 +25,7 @@ from gateway.pd.accounting import PrefillReport, read_prefill
 from gateway.pd.answer import MAX_EVENT_BYTES, StreamAnswer
 from gateway.pd.config import PdConfig
 from gateway.pd.pullback import PullBack
+from gateway.pd.reuse import DecoderKvMemory
 from gateway.replicas.fleet import Fleet
 from gateway.routing.config import RoutingConfig
 from gateway.routing.decision import ReplicaState
@@ -66,14 +67,17 @@ WHOLE = "Once upon a time the cat sat on the mat."
     # " ma" + "t" re-tokenizes as " mat": the first prompt's last token changes
     (CUT, "t", " and slept.", False),
     (WHOLE, " wor", "ld is big", False),  # an answer cut mid-word, continued by the client
-    (WHOLE, " It", " slept well.", True),  # the tokens extend too: the params go
+    (WHOLE, " It", " slept well.", True),  # these extend, but D may have sampled others
 ], ids=["merged-last-token", "cut-mid-word", "tokens-extend"])
-def test_token_mode_never_sends_params_for_a_prompt_whose_tokens_differ(
+def test_token_mode_never_sends_params_where_bytes_match(
         prompt: str, reply: str, rest: str, same_tokens: bool) -> None:
-    """Issue 35: the next turn extends the last one 'in token mode by token ids'. Here the
-    bytes extend it exactly but the tokens do not: D's KV holds the tokens of the first
-    prompt then the answer's, at positions where the new prompt has other tokens, and the
-    engine loads it unchecked (real-vllm-pd.md)."""
+    """Issue 35: the next turn extends the last one 'in token mode by token ids'. The
+    bytes extend it exactly here; the tokens do not in the first two rows: D's KV holds
+    the tokens of the first prompt then the answer's, at positions where the new prompt
+    has other tokens, and the engine loads it unchecked (real-vllm-pd.md). Found on the
+    branch point of this review (47582fa); main since keeps nothing in token mode
+    (700d4dd), which this now guards: mutation `remember` without its token_mode check
+    fails the first two rows."""
     _, router, back, renderer = _token_mode()
     first = {"model": "tiny", "prompt": prompt}
     second = {"model": "tiny", "prompt": prompt + reply + rest}
@@ -88,7 +92,24 @@ def test_token_mode_never_sends_params_for_a_prompt_whose_tokens_differ(
     turn = renderer.token_ids(first, "completions") + renderer.token_ids(
         {"model": "tiny", "prompt": reply}, "completions")
     assert (renderer.token_ids(second, "completions")[:len(turn)] == turn) is same_tokens
-    assert (back.take(nxt, 2.0) is not None) is same_tokens
+    assert back.take(nxt, 2.0) is None
+
+
+def test_no_prompt_of_the_turns_length_with_other_bytes_is_taken() -> None:
+    """The reuse map keeps a turn's length and digest, not its bytes (f1fc4d3): 2,000
+    prompts whose first `length` bytes differ from the turn's in their last 8 are never
+    handed the params. Mutation DIGEST_BYTES = 1 survived test_pd_reuse and
+    test_pd_pullback (a 1-in-256 collision hands another history's KV to P)."""
+    memory = DecoderKvMemory(max_entries=1, ttl_s=10.0)
+    turn = b"the conversation so far " * 4
+    taken = 0
+    for i in range(2000):
+        memory.remember("k", "d1", turn, PARAMS, 0.0)
+        other = turn[:-8] + i.to_bytes(8, "big")
+        taken += memory.take("k", other + b" and the next turn", 0.0) is not None
+    assert taken == 0
+    memory.remember("k", "d1", turn, PARAMS, 0.0)
+    assert memory.take("k", turn + b" and the next turn", 0.0) is not None
 
 
 # 2. The accounting's decisions that the P/D tests before let change unnoticed ------------
