@@ -38,6 +38,15 @@ class PdReplica:
         self.name = name
         self.mode = mode
         self.params_on_whole = False  # its own params on a whole request's answer too
+        # what a prefill leg's answer reports cached (its hits and any pulled), in its usage
+        # and as `remote_prefill_cached_tokens`
+        self.prefill_cached = P_CACHED
+        # False: a prefill answer's usage has no prompt_tokens_details (an engine without
+        # --enable-prompt-tokens-details); its params still carry the count
+        self.prefill_details = True
+        # set: a prefill leg is held (`holding` set) until it is set
+        self.hold: asyncio.Event | None = None
+        self.holding = asyncio.Event()
         # a reasoning model's answer: the message's (or a stream's first delta's) reasoning
         # field (name, text), which the engine generated (its KV holds it) but a client's
         # next turn does not send back
@@ -117,19 +126,25 @@ class PdReplica:
                  "prompt_tokens_details": {"cached_tokens": cached}}
         text = f"{self.name}:{which}"
         if which == "prefill":
+            if self.hold is not None:
+                self.holding.set()
+                await self.hold.wait()
+            details = ({"prompt_tokens_details": {"cached_tokens": self.prefill_cached}}
+                       if self.prefill_details else {})
             answer: dict[str, Any] = {"id": "c", "object": "chat.completion", "model": "m",
                                       "choices": [{"index": 0, "finish_reason": "length",
                                                    "message": {"role": "assistant",
                                                                "content": text}}],
-                                      "usage": {**usage, "prompt_tokens_details": {
-                                          "cached_tokens": P_CACHED}}}
+                                      "usage": {**{k: v for k, v in usage.items()
+                                                   if k != "prompt_tokens_details"},
+                                                **details}}
             if failing != "noparams":
                 answer["kv_transfer_params"] = {
                     "do_remote_prefill": True, "do_remote_decode": False,
                     "remote_block_ids": [[1, 2, 3, 4]], "remote_engine_id": self.name,
                     "remote_request_id": "r", "remote_host": "127.0.0.1",
                     "remote_port": self.port, "tp_size": 1, "remote_num_tokens": 128,
-                    "remote_prefill_cached_tokens": P_CACHED}
+                    "remote_prefill_cached_tokens": self.prefill_cached}
             writer.write(response("200 OK", orjson.dumps(answer)))
             return True
         own = {"do_remote_decode": True, "do_remote_prefill": False,
