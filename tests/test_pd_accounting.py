@@ -12,7 +12,13 @@ import httpx
 import orjson
 import pytest
 
-from gateway.pd.accounting import PrefillReport, prefill_verdict, pull_level, read_prefill
+from gateway.pd.accounting import (
+    PrefillReport,
+    prefill_verdict,
+    pull_level,
+    read_prefill,
+    reported_cached,
+)
 from gateway.pd.config import PdConfig
 from gateway.pd.stats import PdStats
 from gateway.routing.config import RoutingConfig
@@ -355,3 +361,26 @@ async def test_bobs_pd_traffic_is_not_in_alices_stats() -> None:
             metrics = (await client.get(gw.url + "/metrics",
                                         headers={"authorization": "Bearer ka"})).text
             assert "gateway_pd_" not in metrics and "bob" not in metrics
+
+
+@pytest.mark.parametrize(("usage_cached", "params", "expected"), [
+    (96, {"remote_prefill_cached_tokens": 150}, 96),  # the usage's count first
+    (None, {"remote_prefill_cached_tokens": 150}, 150),  # no prompt_tokens_details
+    (None, {"remote_prefill_cached_tokens": 0}, 0),
+    (None, {}, None),  # neither: unknown
+    (None, {"remote_prefill_cached_tokens": "150"}, None),
+    (None, {"remote_prefill_cached_tokens": -1}, None),
+    (None, {"remote_prefill_cached_tokens": True}, None),
+])
+def test_ps_report_is_its_usage_else_the_count_its_params_carry(
+        usage_cached: int | None, params: dict[str, Any], expected: int | None) -> None:
+    assert reported_cached(usage_cached, params) == expected
+
+
+@pytest.mark.parametrize(("cached_from", "hits"), [("prefill", 150), ("decoder_kv", None)])
+def test_when_p_said_nothing_a_turn_that_may_have_pulled_has_unknown_hits(
+        cached_from: str, hits: int | None) -> None:
+    """D's count is a copy of P's: P's own hits on a fresh prefill, but on a turn sent the
+    decoder's params it holds the pulled tokens too, which are no hits."""
+    rec = two_legs(cached_from=cached_from, cached_tokens=150, prefill_cached_tokens=None)
+    assert rec.cache_split()[1] == hits

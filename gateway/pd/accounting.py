@@ -27,12 +27,27 @@ and without a pull it is the local hits. Hence:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from gateway.routing.feedback import Verdict, verdict
 
 Judge = Literal["full", "under_only"]
+
+
+def reported_cached(usage_cached: int | None, params: Mapping[str, Any]) -> int | None:
+    """P's report of its cached tokens: its usage's, else the count its answer's
+    `kv_transfer_params` carry for D (`remote_prefill_cached_tokens`, the same figure,
+    set by vLLM's scheduler whether or not the engine runs
+    `--enable-prompt-tokens-details`); None when neither says (a count left unknown, never
+    taken from D's copy, which on a turn that pulled would count pulled tokens as hits)."""
+    if usage_cached is not None:
+        return usage_cached
+    value = params.get("remote_prefill_cached_tokens")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 @dataclass(frozen=True, slots=True)

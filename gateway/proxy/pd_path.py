@@ -38,7 +38,7 @@ from typing import Any
 
 import orjson
 
-from gateway.pd.accounting import prefill_verdict, pull_level, read_prefill
+from gateway.pd.accounting import prefill_verdict, pull_level, read_prefill, reported_cached
 from gateway.pd.choice import Legs, choose_legs
 from gateway.pd.config import PdConfig
 from gateway.pd.failures import PullFailed, after_prefill
@@ -276,7 +276,8 @@ class PdPath:
             if params is not None:
                 usage = parse_answer(data).usage
                 return Prefilled(name, params, usage.prompt_tokens if usage else None,
-                                 usage.cached_tokens if usage else None, replica)
+                                 reported_cached(usage.cached_tokens if usage else None,
+                                                 params), replica)
             if what is None:
                 what = "no_params"
             else:

@@ -73,8 +73,12 @@ class UsageRecord:
         before vLLM 0.32 the whole transferred prompt), and tokens pulled back from the
         decoder are neither cache hits nor misses: they leave both counts."""
         prompt, cached = self.prompt_tokens, self.cached_tokens
-        if self.prefill_replica is None or self.prefill_cached_tokens is None:
+        if self.prefill_replica is None:
             return prompt, cached, 0
+        if self.prefill_cached_tokens is None:
+            # P said nothing: D's copy of its count holds any tokens pulled back from the
+            # decoder as hits, so on such a turn the hits are unknown
+            return prompt, (None if self.cached_from == "decoder_kv" else cached), 0
         pulled = self.pulled_tokens or 0
         hits = max(0, self.prefill_cached_tokens - pulled)
         return (None if prompt is None else max(0, prompt - pulled)), hits, pulled
