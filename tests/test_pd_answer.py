@@ -146,7 +146,14 @@ def test_a_whole_answers_reasoning_is_read(message: dict[str, Any], reasoning: b
 def test_a_partial_event_over_the_bound_is_let_go_without_the_params() -> None:
     answer = StreamAnswer(collect=False, max_event_bytes=64)
     assert answer.feed(b'data: {"kv_transfer_params": {"remote_host": "10.0.0.6"') == b""
-    assert answer.feed(b'"' + b"x" * 64) == b""  # held past the bound with the key: dropped
+    # held past the bound: it goes on in pieces, the params removed as they pass
+    out = answer.feed(b', "pad": "' + b"x" * 64 + b'"}, "id": 1}\n\ndata: {"next": 2}\n\n')
+    out += answer.finish()
+    assert b"10.0.0.6" not in out
+    first, second, rest = out.split(b"\n\n")
+    assert orjson.loads(first.removeprefix(b"data: ")) == {"id": 1}
+    assert second == b'data: {"next": 2}' and rest == b""
     plain = StreamAnswer(collect=True, max_event_bytes=64)
     long = b"data: " + b"y" * 80
-    assert plain.feed(long) == long and plain.reply is None
+    # let go as it comes (all but the last bytes, where a key could begin)
+    assert plain.feed(long) + plain.finish() == long and plain.reply is None

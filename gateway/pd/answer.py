@@ -26,7 +26,10 @@ characters (the bound on what is held).
 Cost: without collection, a chunk that ends on an event boundary and holds no
 `"kv_transfer_params"` goes through untouched after one byte search; only events that
 hold it are parsed and rewritten. A partial event is held until its blank line arrives
-(vLLM writes each event in one piece), at most `max_event_bytes`, then let go as it is.
+(vLLM writes each event in one piece), at most `max_event_bytes`; past that the event's
+bytes go on as they come, through gateway.pd.keydrop's `KeyDropper`, which removes
+non-null params from JSON in pieces (a Responses stream's `response.completed` carries the
+whole response, logprobs included, and its params after it), up to the event's blank line.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 
 import orjson
 
+from gateway.pd.keydrop import KeyDropper
 from gateway.usage.extract import carries_reasoning
 
 KEY = b'"kv_transfer_params"'
@@ -138,6 +142,9 @@ class StreamAnswer:
         self._whole = collect  # the text collected so far is the whole answer's
         self.reasoned = False  # a collected event carried reasoning
         self._tail = b""
+        # an event longer than max_event_bytes, going on in pieces up to its blank line
+        self._over: KeyDropper | None = None
+        self._over_last = b""  # its last two bytes (a blank line split between chunks)
 
     @property
     def reply(self) -> str | None:
@@ -146,6 +153,8 @@ class StreamAnswer:
 
     def feed(self, chunk: bytes) -> bytes:
         """Upstream bytes in, the bytes to pass on out (complete events)."""
+        if self._over is not None:
+            return self._overflow(chunk)
         if not self._tail and not self.collect and KEY not in chunk and (
                 chunk.endswith(b"\n\n") or not chunk):
             return chunk  # token chunks: untouched
@@ -154,15 +163,35 @@ class StreamAnswer:
         self._tail = buf[cut:]
         out = self._events(buf[:cut]) if cut else b""
         if len(self._tail) > self.max_event_bytes:
-            # no final chunk is this long: let it go, and stop trusting the text
+            # no final chunk of chat or completions is this long: stop trusting the text,
+            # and let the event go in pieces, its params removed as they pass
             self._whole = False
-            if KEY in self._tail:
-                self._tail = b""  # never pass on params it could not remove
-            out, self._tail = out + self._tail, b""
+            tail, self._tail = self._tail, b""
+            self._over, self._over_last = KeyDropper(), b""
+            out += self._overflow(tail)
         return out
+
+    def _overflow(self, chunk: bytes) -> bytes:
+        """Bytes of an over-long event through its KeyDropper, up to its blank line; what
+        follows it is fed as usual."""
+        over = self._over
+        assert over is not None
+        joined = self._over_last + chunk
+        ends = [i + len(sep) for sep in (b"\n\n", b"\n\r\n")
+                if (i := joined.find(sep)) >= 0]
+        if not ends:
+            self._over_last = joined[-2:]
+            return over.feed(chunk)
+        end = min(ends) - len(self._over_last)
+        out = over.feed(chunk[:end]) + over.finish()
+        self._over, self._over_last = None, b""
+        return out + self.feed(chunk[end:])
 
     def finish(self) -> bytes:
         """End of stream: what is still held (a last event without its blank line)."""
+        if self._over is not None:
+            out, self._over = self._over.finish(), None
+            return out
         tail, self._tail = self._tail, b""
         if not tail:
             return b""
