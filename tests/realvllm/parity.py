@@ -206,13 +206,14 @@ def report(diffs: dict[str, list[str]]) -> str:
 
 
 # vLLM 0.32 series the simulator does not export: the gateway reads none of them (it reads
-# cache config, KV usage, running/waiting and the prefix-cache counters, all simulated).
+# cache config, KV usage, running/waiting, the prefix-cache counters and
+# prompt_tokens_by_source, all simulated).
 UNSIMULATED_METRICS = """admission_rejections_total engine_sleep_state estimated_flops_per_gpu_total
 estimated_read_bytes_per_gpu_total estimated_write_bytes_per_gpu_total
 external_prefix_cache_hits_total external_prefix_cache_queries_total
 iteration_tokens_total_bucket iteration_tokens_total_count iteration_tokens_total_sum
 mm_cache_hits_total mm_cache_queries_total num_requests_waiting_by_reason
-prompt_tokens_by_source_total prompt_tokens_cached_by_source_total
+prompt_tokens_cached_by_source_total
 request_decode_time_seconds_bucket request_decode_time_seconds_count
 request_decode_time_seconds_sum request_inference_time_seconds_bucket
 request_inference_time_seconds_count request_inference_time_seconds_sum

@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,7 +106,49 @@ def pd_pair(options: VllmOptions) -> Iterator[PdPair]:
         for log in logs_of:  # vLLM found the library (else the connector has no transport)
             if "NIXL is available" not in log.read_text(errors="replace"):
                 raise RuntimeError(f"{log}: vLLM did not log 'NIXL is available'")
-        yield PdPair(prefill=urls[0], decode=urls[1])
+        pair = PdPair(prefill=urls[0], decode=urls[1])
+        handshake(pair, options.served_name)
+        yield pair
+
+
+# Tries per direction at the pair's first transfers (below).
+HANDSHAKE_TRIES = 6
+
+
+def _leg(base: str, body: dict[str, Any], rid: str) -> dict[str, Any] | None:
+    r = httpx.post(base + "/v1/completions", json=body, headers={"X-Request-Id": rid},
+                   timeout=300)
+    return r.json() if r.status_code == 200 else None  # type: ignore[no-any-return]
+
+
+def handshake(pair: PdPair, model: str) -> None:
+    """Both replicas' first NIXL handshakes, before any test counts transfers: a puller
+    meets a holder through its side channel with a 5 s receive timeout hard-coded in vLLM
+    0.32 (nixl/base_worker.py), which a holder still warming up on 2 loaded cores can miss
+    (seen in a CI run: `handshake_failed`, the decode leg answered 500; the engine caches
+    the handshake once it succeeds). D pulls a prompt from P, then P pulls that turn back
+    from D, each retried until it succeeds, on a prompt of their own that no test shares."""
+    base = {"model": model, "temperature": 0, "return_token_ids": True,
+            "max_tokens": 2 * RECOMPUTE_THRESHOLD, "min_tokens": 2 * RECOMPUTE_THRESHOLD,
+            "ignore_eos": True}  # fmt: skip
+    for _ in range(HANDSHAKE_TRIES):
+        rid = f"handshake-{uuid.uuid4().hex}"
+        prompt = f"handshake {uuid.uuid4().hex}: " + " ".join(f"w{i}" for i in range(200))
+        first = {**base, "prompt": prompt, "max_tokens": 1, "min_tokens": 0}
+        pre = _leg(pair.prefill, {**first, "kv_transfer_params": PREFILL_PARAMS}, rid)
+        answer = None if pre is None else _leg(
+            pair.decode, {**base, "prompt": prompt,
+                          "kv_transfer_params": pre["kv_transfer_params"]}, rid)  # fmt: skip
+        if answer is not None and answer.get("kv_transfer_params"):
+            # P pulls D's turn back: the next prompt extends the turn exactly
+            choice = answer["choices"][0]
+            turn = [*choice["prompt_token_ids"], *choice["token_ids"]]
+            again = {**first, "prompt": [*turn, *turn[:8]],
+                     "kv_transfer_params": answer["kv_transfer_params"]}
+            if _leg(pair.prefill, again, f"handshake-{uuid.uuid4().hex}") is not None:
+                return
+        time.sleep(1)
+    raise RuntimeError(f"the pair's NIXL handshakes failed {HANDSHAKE_TRIES} times")
 
 
 def xfer_count(base: str) -> float:
