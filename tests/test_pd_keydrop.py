@@ -60,3 +60,24 @@ def test_null_params_and_spaced_json_keep_their_bytes() -> None:
 def test_a_key_whose_value_never_came_is_not_passed_on() -> None:
     assert _through(b'{"id": 1,"kv_transfer_params":', []) == b'{"id": 1'
     assert _through(b'{"id": 1,"kv_transfer_params":{"remote_host": "10.0', []) == b'{"id": 1'
+
+
+@pytest.mark.parametrize("data", [
+    b'{"a": 1, "kv_transfer_params": {"h": 1}}',
+    b'{"a":1,\n "kv_transfer_params": [1]}',
+    b'{"a": 1 ,  "kv_transfer_params": {"h": 1}, "b": 2}',
+], ids=["space", "newline", "spaces-around-comma"])
+def test_the_comma_before_a_spaced_key_goes_with_it(data: bytes) -> None:
+    """Found by review: a comma separated from the key by spaces stayed behind."""
+    want = {k: v for k, v in orjson.loads(data).items() if k != "kv_transfer_params"}
+    for cut in range(len(data) + 1):
+        out = _through(data, [cut])
+        assert orjson.loads(out) == want, (cut, out)
+
+
+def test_an_escaped_quote_before_the_key_text_stays_escaped_across_pieces() -> None:
+    """Found by review: a piece ending right after `\\"kv_transfer_params"` (a key whose
+    text ends so) lost the backslash's context, and a member was dropped."""
+    data = b'{"a\\"kv_transfer_params": {"keep": 1}, "b": 2}'
+    for cut in range(len(data) + 1):
+        assert _through(data, [cut]) == data, cut

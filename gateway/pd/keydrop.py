@@ -20,6 +20,8 @@ from typing import Literal
 
 KEY = b'"kv_transfer_params"'
 _WS = b" \t\r\n"
+_HELD_BEFORE = _WS + b",\\"
+MAX_HELD = 4096  # bytes of commas, spaces and backslashes held before a possible key
 _CLOSE = {ord("{"): ord("}"), ord("["): ord("]")}
 
 State = Literal["pass", "colon", "value", "skip", "comma"]
@@ -65,12 +67,21 @@ class KeyDropper:
             while at >= 0 and _escaped(buf, at):
                 at = buf.find(KEY, at + 1)
             if at < 0:
-                keep = len(KEY)  # a key (and its comma) may begin in the last bytes
-                out.append(buf[:-keep] if len(buf) > keep else b"")
-                self._pending = buf[-keep:]
+                # a key may begin in the last bytes; the comma, spaces and backslashes
+                # before them stay too (the comma goes with the key; an odd run of
+                # backslashes makes its quote an escaped one), at most MAX_HELD in all
+                cut = max(0, len(buf) - len(KEY))
+                floor = max(0, cut - MAX_HELD)
+                while cut > floor and buf[cut - 1] in _HELD_BEFORE:
+                    cut -= 1
+                out.append(buf[:cut])
+                self._pending = buf[cut:]
                 return b""
-            self._comma_before = at > 0 and buf[at - 1] == ord(",")
-            start = at - 1 if self._comma_before else at
+            start = at
+            while start > 0 and buf[start - 1] in _WS:
+                start -= 1
+            self._comma_before = start > 0 and buf[start - 1] == ord(",")
+            start = start - 1 if self._comma_before else at
             out.append(buf[:start])
             self._held = buf[start:at + len(KEY)]
             self._state = "colon"
