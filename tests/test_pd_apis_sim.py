@@ -22,7 +22,6 @@ count, as vLLM >= 0.32 reports); a continuation of an unknown response given two
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +40,7 @@ from gateway.usage.config import UsageConfig
 from tests.servers import free_port, gateway, sim
 from tests.sim_http import FAST, MODEL, scrape
 from tests.test_pd_loopback import served
+from tests.test_pd_review import until
 
 KEYS = {"key-a": "A", "key-b": "B"}
 SIM = [*FAST, "--role", "prefill", "--role", "decode", "--bidirectional-kv-xfer",
@@ -256,12 +256,6 @@ def test_the_simulator_answers_both_legs_on_each_endpoint(pair: tuple[str, str],
 
 # Failure rows, an in-process gateway (replicas marked up by hand) ------------------------
 
-async def until(check: Any, what: str) -> None:
-    for _ in range(1000):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
 
 
 def settings(specs: list[tuple[str, str, str]]) -> Settings:

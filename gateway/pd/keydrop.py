@@ -35,6 +35,14 @@ def _escaped(data: bytes, at: int) -> bool:
     return n % 2 == 1
 
 
+def _first_not_ws(data: bytes) -> int:
+    """Index of the first byte of `data` that is not JSON whitespace (len when none)."""
+    i = 0
+    while i < len(data) and data[i] in _WS:
+        i += 1
+    return i
+
+
 class KeyDropper:
     def __init__(self) -> None:
         self._state: State = "pass"
@@ -87,9 +95,7 @@ class KeyDropper:
             self._state = "colon"
             return buf[at + len(KEY):]
         if self._state == "colon":
-            i = 0
-            while i < len(data) and data[i] in _WS:
-                i += 1
+            i = _first_not_ws(data)
             if i == len(data):
                 self._held += data
                 return b""
@@ -101,9 +107,7 @@ class KeyDropper:
             self._state = "value"
             return data[i + 1:]
         if self._state == "value":
-            i = 0
-            while i < len(data) and data[i] in _WS:
-                i += 1
+            i = _first_not_ws(data)
             if i == len(data):
                 self._held += data
                 return b""
@@ -119,9 +123,7 @@ class KeyDropper:
         if self._state == "skip":
             return self._skip(data)
         # "comma": after a value that was first in its object, drop the comma after it
-        i = 0
-        while i < len(data) and data[i] in _WS:
-            i += 1
+        i = _first_not_ws(data)
         if i == len(data):
             return b""
         self._state = "pass"
