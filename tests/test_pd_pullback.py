@@ -175,17 +175,18 @@ def token_pullback(token_mode: bool) -> tuple[Fleet, Router, PullBack]:
 
 
 def test_a_boundary_where_bytes_match_but_ids_differ_exists() -> None:
-    """Why token mode refuses: D's KV holds the ids it generated; the same answer's bytes
-    re-tokenized by the next turn are other ids (the tokenizer merges what was sampled
-    piece by piece: "hell" + "o" are not the ids of "hello"), so the byte check would hand
-    out KV for other tokens."""
+    """Why token mode checks ids, not bytes: D's KV holds the ids it generated; the same
+    answer's bytes re-tokenized by the next turn are other ids (the tokenizer merges what
+    was sampled piece by piece: "hell" + "o" are not the ids of "hello"), so the byte
+    check would hand out KV for other tokens (tests/test_pd_tokens.py: the id check)."""
     tok = tiny_tokens()
     sampled = tok.encode("hell") + tok.encode("o")  # what D may have generated
     assert sampled != tok.encode("hello")  # what the next prompt's ids hold
 
 
 # The next turn extends the last one's bytes exactly in every row: text mode hands the
-# params out, token mode never (the gateway does not know D's generated ids).
+# params out; token mode keeps nothing for an answer without its token ids (a byte match
+# proves nothing there: tests/test_pd_tokens.py has the check by ids).
 @pytest.mark.parametrize(("token_mode", "reused"), [(False, True), (True, False)])
 def test_token_mode_never_reuses_on_a_byte_match(token_mode: bool, reused: bool) -> None:
     fleet, router, pull = token_pullback(token_mode)

@@ -75,9 +75,9 @@ def test_token_mode_never_sends_params_where_bytes_match(
     bytes extend it exactly here; the tokens do not in the first two rows: D's KV holds
     the tokens of the first prompt then the answer's, at positions where the new prompt
     has other tokens, and the engine loads it unchecked (real-vllm-pd.md). Found on the
-    branch point of this review (47582fa); main since keeps nothing in token mode
-    (700d4dd), which this now guards: mutation `remember` without its token_mode check
-    fails the first two rows."""
+    branch point of this review (47582fa); main then kept nothing in token mode
+    (700d4dd), and now keeps a turn only with the answer's token ids (none here: the
+    byte-level remember passes none), checked by ids (tests/test_pd_tokens.py)."""
     _, router, back, renderer = _token_mode()
     first = {"model": "tiny", "prompt": prompt}
     second = {"model": "tiny", "prompt": prompt + reply + rest}

@@ -46,7 +46,7 @@ def test_params_of_a_replaced_decoder_are_not_kept(during: str, handed_out: Any)
     plan = decide(router, fleet, chat(user("hello")), "s")
     ex = SimpleNamespace(status=200, replica="d1",
                          outcome=SimpleNamespace(kv_params=PARAMS, reply_text="hi there",
-                                                  reasoned=False))
+                                                  reasoned=False, token_ids=None))
     turn = Turn(cast(Any, ex), cast(Any, None))
     turn.plan = plan
     turn.replica = fleet.replicas["d1"]  # sent to the server d1 was then

@@ -74,6 +74,18 @@ class TokenMode:
         return TokenLookup(prompt, {r: n for r, (_, n) in runs.items()},
                            {r: c for r, (c, _) in runs.items()})
 
+    def token_ids(self, body: Mapping[str, Any], endpoint: Literal["chat", "completions"],
+                  model: str) -> list[int] | None:
+        """Every id of the prompt as the model's renderer computes it (P/D's reuse check,
+        gateway.pd.pullback), whether or not events flow; None when it cannot render."""
+        renderer = self._renderers.get(model)
+        if renderer is None:
+            return None
+        try:
+            return renderer.token_ids(body, endpoint)
+        except TemplateError:
+            return None
+
     def sent(self, lookup: TokenLookup, replica: str, now: float) -> None:
         if replica in lookup.matched:
             # What the events confirmed at the decision needs no prediction (if the engine

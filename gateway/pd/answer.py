@@ -39,6 +39,7 @@ from typing import Any
 import orjson
 
 from gateway.pd.keydrop import KeyDropper
+from gateway.pd.tokenids import MARK, IdsNuller, StreamIds, ids_only, null_doc, null_ids
 from gateway.usage.extract import carries_reasoning
 
 KEY = b'"kv_transfer_params"'
@@ -64,9 +65,12 @@ def _strip(doc: Any) -> bool:
     return removed
 
 
-def strip_json(data: bytes) -> bytes:
+def strip_json(data: bytes, ids: bool = False) -> bytes:
     """A whole JSON answer without its `kv_transfer_params` (unchanged bytes when it has
-    none, or only nulls)."""
+    none, or only nulls); `ids`: the token ids the gateway asked for written `null`, as
+    the answer would have had them (gateway.pd.tokenids)."""
+    if ids:
+        data = null_ids(data)
     if KEY not in data:
         return data
     try:
@@ -132,8 +136,13 @@ def _doc(event: bytes) -> dict[str, Any] | None:
 
 class StreamAnswer:
     def __init__(self, *, collect: bool, max_reply_chars: int = MAX_REPLY_CHARS,
-                 max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+                 max_event_bytes: int = MAX_EVENT_BYTES, strip_ids: bool = False,
+                 collect_ids: bool = False) -> None:
         self.collect = collect
+        # the token ids the gateway asked for (gateway.pd.tokenids): hidden from the client
+        self.strip_ids = strip_ids
+        # and read, for token mode's check (collect only; bounded like the text)
+        self._ids = StreamIds(max_reply_chars) if collect and collect_ids else None
         self.max_reply_chars = max_reply_chars
         self.max_event_bytes = max_event_bytes
         self.params: dict[str, Any] | None = None  # the last event's kv_transfer_params
@@ -145,6 +154,13 @@ class StreamAnswer:
         # an event longer than max_event_bytes, going on in pieces up to its blank line
         self._over: KeyDropper | None = None
         self._over_last = b""  # its last two bytes (a blank line split between chunks)
+        self._over_ids: IdsNuller | None = None  # and its id lists, when stripped
+
+    @property
+    def token_ids(self) -> list[int] | None:
+        """The prompt's ids then choice 0's generated ids (collect_ids), None when they
+        cannot be told exactly."""
+        return self._ids.ids if self._ids is not None and self._whole else None
 
     @property
     def reply(self) -> str | None:
@@ -156,7 +172,8 @@ class StreamAnswer:
         if self._over is not None:
             return self._overflow(chunk)
         if not self._tail and not self.collect and KEY not in chunk and (
-                chunk.endswith(b"\n\n") or not chunk):
+                chunk.endswith(b"\n\n") or not chunk) and not (
+                self.strip_ids and MARK in chunk):
             return chunk  # token chunks: untouched
         buf = self._tail + chunk
         cut = _boundary(buf)
@@ -168,6 +185,7 @@ class StreamAnswer:
             self._whole = False
             tail, self._tail = self._tail, b""
             self._over, self._over_last = KeyDropper(), b""
+            self._over_ids = IdsNuller() if self.strip_ids else None
             out += self._overflow(tail)
         return out
 
@@ -179,19 +197,24 @@ class StreamAnswer:
         joined = self._over_last + chunk
         ends = [i + len(sep) for sep in (b"\n\n", b"\n\r\n")
                 if (i := joined.find(sep)) >= 0]
+        ids = self._over_ids
         if not ends:
             self._over_last = joined[-2:]
-            return over.feed(chunk)
+            out = over.feed(chunk)
+            return out if ids is None else ids.feed(out)
         end = min(ends) - len(self._over_last)
         out = over.feed(chunk[:end]) + over.finish()
-        self._over, self._over_last = None, b""
+        if ids is not None:
+            out = ids.feed(out) + ids.finish()
+        self._over, self._over_last, self._over_ids = None, b"", None
         return out + self.feed(chunk[end:])
 
     def finish(self) -> bytes:
         """End of stream: what is still held (a last event without its blank line)."""
         if self._over is not None:
             out, self._over = self._over.finish(), None
-            return out
+            ids, self._over_ids = self._over_ids, None
+            return out if ids is None else ids.feed(out) + ids.finish()
         tail, self._tail = self._tail, b""
         if not tail:
             return b""
@@ -202,9 +225,17 @@ class StreamAnswer:
         out: list[bytes] = []
         for event in _split(region):
             has_key = KEY in event
-            doc = _doc(event) if has_key or self.collect else None
+            has_ids = self.strip_ids and MARK in event
+            doc = _doc(event) if has_key or has_ids or self.collect else None
             if doc is not None and self.collect:
                 self._read(doc)
+            if has_ids:
+                changed = True
+                if doc is not None and ids_only(doc):
+                    continue  # a chunk the client would not have had
+                event = null_ids(event)  # vLLM's bytes, each id list written null
+                if doc is not None:
+                    null_doc(doc)  # if the params' removal re-serializes the event
             if has_key and doc is not None:
                 params = doc.get("kv_transfer_params")
                 nested = doc.get("response")  # a Responses stream's response.completed
@@ -223,6 +254,8 @@ class StreamAnswer:
         """Add the text an event carries for choice 0 (chat delta or completion text)."""
         if not self._whole:
             return
+        if self._ids is not None:
+            self._ids.read(doc)
         choices = doc.get("choices")
         if not isinstance(choices, list):
             return

@@ -21,15 +21,22 @@ What is checked, since the engine checks nothing (real-vllm-pd.md):
   remembers the `Replica` object and the router's restart count of it, and an entry of a
   replica that left, was replaced or restarted is dropped.
 
-Token mode (`[tokens]` names the model): never reused. The engine's KV is per token, and
-the same bytes can tokenize differently where the previous answer meets the next turn's
-text: D's KV holds the prompt's ids followed by the ids D generated, and the next
-prompt's ids must begin with exactly those. The gateway does not know the generated ids
-(an answer carries them only when the client asked `return_token_ids`, and its text
-re-tokenized is not them: D may have sampled "hell" + "o" where the tokenizer says
-"hello"), so a byte match proves nothing there and the prefill is fresh (safe). Text mode
-keeps the byte check: it compares what the router can know, and its mismatch risk is
-the one docs/deployment/pd.md states.
+Token mode (`[tokens]` names the model): by token ids (gateway.pd.tokenids). The engine's
+KV is per token, and the same bytes can tokenize differently where the previous answer
+meets the next turn's text (D may have sampled "hell" + "o" where the tokenizer says
+"hello"), so a byte match proves nothing there. D's KV holds the prompt's ids followed by
+the ids D generated, `remote_num_tokens` of them (the last sampled one is never computed);
+the decode leg asks vLLM for them (`return_token_ids`, hidden again from a client that
+did not ask: gateway.pd.answer), and the turn kept is those ids (vLLM's own, the prompt's
+included), packed 8 bytes each after the template's tag (`token_turn`). `take` packs the
+new prompt's ids as the router's renderer computes them (gateway.tokens.render, the
+parity token mode relies on) and hands the params out only when they begin with exactly
+the turn's. Ids unknown (the client or the engine gave none, n > 1, a stream past its
+bounds, tool calls or reasoning, whose text the next turn renders otherwise): nothing
+kept. A body that the renderer does not render as vLLM would (`renders_alike`: its own
+`chat_template`, template kwargs, non-text content) is never handed params in token
+mode. The gateway's renderer and vLLM disagreeing on the new prompt where they agree on
+the old is the one risk left: it is the parity token mode's block hashes assume.
 
 A streamed answer is remembered as a whole one is: the relay collects its text and its
 final chunk's params (gateway.pd.answer; none for tool calls or n > 1). Bounds:
@@ -39,10 +46,12 @@ replica of the fleet (`_seen`, pruned to the fleet).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.pd.config import PdConfig
 from gateway.pd.reuse import DecoderKvMemory
+from gateway.pd.tokenids import pack, renders_alike
 from gateway.routing.normalize import END
 
 if TYPE_CHECKING:  # collaborators passed in; importing them would tie gateway.pd to them
@@ -75,6 +84,18 @@ def turn_bytes(plan: RoutePlan, kind: Literal["chat", "completions"], reply: str
     return template_tag(plan) + plan.data + reply.encode("utf-8", "surrogatepass") + end
 
 
+def token_turn(plan: RoutePlan, ids: list[int] | None, params: Mapping[str, Any]
+               ) -> bytes | None:
+    """Token mode: the ids D's KV holds after the turn (the prompt's then the generated,
+    `remote_num_tokens` of them: what P loads unchecked), packed after the template's
+    tag; None when that cannot be told (no ids, no count, a count past the ids)."""
+    held = params.get("remote_num_tokens")
+    if ids is None or type(held) is not int or not 0 < held <= len(ids):
+        return None
+    packed = pack(ids[:held])
+    return None if packed is None else template_tag(plan) + packed
+
+
 class PullBack:
     def __init__(self, config: PdConfig, fleet: Fleet, router: Router) -> None:
         self.enabled = config.reuse_decoder_kv
@@ -84,25 +105,49 @@ class PullBack:
         # replica name -> (the Replica, its restart count) when its entries were made
         self._seen: dict[str, tuple[Replica, int]] = {}
 
+    def token_mode(self, plan: RoutePlan) -> bool:
+        """Whether this request's turns are checked by token ids."""
+        return self.enabled and self.router.token_mode(plan.model)
+
     def remember(self, plan: RoutePlan, kind: Literal["chat", "completions"], replica: str,
-                 reply: str | None, params: dict[str, Any] | None, now: float) -> bool:
+                 reply: str | None, params: dict[str, Any] | None, now: float,
+                 ids: list[int] | None = None) -> bool:
         """D (`replica`) answered `reply` and returned `params`: keep them for the
-        conversation's next turn. False when nothing was kept."""
+        conversation's next turn. `ids`: the answer's token ids (the prompt's then the
+        generated), which token mode needs. False when nothing was kept."""
         key = conversation_key(plan)
-        if (not self.enabled or key is None or reply is None or params is None
-                or self.router.token_mode(plan.model)):
+        if not self.enabled or key is None or reply is None or params is None:
             return False
+        if self.router.token_mode(plan.model):
+            turn = token_turn(plan, ids, params)
+            if turn is None:
+                return False
+        else:
+            turn = turn_bytes(plan, kind, reply)
         if self._refresh(replica) == "gone":
             return False
-        self.memory.remember(key, replica, turn_bytes(plan, kind, reply), params, now)
+        self.memory.remember(key, replica, turn, params, now)
         return True
 
-    def take(self, plan: RoutePlan, now: float) -> dict[str, Any] | None:
-        """The params to send with this request's prefill leg, or None (fresh prefill)."""
+    def take(self, plan: RoutePlan, now: float, body: Mapping[str, Any] | None = None,
+             kind: Literal["chat", "completions"] = "chat") -> dict[str, Any] | None:
+        """The params to send with this request's prefill leg, or None (fresh prefill).
+        `body`, `kind`: the request, which token mode renders into ids (without them,
+        nothing is handed out there)."""
         key = conversation_key(plan)
-        if not self.enabled or key is None:
+        if not self.enabled or key is None or key not in self.memory:
             return None
-        found = self.memory.take(key, template_tag(plan) + plan.data, now)
+        if self.router.token_mode(plan.model):
+            ids = (self.router.prompt_ids(body, kind, plan.model)
+                   if body is not None and renders_alike(body) else None)
+            packed = None if ids is None else pack(ids)
+            if packed is None:
+                self.memory.forget(key)  # used once, matched or not
+                return None
+            prompt = template_tag(plan) + packed
+        else:
+            prompt = template_tag(plan) + plan.data
+        found = self.memory.take(key, prompt, now)
         if found is None:
             return None
         replica, params = found

@@ -64,6 +64,12 @@ class DecoderKvMemory:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    def forget(self, key: str) -> None:
+        self._entries.pop(key, None)
+
     def remember(self, key: str, replica: str, turn: bytes, params: dict[str, Any],
                  now: float) -> None:
         """D (`replica`) holds the KV of `turn` and returned `params` for it. An empty

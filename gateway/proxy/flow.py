@@ -65,7 +65,7 @@ Edit = Callable[[Inbound, dict[str, Any], Kind], bool]
 class Turn:
     """One request's state in the flow."""
 
-    __slots__ = ("ex", "finished", "plan", "replica", "ticket", "trace")
+    __slots__ = ("ex", "finished", "ids_added", "plan", "replica", "ticket", "trace")
 
     def __init__(self, ex: Exchange, trace: Trace) -> None:
         self.ex = ex
@@ -74,6 +74,8 @@ class Turn:
         self.ticket: Ticket | None = None
         self.replica: Replica | None = None  # holds one in-flight count while set
         self.finished = False
+        # a P/D decode leg asked for token ids the client did not (gateway.pd.tokenids)
+        self.ids_added = False
 
 
 @dataclass(slots=True)

@@ -385,7 +385,9 @@ class Proxy:
                         on_response_id=((lambda rid: self.flow.remember_response(turn, rid))
                                         if responses else None),
                         first_token=b'"response.output_text.delta"' if responses else None,
-                        collect_reply=self.pd.collects(ex.endpoint))
+                        collect_reply=self.pd.collects(ex.endpoint),
+                        collect_ids=self.pd.reads_ids(turn, ex.endpoint),
+                        strip_ids=turn.ids_added)
         except UpstreamError as exc:  # nothing sent yet: delivered, no usable answer
             what = happened(exc)
             self.counters.failure(name, what)

@@ -12,7 +12,9 @@ in gateway.proxy because it drives the proxy's relay and flow (gateway.pd stays 
         failed before a byte (PullFailed): P answers the whole request instead
     `[pd] reuse_decoder_kv`: the conversation's last decoder params go with the prefill
     leg when its prompt extends that turn exactly (pullback.py); an answer's own params
-    (whole, or a stream's final chunk: answer.py) are kept for the next turn (`answered`)
+    (whole, or a stream's final chunk: answer.py) are kept for the next turn (`answered`);
+    in token mode the decode leg asks D's token ids (`return_token_ids`, stripped from
+    the client's answer unless it asked itself: gateway.pd.tokenids), the check's input
 
 Accounting (on the request's Exchange, into its usage record): `prefill_replica`,
 `transferred_tokens` (what P offered D), `cached_from` ("prefill": vLLM >= 0.32 reports
@@ -52,6 +54,7 @@ from gateway.pd.legs import (
 from gateway.pd.metrics import PdMetrics
 from gateway.pd.pullback import PullBack
 from gateway.pd.stats import Alone, LegFailure, PdStats
+from gateway.pd.tokenids import asks_ids
 from gateway.proxy.asgi import Headers
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.flow import Prepared, RequestFlow, Turn
@@ -155,7 +158,7 @@ class PdPath:
         self.router.prefilled_elsewhere(plan)
         pulled = None
         if prep.endpoint in REUSE_ENDPOINTS:  # docs/deployment/pd.md says why only these
-            pulled = self.pullback.take(plan, self.clock())
+            pulled = self.pullback.take(plan, self.clock(), prep.body, prep.kind)
             if self.pullback.enabled:
                 self.stats.reused(pulled is not None)
         pre = await self._prefill(ex, legs.prefill,
@@ -175,11 +178,16 @@ class PdPath:
         if not ex.withheld:
             headers[:] = repredicted(headers, ex.route or "", ex.predicted, ex.findings)
             headers.append((b"x-gateway-prefill", pre.replica.encode()))
+        decode = decode_body(prep.body, pre.params)
+        if (prep.endpoint in REUSE_ENDPOINTS and self.pullback.token_mode(plan)
+                and asks_ids(prep.body)):
+            # token mode checks the next turn by D's ids: asked here, hidden from the client
+            decode["return_token_ids"] = turn.ids_added = True
         try:
-            await attempts(orjson.dumps(decode_body(prep.body, pre.params)),
-                           plan.decision.ranked, True)
+            await attempts(orjson.dumps(decode), plan.decision.ranked, True)
             self.stats.decoded()
         except PullFailed as failed:
+            turn.ids_added = False
             self.stats.pull_failed(failed.what)
             # P holds the prompt's KV: it answers the whole request, as sent to one replica
             self.flow.moved(turn, pre.replica)
@@ -190,6 +198,12 @@ class PdPath:
         """Whether a stream's text is collected (gateway.pd.answer): the next turn's
         check needs it, and only `[pd] reuse_decoder_kv` keeps anything for one."""
         return self.pullback.enabled and endpoint in REUSE_ENDPOINTS
+
+    def reads_ids(self, turn: Turn, endpoint: str) -> bool:
+        """Whether an answer's token ids are read (gateway.pd.tokenids): token mode's
+        check of the next turn needs them."""
+        return (self.collects(endpoint) and turn.plan is not None
+                and self.pullback.token_mode(turn.plan))
 
     def answered(self, turn: Turn, prep: Prepared) -> None:
         """The request was answered: keep a decoder's returned params for the next turn
@@ -206,7 +220,7 @@ class PdPath:
         if replica is None or not self.fleet.current(replica) or replica.prefill_only:
             return  # replaced or gone while it ran; or P answered alone: no decoder's params
         if self.pullback.remember(plan, prep.kind, ex.replica, out.reply_text, out.kv_params,
-                                  self.clock()):
+                                  self.clock(), out.token_ids):
             self.stats.kept()
 
     def _account(self, ex: Exchange, pre: Prefilled, preview: RoutePlan | None,

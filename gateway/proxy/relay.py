@@ -15,7 +15,9 @@ generated text (`parse_answer`).
 An answer's `kv_transfer_params` (engine host, port, block ids) never reach the client:
 read into `outcome.kv_params`, then removed from the JSON body or the stream's event
 (gateway.pd.answer). A stream's text is collected only when `collect_reply` asks (P/D's
-turn two without re-prefill), bounded there.
+turn two without re-prefill), bounded there; so are the answer's token ids
+(`collect_ids`: token mode's check, gateway.pd.tokenids), which `strip_ids` (the gateway
+asked for them, the client did not) writes back to `null` before the client sees them.
 
 A Responses API answer names its id (body `id`, or the stream's `response.*` events):
 `on_response_id` hears it before the bytes that carry it go to the client, so a client
@@ -34,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.pd.answer import StreamAnswer, strip_json
+from gateway.pd.tokenids import read_ids
 from gateway.proxy.asgi import Headers, Send
 from gateway.proxy.errors import GatewayError, UpstreamError, from_upstream
 from gateway.proxy.target import HOP_BY_HOP
@@ -82,7 +85,7 @@ class RelayOutcome:
     """What the relay observed; the request path turns it into the usage record."""
 
     __slots__ = ("error", "first_byte", "kv_params", "reasoned", "reply_text", "started",
-                 "status", "usage")
+                 "status", "token_ids", "usage")
 
     def __init__(self) -> None:
         self.started = False  # the response head went to the client
@@ -99,13 +102,15 @@ class RelayOutcome:
         # the answer carried reasoning (whole, or a collected stream): D's KV then holds
         # tokens its text does not, and P/D keeps nothing for the next turn
         self.reasoned = False
+        # the prompt's token ids then the generated ones (`collect_ids`), None when unknown
+        self.token_ids: list[int] | None = None
 
 
 async def relay(
     resp: UpstreamResponse, send: Send, extra: Headers, *, strip_usage: bool, replica: str | None,
     outcome: RelayOutcome, on_first_byte: Callable[[], None], timer: Callable[[], float],
     on_response_id: Callable[[str], None] | None = None, first_token: bytes | None = None,
-    collect_reply: bool = False,
+    collect_reply: bool = False, collect_ids: bool = False, strip_ids: bool = False,
 ) -> None:
     """Send resp to the client. Upstream failures before the head propagate (nothing was
     sent); after it they end the stream with an error event recorded in `outcome.error`
@@ -119,9 +124,11 @@ async def relay(
             outcome.usage, outcome.reply_text = answer.usage, answer.text
             outcome.kv_params = answer.kv_transfer_params
             outcome.reasoned = answer.reasoning
+            if collect_reply and collect_ids:
+                outcome.token_ids = read_ids(data)
             if answer.response_id is not None and on_response_id is not None:
                 on_response_id(answer.response_id)
-        data = strip_json(data)  # read above; never the client's (gateway.pd.answer)
+        data = strip_json(data, strip_ids)  # read above; never the client's (gateway.pd.answer)
         headers.append((b"content-length", str(len(data)).encode()))
         outcome.first_byte = timer()
         on_first_byte()
@@ -132,7 +139,8 @@ async def relay(
 
     tap = SseUsageTap(strip=strip_usage)
     # before the tap: a usage-only final chunk the tap strips may carry the params
-    stream = StreamAnswer(collect=collect_reply and resp.status == 200)
+    stream = StreamAnswer(collect=collect_reply and resp.status == 200, strip_ids=strip_ids,
+                          collect_ids=collect_ids)
     outcome.started = True
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})
     # A response that can tell it has ended without another read lets its last bytes and
@@ -176,4 +184,5 @@ async def relay(
     outcome.reasoned = stream.reasoned
     if outcome.error is None and resp.status == 200:
         outcome.reply_text = stream.reply
+        outcome.token_ids = stream.token_ids
     await send({"type": "http.response.body", "body": tail, "more_body": False})

@@ -492,6 +492,12 @@ class Router:
         its prompts), whether or not its replicas' events flow right now."""
         return self._tokens is not None and model in self._tokens.models()
 
+    def prompt_ids(self, body: Mapping[str, Any], endpoint: Literal["chat", "completions"],
+                   model: str) -> list[int] | None:
+        """Token mode: the prompt's every token id (gateway.tokens.render), None when the
+        model is not in token mode or its prompt does not render."""
+        return None if self._tokens is None else self._tokens.token_ids(body, endpoint, model)
+
     def restarts(self, replica: str) -> int:
         """How many restarts of `replica` were taken as new since it joined (however they
         were seen: its metrics, its KV events, down too long, another instance's fact):

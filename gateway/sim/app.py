@@ -223,7 +223,8 @@ class SimApp:
                 if gen.stream:
                     await self._stream(send, endpoint, gen, pending, rid, call)
                 else:
-                    await self._unary(scope, receive, send, endpoint, pending, rid, call)
+                    await self._unary(scope, receive, send, endpoint, pending, rid, call,
+                                      gen.return_token_ids)
             finally:
                 watcher.cancel()
                 replica.abort(pending)  # no-op once finished
@@ -231,7 +232,8 @@ class SimApp:
             replica.in_flight -= 1
 
     async def _unary(self, scope: Scope, receive: Receive, send: Send, endpoint: str,
-                     pending: Pending, rid: str, call: PlannedCall | None) -> None:
+                     pending: Pending, rid: str, call: PlannedCall | None,
+                     return_ids: bool = False) -> None:
         await pending.queue.get()
         req = pending.request
         if req.status != "finished":
@@ -249,9 +251,13 @@ class SimApp:
         )
         finish = req.finish_reason or "stop"
         kv = None if self.connector is None else self.connector.answer(req)
+        # vLLM's token_ids: every generated id, the stop token included
+        ids = (list(req.token_ids[:req.num_prompt_tokens]), list(req.output_ids)) \
+            if return_ids else None
         if endpoint != "chat":
             body = completion_body(rid, int(time.time()), self.config.model, text, finish,
-                                   usage, contract=self.config.contract, kv_transfer=kv)
+                                   usage, contract=self.config.contract, kv_transfer=kv,
+                                   ids=ids)
         elif call is not None and finish == "stop":
             # The whole call came out: vLLM returns it parsed ("stop" for a named one).
             body = chat_body(rid, int(time.time()), self.config.model, text, call.finish,
@@ -260,7 +266,7 @@ class SimApp:
         else:
             # A call cut by max_tokens does not parse: vLLM returns the text as content.
             body = chat_body(rid, int(time.time()), self.config.model, text, finish, usage,
-                             contract=self.config.contract, kv_transfer=kv)
+                             contract=self.config.contract, kv_transfer=kv, ids=ids)
         headers = [(b"x-request-id", rid.split("-", 1)[1].encode())]
         if self.config.timing_comments:
             headers.append((b"x-sim-timing", orjson.dumps(_timing(req))))
@@ -300,9 +306,12 @@ class SimApp:
             token = await queue.get()
             if token is None:
                 break
+            prompt_ids = req.token_ids[:prompt] if gen.return_token_ids and first else None
             if first and endpoint == "chat":
-                more["body"] = writer.role(running_usage(prompt, 0) if continuous else None)
+                more["body"] = writer.role(running_usage(prompt, 0) if continuous else None,
+                                           prompt_ids)
                 await send(more)
+                prompt_ids = None
             first = False
             produced += 1
             finished = req.status == "finished" and produced == req.num_output_tokens
@@ -320,6 +329,7 @@ class SimApp:
             more["body"] = writer.content(
                 text, req.finish_reason if finished else None, usage,
                 last=finished and not include_usage,
+                token_ids=[token] if gen.return_token_ids else None, prompt_ids=prompt_ids,
             )
             await send(more)
         if req.status != "finished":

@@ -41,6 +41,8 @@ class GenerationParams:
     cache_salt: str | None
     priority: int = 0  # vLLM's scheduling priority (lower first); needs the priority policy
     kv_transfer: KvTransfer | None = None  # kv_transfer_params (a P/D leg)
+    # vLLM's `return_token_ids`: the prompt's and the generated token ids in the answer
+    return_token_ids: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +113,7 @@ def parse_generation(body: Mapping[str, Any], name: str) -> GenerationParams:
         max_tokens=max_tokens,
         cache_salt=_cache_salt(body),
         priority=_opt(body, "priority", int, "an integer") or 0,
+        return_token_ids=bool(_opt(body, "return_token_ids", bool, "a boolean")),
     )
 
 

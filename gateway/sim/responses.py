@@ -64,8 +64,10 @@ def chat_body(
     rid: str, created: int, model: str, text: str, finish: str, usage: dict[str, Any],
     *, contract: Contract = CURRENT, tool_calls: list[dict[str, Any]] | None = None,
     tool_content: str | None = None, kv_transfer: dict[str, Any] | None = None,
+    ids: tuple[list[int], list[int]] | None = None,
 ) -> bytes:
-    """`kv_transfer`: the answer's kv_transfer_params (a P/D leg's; else null).
+    """`kv_transfer`: the answer's kv_transfer_params (a P/D leg's; else null). `ids`:
+    (prompt ids, generated ids) when the request asked `return_token_ids`.
     `tool_calls`: the parsed calls; then `content` is `tool_content`: null as vLLM's
     hermes parser leaves it when the reply is nothing but calls ("auto"), "" for a named
     or "required" choice."""
@@ -85,7 +87,7 @@ def chat_body(
         "logprobs": None,
         "finish_reason": finish,
         "stop_reason": None,
-        "token_ids": None,
+        "token_ids": None if ids is None else ids[1],
     }
     body: dict[str, Any] = {
         "id": rid,
@@ -97,7 +99,7 @@ def chat_body(
         "system_fingerprint": None,
         "usage": usage,
         "prompt_logprobs": None,
-        "prompt_token_ids": None,
+        "prompt_token_ids": None if ids is None else ids[0],
         "kv_transfer_params": kv_transfer,
     }
     if contract == "0.32" and not tool_calls:
@@ -112,6 +114,7 @@ def chat_body(
 def completion_body(
     rid: str, created: int, model: str, text: str, finish: str, usage: dict[str, Any],
     *, contract: Contract = CURRENT, kv_transfer: dict[str, Any] | None = None,
+    ids: tuple[list[int], list[int]] | None = None,
 ) -> bytes:
     choice: dict[str, Any] = {
         "index": 0,
@@ -120,8 +123,8 @@ def completion_body(
         "finish_reason": finish,
         "stop_reason": None,
         "prompt_logprobs": None,
-        "prompt_token_ids": None,
-        "token_ids": None,
+        "prompt_token_ids": None if ids is None else ids[0],
+        "token_ids": None if ids is None else ids[1],
     }
     body: dict[str, Any] = {
         "id": rid,
@@ -174,8 +177,9 @@ class ChunkWriter:
             + b',"choices":'
         )
 
-    def role(self, usage: dict[str, Any] | None) -> bytes:
-        tail = b',"prompt_token_ids":null' + (b',"prompt_text":null' if self.current else b"")
+    def role(self, usage: dict[str, Any] | None, prompt_ids: list[int] | None = None) -> bytes:
+        tail = b',"prompt_token_ids":' + _ids(prompt_ids)
+        tail += b',"prompt_text":null' if self.current else b""
         tail += _usage_tail(usage) + b"}\n\n"
         return (
             self._head + b'[{"index":0,"delta":{"role":"assistant","content":""},'
@@ -183,19 +187,23 @@ class ChunkWriter:
         )
 
     def content(
-        self, text: str, finish: str | None, usage: dict[str, Any] | None, last: bool = False
+        self, text: str, finish: str | None, usage: dict[str, Any] | None, last: bool = False,
+        token_ids: list[int] | None = None, prompt_ids: list[int] | None = None,
     ) -> bytes:
-        """`last`: no usage chunk follows, so 0.32 puts system_fingerprint on this one."""
+        """`last`: no usage chunk follows, so 0.32 puts system_fingerprint on this one.
+        `token_ids` (this chunk's) and `prompt_ids` (completions' first chunk): asked by
+        `return_token_ids`, else null."""
         t = orjson.dumps(text)
+        ids = _ids(token_ids)
         if self.endpoint == "chat":
             choice = b'[{"index":0,"delta":{"content":' + t + b'},"logprobs":null,'
             if finish is None:
-                choice += b'"finish_reason":null,"token_ids":null}]'
+                choice += b'"finish_reason":null,"token_ids":' + ids + b'}]'
             else:
                 choice += (
                     b'"finish_reason":"'
                     + finish.encode()
-                    + b'","stop_reason":null,"token_ids":null}]'
+                    + b'","stop_reason":null,"token_ids":' + ids + b'}]'
                 )
         else:
             fin = b"null" if finish is None else b'"' + finish.encode() + b'"'
@@ -204,7 +212,8 @@ class ChunkWriter:
                 + t
                 + b',"logprobs":null,"finish_reason":'
                 + fin
-                + (b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
+                + (b',"stop_reason":null,"prompt_token_ids":' + _ids(prompt_ids)
+                   + b',"token_ids":' + ids + b'}]'
                    if self.current else b',"stop_reason":null}]')
             )
         tail = _usage_tail(usage)
@@ -259,6 +268,10 @@ class ChunkWriter:
             b',"kv_transfer_params":' + orjson.dumps(params))
 
     DONE = b"data: [DONE]\n\n"
+
+
+def _ids(ids: list[int] | None) -> bytes:
+    return b"null" if ids is None else orjson.dumps(ids)
 
 
 def _usage_tail(usage: dict[str, Any] | None) -> bytes:
