@@ -34,7 +34,7 @@ from openai.types.chat import ChatCompletion
 
 from tests.realvllm.gateways import fronted, records
 from tests.realvllm.pd import PREFILL_PARAMS, RECOMPUTE_THRESHOLD, PdPair, xfer_count
-from tests.realvllm.vllm import MODEL_NAME
+from tests.realvllm.vllm import MODEL_NAME, VllmOptions
 
 pytestmark = pytest.mark.realvllm
 
@@ -135,28 +135,41 @@ def test_engine_pulls_prompt_to_decoder_then_conversation_back_to_prefiller(
 
 def _same_chat(got: ChatCompletion, alone: ChatCompletion, where: str) -> None:
     a, b = got.choices[0], alone.choices[0]
+    # token mode's gateway asks D for the ids the client did not ask: they come back null,
+    # as D alone writes them
     assert (a.model_extra or {})["token_ids"] == (b.model_extra or {})["token_ids"], where
+    assert (got.model_extra or {}).get("prompt_token_ids") == (alone.model_extra or {}).get(
+        "prompt_token_ids"), where
     assert a.logprobs is not None and a.logprobs.content is not None
     assert b.logprobs is not None and b.logprobs.content is not None
+    assert [x.token for x in a.logprobs.content] == [y.token for y in b.logprobs.content], where
     drift = max(abs(x.logprob - y.logprob)
                 for x, y in zip(a.logprobs.content, b.logprobs.content, strict=True))
     assert drift <= LOGPROB_TOLERANCE, (where, drift)
 
 
+@pytest.mark.parametrize("mode", ["text", "tokens"])
 def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back(
-    vllm_pd: PdPair, tmp_path: Path
+    vllm_pd: PdPair, vllm_options: VllmOptions, tmp_path: Path, mode: str
 ) -> None:
     """Three turns through `gateway serve --prefill P --decode D` with the official client:
     every answer is the one D gives alone; D pulls the prompt on turn 1; with
     `reuse_decoder_kv` P pulls the last turn back from D on turns 2 and 3; a turn whose
     history the client edited is prefilled afresh (P pulls nothing) and still answers as
-    D alone does."""
+    D alone does. In token mode the next turn is checked by D's token ids, which the
+    gateway asks for itself (the client here does not) and hides from the client."""
     pair, log = vllm_pd, tmp_path / "usage.jsonl"
     env = {
         "GATEWAY_PD__REUSE_DECODER_KV": "true",
         # every turn takes both legs, even when D holds all but the last message
         "GATEWAY_PD__MIN_REMOTE_PREFILL_TOKENS": "0",
     }
+    extra_body: dict[str, Any] = {"min_tokens": ANSWER_TOKENS, "ignore_eos": True}
+    if mode == "tokens":
+        env |= {"GATEWAY_TOKENS__MODELS": f"{MODEL_NAME}={vllm_options.model_path}",
+                "GATEWAY_TOKENS__BLOCK_SIZE": str(vllm_options.block_size)}
+    else:
+        extra_body["return_token_ids"] = True
     words = " ".join(f"g{i % 29} step {i}" for i in range(120))
     messages: list[Any] = [
         {"role": "system", "content": f"pd conversation {uuid.uuid4().hex}: {words}"},
@@ -164,7 +177,7 @@ def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back
     ]
     create: dict[str, Any] = {
         "model": MODEL_NAME, "temperature": 0, "max_tokens": ANSWER_TOKENS, "logprobs": True,
-        "extra_body": {"min_tokens": ANSWER_TOKENS, "ignore_eos": True, "return_token_ids": True},
+        "extra_body": extra_body,
     }  # fmt: skip
     salted = {**create["extra_body"], "cache_salt": f"aggregated-{uuid.uuid4().hex}"}
     with (
@@ -173,6 +186,8 @@ def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back
         openai.OpenAI(base_url=pair.decode + "/v1", api_key="x", max_retries=0,
                       timeout=300) as alone,
     ):  # fmt: skip
+        # token mode is on (else this would test text mode twice)
+        assert ("token_mode" in httpx.get(gw + "/stats", timeout=30).json()) == (mode == "tokens")
         for turn in (1, 2, 3):
             p0, d0 = xfer_count(pair.prefill), xfer_count(pair.decode)
             got = client.chat.completions.create(messages=messages, **create)
