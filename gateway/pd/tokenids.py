@@ -24,7 +24,10 @@ parser's), with an empty delta and nothing else (`ids_only`): dropped.
 
 The gateway asks only when the client did not (`asks_ids`) and when the answer can be
 the one the client would have had: not with `echo` (vLLM then skips detokenizing the
-prompt it echoes), and not for `n` > 1 (nothing is kept for those).
+prompt it echoes), not for `n` > 1 (nothing is kept for those), and not with `tools`: a
+tool parser sends an empty delta of its own for each token after a finished call
+(vllm/parser/mistral.py), byte for byte the chunk the flag makes, and the dropping would
+take it too; an answer with tool calls is never kept anyway.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def asks_ids(body: Mapping[str, Any]) -> bool:
     """Whether the gateway adds `return_token_ids: true` to this decode leg (and strips
     what it adds): the client did not ask, and the flag changes nothing else it gets."""
     return (not body.get("return_token_ids") and not body.get("echo")
-            and body.get("n") in (None, 1))
+            and body.get("n") in (None, 1) and not body.get("tools"))
 
 
 def pack(ids: list[int]) -> bytes | None:

@@ -148,6 +148,47 @@ def _same_chat(got: ChatCompletion, alone: ChatCompletion, where: str) -> None:
     assert drift <= LOGPROB_TOLERANCE, (where, drift)
 
 
+Streamed = dict[str, Any]
+
+
+def _stream(client: openai.OpenAI, messages: list[Any], create: dict[str, Any]
+            ) -> tuple[Streamed, str]:
+    """What a streamed answer says, over all its chunks (how many tokens one chunk carries
+    depends on the engine's timing): the prompt ids and each choice field that is not
+    null, the text, generated ids, logprob tokens and values joined, the finish reasons;
+    and the text."""
+    seen: Streamed = {"prompt_token_ids": [], "roles": [], "text": "", "token_ids": [],
+                      "tokens": [], "finish": [], "logprobs": []}
+    for chunk in client.chat.completions.create(messages=messages, stream=True, **create):
+        top = (chunk.model_extra or {}).get("prompt_token_ids")
+        if top is not None:
+            seen["prompt_token_ids"].append(top)
+        for c in chunk.choices:
+            assert c.index == 0
+            if c.delta.role:
+                seen["roles"].append(c.delta.role)
+            seen["text"] += c.delta.content or ""
+            ids = (c.model_extra or {}).get("token_ids")
+            if ids is not None:
+                seen["token_ids"] += ids
+            if c.finish_reason is not None:
+                seen["finish"].append(c.finish_reason)
+            lps = c.logprobs.content if c.logprobs and c.logprobs.content else []
+            seen["tokens"] += [x.token for x in lps]
+            seen["logprobs"] += [x.logprob for x in lps]
+    return seen, seen["text"]
+
+
+def _same_stream(got: Streamed, alone: Streamed) -> None:
+    """The same stream as D alone's (the token-mode gateway's own ids hidden: none at all,
+    as D alone sends), logprobs within the tolerance."""
+    values = {k: v for k, v in got.items() if k != "logprobs"}
+    assert values == {k: v for k, v in alone.items() if k != "logprobs"}
+    assert len(got["tokens"]) == ANSWER_TOKENS
+    drift = max(abs(x - y) for x, y in zip(got["logprobs"], alone["logprobs"], strict=True))
+    assert drift <= LOGPROB_TOLERANCE, ("streamed", drift)
+
+
 @pytest.mark.parametrize("mode", ["text", "tokens"])
 def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back(
     vllm_pd: PdPair, vllm_options: VllmOptions, tmp_path: Path, mode: str
@@ -156,8 +197,9 @@ def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back
     every answer is the one D gives alone; D pulls the prompt on turn 1; with
     `reuse_decoder_kv` P pulls the last turn back from D on turns 2 and 3; a turn whose
     history the client edited is prefilled afresh (P pulls nothing) and still answers as
-    D alone does. In token mode the next turn is checked by D's token ids, which the
-    gateway asks for itself (the client here does not) and hides from the client."""
+    D alone does. Turn 2 is streamed (as D alone streams it). In token
+    mode the next turn is checked by D's token ids, which the gateway asks for itself
+    (the client here does not) and hides from the client."""
     pair, log = vllm_pd, tmp_path / "usage.jsonl"
     env = {
         "GATEWAY_PD__REUSE_DECODER_KV": "true",
@@ -190,16 +232,23 @@ def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back
         assert ("token_mode" in httpx.get(gw + "/stats", timeout=30).json()) == (mode == "tokens")
         for turn in (1, 2, 3):
             p0, d0 = xfer_count(pair.prefill), xfer_count(pair.decode)
-            got = client.chat.completions.create(messages=messages, **create)
+            if turn == 2:  # streamed: its kept turn (and, in token mode, ids) read from chunks
+                chunks, answer = _stream(client, messages, create)
+            else:
+                got = client.chat.completions.create(messages=messages, **create)
             if turn == 1:  # D pulled the prompt P computed; P pulled nothing
                 assert _count_reaches(pair.decode, d0 + 1) == d0 + 1
                 assert xfer_count(pair.prefill) == p0
             else:  # P pulled D's last turn back instead of recomputing it
                 assert _count_reaches(pair.prefill, p0 + 1) == p0 + 1, f"turn {turn}"
-            ref = alone.chat.completions.create(
-                messages=messages, **{**create, "extra_body": salted})
-            _same_chat(got, ref, f"turn {turn}")
-            answer = got.choices[0].message.content
+            if turn == 2:
+                ref_chunks, _ = _stream(alone, messages, {**create, "extra_body": salted})
+                _same_stream(chunks, ref_chunks)
+            else:
+                ref = alone.chat.completions.create(
+                    messages=messages, **{**create, "extra_body": salted})
+                _same_chat(got, ref, f"turn {turn}")
+                answer = got.choices[0].message.content or ""
             messages = [*messages, {"role": "assistant", "content": answer},
                         {"role": "user", "content": f"Turn {turn + 1}: go on."}]  # fmt: skip
 
