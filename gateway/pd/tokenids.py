@@ -258,10 +258,26 @@ _RENDER_FIELDS = ("chat_template", "chat_template_kwargs", "continue_final_messa
                   "documents", "mm_processor_kwargs")
 
 
+# Request fields with which the ids vLLM prefills are not the prompt's ids as the gateway
+# reads the body, in either mode, whatever their value: `truncate_prompt_tokens` cuts the
+# prompt's first ids (its `truncation_side` defaults to the left), `reasoning_effort` is
+# passed to the chat template (and sets its `enable_thinking`: chat_completion/protocol.py
+# `build_chat_params`), `add_special_tokens` may add a BOS before them. A turn sending one
+# is prefilled afresh (review: D's KV was handed to P for ids shifted by one).
+SHIFT_FIELDS = ("truncate_prompt_tokens", "truncation_side", "reasoning_effort",
+                "add_special_tokens")
+
+
+def shifts_ids(body: Mapping[str, Any]) -> bool:
+    """Whether vLLM's prefilled ids may not be the body's prompt as the gateway reads it."""
+    return any(k in body for k in SHIFT_FIELDS)
+
+
 def renders_alike(body: Mapping[str, Any]) -> bool:
     """Whether the gateway's renderer computes the ids vLLM does for this body, as far as
-    the body can tell: none of the fields it does not render, and only text content."""
-    if any(body.get(k) for k in _RENDER_FIELDS):
+    the body can tell: none of the fields it does not render or that shift the ids, and
+    only text content."""
+    if any(body.get(k) for k in _RENDER_FIELDS) or shifts_ids(body):
         return False
     messages = body.get("messages")
     if messages is None:
