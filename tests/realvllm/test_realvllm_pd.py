@@ -197,7 +197,8 @@ def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back
     every answer is the one D gives alone; D pulls the prompt on turn 1; with
     `reuse_decoder_kv` P pulls the last turn back from D on turns 2 and 3; a turn whose
     history the client edited is prefilled afresh (P pulls nothing) and still answers as
-    D alone does. Turn 2 is streamed (as D alone streams it). In token
+    D alone does. Turn 3 is streamed (as D alone streams it); vLLM 0.32 writes no
+    params in a stream, so turn 4 is prefilled afresh. In token
     mode the next turn is checked by D's token ids, which the gateway asks for itself
     (the client here does not) and hides from the client."""
     pair, log = vllm_pd, tmp_path / "usage.jsonl"
@@ -230,18 +231,21 @@ def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back
     ):  # fmt: skip
         # token mode is on (else this would test text mode twice)
         assert ("token_mode" in httpx.get(gw + "/stats", timeout=30).json()) == (mode == "tokens")
-        for turn in (1, 2, 3):
+        for turn in (1, 2, 3, 4):
             p0, d0 = xfer_count(pair.prefill), xfer_count(pair.decode)
-            if turn == 2:  # streamed: its kept turn (and, in token mode, ids) read from chunks
+            if turn == 3:  # streamed: P pulled turn 2 back all the same, and D's stream is
+                # relayed as D alone streams it (in token mode, without the gateway's ids)
                 chunks, answer = _stream(client, messages, create)
             else:
                 got = client.chat.completions.create(messages=messages, **create)
             if turn == 1:  # D pulled the prompt P computed; P pulled nothing
                 assert _count_reaches(pair.decode, d0 + 1) == d0 + 1
                 assert xfer_count(pair.prefill) == p0
+            elif turn == 4:  # vLLM 0.32 sends no params in a stream: turn 3 left none
+                assert xfer_count(pair.prefill) == p0
             else:  # P pulled D's last turn back instead of recomputing it
                 assert _count_reaches(pair.prefill, p0 + 1) == p0 + 1, f"turn {turn}"
-            if turn == 2:
+            if turn == 3:
                 ref_chunks, _ = _stream(alone, messages, {**create, "extra_body": salted})
                 _same_stream(chunks, ref_chunks)
             else:
@@ -262,10 +266,10 @@ def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back
         _same_chat(got, ref, "edited")
 
     recs = records(log)  # complete: the gateway has stopped
-    assert len(recs) == 4
+    assert len(recs) == 5
     # every turn took both legs, the edited one included (a fresh prefill, not D alone)
     names = (urlsplit(pair.decode).netloc, urlsplit(pair.prefill).netloc)  # serve's names
-    assert [(r["replica"], r["prefill_replica"]) for r in recs] == [names] * 4
+    assert [(r["replica"], r["prefill_replica"]) for r in recs] == [names] * 5
 
 
 def _response_output(response: dict[str, Any]) -> tuple[list[Any], list[float]]:
