@@ -32,7 +32,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion
 
-from tests.realvllm.gateways import fronted, records
+from tests.realvllm.gateways import fronted, records, wait_healthy
 from tests.realvllm.pd import PREFILL_PARAMS, RECOMPUTE_THRESHOLD, PdPair, xfer_count
 from tests.realvllm.vllm import MODEL_NAME, VllmOptions
 
@@ -229,6 +229,7 @@ def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back
         openai.OpenAI(base_url=pair.decode + "/v1", api_key="x", max_retries=0,
                       timeout=300) as alone,
     ):  # fmt: skip
+        wait_healthy(gw, 2)
         # token mode is on (else this would test text mode twice)
         assert ("token_mode" in httpx.get(gw + "/stats", timeout=30).json()) == (mode == "tokens")
         for turn in (1, 2, 3, 4):
@@ -313,6 +314,7 @@ def test_gateway_pd_responses_and_messages_equal_aggregated(
     }  # fmt: skip
     salt = {"cache_salt": f"aggregated-{uuid.uuid4().hex}"}
     with fronted([], log, "--prefill", pair.prefill, "--decode", pair.decode, env=env) as gw:
+        wait_healthy(gw, 2)
         d0 = xfer_count(pair.decode)
         got = _post(gw, "/v1/responses", responses, "pd-responses")
         assert _count_reaches(pair.decode, d0 + 1) == d0 + 1
