@@ -37,8 +37,6 @@ from array import array
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
 KEYS = (b'"prompt_token_ids":[', b'"token_ids":[')
 MARK = b'token_ids":['  # what both keys end with: the cheap test for an event
 
@@ -239,17 +237,6 @@ def null_ids(data: bytes) -> bytes:
         return data
     nuller = IdsNuller()
     return nuller.feed(data) + nuller.finish()
-
-
-def read_ids(data: bytes) -> list[int] | None:
-    """`answer_ids` of a whole answer's bytes (None when they carry none)."""
-    if MARK not in data:
-        return None
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    return answer_ids(doc) if isinstance(doc, dict) else None
 
 
 # Request fields that make vLLM render a chat prompt otherwise than the gateway's renderer
