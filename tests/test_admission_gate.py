@@ -346,3 +346,32 @@ def test_a_tenant_is_owed_its_share_only_clearly_below_it(
     g._recent.add(("normal", "x"), mine, 0.0)
     g._recent.add(("normal", "y"), theirs, 0.0)
     assert g._owed(("normal", "x"), 0.0) is owed
+
+
+@pytest.mark.parametrize(("replicas", "shed"), [
+    # six ~9k-token prompts waiting: ~55k tokens ahead of the last, 1.8 s at one
+    # replica's cost-model rate (30k tokens/s) but 0.45 s at four's: a 1 s limit sheds
+    # from the fourth on one replica only
+    (1, 3),
+    (4, 0),
+])
+def test_the_projected_wait_is_at_the_fleets_prefill_rate(replicas: int, shed: int) -> None:
+    async def run() -> tuple[int, int]:
+        g, _ = gate(normal_max_wait_s=1.0, max_queue=100)
+        fleet = [replica(f"r{i}") for i in range(replicas)]
+        for r in fleet:
+            r.in_flight = 1  # no room anywhere: every arrival waits
+        tasks = [asyncio.create_task(g.admit(ask(f"{i} " + "alpha beta " * 3300), fleet))
+                 for i in range(6)]
+        await asyncio.sleep(0)
+        for _ in range(100):  # each arrival's verdict is taken in its first step
+            if sum(t.done() for t in tasks) + g.stats()["queued"]["normal"] == 6:
+                break
+            await asyncio.sleep(0.001)
+        result = g.stats()["shed"]["wait_limit"], g.stats()["queued"]["normal"]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await g.aclose()
+        return result
+    assert asyncio.run(run()) == (shed, 6 - shed)

@@ -67,6 +67,7 @@ from gateway.admission.room import (
     passable,
     rate,
     reserved,
+    wait_past,
 )
 from gateway.admission.shares import FairShare, Flow, RecentTokens
 from gateway.admission.shedding import (
@@ -360,11 +361,7 @@ class Gate:
             return projected
         b = bind(loads, limits, self._per_token, self._in_flight_s, 0.0,
                  self.config.own_replica_max_wait_s, self._prior_s, tokens, past_room)
-        if b.why != "past":
-            return projected
-        there = min(rate(ld, self._per_token) * ld.queued_prefill_tokens
-                    for ld in loads if ld.name in b.replicas)
-        return min(projected, there)
+        return min(projected, wait_past(loads, b, self._per_token))
 
     def _fair_part(self, flow: Flow) -> float:
         """`flow`'s weighted share among the tenants waiting in its class, itself in."""

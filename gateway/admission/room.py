@@ -222,6 +222,17 @@ def cost_past(load: ReplicaLoad, prefill_s_per_token: float, prompt_tokens: floa
     return s * (load.queued_prefill_tokens + uncached + redo_tokens(load, uncached))
 
 
+def wait_past(loads: Sequence[ReplicaLoad], binding: Binding,
+              prefill_s_per_token: float) -> float:
+    """Seconds a request `binding` sends past the room ("past") waits in the engine there:
+    the prefill queued there at its rate (the least among its replicas); inf for any
+    other binding (its wait is the gateway's queue's)."""
+    if binding.why != "past":
+        return math.inf
+    return min((rate(ld, prefill_s_per_token) * ld.queued_prefill_tokens
+                for ld in loads if ld.name in binding.replicas), default=math.inf)
+
+
 def passable(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float,
              past_room: float) -> bool:
     """`load` is full by its queued-prefill room alone and within `past_room` times it: a
