@@ -37,6 +37,9 @@ def load(name: str, **kw: float) -> ReplicaLoad:
                        cache_free_tokens=kw.pop("free", None),
                        engine_waiting=kw.pop("waiting", None),
                        kv_usage=kw.pop("kv", None),
+                       occupancy=kw.pop("occupancy", None),
+                       seq_limit=(None if (lim := kw.pop("seq_limit", None)) is None
+                                  else int(lim)),
                        healthy=bool(kw.pop("healthy", True)))
 
 
@@ -56,7 +59,13 @@ PROMPT = 14_000.0
     (own(queued=32_768), False),  # at the bound (2 x 16,384)
     (own(queued=30_000, largest=20_000), True),  # the room's floor: 20k, the bound 40k
     (own(queued=40_000, largest=20_000), False),
-    (own(waiting=1), False),  # the engine queues already: its own limit
+    # requests waiting in the engine behind its step's token budget: the queue it joins
+    (own(waiting=2), True),
+    (own(waiting=2, queued=33_000), False),  # ... within the bound all the same
+    # the engine's own limits: every sequence it runs at once taken (the lower classes'
+    # three quarters of 8), its KV cache full
+    (own(occupancy=6, seq_limit=8), False),
+    (own(occupancy=5, seq_limit=8), True),
     (own(kv=0.99), False),  # its KV cache is full
     (own(healthy=False), False),
 ])
@@ -83,8 +92,10 @@ FULL_B = {"free": 0.0}  # `b`'s prefix cache is full: what a move adds there evi
     # past the bound it is moved or held as before
     ([own(queued=33_000), load("b", **FULL_B)], 0.0, 60.0, "elsewhere", ("b",)),
     ([own(queued=33_000, rate=0.0005), load("b", **FULL_B)], 0.0, 60.0, "own", ()),
-    # the engine's own limit (requests waiting there): held, as before
-    ([own(waiting=1), load("b", **FULL_B)], 0.0, 60.0, "own", ()),
+    # requests waiting in its engine: the same queue (22 s against holding 22.01 s)
+    ([own(waiting=1), load("b", **FULL_B)], 0.0, 60.0, "past", ("a",)),
+    # the engine's own limit (every sequence taken): held, as before
+    ([own(occupancy=6, seq_limit=8), load("b", **FULL_B)], 0.0, 60.0, "own", ()),
     # nowhere with room: it goes to its own past the room, within the bound ...
     ([own(), load("b", queued=40_000, in_flight=3)], 0.0, 2.0, "past", ("a",)),
     # ... beyond it, it is held

@@ -49,15 +49,17 @@ context is the least recently used and goes first, and that program is known to 
 
 **Past the room** (`past_room` > 1, `[admission] own_replica_past_room`): the room is
 the gateway's own count, not the engine's: a follow-up whose own replica is full by the
-queued prefill alone (every other limit, the engine's included, still has room:
-`passable`) may be sent there anyway, and the engine queues it behind what is queued.
+queued prefill, or by requests waiting in the engine (vLLM's waiting queue holds what
+its step's token budget has not reached: the same queue), while every other limit
+still has room (its sequences, learned or capped, and KV usage: `passable`), may be
+sent there anyway, and the engine queues it behind what is queued.
 Priced by the same model (`cost_past`): the queued prefill there + its uncached part +
 what that evicts, at that replica's rate. It goes there when that is no dearer than
 moving (`cost_elsewhere`, the cheapest replica with room) and than holding (`cost_own`);
 with no replica with room, holding is its only other choice and costs at least as much
 (the same queue, plus what it waited). The bound keeps overload at the gateway: never
 while the prefill queued there is `past_room` times its room (`prefill_room`) or more,
-nor past the engine's own limits (sequences, waiting, KV usage); beyond that it holds or
+nor past the engine's own limits (sequences, KV usage); beyond that it holds or
 moves as above. Only a follow-up goes past the room, and only where leaving costs it
 history: a new conversation (no replica holds any of its prompt), a single candidate, or
 a prefix every healthy candidate holds (a shared system prompt) gains nothing from it but
@@ -148,8 +150,9 @@ def prefill_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0
 def has_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0,
              prefill_factor: float = 1.0) -> bool:
     """Room for a request of `prompt_tokens` (0: unknown yet) on `load`; `prefill_factor`
-    > 1: room past the queued-prefill room up to that multiple of it (`bind`'s bound for
-    a follow-up sent to its own replica past the room), every other limit the same."""
+    > 1: room past the queued-prefill room up to that multiple of it, whatever waits in
+    the engine (`bind`'s bound for a follow-up sent to its own replica past the room:
+    it joins that queue), every other limit the same."""
     if not load.healthy:
         return False
     if load.in_flight <= 0:
@@ -158,7 +161,7 @@ def has_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0,
         return False
     if load.queued_prefill_tokens >= prefill_factor * prefill_room(load, limits, prompt_tokens):
         return False
-    if load.engine_waiting:
+    if load.engine_waiting and prefill_factor <= 1.0:
         return False  # the engine holds requests it cannot run yet: another only queues
     return load.kv_usage is None or load.kv_usage < limits.kv_usage_limit
 
