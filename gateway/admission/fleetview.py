@@ -20,6 +20,11 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   (`Router.engine_began`); without engine figures (none exported, or the scrape stale) a
   request's prefill ends by the routing cost model (`Router.estimate_began`), not at a
   non-streamed answer's last byte.
+- **Held for agent programs** (`reserved`: gateway.agents.reserve): the context of the
+  programs in a tool call there is added to its scraped KV usage as a share of its KV
+  capacity (`kv_with_reserved`: the engine's block count times block size), so a replica
+  whose running requests would evict that context reads as full until the reservation
+  ends, and one with room beyond it still takes other requests.
 
 What an engine showed it runs is learnt afresh after each restart the router takes as new
 (`Router.restarts`) and when its replica leaves and comes back (another `Replica`).
@@ -35,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.admission.engine import Capacity, EngineView, Scrape, learn, view
 from gateway.admission.room import ReplicaLoad
+from gateway.agents.reserve import kv_with_reserved
 from gateway.routing.router import Router
 from gateway.upstream.errors import GatewayError
 
@@ -45,12 +51,14 @@ if TYPE_CHECKING:  # annotations only: replicas reach usage, whose metrics name 
 
 class FleetView:
     def __init__(self, fleet: Fleet | None, router: Router, clock: Callable[[], float],
-                 max_age_s: float, suspect: Callable[[Replica], None] | None) -> None:
+                 max_age_s: float, suspect: Callable[[Replica], None] | None,
+                 reserved: Callable[[str, float], int] | None = None) -> None:
         self.fleet = fleet
         self.router = router
         self.clock = clock  # wall clock, as the scrapes' and probes' times
         self.max_age_s = max_age_s
         self._suspect = suspect
+        self._reserved = reserved  # (replica, wall clock) -> tokens held for agent programs
         self._capacity: dict[str, Capacity] = {}  # what each engine showed it runs
         # whose engine that was: the replica object and its restart count when learnt
         self._learnt_of: dict[str, tuple[Replica, int]] = {}
@@ -133,8 +141,16 @@ class FleetView:
             name=name, in_flight=own,
             queued_prefill_tokens=(self.router.queued_tokens(name) if queued is None
                                    else queued),
-            kv_usage=v.kv_usage, healthy=self.trusted(replica), occupancy=v.occupancy,
+            kv_usage=self._kv_usage(replica, v.kv_usage), healthy=self.trusted(replica),
+            occupancy=v.occupancy,
             engine_waiting=v.waiting, seq_limit=v.seq_limit)
+
+    def _kv_usage(self, replica: Replica, kv_usage: float | None) -> float | None:
+        """The scraped KV usage with the context held for agent programs added."""
+        if self._reserved is None or kv_usage is None:
+            return kv_usage
+        return kv_with_reserved(kv_usage, self._reserved(replica.name, self.clock()),
+                                replica.capacity_tokens())
 
     def forget_left(self) -> None:
         """Drop what was learned of replicas that left the fleet (the bound on the maps)."""

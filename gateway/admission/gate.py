@@ -70,6 +70,8 @@ from gateway.admission.shedding import (
     retry_after,
     verdict,
 )
+from gateway.agents.programs import ProgramId
+from gateway.agents.reserve import Reservations
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import Router
 from gateway.tasks import FailureLog, supervised
@@ -104,6 +106,8 @@ class Ask:
     # the replicas it may go to at all (a data plane's subset hint, by name), None: any
     # candidate; each pass reads the fleet again within these only
     allowed: frozenset[str] | None = None
+    # the agent program it is a turn of (gateway.agents.programs), None: none named
+    program: ProgramId | None = None
 
     def key(self) -> PoolKey:
         """Waiters with the same key may go to the same replicas."""
@@ -118,6 +122,7 @@ class Ticket:
     # vLLM `priority` to put in the body, None to leave the body alone
     engine_priority: int | None = None
     queued_ms: float | None = None  # how long it waited in the queue (None: never queued)
+    program: ProgramId | None = None  # its agent program, whose tool call begins at `done`
 
 
 @dataclass(slots=True, eq=False)
@@ -143,10 +148,15 @@ class Gate:
                  scrape_interval_s: float = 5.0,
                  suspect: Callable[[Replica], None] | None = None) -> None:
         self.config = config
+        # agent programs between tool calls: the context held for them on each replica
+        # (gateway.agents.reserve), read into each replica's load by the fleet view
+        self.programs = Reservations(max_s=config.agent_reserve_max_s,
+                                     s_per_token=lambda _: routing.prefill_s_per_token)
         # where waiters may go on each pass, and each replica's load (fleetview.py);
         # no fleet (tests of the queue alone): their arrival's candidates still healthy
         self._fleet_view = FleetView(fleet, router, clock,
-                                     config.stale_after_scrapes * scrape_interval_s, suspect)
+                                     config.stale_after_scrapes * scrape_interval_s, suspect,
+                                     reserved=self.programs.reserved_tokens)
         self.router = router
         self.metrics = metrics
         self.clock = clock
@@ -198,6 +208,8 @@ class Gate:
                                  tenant=ask.tenant)
             return Ticket(plan, "normal", None)
         cfg = self.config
+        if ask.program is not None:  # its tool call is over: nothing held for it now
+            self.programs.began(ask.program, self.clock())
         cls = priority.resolve(ask.priority, ask.tenant, cfg.priority_caps,
                                cfg.default_priority_cap)
         flow: Flow = (cls, ask.tenant or NO_TENANT)
@@ -262,6 +274,7 @@ class Gate:
         request still in flight there gives back a count that is no longer kept)."""
         self._fleet_view.forget(name)
         self._admitted.pop(name, None)
+        self.programs.forget_replica(name)
 
     def moved(self, ticket: Ticket, name: str) -> None:
         """The request is served on `name` instead (a retry, a data plane's fallback): its
@@ -289,6 +302,7 @@ class Gate:
             return
         if counted:
             self._fleet_view.doubt(ticket.plan.outcome)
+            self._tool_call(ticket, name)
             left = self._admitted.get(name, 0) - 1
             if left > 0:
                 self._admitted[name] = left
@@ -321,6 +335,15 @@ class Gate:
         }
 
     # internals --------------------------------------------------------------------------
+
+    def _tool_call(self, ticket: Ticket, name: str) -> None:
+        """An agent program's turn ended with a whole answer on `name`: its context (the
+        prompt and answer tokens) may be held there while it runs its tool."""
+        o = ticket.plan.outcome
+        if ticket.program is None or o.prompt_tokens is None or not o.ok:
+            return
+        self.programs.ended(ticket.program, o.replica or name,
+                            o.prompt_tokens + (o.completion_tokens or 0), self.clock())
 
     def _load(self, replica: Replica, queued: float | None = None) -> ReplicaLoad:
         own = max(replica.in_flight, self._admitted.get(replica.name, 0))
@@ -366,7 +389,8 @@ class Gate:
         engine = None
         if cls != "normal" and self._priority_replicas.issuperset(decision.ranked):
             engine = priority.ENGINE_PRIORITY[cls]
-        return Ticket(plan, cls, name, engine, waited_s * 1000.0 if queued else None)
+        return Ticket(plan, cls, name, engine, waited_s * 1000.0 if queued else None,
+                      ask.program)
 
     def _account(self, cls: Priority, flow: Flow, tokens: int, waited_s: float, *,
                  queued: bool) -> None:
