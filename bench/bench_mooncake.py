@@ -2,7 +2,11 @@
 
     .venv/bin/python bench/bench_mooncake.py [--minutes 3] [--replicas 4]
         [--kv-blocks 40000] [--speedup 4] [--policies prefix,round_robin,least_loaded]
-        [--env KEY=VALUE ...] [--out bench-out/mooncake]
+        [--loads 1] [--env KEY=VALUE ...] [--out bench-out/mooncake]
+
+    # queue off vs on at 0.5x, 1x, 2x and 4x of the trace's own rate
+    .venv/bin/python bench/bench_mooncake.py --policies prefix,prefix+queue \
+        --loads 0.5,1,2,4 --minutes 3
 
 For each policy, from cold: `gateway sim` (N replicas of `--kv-blocks` 16-token blocks,
 its clock `--speedup` times real time so the engine keeps pace with the compressed trace)
@@ -17,6 +21,16 @@ the engine reported are set against
 
 so `share of reference` says how much of what finite caches allow the router captured.
 `--env` passes GATEWAY_* settings to the gateways (e.g. GATEWAY_ROUTING__FEEDBACK=false).
+
+**Load** (`--loads`, multipliers of "1x"): the simulated engines keep the clock of
+`--speedup` (their speed against real time), and the trace is replayed `load` times
+faster than that clock: 1x is the trace's own arrival rate on the engines' clock, the
+rate its recorded fleet served it at; 2x sends its requests twice as fast into the same
+engines. (At `--speedup 4` and `--kv-blocks 40000` on 4 replicas, 1x is absorbed: TTFT
+p50 stays near an unqueued prefill and the replay ends with the trace; bench/results/
+admission.md, 2026-11-26, has the figures.) A policy named `P+queue` runs `P` with the
+admission queue on (`[admission] enabled`), its waits scaled to the simulated clock
+(`1 / --speedup`) so they mean the same engine time, every other setting its default.
 One JSON file per run in --out; a Markdown table on stdout.
 """
 
@@ -32,6 +46,7 @@ import orjson
 
 from gateway.bench.analysis import read_usage_log
 from gateway.bench.bound import compute_bound, compute_lru_reference
+from gateway.bench.compare import queued, scaled_waits
 from gateway.bench.prefill import engine_tokens
 from gateway.bench.procs import Managed, free_ports, gateway_command
 from gateway.bench.replay import ReplayOptions, replay
@@ -48,35 +63,55 @@ MODEL = "sim-model"
 BLOCK = 16
 
 
-def run_policy(args: argparse.Namespace, policy: str,
-               requests: list[TraceRequest]) -> dict[str, Any]:
+def column_env(column: str, speedup: float) -> tuple[str, dict[str, str]]:
+    """The routing policy a column names and the settings its gateway gets for the queue:
+    `prefix+queue` is `prefix` with the queue on, its waits in the engines' time."""
+    policy = column.partition("+")[0]
+    if not queued(column):
+        return policy, {}
+    return policy, {"GATEWAY_ADMISSION__ENABLED": "true", **scaled_waits(1.0 / speedup)}
+
+
+def parse_loads(text: str) -> list[float]:
+    """`--loads`: comma-separated positive multipliers of the trace's own rate."""
+    loads = [float(x) for x in text.split(",") if x.strip()]
+    if not loads or any(not x > 0 for x in loads):
+        raise ValueError(f"--loads takes positive numbers, got {text!r}")
+    return loads
+
+
+def run_policy(args: argparse.Namespace, column: str, requests: list[TraceRequest],
+               load: float = 1.0) -> dict[str, Any]:
     out: Path = args.out
     logs = out / "logs"
     port = free_ports(args.replicas)
     urls = [f"http://127.0.0.1:{port + i}" for i in range(args.replicas)]
-    usage_log = logs / f"usage-{policy}.jsonl"
+    tag = f"{column}-x{load:g}"
+    usage_log = logs / f"usage-{tag}.jsonl"
     usage_log.parent.mkdir(parents=True, exist_ok=True)
     usage_log.unlink(missing_ok=True)
-    env = dict(kv.split("=", 1) for kv in args.env)
+    policy, queue_env = column_env(column, args.speedup)
+    env = {**queue_env, **dict(kv.split("=", 1) for kv in args.env)}
     sim = gateway_command(
         "sim", "--replicas", str(args.replicas), "--port", str(port), "--model", MODEL,
         "--kv-blocks", str(args.kv_blocks), "--block-size", str(BLOCK),
         "--max-model-len", "131072", "--speed", str(args.speedup), "--seed", "0",
         "--timing-comments",
     )
-    with Managed(sim, [u + "/health" for u in urls], logs / f"sim-{policy}.log"):
+    with Managed(sim, [u + "/health" for u in urls], logs / f"sim-{tag}.log"):
         gw_port = free_ports(1)
         gw = f"http://127.0.0.1:{gw_port}"
         backends = [a for u in urls for a in ("--backend", u)]
         with Managed(
             gateway_command("serve", "--host", "127.0.0.1", "--port", str(gw_port),
                             "--policy", policy, *backends),
-            [gw + "/ready"], logs / f"gateway-{policy}.log",
+            [gw + "/ready"], logs / f"gateway-{tag}.log",
             env={"GATEWAY_USAGE__LOG_PATH": str(usage_log), **env},
         ):
             result = asyncio.run(replay(requests, ReplayOptions(
-                base_url=gw, model=MODEL, speedup=args.speedup, max_tokens_cap=64,
-                max_in_flight=64, max_wall_s=args.max_wall_s, progress=False,
+                base_url=gw, model=MODEL, speedup=args.speedup * load, max_tokens_cap=64,
+                max_in_flight=args.max_in_flight, max_wall_s=args.max_wall_s,
+                progress=False,
             )))
         order = sorted(
             (i for i, r in enumerate(result.records) if r.error is None and r.prompt_tokens),
@@ -91,7 +126,8 @@ def run_policy(args: argparse.Namespace, policy: str,
     moved = [u.get("moved") for u in usage if u.get("moved")]
     cached = summary["cached_tokens"]
     row = {
-        "policy": policy,
+        "policy": column,
+        "load": load,
         "requests": summary["requests"],
         "errors": summary["errors"],
         "prompt_tokens": summary["prompt_tokens"],
@@ -114,7 +150,7 @@ def run_policy(args: argparse.Namespace, policy: str,
         "wall_s": result.wall_s,
         "unfinished": result.unfinished_sessions,
     }
-    (out / f"mooncake-{policy}.json").write_bytes(orjson.dumps(row, option=orjson.OPT_INDENT_2))
+    (out / f"mooncake-{tag}.json").write_bytes(orjson.dumps(row, option=orjson.OPT_INDENT_2))
     return row
 
 
@@ -127,13 +163,14 @@ def fmt(v: Any, pct: bool = False) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| policy | cached ratio | bound | LRU reference | share of bound | "
+    lines = ["| load | policy | cached ratio | bound | LRU reference | share of bound | "
              "share of reference | TTFT p50 / p99 ms | requests max/mean | moves |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         imb = (r["replica_requests"] or {}).get("max_over_mean")
         lines.append(
-            f"| {r['policy']} | {fmt(r['cached_ratio'], True)} | {fmt(r['bound_ratio'], True)} "
+            f"| {r.get('load', 1.0):g}x | {r['policy']} | {fmt(r['cached_ratio'], True)} "
+            f"| {fmt(r['bound_ratio'], True)} "
             f"| {fmt(r['reference_ratio'], True)} | {fmt(r['share_of_bound'], True)} "
             f"| {fmt(r['share_of_reference'], True)} "
             f"| {fmt(r['ttft_ms']['p50'])} / {fmt(r['ttft_ms']['p99'])} "
@@ -149,16 +186,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--kv-blocks", type=int, default=40_000)
     p.add_argument("--speedup", type=float, default=4.0)
-    p.add_argument("--policies", default="prefix,round_robin,least_loaded")
+    p.add_argument("--policies", default="prefix,round_robin,least_loaded",
+                   help="routing policies; P+queue: P with the admission queue on")
+    p.add_argument("--loads", default="1",
+                   help="multipliers of the trace's own rate on the engines' clock")
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for the gateways")
+    p.add_argument("--max-in-flight", type=int, default=64,
+                   help="requests the replay client has open at once")
     p.add_argument("--max-wall-s", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=Path("bench-out/mooncake"))
     args = p.parse_args(argv)
     if any("=" not in kv or not kv.startswith("GATEWAY_") for kv in args.env):
         p.error("--env takes GATEWAY_KEY=VALUE")
+    try:
+        loads = parse_loads(args.loads)
+    except ValueError as exc:
+        p.error(str(exc))
     with open(args.trace, "rb") as f:
         requests = select(parse_trace(f), minutes=args.minutes)
-    rows = [run_policy(args, policy.strip(), requests)
+    # side by side: every column at one load before the next load
+    rows = [run_policy(args, policy.strip(), requests, load) for load in loads
             for policy in args.policies.split(",") if policy.strip()]
     print(table(rows))
     return 0 if all(r["errors"] < r["requests"] for r in rows) else 1

@@ -15,6 +15,7 @@ import pytest
 
 from gateway.admission.config import AdmissionConfig
 from gateway.admission.engine import PROBE_SEQS, Capacity, EngineView, Scrape, learn, view
+from gateway.admission.fleetview import FleetView
 from gateway.admission.gate import Ask, Gate, Ticket
 from gateway.admission.room import ReplicaLoad, RoomLimits, has_room, reserved
 from gateway.replicas.fleet import Fleet
@@ -274,3 +275,52 @@ def test_a_scrape_with_an_empty_engine_queue_ends_a_non_streamed_requests_prefil
         return queued, short, partly, router.queued_tokens("a")
     queued, short, partly, done = asyncio.run(run())
     assert queued > 10 * short > 0 and partly == short and done == 0
+
+
+def test_a_prompt_larger_than_the_room_goes_where_less_than_it_waits() -> None:
+    """One long prompt queued on `a` (more than the 16k-token room `normal` sees): a
+    prompt longer than what is queued there goes at once (the room is never below the
+    waiting prompt); a short one waits for the long one to begin."""
+    async def run() -> None:
+        g, router, fleet, clock, _ = world()
+        a = fleet.replicas["a"]
+        fleet.replicas["b"].healthy = False
+        def at(text: str) -> Ask:  # sent now: no estimate ends its prefill yet
+            return dataclasses.replace(ask(text), ts=clock.t)
+        held = await g.admit(at("long " + "x" * 100_000), [a])
+        a.in_flight += 1
+        queued = router.queued_tokens("a")
+        assert queued > 16_384  # full for the room alone
+        assert router.largest_by_replica()["a"] == pytest.approx(queued)
+        seen = FleetView(fleet, router, clock, 3.0, None).load(a, 1)
+        assert seen.largest_prompt_tokens == pytest.approx(queued)
+        assert seen.prefill_s_per_token is None  # no scrape has shown a rate yet
+        short = asyncio.create_task(g.admit(at("short"), [a]))
+        longer = asyncio.create_task(g.admit(at("longer " + "y" * 150_000), [a]))
+        ticket = await asyncio.wait_for(longer, 5)
+        assert ticket.plan.decision.replica == "a" and not short.done()
+        # a scrape shows the engine's queue empty: the long ones began, the short goes
+        clock.t += 0.1
+        fleet.set_snapshot("a", snap(clock, running=2), clock.t, 2)
+        assert (await asyncio.wait_for(short, 5)).plan.decision.replica == "a"
+        for t in (held, ticket):
+            g.done(t)
+        await g.aclose()
+    asyncio.run(run())
+
+
+def test_the_prefill_rate_is_read_from_the_engines_scrapes() -> None:
+    """Two scrapes 1 s apart, requests waiting at both, 6,000 prompt tokens computed
+    between them (2,000 more were cache hits): 6,000 tokens a second."""
+    _, router, fleet, clock, _ = world()
+    a = fleet.replicas["a"]
+    view_ = FleetView(fleet, router, clock, 3.0, None)
+    for prompt, hits in ((10_000.0, 1_000.0), (18_000.0, 3_000.0)):
+        fleet.set_snapshot("a", EngineSnapshot(clock.t, None, 4, 2, None, hits, prompt, None,
+                                               None, None), clock.t, 0)
+        seen = view_.load(a, 0)
+        clock.t += 1.0
+    assert seen.prefill_s_per_token == pytest.approx(1 / 6_000)
+    assert view_.stats()["a"]["prefill_tokens_per_s"] == 6_000
+    view_.forget("a")
+    assert "a" not in view_.stats()

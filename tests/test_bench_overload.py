@@ -5,7 +5,9 @@ queue wait counted in the simulated TTFT, figures per tenant and class."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -59,8 +61,8 @@ def test_gateway_env_for_the_overload_preset() -> None:
     assert "GATEWAY_ADMISSION__ENABLED" not in off
     on = gateway_env("prefix+queue", preset, 0.5)
     assert on["GATEWAY_ADMISSION__ENABLED"] == "true"
-    assert on["GATEWAY_ADMISSION__REPLICA_MAX_IN_FLIGHT"] == "16"
-    assert on["GATEWAY_ADMISSION__REPLICA_MAX_QUEUED_PREFILL_TOKENS"] == "4096"  # two steps of 2048
+    # the engine's limits are learnt from its scrapes, never copied from the preset
+    assert not any(k.startswith("GATEWAY_ADMISSION__REPLICA_") for k in {**off, **on})
     assert on["GATEWAY_ADMISSION__HIGH_MAX_WAIT_S"] == "5"  # 10 s at half the wall time
     assert on["GATEWAY_ADMISSION__SHARE_HALF_LIFE_S"] == "2.5"
     assert "GATEWAY_ADMISSION__PRIORITY_REPLICAS" not in on
@@ -141,3 +143,26 @@ def test_groups_by_tenant_and_class_and_their_table() -> None:
         "by_tenant": by(records, lambda r: r.tenant)}})
     assert "class high" in table and "tenant b" in table
     assert groups_table({"prefix": {}}) == ""
+
+
+def _mooncake() -> Any:
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_mooncake.py"
+    spec = importlib.util.spec_from_file_location("bench_mooncake", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_mooncake_bench_columns_and_loads() -> None:
+    mooncake = _mooncake()
+    assert mooncake.column_env("prefix", 4.0) == ("prefix", {})
+    policy, env = mooncake.column_env("prefix+queue", 4.0)
+    assert policy == "prefix" and env["GATEWAY_ADMISSION__ENABLED"] == "true"
+    # the default 2 s wait for the own replica, in the engines' time at 4x
+    assert env["GATEWAY_ADMISSION__OWN_REPLICA_MAX_WAIT_S"] == "0.5"
+    assert not any(k.startswith("GATEWAY_ADMISSION__REPLICA_") for k in env)
+    assert mooncake.parse_loads("0.5,1,2,4") == [0.5, 1.0, 2.0, 4.0]
+    for bad in ("", "0", "1,-2"):
+        with pytest.raises(ValueError):
+            mooncake.parse_loads(bad)

@@ -99,6 +99,22 @@ def _turn_two(router: Router, fleet: Fleet, back: PullBack, session: str | None 
     return back.take(nxt, time.time())
 
 
+@pytest.mark.parametrize(("field", "taken"), [
+    (None, True), ({"truncate_prompt_tokens": 40}, False), ({"truncation_side": "left"}, False),
+    ({"reasoning_effort": "low"}, False), ({"add_special_tokens": True}, False),
+])
+def test_text_mode_never_reuses_for_a_turn_whose_ids_vllm_shifts(
+        field: dict[str, Any] | None, taken: bool) -> None:
+    """Text mode too: a turn that vLLM truncates, renders with a reasoning effort or gives
+    special tokens is not the bytes' ids; it is prefilled afresh (review of token mode)."""
+    fleet, router, back = setup()
+    plan = decide(router, fleet, FIRST, "s")
+    back.remember(plan, "chat", "d1", "hi there", PARAMS, time.time())
+    body = {**chat(user("hello"), assistant("hi there"), user("more")), **(field or {})}
+    nxt = decide(router, fleet, body, "s")
+    assert (back.take(nxt, time.time(), body) == PARAMS) is taken
+
+
 def test_an_exact_next_turn_takes_the_params_once() -> None:
     fleet, router, back = setup()
     assert _turn_two(router, fleet, back) == PARAMS

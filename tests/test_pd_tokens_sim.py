@@ -33,7 +33,8 @@ def transfers(base: str) -> float:
 def stack() -> Iterator[tuple[str, str, str]]:
     """(gateway, P, D)."""
     with sim(2, [*FAST, "--model", "sim", "--role", "prefill", "--role", "decode",
-                 "--bidirectional-kv-xfer", "--decoder-kv-ttl-s", "600000"]) as (p, d), \
+                 "--bidirectional-kv-xfer", "--stream-kv-params",
+                 "--decoder-kv-ttl-s", "600000"]) as (p, d), \
             gateway([], ["--prefill", p, "--decode", d],
                     env={"GATEWAY_PD__MIN_REMOTE_PREFILL_TOKENS": "64",
                          "GATEWAY_PD__REUSE_DECODER_KV": "true",

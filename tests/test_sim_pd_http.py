@@ -35,9 +35,31 @@ def fleet() -> Iterator[list[str]]:
 @pytest.fixture(scope="module")
 def bidirectional() -> Iterator[list[str]]:
     # The decoder's TTL is simulated time: at --speed 1000, 480 s would be half a second.
+    # --stream-kv-params: a stream's final chunk carries D's params (vLLM 0.32's does not:
+    # test_a_stream_carries_no_params_as_vllm_writes_it)
     with sim(2, [*FAST, "--role", "prefill", "--role", "decode", "--bidirectional-kv-xfer",
-                 "--decoder-kv-ttl-s", "600000", "--contract", "0.24"]) as urls:
+                 "--stream-kv-params", "--decoder-kv-ttl-s", "600000",
+                 "--contract", "0.24"]) as urls:
         yield urls
+
+
+def test_a_stream_carries_no_params_as_vllm_writes_it() -> None:
+    """vLLM 0.32 writes kv_transfer_params on whole answers only (its chunk type has no
+    such field), bidirectional or not: the simulator's default stream has none, and its
+    whole answer has them."""
+    with sim(2, [*FAST, "--role", "prefill", "--role", "decode",
+                 "--bidirectional-kv-xfer"]) as (p, d):
+        msgs = messages("no params in a stream " + LONG)
+        for stream in (True, False):
+            first = prefill(p, msgs, f"s-{stream}")
+            body = decode_body(msgs, first["kv_transfer_params"], max_tokens=8, stream=stream,
+                               stream_options={"include_usage": True} if stream else None)
+            r = post(d, body, f"s-{stream}")
+            assert r.status_code == 200
+            if stream:
+                assert all("kv_transfer_params" not in c for c in sse_chunks(r))
+            else:
+                assert r.json()["kv_transfer_params"]["do_remote_decode"] is True
 
 
 def post(base: str, body: dict[str, Any], rid: str) -> httpx.Response:

@@ -24,7 +24,17 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   long for another reason, a full KV cache, is taken as the limit too: the concurrency
   that cache allowed).
 
-Bounds: one `Capacity` per replica in the fleet (the gate drops those that left).
+- **How fast it prefills** (`PrefillRate`, folded by `learn_rate` from each new scrape):
+  the prompt tokens it computed between two scrapes (`vllm:prompt_tokens_total` less its
+  prefix-cache hits) over the time between them. That is what it did, a lower bound on
+  what it can do: while requests wait in it (both scrapes show a queue) it is its rate
+  (averaged, `RATE_ALPHA`); otherwise a sample only ever raises the rate believed (an
+  idle engine computes little and is not slow for it), starting from the cost model's.
+  Until a sample says more, room.py prices prefill at the routing cost model's
+  `prefill_s_per_token`.
+
+Bounds: one `Capacity` and one `PrefillRate` per replica in the fleet (the gate drops
+those that left).
 """
 
 from __future__ import annotations
@@ -45,7 +55,53 @@ SATURATION_S = 2.0
 # engine ever ran, and no real limit below it could be learnt after it
 MAX_RUNNING = 1 << 16
 
+# weight of a new saturated sample in the prefill rate (a few scrapes' memory)
+RATE_ALPHA = 0.3
+# fewer computed tokens than this between two scrapes say nothing of the rate (a request
+# or two: their timing within the interval is unknown)
+RATE_MIN_TOKENS = 1024.0
+
 Source = Literal["engine", "gateway"]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillRate:
+    """How fast an engine was seen to prefill (module docstring); tokens per second."""
+
+    last_ts: float | None = None
+    last_computed: float | None = None  # prompt tokens computed (not cache hits) by then
+    last_waiting: bool = False  # requests waited at that scrape
+    tokens_per_s: float | None = None  # None: never measured
+
+    def s_per_token(self) -> float | None:
+        tps = self.tokens_per_s
+        return None if tps is None or tps <= 0 else 1.0 / tps
+
+
+def learn_rate(rate: PrefillRate, ts: float, prompt_total: float | None,
+               hits_total: float | None, waiting: float | None,
+               default_s_per_token: float) -> PrefillRate:
+    """Fold one scrape (at `ts`: its prompt-token and cache-hit counters and waiting
+    count) into `rate`; `default_s_per_token`: the cost model's, the floor of what an
+    unsaturated sample may claim."""
+    if ts == rate.last_ts:
+        return rate
+    if prompt_total is None or not math.isfinite(prompt_total):
+        return PrefillRate(tokens_per_s=rate.tokens_per_s)
+    hits = hits_total if hits_total is not None and math.isfinite(hits_total) else 0.0
+    computed = max(0.0, prompt_total - hits)
+    queued = bool(waiting) and waiting is not None and math.isfinite(waiting) and waiting > 0
+    tps = rate.tokens_per_s
+    prev, prev_ts = rate.last_computed, rate.last_ts
+    if prev is not None and prev_ts is not None and ts > prev_ts and computed >= prev:
+        done = computed - prev
+        if done >= RATE_MIN_TOKENS:
+            sample = done / (ts - prev_ts)
+            if queued and rate.last_waiting:  # busy throughout: what it can do
+                tps = sample if tps is None else tps + RATE_ALPHA * (sample - tps)
+            else:  # it did at least this much: only ever raises the rate believed
+                tps = max(tps if tps is not None else 1.0 / default_s_per_token, sample)
+    return PrefillRate(ts, computed, queued, tps)
 
 
 @dataclass(frozen=True, slots=True)

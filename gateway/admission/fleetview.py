@@ -19,18 +19,28 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   queued prefill of what it shows out of the engine's waiting queue
   (`Router.engine_began`); without engine figures (none exported, or the scrape stale) a
   request's prefill ends by the routing cost model (`Router.estimate_began`), not at a
-  non-streamed answer's last byte.
-- **Held for agent programs** (`reserved`: gateway.agents.reserve): the context of the
-  programs in a tool call there is added to its scraped KV usage as a share of its KV
-  capacity (`kv_with_reserved`: the engine's block count times block size), so a replica
-  whose running requests would evict that context reads as full until the reservation
-  ends, and one with room beyond it still takes other requests.
+  non-streamed answer's last byte. Beside it: the largest prompt in flight there (the
+  floor of its prefill room, `Router.largest_by_replica`), the room left in its prefix
+  cache by the router's index (`Router.cache_free_tokens`), and its engine's prefill
+  rate as its scrapes show it (engine.py `PrefillRate`), for room.py's cost model.
+- **Held for agent programs** (`reserved`: gateway.agents.reserve), fed once: the context
+  of the programs in a tool call there is added to its scraped KV usage as a share of its
+  KV capacity (`kv_with_reserved`: the engine's block count times block size), so a
+  replica whose running requests would evict that context reads as full (room.py
+  `has_room`) until the reservation ends, and one with room beyond it still takes other
+  requests. `ReplicaLoad.reserved_tokens` stays 0 here, on purpose: room.py prices it
+  only in a waiter's hold-or-move cost, which a new conversation (no cached prefix
+  anywhere: bound by room alone, `Binding.why == "room"`) never reaches, so fed there the
+  reservation would keep no newcomer off the program's replica; fed in both, a replica
+  would read full for it and price its eviction again (counted twice). A program's own
+  next request is never charged for its own context: the gate ends its reservation
+  (`Reservations.began`) before it reads any load.
 
 What an engine showed it runs is learnt afresh after each restart the router takes as new
 (`Router.restarts`) and when its replica leaves and comes back (another `Replica`).
 
-Bounds: one learned `Capacity`, one last `EngineView` and one doubt per replica of the
-fleet; those of replicas that left are dropped (`forget_left`).
+Bounds: one learned `Capacity`, one `PrefillRate`, one last `EngineView` and one doubt
+per replica of the fleet; those of replicas that left are dropped (`forget_left`).
 """
 
 from __future__ import annotations
@@ -38,7 +48,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gateway.admission.engine import Capacity, EngineView, Scrape, learn, view
+from gateway.admission.engine import (
+    Capacity,
+    EngineView,
+    PrefillRate,
+    Scrape,
+    learn,
+    learn_rate,
+    view,
+)
 from gateway.admission.room import ReplicaLoad
 from gateway.agents.reserve import kv_with_reserved
 from gateway.routing.router import Router
@@ -60,6 +78,7 @@ class FleetView:
         self._suspect = suspect
         self._reserved = reserved  # (replica, wall clock) -> tokens held for agent programs
         self._capacity: dict[str, Capacity] = {}  # what each engine showed it runs
+        self._rates: dict[str, PrefillRate] = {}  # how fast each engine was seen to prefill
         # whose engine that was: the replica object and its restart count when learnt
         self._learnt_of: dict[str, tuple[Replica, int]] = {}
         self._views: dict[str, EngineView] = {}  # the last read, for /stats
@@ -108,10 +127,12 @@ class FleetView:
             return True
         return False
 
-    def load(self, replica: Replica, own: int, queued: float | None = None) -> ReplicaLoad:
+    def load(self, replica: Replica, own: int, queued: float | None = None,
+             largest: float | None = None) -> ReplicaLoad:
         """`replica`'s load as room.py weighs it, `own` of this gateway's requests there:
         its engine's signals when its last scrape is fresh, this gateway's counts always;
-        `queued`: its queued prefill tokens if already read (None: read here)."""
+        `queued` / `largest`: its queued prefill tokens / largest prompt in flight if
+        already read (None: read here)."""
         name = replica.name
         snap = replica.snapshot
         scrape = None
@@ -127,8 +148,14 @@ class FleetView:
                 # another engine: it restarted (maybe with another --max-num-seqs) or its
                 # replica left and came back; the scrape at hand may predate that
                 old = Capacity(last_ts=None if scrape is None else scrape.ts)
+                self._rates.pop(name, None)  # its counters and speed start afresh
             self._learnt_of[name] = epoch
         cap = self._capacity[name] = learn(old, scrape)
+        rate = self._rates.get(name, PrefillRate())
+        if snap is not None and scrape is not None:
+            rate = self._rates[name] = learn_rate(
+                rate, scrape.ts, snap.prompt_tokens_total, snap.prefix_cache_hits_total,
+                snap.num_requests_waiting, self.router.config.prefill_s_per_token)
         v = self._views[name] = view(scrape, cap, own, self.clock(), self.max_age_s)
         if scrape is not None and cap.last_ts != old.last_ts and v.source == "engine":
             # a new scrape: what it shows past the engine's queue has begun its prefill
@@ -142,8 +169,11 @@ class FleetView:
             queued_prefill_tokens=(self.router.queued_tokens(name) if queued is None
                                    else queued),
             kv_usage=self._kv_usage(replica, v.kv_usage), healthy=self.trusted(replica),
-            occupancy=v.occupancy,
-            engine_waiting=v.waiting, seq_limit=v.seq_limit)
+            occupancy=v.occupancy, engine_waiting=v.waiting, seq_limit=v.seq_limit,
+            largest_prompt_tokens=(self.router.largest_by_replica().get(name, 0.0)
+                                   if largest is None else largest),
+            prefill_s_per_token=rate.s_per_token(),
+            cache_free_tokens=self.router.cache_free_tokens(name))
 
     def _kv_usage(self, replica: Replica, kv_usage: float | None) -> float | None:
         """The scraped KV usage with the context held for agent programs added."""
@@ -164,6 +194,7 @@ class FleetView:
         """`name` left the fleet: nothing learned of its engine stays (at the departure,
         not at the next release pass, which comes only while requests wait)."""
         self._capacity.pop(name, None)
+        self._rates.pop(name, None)
         self._learnt_of.pop(name, None)
         self._views.pop(name, None)
         self._doubted.pop(name, None)
@@ -176,6 +207,8 @@ class FleetView:
             "seq_limit": v.seq_limit,
             "occupancy": v.occupancy,
             "engine_waiting": v.waiting,
+            "prefill_tokens_per_s": (None if (r := self._rates.get(name)) is None
+                                     or r.tokens_per_s is None else round(r.tokens_per_s)),
         } for name, v in sorted(self._views.items())}
 
 

@@ -345,9 +345,10 @@ class Gate:
         self.programs.ended(ticket.program, o.replica or name,
                             o.prompt_tokens + (o.completion_tokens or 0), self.clock())
 
-    def _load(self, replica: Replica, queued: float | None = None) -> ReplicaLoad:
+    def _load(self, replica: Replica, queued: float | None = None,
+              largest: float | None = None) -> ReplicaLoad:
         own = max(replica.in_flight, self._admitted.get(replica.name, 0))
-        return self._fleet_view.load(replica, own, queued)
+        return self._fleet_view.load(replica, own, queued, largest)
 
     def _limits(self, cls: Priority, now: float) -> RoomLimits:
         """`cls`'s room limits at `now` (timer): `low` yields more while others come."""
@@ -425,15 +426,23 @@ class Gate:
         if gone:
             self._answer(gone)
         queued = self.router.queued_by_replica()
+        largest = self.router.largest_by_replica()
         replicas = {r.name: r for pool in pools.values() for r in pool}
-        base = {name: self._load(r, queued.get(name, 0.0)) for name, r in replicas.items()}
+        base = {name: self._load(r, queued.get(name, 0.0), largest.get(name, 0.0))
+                for name, r in replicas.items()}
+        # the largest prompt waiting per class: room for it is room for some waiter of
+        # the class (a replica's prefill room grows with the prompt, room.py), so the
+        # class's candidates are a superset of each of its waiters'
+        prompts = {c: 0.0 for c, _ in self._flows}
+        for (c, _), q in self._flows.items():
+            prompts[c] = max([prompts[c], *(w.tokens for w in q)])
         rounds = 0
         while self._count and rounds <= cfg.max_queue:
             # room per waiting class: under overload a replica often has room for `high`
             # only, and scanning every lower-class waiter each recheck for nothing made
             # the dispatcher the gateway's main CPU cost with a thousand waiting
             roomy = {c: {name for name, ld in base.items()
-                         if has_room(ld, self._limits(c, now))}
+                         if has_room(ld, self._limits(c, now), prompts.get(c, 0.0))}
                      for c in {c for c, _ in self._flows}}
             if not any(roomy.values()):
                 return  # nobody can go anywhere: the common case under overload
@@ -473,7 +482,7 @@ class Gate:
                          for r in pool]
                 b = bind(loads, self._limits(w.cls, now), self._per_token, self._in_flight_s,
                          0.0 if w.own_since is None else now - w.own_since,
-                         cfg.own_replica_max_wait_s, self._prior_s)
+                         cfg.own_replica_max_wait_s, self._prior_s, w.tokens)
                 if b.why == "own" and w.own_since is None:
                     w.own_since = now
                 if not b.go or (matching and b.why == "elsewhere" and not keeps_place):

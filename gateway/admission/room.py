@@ -16,19 +16,40 @@ A replica has room for another request when it is healthy and below every limit:
 A healthy replica with nothing of this gateway's in flight always has room, so signals
 that misjudge it cannot block the queue for ever; an unhealthy one never has.
 
+**The prefill room is never smaller than a prompt at stake** (`prefill_room`): the larger
+of the configured room, the largest prompt this gateway has in flight on the replica
+(`largest_prompt_tokens`) and the waiting request's own prompt. A room of 16k tokens
+would otherwise call "full" a replica holding one queued 20k-token prompt for ever, and
+never admit a 40k-token prompt anywhere but an idle replica: a replica serving a 40k
+prompt admits another of that size once the first has begun.
+
 Late binding (`bind`): a waiting request goes when some candidate has room. If the
 replicas holding the longest prefix of its prompt (its "own" replica: a follow-up's
-history) are full while others have room, it waits for its own only while the time it
-has waited plus the estimated wait there is below what going elsewhere costs (the prefix
-it would redo there plus that replica's queued prefill, at `prefill_s_per_token`, plus
-`prior_s`: the router's session prior, for the history a move leaves behind as wasted
-cache) and it has not waited
-`own_replica_max_wait_s`; otherwise it goes to the replicas with room, where the router
-chooses as always.
+history) are full while others have room, it waits for its own only while holding costs
+less than moving, both priced by one cost model in seconds (`cost_own`,
+`cost_elsewhere`), and it has not waited `own_replica_max_wait_s`; otherwise it goes to
+the replicas with room, where the router chooses as always. Each side is the request's
+own time to first token plus the prefill it makes others redo, at each replica's prefill
+rate (`ReplicaLoad.prefill_s_per_token`: measured from the engine's scraped prompt-token
+counter when it has shown one, engine.py `PrefillRate`; else the routing cost model's
+`prefill_s_per_token`):
+- **hold**: what it waited already + the wait for its own replica (`wait_estimate`) + the
+  prefill of the part of its prompt its own replica lacks + what that part evicts there;
+- **move to r** (the cheapest replica with room): r's queued prefill + the part of its
+  prompt r lacks (the history it would recompute) + what that part evicts there +
+  `prior_s` (the router's session prior: the history a move leaves behind as wasted
+  cache).
+What a request evicts (`evicted`): the uncached tokens it adds beyond the room left in
+the replica's prefix cache as the router's index counts it (`cache_free_tokens`: the
+index's capacity, from the engine's reported KV blocks, less what it believes is
+cached); unknown, nothing. Each evicted token is priced once as prefill someone may redo;
+`reserved_tokens` (the context of agent programs in a tool call there, 0 until those are
+tracked) is priced again up to what is evicted: idle during its tool call, a program's
+context is the least recently used and goes first, and that program is known to return.
 
 The wait estimate is deliberately rough: the queued prefill in front of it at the
-routing cost model's rate (it waits behind all of it, in the gateway or in the engine),
-plus `in_flight_s` per request over the in-flight limit.
+replica's rate (it waits behind all of it, in the gateway or in the engine), plus
+`in_flight_s` per request over the in-flight limit.
 """
 
 from __future__ import annotations
@@ -60,6 +81,14 @@ class ReplicaLoad:
     occupancy: float | None = None
     engine_waiting: float | None = None
     seq_limit: int | None = None
+    # the largest prompt (estimated tokens) of this gateway's requests in flight there
+    largest_prompt_tokens: float = 0.0
+    # seconds per prefilled token there (engine.py `PrefillRate`; None: the cost model's)
+    prefill_s_per_token: float | None = None
+    # room left in its prefix cache before it evicts, by the router's index (None: unknown)
+    cache_free_tokens: float | None = None
+    # context held for agent programs in a tool call there (priced when evicted; 0: none)
+    reserved_tokens: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,14 +123,20 @@ def _over(load: ReplicaLoad, limits: RoomLimits) -> float:
     return over
 
 
-def has_room(load: ReplicaLoad, limits: RoomLimits) -> bool:
+def prefill_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0) -> float:
+    """The queued prefill `load` may hold: never below a prompt at stake (module docstring)."""
+    return max(limits.max_queued_prefill_tokens, load.largest_prompt_tokens, prompt_tokens)
+
+
+def has_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0) -> bool:
+    """Room for a request of `prompt_tokens` (0: unknown yet) on `load`."""
     if not load.healthy:
         return False
     if load.in_flight <= 0:
         return True
     if _over(load, limits) > 0:
         return False
-    if load.queued_prefill_tokens >= limits.max_queued_prefill_tokens:
+    if load.queued_prefill_tokens >= prefill_room(load, limits, prompt_tokens):
         return False
     if load.engine_waiting:
         return False  # the engine holds requests it cannot run yet: another only queues
@@ -109,21 +144,61 @@ def has_room(load: ReplicaLoad, limits: RoomLimits) -> bool:
 
 
 def wait_estimate(load: ReplicaLoad, limits: RoomLimits, prefill_s_per_token: float,
-                  in_flight_s: float) -> float:
-    """Seconds until `load` probably has room again (0 when it has room now)."""
-    if has_room(load, limits):
+                  in_flight_s: float, prompt_tokens: float = 0.0) -> float:
+    """Seconds until `load` probably has room again (0 when it has room now);
+    `prefill_s_per_token`: the rate when the replica has shown none of its own."""
+    if has_room(load, limits, prompt_tokens):
         return 0.0
     if not load.healthy:
         return math.inf
     over = max(0.0, _over(load, limits)) + (load.engine_waiting or 0.0)
-    return prefill_s_per_token * load.queued_prefill_tokens + in_flight_s * over
+    return rate(load, prefill_s_per_token) * load.queued_prefill_tokens + in_flight_s * over
+
+
+def rate(load: ReplicaLoad, default_s_per_token: float) -> float:
+    """Seconds per prefilled token on `load`: its engine's measured rate, else the default."""
+    measured = load.prefill_s_per_token
+    return default_s_per_token if measured is None or measured <= 0 else measured
+
+
+def evicted(load: ReplicaLoad, uncached: float) -> float:
+    """Cached tokens that adding `uncached` new ones to `load`'s prefix cache pushes out."""
+    free = load.cache_free_tokens
+    return 0.0 if free is None else max(0.0, uncached - max(0.0, free))
+
+
+def redo_tokens(load: ReplicaLoad, uncached: float) -> float:
+    """The prefill others may redo when `uncached` new tokens land on `load`: each evicted
+    token once, and a reserved program's evicted context again (module docstring)."""
+    gone = evicted(load, uncached)
+    return gone + min(gone, max(0.0, load.reserved_tokens))
+
+
+def cost_own(load: ReplicaLoad, wait_s: float, prefill_s_per_token: float, waited_s: float,
+             prompt_tokens: float) -> float:
+    """Seconds that holding for `load` (its own replica, room in `wait_s`) costs: waited +
+    wait + its uncached prefill there + what that evicts (module docstring)."""
+    s = rate(load, prefill_s_per_token)
+    uncached = max(0.0, prompt_tokens - load.predicted_tokens)
+    return waited_s + wait_s + s * (uncached + redo_tokens(load, uncached))
+
+
+def cost_elsewhere(load: ReplicaLoad, prefill_s_per_token: float, prompt_tokens: float,
+                   prior_s: float) -> float:
+    """Seconds that going to `load` (with room, not its own) costs: the queued prefill
+    there + the part of its prompt `load` lacks + what that evicts + the session prior."""
+    s = rate(load, prefill_s_per_token)
+    uncached = max(0.0, prompt_tokens - load.predicted_tokens)
+    return prior_s + s * (load.queued_prefill_tokens + uncached
+                          + redo_tokens(load, uncached))
 
 
 def bind(loads: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: float,
          in_flight_s: float, waited_s: float, own_max_wait_s: float,
-         prior_s: float = 0.0) -> Binding:
-    """Where a waiting request may go now, if anywhere (module docstring)."""
-    roomy = [ld for ld in loads if has_room(ld, limits)]
+         prior_s: float = 0.0, prompt_tokens: float = 0.0) -> Binding:
+    """Where a waiting request of `prompt_tokens` (0: unknown, then its longest cached
+    prefix stands for it) may go now, if anywhere (module docstring)."""
+    roomy = [ld for ld in loads if has_room(ld, limits, prompt_tokens)]
     if not roomy:
         return Binding(False, (), "full")
     names = tuple(ld.name for ld in roomy)
@@ -131,14 +206,16 @@ def bind(loads: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: 
     best_roomy = max(ld.predicted_tokens for ld in roomy)
     if best_roomy >= best:
         return Binding(True, names, "room")
-    wait = min(wait_estimate(ld, limits, prefill_s_per_token, in_flight_s)
-               for ld in loads if ld.predicted_tokens == best)
-    # elsewhere: the prefix it lacks there, behind that replica's own queued prefill
-    elsewhere = prior_s + min(
-        prefill_s_per_token * (best - ld.predicted_tokens + ld.queued_prefill_tokens)
-        for ld in roomy)
+    prompt = max(prompt_tokens, float(best))
+    owns = [ld for ld in loads if ld.predicted_tokens == best]
+    waits = [wait_estimate(ld, limits, prefill_s_per_token, in_flight_s, prompt_tokens)
+             for ld in owns]
+    wait = min(waits)
     # the whole wait, what it already waited included, must cost less than moving: a
     # fresh estimate each pass would otherwise let it wait up to the cap however wrong
-    if waited_s + wait < elsewhere and waited_s + wait <= own_max_wait_s:
+    hold = min(cost_own(ld, w, prefill_s_per_token, waited_s, prompt)
+               for ld, w in zip(owns, waits, strict=True))
+    move = min(cost_elsewhere(ld, prefill_s_per_token, prompt, prior_s) for ld in roomy)
+    if hold < move and waited_s + wait <= own_max_wait_s:
         return Binding(False, (), "own")
     return Binding(True, names, "elsewhere")

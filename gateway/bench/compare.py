@@ -85,7 +85,6 @@ class DirtyCacheError(RuntimeError):
 QUEUE = "+queue"  # a column suffix: the same policy with the admission queue on
 # (`+pd`, gateway/bench/pdfleet.py: the same policy on a prefill/decode fleet)
 MIN_RECHECK_S = 0.001  # the queue's re-examination period, however fast the simulator
-PREFILL_STEPS = 2  # queued prefill a replica with room may hold, in the engine's steps
 # (`high`; the lower classes half of it: one step, so a newcomer starts within ~a step)
 
 
@@ -121,17 +120,14 @@ def pd_column(column: str) -> bool:
 def gateway_env(column: str, preset: Preset, time_scale: float = 1.0,
                 replicas: tuple[str, ...] = ()) -> dict[str, str]:
     """Settings every gateway of a column gets besides the usage log: the workload's
-    tenants as API keys (any class allowed, so the header decides), the queue when on,
-    its room per replica from the preset's engine limits.
+    tenants as API keys (any class allowed, so the header decides) and the queue when on.
+    No engine setting of the preset (`--max-num-seqs`, `--max-num-batched-tokens`) is
+    copied into the gateway: it learns each replica's room from the engine's scrapes, as
+    a user's gateway does.
     The queue's waits are wall seconds; against a simulator running `1 / time_scale`
     times faster they shrink with it, so its limits mean the same simulated time."""
     env: dict[str, str] = {}
     workload = preset.workload
-    if preset.max_num_seqs:
-        env["GATEWAY_ADMISSION__REPLICA_MAX_IN_FLIGHT"] = str(preset.max_num_seqs)
-    if preset.max_num_batched_tokens:
-        env["GATEWAY_ADMISSION__REPLICA_MAX_QUEUED_PREFILL_TOKENS"] = str(
-            PREFILL_STEPS * preset.max_num_batched_tokens)
     if workload.tenants:
         env["GATEWAY_AUTH__KEYS"] = auth_keys(workload.tenants)
         env["GATEWAY_ADMISSION__DEFAULT_PRIORITY_CAP"] = "high"
@@ -141,14 +137,24 @@ def gateway_env(column: str, preset: Preset, time_scale: float = 1.0,
             # replicas named as `--backend URL` names them: host:port
             env["GATEWAY_ADMISSION__PRIORITY_REPLICAS"] = ",".join(
                 u.split("//", 1)[-1] for u in replicas)
-        if time_scale != 1.0:
-            defaults = AdmissionConfig()
-            for key in ("high_max_wait_s", "normal_max_wait_s", "low_max_wait_s",
-                        "own_replica_max_wait_s", "recheck_s", "share_half_life_s"):
-                value = getattr(defaults, key) * time_scale
-                if key == "recheck_s":
-                    value = max(value, MIN_RECHECK_S)
-                env[f"GATEWAY_ADMISSION__{key.upper()}"] = f"{value:g}"
+        env.update(scaled_waits(time_scale))
+    return env
+
+
+def scaled_waits(time_scale: float) -> dict[str, str]:
+    """The queue's default waits (wall seconds) scaled to a simulator running
+    `1 / time_scale` times faster than real time, as GATEWAY_ADMISSION__* settings
+    (none at 1.0: the defaults are meant)."""
+    if time_scale == 1.0:
+        return {}
+    env: dict[str, str] = {}
+    defaults = AdmissionConfig()
+    for key in ("high_max_wait_s", "normal_max_wait_s", "low_max_wait_s",
+                "own_replica_max_wait_s", "recheck_s", "share_half_life_s"):
+        value = getattr(defaults, key) * time_scale
+        if key == "recheck_s":
+            value = max(value, MIN_RECHECK_S)
+        env[f"GATEWAY_ADMISSION__{key.upper()}"] = f"{value:g}"
     return env
 
 

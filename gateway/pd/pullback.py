@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.pd.config import PdConfig
 from gateway.pd.reuse import DecoderKvMemory
-from gateway.pd.tokenids import pack, renders_alike
+from gateway.pd.tokenids import pack, renders_alike, shifts_ids
 from gateway.routing.normalize import END
 
 if TYPE_CHECKING:  # collaborators passed in; importing them would tie gateway.pd to them
@@ -146,6 +146,9 @@ class PullBack:
                 return None
             prompt = template_tag(plan) + packed
         else:
+            if body is not None and shifts_ids(body):
+                self.memory.forget(key)
+                return None
             prompt = template_tag(plan) + plan.data
         found = self.memory.take(key, prompt, now)
         if found is None:

@@ -24,7 +24,10 @@ parser's), with an empty delta and nothing else (`ids_only`): dropped.
 
 The gateway asks only when the client did not (`asks_ids`) and when the answer can be
 the one the client would have had: not with `echo` (vLLM then skips detokenizing the
-prompt it echoes), and not for `n` > 1 (nothing is kept for those).
+prompt it echoes), not for `n` > 1 (nothing is kept for those), and not with `tools`: a
+tool parser sends an empty delta of its own for each token after a finished call
+(vllm/parser/mistral.py), byte for byte the chunk the flag makes, and the dropping would
+take it too; an answer with tool calls is never kept anyway.
 """
 
 from __future__ import annotations
@@ -34,8 +37,6 @@ from array import array
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
 KEYS = (b'"prompt_token_ids":[', b'"token_ids":[')
 MARK = b'token_ids":['  # what both keys end with: the cheap test for an event
 
@@ -44,7 +45,7 @@ def asks_ids(body: Mapping[str, Any]) -> bool:
     """Whether the gateway adds `return_token_ids: true` to this decode leg (and strips
     what it adds): the client did not ask, and the flag changes nothing else it gets."""
     return (not body.get("return_token_ids") and not body.get("echo")
-            and body.get("n") in (None, 1))
+            and body.get("n") in (None, 1) and not body.get("tools"))
 
 
 def pack(ids: list[int]) -> bytes | None:
@@ -238,27 +239,32 @@ def null_ids(data: bytes) -> bytes:
     return nuller.feed(data) + nuller.finish()
 
 
-def read_ids(data: bytes) -> list[int] | None:
-    """`answer_ids` of a whole answer's bytes (None when they carry none)."""
-    if MARK not in data:
-        return None
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    return answer_ids(doc) if isinstance(doc, dict) else None
-
-
 # Request fields that make vLLM render a chat prompt otherwise than the gateway's renderer
 # (gateway.tokens.render renders the model's own template with its defaults)
 _RENDER_FIELDS = ("chat_template", "chat_template_kwargs", "continue_final_message",
                   "documents", "mm_processor_kwargs")
 
 
+# Request fields with which the ids vLLM prefills are not the prompt's ids as the gateway
+# reads the body, in either mode, whatever their value: `truncate_prompt_tokens` cuts the
+# prompt's first ids (its `truncation_side` defaults to the left), `reasoning_effort` is
+# passed to the chat template (and sets its `enable_thinking`: chat_completion/protocol.py
+# `build_chat_params`), `add_special_tokens` may add a BOS before them. A turn sending one
+# is prefilled afresh (review: D's KV was handed to P for ids shifted by one).
+SHIFT_FIELDS = ("truncate_prompt_tokens", "truncation_side", "reasoning_effort",
+                "add_special_tokens")
+
+
+def shifts_ids(body: Mapping[str, Any]) -> bool:
+    """Whether vLLM's prefilled ids may not be the body's prompt as the gateway reads it."""
+    return any(k in body for k in SHIFT_FIELDS)
+
+
 def renders_alike(body: Mapping[str, Any]) -> bool:
     """Whether the gateway's renderer computes the ids vLLM does for this body, as far as
-    the body can tell: none of the fields it does not render, and only text content."""
-    if any(body.get(k) for k in _RENDER_FIELDS):
+    the body can tell: none of the fields it does not render or that shift the ids, and
+    only text content."""
+    if any(body.get(k) for k in _RENDER_FIELDS) or shifts_ids(body):
         return False
     messages = body.get("messages")
     if messages is None:

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.pd.answer import StreamAnswer, strip_json
-from gateway.pd.tokenids import read_ids
+from gateway.pd.tokenids import answer_ids
 from gateway.proxy.asgi import Headers, Send
 from gateway.proxy.errors import GatewayError, UpstreamError, from_upstream
 from gateway.proxy.target import HOP_BY_HOP
@@ -125,7 +125,7 @@ async def relay(
             outcome.kv_params = answer.kv_transfer_params
             outcome.reasoned = answer.reasoning
             if collect_reply and collect_ids:
-                outcome.token_ids = read_ids(data)
+                outcome.token_ids = None if answer.doc is None else answer_ids(answer.doc)
             if answer.response_id is not None and on_response_id is not None:
                 on_response_id(answer.response_id)
         data = strip_json(data, strip_ids)  # read above; never the client's (gateway.pd.answer)

@@ -563,6 +563,19 @@ class Router:
         self._settle(self._last_settle)
         return self._queued.get(replica, 0.0)
 
+    def largest_by_replica(self) -> dict[str, float]:
+        """The largest prompt (estimated tokens) of the requests in flight on each replica
+        (O(requests in flight); the admission queue's floor of a replica's prefill room)."""
+        return {replica: max(p.estimated_tokens for p in live)
+                for replica, live in self._live.items() if live}
+
+    def cache_free_tokens(self, replica: str) -> float:
+        """Tokens the index believes `replica`'s prefix cache can still take before it
+        evicts (its capacity, from the engine's reported KV blocks, less what is indexed)."""
+        self._settle(self._last_settle)
+        free = self._index.capacity(replica) - self._index.size(replica)
+        return max(0, free) * self.config.block_bytes / self._estimator.mean_ratio()
+
     def queued_by_replica(self) -> dict[str, float]:
         """`queued_tokens` of every replica, settled once (the admission queue reads them
         all on each pass)."""

@@ -316,7 +316,9 @@ class SimApp:
             produced += 1
             finished = req.status == "finished" and produced == req.num_output_tokens
             if finished and self.connector is not None:
-                writer.set_kv_transfer(self.connector.answer(req))
+                params = self.connector.answer(req)  # leases D's KV, sent or not
+                if self.connector.config.stream_params:
+                    writer.set_kv_transfer(params)
             text = "" if token == req.stop_token and req.finish_reason == "stop" else piece(token)
             usage = running_usage(prompt, produced) if continuous else None
             if tools is not None:

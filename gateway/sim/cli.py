@@ -143,6 +143,9 @@ def add_pd_arguments(parser: argparse.ArgumentParser) -> None:
     a("--bidirectional-kv-xfer", action="store_true",
       help="P/D: a decode leg's answer carries its own kv_transfer_params and keeps its KV "
       "for the next turn's prefill leg (vLLM's bidirectional_kv_xfer)")
+    a("--stream-kv-params", action="store_true",
+      help="P/D: a streamed chat or completions answer's final chunk carries its "
+      "kv_transfer_params (vLLM 0.32 sends them only in whole answers)")
     a("--decoder-kv-ttl-s", type=float, default=t.decoder_ttl_s,
       help="P/D: simulated seconds D keeps that KV (default %(default)s, "
       "decoder_kv_blocks_ttl; a client's gap between turns scales with --speed)")
@@ -186,6 +189,7 @@ def options_from(args: argparse.Namespace, env: Mapping[str, str]) -> SimOptions
             lease_s=args.kv_lease_s, bidirectional=args.bidirectional_kv_xfer,
             decoder_ttl_s=args.decoder_kv_ttl_s,
             recompute_threshold=args.kv_recompute_threshold,
+            stream_params=args.stream_kv_params,
             seconds_per_token=args.kv_transfer_us_per_token / 1e6),
         responses_store=args.responses_store
         or os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") not in ("", "0", "false"),

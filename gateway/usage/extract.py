@@ -21,7 +21,7 @@ turn repeats only one of them; tool calls: no plain text to index).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -138,6 +138,8 @@ class Answer:
     kv_transfer_params: dict[str, Any] | None = None
     # choice 0's message carried reasoning beside its content (gateway.pd.answer)
     reasoning: bool = False
+    # the parsed body, for what else is read from it once (P/D token ids: gateway.pd.tokenids)
+    doc: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
 
 def parse_answer(body: bytes) -> Answer:
@@ -155,7 +157,7 @@ def parse_answer(body: bytes) -> Answer:
     first = choices[0] if isinstance(choices, list) and choices else None
     return Answer(usage_from_mapping(doc.get("usage")), reply_text(doc), response_id(doc),
                   params if isinstance(params, dict) and params else None,
-                  isinstance(first, dict) and carries_reasoning(first.get("message")))
+                  isinstance(first, dict) and carries_reasoning(first.get("message")), doc)
 
 
 def answer_from_body(body: bytes) -> tuple[Usage | None, str | None]:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from tests.servers import free_port, running, script
 
@@ -29,3 +32,17 @@ def fronted(urls: list[str], usage_log: Path, *extra: str,
 
 def records(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def wait_healthy(url: str, count: int, timeout: float = 120.0) -> None:
+    """Until the gateway at `url` has `count` healthy replicas: `/ready` answers once one
+    is, and a P/D gateway whose prefill replica is not up yet serves on D alone (a CI run's
+    first turn in token mode, whose start-up takes longer, did)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        healthy = httpx.get(url + "/ready", timeout=30).json().get("healthy", [])
+        if len(healthy) >= count:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{url}: {len(healthy)} of {count} replicas healthy")
+        time.sleep(0.2)

@@ -32,7 +32,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion
 
-from tests.realvllm.gateways import fronted, records
+from tests.realvllm.gateways import fronted, records, wait_healthy
 from tests.realvllm.pd import PREFILL_PARAMS, RECOMPUTE_THRESHOLD, PdPair, xfer_count
 from tests.realvllm.vllm import MODEL_NAME, VllmOptions
 
@@ -148,6 +148,47 @@ def _same_chat(got: ChatCompletion, alone: ChatCompletion, where: str) -> None:
     assert drift <= LOGPROB_TOLERANCE, (where, drift)
 
 
+Streamed = dict[str, Any]
+
+
+def _stream(client: openai.OpenAI, messages: list[Any], create: dict[str, Any]
+            ) -> tuple[Streamed, str]:
+    """What a streamed answer says, over all its chunks (how many tokens one chunk carries
+    depends on the engine's timing): the prompt ids and each choice field that is not
+    null, the text, generated ids, logprob tokens and values joined, the finish reasons;
+    and the text."""
+    seen: Streamed = {"prompt_token_ids": [], "roles": [], "text": "", "token_ids": [],
+                      "tokens": [], "finish": [], "logprobs": []}
+    for chunk in client.chat.completions.create(messages=messages, stream=True, **create):
+        top = (chunk.model_extra or {}).get("prompt_token_ids")
+        if top is not None:
+            seen["prompt_token_ids"].append(top)
+        for c in chunk.choices:
+            assert c.index == 0
+            if c.delta.role:
+                seen["roles"].append(c.delta.role)
+            seen["text"] += c.delta.content or ""
+            ids = (c.model_extra or {}).get("token_ids")
+            if ids is not None:
+                seen["token_ids"] += ids
+            if c.finish_reason is not None:
+                seen["finish"].append(c.finish_reason)
+            lps = c.logprobs.content if c.logprobs and c.logprobs.content else []
+            seen["tokens"] += [x.token for x in lps]
+            seen["logprobs"] += [x.logprob for x in lps]
+    return seen, seen["text"]
+
+
+def _same_stream(got: Streamed, alone: Streamed) -> None:
+    """The same stream as D alone's (the token-mode gateway's own ids hidden: none at all,
+    as D alone sends), logprobs within the tolerance."""
+    values = {k: v for k, v in got.items() if k != "logprobs"}
+    assert values == {k: v for k, v in alone.items() if k != "logprobs"}
+    assert len(got["tokens"]) == ANSWER_TOKENS
+    drift = max(abs(x - y) for x, y in zip(got["logprobs"], alone["logprobs"], strict=True))
+    assert drift <= LOGPROB_TOLERANCE, ("streamed", drift)
+
+
 @pytest.mark.parametrize("mode", ["text", "tokens"])
 def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back(
     vllm_pd: PdPair, vllm_options: VllmOptions, tmp_path: Path, mode: str
@@ -156,8 +197,10 @@ def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back
     every answer is the one D gives alone; D pulls the prompt on turn 1; with
     `reuse_decoder_kv` P pulls the last turn back from D on turns 2 and 3; a turn whose
     history the client edited is prefilled afresh (P pulls nothing) and still answers as
-    D alone does. In token mode the next turn is checked by D's token ids, which the
-    gateway asks for itself (the client here does not) and hides from the client."""
+    D alone does. Turn 3 is streamed (as D alone streams it); vLLM 0.32 writes no
+    params in a stream, so turn 4 is prefilled afresh. In token
+    mode the next turn is checked by D's token ids, which the gateway asks for itself
+    (the client here does not) and hides from the client."""
     pair, log = vllm_pd, tmp_path / "usage.jsonl"
     env = {
         "GATEWAY_PD__REUSE_DECODER_KV": "true",
@@ -186,20 +229,31 @@ def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back
         openai.OpenAI(base_url=pair.decode + "/v1", api_key="x", max_retries=0,
                       timeout=300) as alone,
     ):  # fmt: skip
+        wait_healthy(gw, 2)
         # token mode is on (else this would test text mode twice)
         assert ("token_mode" in httpx.get(gw + "/stats", timeout=30).json()) == (mode == "tokens")
-        for turn in (1, 2, 3):
+        for turn in (1, 2, 3, 4):
             p0, d0 = xfer_count(pair.prefill), xfer_count(pair.decode)
-            got = client.chat.completions.create(messages=messages, **create)
+            if turn == 3:  # streamed: P pulled turn 2 back all the same, and D's stream is
+                # relayed as D alone streams it (in token mode, without the gateway's ids)
+                chunks, answer = _stream(client, messages, create)
+            else:
+                got = client.chat.completions.create(messages=messages, **create)
             if turn == 1:  # D pulled the prompt P computed; P pulled nothing
                 assert _count_reaches(pair.decode, d0 + 1) == d0 + 1
                 assert xfer_count(pair.prefill) == p0
+            elif turn == 4:  # vLLM 0.32 sends no params in a stream: turn 3 left none
+                assert xfer_count(pair.prefill) == p0
             else:  # P pulled D's last turn back instead of recomputing it
                 assert _count_reaches(pair.prefill, p0 + 1) == p0 + 1, f"turn {turn}"
-            ref = alone.chat.completions.create(
-                messages=messages, **{**create, "extra_body": salted})
-            _same_chat(got, ref, f"turn {turn}")
-            answer = got.choices[0].message.content
+            if turn == 3:
+                ref_chunks, _ = _stream(alone, messages, {**create, "extra_body": salted})
+                _same_stream(chunks, ref_chunks)
+            else:
+                ref = alone.chat.completions.create(
+                    messages=messages, **{**create, "extra_body": salted})
+                _same_chat(got, ref, f"turn {turn}")
+                answer = got.choices[0].message.content or ""
             messages = [*messages, {"role": "assistant", "content": answer},
                         {"role": "user", "content": f"Turn {turn + 1}: go on."}]  # fmt: skip
 
@@ -213,10 +267,10 @@ def test_gateway_pd_conversation_equals_aggregated_and_pulls_the_decoder_kv_back
         _same_chat(got, ref, "edited")
 
     recs = records(log)  # complete: the gateway has stopped
-    assert len(recs) == 4
+    assert len(recs) == 5
     # every turn took both legs, the edited one included (a fresh prefill, not D alone)
     names = (urlsplit(pair.decode).netloc, urlsplit(pair.prefill).netloc)  # serve's names
-    assert [(r["replica"], r["prefill_replica"]) for r in recs] == [names] * 4
+    assert [(r["replica"], r["prefill_replica"]) for r in recs] == [names] * 5
 
 
 def _response_output(response: dict[str, Any]) -> tuple[list[Any], list[float]]:
@@ -260,6 +314,7 @@ def test_gateway_pd_responses_and_messages_equal_aggregated(
     }  # fmt: skip
     salt = {"cache_salt": f"aggregated-{uuid.uuid4().hex}"}
     with fronted([], log, "--prefill", pair.prefill, "--decode", pair.decode, env=env) as gw:
+        wait_healthy(gw, 2)
         d0 = xfer_count(pair.decode)
         got = _post(gw, "/v1/responses", responses, "pd-responses")
         assert _count_reaches(pair.decode, d0 + 1) == d0 + 1

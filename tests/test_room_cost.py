@@ -1,0 +1,156 @@
+"""The admission queue's room floor and its one cost model, by tables (room.py), and the
+prefill rate an engine's scrapes show (engine.py `learn_rate`)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gateway.admission.engine import RATE_ALPHA, PrefillRate, learn_rate
+from gateway.admission.room import (
+    ReplicaLoad,
+    RoomLimits,
+    bind,
+    evicted,
+    has_room,
+    prefill_room,
+    redo_tokens,
+    reserved,
+)
+
+# the default room as `normal` sees it: half of 32,768 queued prefill tokens
+LIMITS = reserved(RoomLimits(math.inf, 32_768, 0.97), 0.75, 0.5)
+PER_TOKEN = 0.001  # 1 ms per prefill token: easy arithmetic
+IN_FLIGHT_S = 0.01
+
+
+def load(name: str, **kw: float) -> ReplicaLoad:
+    return ReplicaLoad(name=name, in_flight=int(kw.pop("in_flight", 1)),
+                       queued_prefill_tokens=kw.pop("queued", 0.0),
+                       predicted_tokens=int(kw.pop("predicted", 0)),
+                       largest_prompt_tokens=kw.pop("largest", 0.0),
+                       prefill_s_per_token=kw.pop("rate", None),
+                       cache_free_tokens=kw.pop("free", None),
+                       reserved_tokens=kw.pop("reserved", 0.0),
+                       engine_waiting=kw.pop("waiting", None))
+
+
+@pytest.mark.parametrize(("ld", "prompt", "room", "roomy"), [
+    # the configured room (16,384 for `normal`) when nothing larger is at stake
+    (load("a", queued=10_000, largest=10_000), 0.0, 16_384.0, True),
+    (load("a", queued=16_384, largest=8_000), 8_000.0, 16_384.0, False),
+    # one 20k prompt sent and not begun: full for now (the room is that prompt) ...
+    (load("a", queued=20_000, largest=20_000), 14_000.0, 20_000.0, False),
+    # ... and once it began, another of its size goes there
+    (load("a", queued=0, largest=20_000), 20_000.0, 20_000.0, True),
+    # a 40k prompt running and a 12k queued behind it: room for another 40k
+    (load("a", in_flight=2, queued=18_000, largest=40_000), 40_000.0, 40_000.0, True),
+    # the waiting request's own prompt: a 40k prompt is not refused a replica holding
+    # 20k of queued prefill for being larger than the configured room
+    (load("a", in_flight=3, queued=20_000, largest=9_000), 40_000.0, 40_000.0, True),
+    # ... but it is when the queued prefill there is already as large
+    (load("a", in_flight=3, queued=40_000, largest=20_000), 40_000.0, 40_000.0, False),
+    # a replica running nothing of this gateway's always has room
+    (load("a", in_flight=0, queued=50_000), 14_000.0, 16_384.0, True),
+])
+def test_the_prefill_room_is_never_below_a_prompt_at_stake(
+        ld: ReplicaLoad, prompt: float, room: float, roomy: bool) -> None:
+    assert prefill_room(ld, LIMITS, prompt) == room
+    assert has_room(ld, LIMITS, prompt) is roomy
+
+
+@pytest.mark.parametrize(("ld", "uncached", "gone", "redo"), [
+    (load("a"), 5_000.0, 0.0, 0.0),  # cache room unknown: nothing priced
+    (load("a", free=8_000), 5_000.0, 0.0, 0.0),  # fits in what is free
+    (load("a", free=2_000), 5_000.0, 3_000.0, 3_000.0),  # pushes out 3k
+    (load("a", free=0, reserved=1_000), 5_000.0, 5_000.0, 6_000.0),  # 1k of a program's
+    (load("a", free=0, reserved=9_000), 5_000.0, 5_000.0, 10_000.0),  # at most what goes
+    (load("a", free=9_000, reserved=9_000), 5_000.0, 0.0, 0.0),  # evicts nothing
+])
+def test_what_a_request_makes_others_redo(ld: ReplicaLoad, uncached: float, gone: float,
+                                          redo: float) -> None:
+    assert evicted(ld, uncached) == gone
+    assert redo_tokens(ld, uncached) == redo
+
+
+# its own replica `a` is full (24k queued of a 16k room: a 2 s wait at 1 ms a
+# token from the time it waited 0.0), its history 1500 tokens; `b` has room
+OWN = {"queued": 24_000.0, "predicted": 1500.0, "in_flight": 2, "largest": 8_000}
+WAIT = 24.0  # s at PER_TOKEN
+
+
+def own(**kw: float) -> ReplicaLoad:
+    return load("a", **{**OWN, **kw})
+
+
+@pytest.mark.parametrize(("loads", "prompt", "waited", "why"), [
+    # the history alone: holding costs the 24 s wait, moving 1.5 s of recompute
+    ([own(), load("b")], 0.0, 0.0, "elsewhere"),
+    # at the measured rates: `a` prefills 20x faster (1.2 s) than the cost model says
+    ([own(rate=0.00005), load("b")], 0.0, 0.0, "own"),
+    # ... and `b` too: moving then costs 0.075 s
+    ([own(rate=0.00005), load("b", rate=0.00005)], 0.0, 0.0, "elsewhere"),
+    # moving evicts its whole history from `b`'s full cache: 2.4 + 0.4 < 1.5 + 1.5 s
+    ([own(rate=0.0001), load("b", free=0)], 0.0, 0.4, "own"),
+    ([own(rate=0.0001), load("b")], 0.0, 0.4, "elsewhere"),
+    # ... and a program's reserved context there with it: 1.5 + 1.0 + 1.0 (2.5 without)
+    ([own(rate=0.0001), load("b", free=500, reserved=5_000)], 0.0, 0.4, "own"),
+    ([own(rate=0.0001), load("b", free=500)], 0.0, 0.4, "elsewhere"),
+    # the rest of its prompt (4000 new tokens past a 20k history) is prefilled wherever
+    # it goes: 17 + 4 s held (its own engine has a queue) against 21.5 s moved to `b`
+    # (2.5k of it cached there) ...
+    ([load("a", queued=17_000, predicted=20_000, in_flight=2, waiting=1),
+      load("b", predicted=2_500)], 24_000.0, 0.0, "own"),
+    # ... and on its own replica's full cache it evicts as much: 17 + 4 + 4 s
+    ([load("a", queued=17_000, predicted=20_000, in_flight=2, free=0, waiting=1),
+      load("b", predicted=2_500)], 24_000.0, 0.0, "elsewhere"),
+])
+def test_holding_and_moving_are_priced_alike(loads: list[ReplicaLoad], prompt: float,
+                                             waited: float, why: str) -> None:
+    b = bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, waited, 30.0, 0.0, prompt)
+    assert b.why == why
+    assert b.go is (why != "own")
+
+
+def test_a_waiting_prompt_larger_than_the_room_is_not_held_for_it() -> None:
+    # every replica holds more queued prefill than the configured room; the 40k-token
+    # request has room wherever less than its own size waits
+    loads = [load("a", queued=30_000, largest=20_000, predicted=1_000),
+             load("b", queued=45_000, largest=20_000)]
+    assert bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, 0.0, 2.0, 0.0, 40_000).replicas == ("a",)
+    assert bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, 0.0, 2.0, 0.0, 10_000).why == "full"
+
+
+DEFAULT = 0.001  # the cost model's 1,000 tokens a second
+
+
+@pytest.mark.parametrize(("scrapes", "tps"), [
+    ([], None),
+    # counters only: one scrape says nothing, nor a missing counter
+    ([(0.0, 1e6, 0.0, 0.0)], None),
+    ([(0.0, None, None, 0.0), (1.0, None, None, 0.0)], None),
+    # idle-ish: 5,000 tokens computed in 1 s raises the rate above the model's 1,000 ...
+    ([(0.0, 0.0, 0.0, 0.0), (1.0, 5_000.0, 0.0, 0.0)], 5_000.0),
+    # ... cache hits are not prefill computed ...
+    ([(0.0, 0.0, 0.0, 0.0), (1.0, 5_000.0, 3_000.0, 0.0)], 2_000.0),
+    # ... too few tokens say nothing ...
+    ([(0.0, 0.0, 0.0, 0.0), (1.0, 500.0, 0.0, 0.0)], None),
+    # ... and a slow unqueued interval never lowers it (it was not asked for more)
+    ([(0.0, 0.0, 0.0, 0.0), (1.0, 5_000.0, 0.0, 0.0), (11.0, 7_000.0, 0.0, 0.0)], 5_000.0),
+    # requests waiting at both ends: what it did is what it can do
+    ([(0.0, 0.0, 0.0, 3.0), (1.0, 1_500.0, 0.0, 3.0)], 1_500.0),
+    ([(0.0, 0.0, 0.0, 3.0), (1.0, 1_500.0, 0.0, 3.0), (2.0, 2_700.0, 0.0, 1.0)],
+     1_500.0 + RATE_ALPHA * (1_200.0 - 1_500.0)),
+    # a counter that went back (a restart) gives no sample
+    ([(0.0, 9e6, 0.0, 3.0), (1.0, 1_500.0, 0.0, 3.0)], None),
+])
+def test_the_prefill_rate_an_engines_scrapes_show(
+        scrapes: list[tuple[float, float | None, float | None, float]],
+        tps: float | None) -> None:
+    rate = PrefillRate()
+    for ts, prompt, hits, waiting in scrapes:
+        rate = learn_rate(rate, ts, prompt, hits, waiting, DEFAULT)
+        assert learn_rate(rate, ts, prompt, hits, waiting, DEFAULT) == rate  # once each
+    assert rate.tokens_per_s == (None if tps is None else pytest.approx(tps))
+    assert rate.s_per_token() == (None if tps is None else pytest.approx(1.0 / tps))
