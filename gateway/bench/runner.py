@@ -190,6 +190,9 @@ class Runner:
             headers = {**headers, "authorization": f"Bearer {tenant_key(plan.tenant)}"}
         if plan.priority is not None:
             headers = {**headers, "x-gateway-priority": plan.priority}
+        if plan.program is not None:  # an agent program's sub-agent (workload.py)
+            headers = {**headers, "x-claude-code-session-id": plan.program,
+                       "x-claude-code-agent-id": plan.agent_id or ""}
         urls = (opts.base_url, *opts.more_base_urls)
         base = urls[self._sent % len(urls)]
         self._sent += 1
