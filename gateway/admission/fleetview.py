@@ -34,7 +34,11 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   reservation would keep no newcomer off the program's replica; fed in both, a replica
   would read full for it and price its eviction again (counted twice). A program's own
   next request is never charged for its own context: the gate ends its reservation
-  (`Reservations.began`) before it reads any load.
+  (`Reservations.began`) before it reads any load. Nor is any program returning from a
+  tool call charged for the others' (`without_held`): the reservation keeps new work
+  off a replica for the programs coming back to it, and a returning program is one of
+  them, its history there; charged, it waited or moved off its own history (measured:
+  bench/results/admission.md, agent programs).
 
 What an engine showed it runs is learnt afresh after each restart the router takes as new
 (`Router.restarts`) and when its replica leaves and comes back (another `Replica`).
@@ -46,6 +50,7 @@ per replica of the fleet; those of replicas that left are dropped (`forget_left`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gateway.admission.engine import (
@@ -174,6 +179,12 @@ class FleetView:
                                    if largest is None else largest),
             prefill_s_per_token=rate.s_per_token(),
             cache_free_tokens=self.router.cache_free_tokens(name))
+
+    def without_held(self, load: ReplicaLoad) -> ReplicaLoad:
+        """`load` (read by `load` at this look) with its scraped KV usage, nothing held for
+        agent programs: as a program returning from its tool call reads it."""
+        v = self._views.get(load.name)
+        return load if v is None else replace(load, kv_usage=v.kv_usage)
 
     def _kv_usage(self, replica: Replica, kv_usage: float | None) -> float | None:
         """The scraped KV usage with the context held for agent programs added."""

@@ -137,6 +137,9 @@ class _Waiter:
     # when it first chose to wait for its own replica while another had room (late
     # binding's clock: the time it waited with no room anywhere is not a choice to stay)
     own_since: float | None = None
+    # a program's turn back from a tool call: charged for no program's reservation
+    # (fleetview.py `without_held`)
+    returning: bool = False
     future: asyncio.Future[Ticket] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -208,8 +211,9 @@ class Gate:
                                  tenant=ask.tenant)
             return Ticket(plan, "normal", None)
         cfg = self.config
+        returning = False
         if ask.program is not None:  # its tool call is over: nothing held for it now
-            self.programs.began(ask.program, self.clock())
+            returning = self.programs.began(ask.program, self.clock())
         cls = priority.resolve(ask.priority, ask.tenant, cfg.priority_caps,
                                cfg.default_priority_cap)
         flow: Flow = (cls, ask.tenant or NO_TENANT)
@@ -217,7 +221,8 @@ class Gate:
         if cls != "low":
             self._above_low_at = self.timer()
         limits = self._limits(cls, self.timer())
-        if self._count == 0 and all(has_room(self._load(r), limits) for r in pool):
+        if self._count == 0 and all(has_room(self._seen_by(returning, self._load(r)), limits)
+                                    for r in pool):
             return self._go(ask, cls, flow, pool, ask.ts, 0.0, queued=False)
         now = self.timer()
         preview = router.preview(ask.body, ask.kind, ask.model, ask.session,
@@ -243,7 +248,7 @@ class Gate:
             raise self._shedding(v, cls, projected_s)
         if v == "displace":
             self._displace(cls)
-        waiter = _Waiter(ask, cls, flow, tokens, preview, pool, now)
+        waiter = _Waiter(ask, cls, flow, tokens, preview, pool, now, returning=returning)
         self._shares.activate(flow, waiting)
         self._flows.setdefault(flow, deque()).append(waiter)
         self._tokens[flow] = self._tokens.get(flow, 0.0) + tokens
@@ -350,6 +355,11 @@ class Gate:
         own = max(replica.in_flight, self._admitted.get(replica.name, 0))
         return self._fleet_view.load(replica, own, queued, largest)
 
+    def _seen_by(self, returning: bool, load: ReplicaLoad) -> ReplicaLoad:
+        """`load` as a request sees it: a program back from its tool call (`returning`)
+        is charged for no program's reservation (fleetview.py)."""
+        return self._fleet_view.without_held(load) if returning else load
+
     def _limits(self, cls: Priority, now: float) -> RoomLimits:
         """`cls`'s room limits at `now` (timer): `low` yields more while others come."""
         if cls == "low" and now - self._above_low_at <= self._active_s:
@@ -441,8 +451,10 @@ class Gate:
             # room per waiting class: under overload a replica often has room for `high`
             # only, and scanning every lower-class waiter each recheck for nothing made
             # the dispatcher the gateway's main CPU cost with a thousand waiting
+            # (a program back from its tool call sees no reservation: a superset of room)
             roomy = {c: {name for name, ld in base.items()
-                         if has_room(ld, self._limits(c, now), prompts.get(c, 0.0))}
+                         if has_room(self._fleet_view.without_held(ld), self._limits(c, now),
+                                     prompts.get(c, 0.0))}
                      for c in {c for c, _ in self._flows}}
             if not any(roomy.values()):
                 return  # nobody can go anywhere: the common case under overload
@@ -477,7 +489,7 @@ class Gate:
                 pool = pools.get(w.ask.key(), ())
                 if w.future.done() or not any(r.name in room for r in pool):
                     continue  # cancelled (it leaves in its own task), or nowhere to go
-                loads = [dataclasses.replace(base[r.name],
+                loads = [dataclasses.replace(self._seen_by(w.returning, base[r.name]),
                                              predicted_tokens=w.preview.predicted.get(r.name, 0))
                          for r in pool]
                 b = bind(loads, self._limits(w.cls, now), self._per_token, self._in_flight_s,

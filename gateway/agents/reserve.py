@@ -89,12 +89,14 @@ class Reservations:
         self._s_per_token = s_per_token  # the replica's prefill rate, seconds per token
         self._between: OrderedDict[ThreadKey, Between] = OrderedDict()
 
-    def began(self, program: ProgramId, now: float) -> None:
+    def began(self, program: ProgramId, now: float) -> bool:
         """A request of `program` arrived: its tool call (if any) is over; its gap is
-        learnt and its reservation ends."""
+        learnt and its reservation ends. True: it returns from a tool call (it was
+        between turns, its context on a replica)."""
         was = self._between.pop(program.thread_key(), None)
         if was is not None and now - was.since <= self.learner.ttl_s:
             self.learner.observe(program.program_key(), now - was.since, now)
+        return was is not None
 
     def ended(self, program: ProgramId, replica: str, context_tokens: int, now: float
               ) -> None:
