@@ -154,3 +154,22 @@ def test_a_stranger_waits_for_room_a_programs_own_turn_goes_home_at_once() -> No
         assert (own.replica, own.queued_ms) == (home, None)
         await g.aclose()
     asyncio.run(run())
+
+
+def test_a_program_back_from_its_tool_call_is_not_charged_for_anothers_hold() -> None:
+    # P and Q both ran on the same replica and are both in a tool call; Q comes back
+    # while P's context (0.1 of the KV) would make the replica read full: Q still goes to
+    # its own history at once, while a newcomer would not
+    q = ProgramId("t", "run-2", "session")
+
+    async def run() -> None:
+        g, fleet, clock = world(10.0)
+        home = await taught(g, fleet, clock)
+        pool = list(fleet.replicas.values())
+        assert answered(g, await g.admit(grown(10, q), pool)) == home
+        busy_at(fleet, clock, 0.9)
+        back = await asyncio.wait_for(g.admit(grown(11, q), pool), 5)
+        assert (back.replica, back.queued_ms) == (home, None)
+        assert g.programs.reserved_tokens(home, clock.t) == 1000  # P's, still held
+        await g.aclose()
+    asyncio.run(run())

@@ -144,3 +144,13 @@ def test_reservation_two_tenants_apart() -> None:
 def test_kv_with_reserved(usage: float | None, reserved: int, capacity: int | None,
                           want: float | None) -> None:
     assert kv_with_reserved(usage, reserved, capacity) == want
+
+
+def test_began_says_whether_the_program_returns_from_a_tool_call() -> None:
+    from gateway.agents.programs import ProgramId
+    r = Reservations(max_s=10.0, s_per_token=lambda _: 0.01)
+    p = ProgramId("t", "run", "session")
+    assert r.began(p, 0.0) is False  # a first turn: it was nowhere between turns
+    r.ended(p, "a", 1000, 1.0)
+    assert r.began(p, 3.0) is True  # back from its tool call
+    assert r.began(p, 3.5) is False  # the same turn's retry: already back
