@@ -337,6 +337,9 @@ class Gate:
             # per replica, where its room came from at the last look and how old the
             # engine's figures were (fleet-wide, like the replicas' own gauges)
             "replicas": self._fleet_view.stats(),
+            # agent programs between turns, and the context held for them per replica
+            "agent_programs": {"between_turns": len(self.programs),
+                               "held_tokens": self.programs.held(self.clock())},
         }
 
     # internals --------------------------------------------------------------------------

@@ -125,6 +125,12 @@ class Reservations:
                 total += b.context_tokens
         return total
 
+    def held(self, now: float) -> dict[str, int]:
+        """Per replica, the context held there at `now` (replicas holding none left out)."""
+        out = {name: self.reserved_tokens(name, now)
+               for name in {b.replica for b in self._between.values()}}
+        return {name: tokens for name, tokens in sorted(out.items()) if tokens > 0}
+
     def forget_replica(self, replica: str) -> None:
         """`replica` left: nothing is held there (its cache went with it)."""
         for key in [k for k, b in self._between.items() if b.replica == replica]:
