@@ -81,6 +81,12 @@ class AdmissionConfig:
     # class as vLLM's `priority` (only when every replica the request may try has it;
     # vLLM refuses a non-zero priority otherwise).
     priority_replicas: tuple[str, ...] = ()
+    # Agent programs between tool calls (gateway.agents.reserve): while a program runs a
+    # tool, its last turn's context is held on its replica (counted in that replica's KV
+    # usage for everyone else) while its expected remaining wait is below the prefill of
+    # that context, at most this many seconds after its turn ended (the vLLM Router's
+    # proposal caps its hold at 10 s too). 0: no reservation.
+    agent_reserve_max_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
@@ -94,6 +100,8 @@ class AdmissionConfig:
             raise ValueError("admission.replica_max_in_flight must be >= 0 (0: no cap)")
         if self.own_replica_past_room < 1:
             raise ValueError("admission.own_replica_past_room must be >= 1 (1: never)")
+        if not 0 <= self.agent_reserve_max_s <= 600:
+            raise ValueError("admission.agent_reserve_max_s must be in [0, 600] (0: off)")
         if self.own_replica_max_wait_s < 0:
             raise ValueError("admission.own_replica_max_wait_s must be >= 0")
         for name in ("lower_class_room", "lower_class_prefill_room"):

@@ -23,6 +23,22 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   floor of its prefill room, `Router.largest_by_replica`), the room left in its prefix
   cache by the router's index (`Router.cache_free_tokens`), and its engine's prefill
   rate as its scrapes show it (engine.py `PrefillRate`), for room.py's cost model.
+- **Held for agent programs** (`reserved`: gateway.agents.reserve), fed once: the context
+  of the programs in a tool call there is added to its scraped KV usage as a share of its
+  KV capacity (`kv_with_reserved`: the engine's block count times block size), so a
+  replica whose running requests would evict that context reads as full (room.py
+  `has_room`) until the reservation ends, and one with room beyond it still takes other
+  requests. `ReplicaLoad.reserved_tokens` stays 0 here, on purpose: room.py prices it
+  only in a waiter's hold-or-move cost, which a new conversation (no cached prefix
+  anywhere: bound by room alone, `Binding.why == "room"`) never reaches, so fed there the
+  reservation would keep no newcomer off the program's replica; fed in both, a replica
+  would read full for it and price its eviction again (counted twice). A program's own
+  next request is never charged for its own context: the gate ends its reservation
+  (`Reservations.began`) before it reads any load. Nor is any program returning from a
+  tool call charged for the others' (`without_held`): the reservation keeps new work
+  off a replica for the programs coming back to it, and a returning program is one of
+  them, its history there; charged, it waited or moved off its own history (measured:
+  bench/results/admission.md, agent programs).
 
 What an engine showed it runs is learnt afresh after each restart the router takes as new
 (`Router.restarts`) and when its replica leaves and comes back (another `Replica`).
@@ -34,6 +50,7 @@ per replica of the fleet; those of replicas that left are dropped (`forget_left`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gateway.admission.engine import (
@@ -46,6 +63,7 @@ from gateway.admission.engine import (
     view,
 )
 from gateway.admission.room import ReplicaLoad
+from gateway.agents.reserve import kv_with_reserved
 from gateway.routing.router import Router
 from gateway.upstream.errors import GatewayError
 
@@ -56,12 +74,14 @@ if TYPE_CHECKING:  # annotations only: replicas reach usage, whose metrics name 
 
 class FleetView:
     def __init__(self, fleet: Fleet | None, router: Router, clock: Callable[[], float],
-                 max_age_s: float, suspect: Callable[[Replica], None] | None) -> None:
+                 max_age_s: float, suspect: Callable[[Replica], None] | None,
+                 reserved: Callable[[str, float], int] | None = None) -> None:
         self.fleet = fleet
         self.router = router
         self.clock = clock  # wall clock, as the scrapes' and probes' times
         self.max_age_s = max_age_s
         self._suspect = suspect
+        self._reserved = reserved  # (replica, wall clock) -> tokens held for agent programs
         self._capacity: dict[str, Capacity] = {}  # what each engine showed it runs
         self._rates: dict[str, PrefillRate] = {}  # how fast each engine was seen to prefill
         # whose engine that was: the replica object and its restart count when learnt
@@ -153,12 +173,25 @@ class FleetView:
             name=name, in_flight=own,
             queued_prefill_tokens=(self.router.queued_tokens(name) if queued is None
                                    else queued),
-            kv_usage=v.kv_usage, healthy=self.trusted(replica), occupancy=v.occupancy,
-            engine_waiting=v.waiting, seq_limit=v.seq_limit,
+            kv_usage=self._kv_usage(replica, v.kv_usage), healthy=self.trusted(replica),
+            occupancy=v.occupancy, engine_waiting=v.waiting, seq_limit=v.seq_limit,
             largest_prompt_tokens=(self.router.largest_by_replica().get(name, 0.0)
                                    if largest is None else largest),
             prefill_s_per_token=rate.s_per_token(),
             cache_free_tokens=self.router.cache_free_tokens(name))
+
+    def without_held(self, load: ReplicaLoad) -> ReplicaLoad:
+        """`load` (read by `load` at this look) with its scraped KV usage, nothing held for
+        agent programs: as a program returning from its tool call reads it."""
+        v = self._views.get(load.name)
+        return load if v is None else replace(load, kv_usage=v.kv_usage)
+
+    def _kv_usage(self, replica: Replica, kv_usage: float | None) -> float | None:
+        """The scraped KV usage with the context held for agent programs added."""
+        if self._reserved is None or kv_usage is None:
+            return kv_usage
+        return kv_with_reserved(kv_usage, self._reserved(replica.name, self.clock()),
+                                replica.capacity_tokens())
 
     def forget_left(self) -> None:
         """Drop what was learned of replicas that left the fleet (the bound on the maps)."""

@@ -79,6 +79,8 @@ from gateway.admission.shedding import (
     retry_after,
     verdict,
 )
+from gateway.agents.programs import ProgramId
+from gateway.agents.reserve import Reservations
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import Router
 from gateway.tasks import FailureLog, supervised
@@ -113,6 +115,8 @@ class Ask:
     # the replicas it may go to at all (a data plane's subset hint, by name), None: any
     # candidate; each pass reads the fleet again within these only
     allowed: frozenset[str] | None = None
+    # the agent program it is a turn of (gateway.agents.programs), None: none named
+    program: ProgramId | None = None
 
     def key(self) -> PoolKey:
         """Waiters with the same key may go to the same replicas."""
@@ -127,6 +131,7 @@ class Ticket:
     # vLLM `priority` to put in the body, None to leave the body alone
     engine_priority: int | None = None
     queued_ms: float | None = None  # how long it waited in the queue (None: never queued)
+    program: ProgramId | None = None  # its agent program, whose tool call begins at `done`
 
 
 @dataclass(slots=True, eq=False)
@@ -141,6 +146,9 @@ class _Waiter:
     # when it first chose to wait for its own replica while another had room (late
     # binding's clock: the time it waited with no room anywhere is not a choice to stay)
     own_since: float | None = None
+    # a program's turn back from a tool call: charged for no program's reservation
+    # (fleetview.py `without_held`)
+    returning: bool = False
     future: asyncio.Future[Ticket] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -152,10 +160,15 @@ class Gate:
                  scrape_interval_s: float = 5.0,
                  suspect: Callable[[Replica], None] | None = None) -> None:
         self.config = config
+        # agent programs between tool calls: the context held for them on each replica
+        # (gateway.agents.reserve), read into each replica's load by the fleet view
+        self.programs = Reservations(max_s=config.agent_reserve_max_s,
+                                     s_per_token=lambda _: routing.prefill_s_per_token)
         # where waiters may go on each pass, and each replica's load (fleetview.py);
         # no fleet (tests of the queue alone): their arrival's candidates still healthy
         self._fleet_view = FleetView(fleet, router, clock,
-                                     config.stale_after_scrapes * scrape_interval_s, suspect)
+                                     config.stale_after_scrapes * scrape_interval_s, suspect,
+                                     reserved=self.programs.reserved_tokens)
         self.router = router
         self.metrics = metrics
         self.clock = clock
@@ -207,6 +220,9 @@ class Gate:
                                  tenant=ask.tenant)
             return Ticket(plan, "normal", None)
         cfg = self.config
+        returning = False
+        if ask.program is not None:  # its tool call is over: nothing held for it now
+            returning = self.programs.began(ask.program, self.clock())
         cls = priority.resolve(ask.priority, ask.tenant, cfg.priority_caps,
                                cfg.default_priority_cap)
         flow: Flow = (cls, ask.tenant or NO_TENANT)
@@ -214,7 +230,8 @@ class Gate:
         if cls != "low":
             self._above_low_at = self.timer()
         limits = self._limits(cls, self.timer())
-        if self._count == 0 and all(has_room(self._load(r), limits) for r in pool):
+        if self._count == 0 and all(has_room(self._seen_by(returning, self._load(r)), limits)
+                                    for r in pool):
             return self._go(ask, cls, flow, pool, ask.ts, 0.0, queued=False)
         now = self.timer()
         preview = router.preview(ask.body, ask.kind, ask.model, ask.session,
@@ -242,7 +259,7 @@ class Gate:
             raise self._shedding(v, cls, projected_s)
         if v == "displace":
             self._displace(cls)
-        waiter = _Waiter(ask, cls, flow, tokens, preview, pool, now)
+        waiter = _Waiter(ask, cls, flow, tokens, preview, pool, now, returning=returning)
         self._shares.activate(flow, waiting)
         self._flows.setdefault(flow, deque()).append(waiter)
         self._tokens[flow] = self._tokens.get(flow, 0.0) + tokens
@@ -273,6 +290,7 @@ class Gate:
         request still in flight there gives back a count that is no longer kept)."""
         self._fleet_view.forget(name)
         self._admitted.pop(name, None)
+        self.programs.forget_replica(name)
 
     def moved(self, ticket: Ticket, name: str) -> None:
         """The request is served on `name` instead (a retry, a data plane's fallback): its
@@ -300,6 +318,7 @@ class Gate:
             return
         if counted:
             self._fleet_view.doubt(ticket.plan.outcome)
+            self._tool_call(ticket, name)
             left = self._admitted.get(name, 0) - 1
             if left > 0:
                 self._admitted[name] = left
@@ -329,14 +348,31 @@ class Gate:
             # per replica, where its room came from at the last look and how old the
             # engine's figures were (fleet-wide, like the replicas' own gauges)
             "replicas": self._fleet_view.stats(),
+            # agent programs between turns, and the context held for them per replica
+            "agent_programs": {"between_turns": len(self.programs),
+                               "held_tokens": self.programs.held(self.clock())},
         }
 
     # internals --------------------------------------------------------------------------
+
+    def _tool_call(self, ticket: Ticket, name: str) -> None:
+        """An agent program's turn ended with a whole answer on `name`: its context (the
+        prompt and answer tokens) may be held there while it runs its tool."""
+        o = ticket.plan.outcome
+        if ticket.program is None or o.prompt_tokens is None or not o.ok:
+            return
+        self.programs.ended(ticket.program, o.replica or name,
+                            o.prompt_tokens + (o.completion_tokens or 0), self.clock())
 
     def _load(self, replica: Replica, queued: float | None = None,
               largest: float | None = None) -> ReplicaLoad:
         own = max(replica.in_flight, self._admitted.get(replica.name, 0))
         return self._fleet_view.load(replica, own, queued, largest)
+
+    def _seen_by(self, returning: bool, load: ReplicaLoad) -> ReplicaLoad:
+        """`load` as a request sees it: a program back from its tool call (`returning`)
+        is charged for no program's reservation (fleetview.py)."""
+        return self._fleet_view.without_held(load) if returning else load
 
     def _limits(self, cls: Priority, now: float) -> RoomLimits:
         """`cls`'s room limits at `now` (timer): `low` yields more while others come."""
@@ -397,7 +433,8 @@ class Gate:
         engine = None
         if cls != "normal" and self._priority_replicas.issuperset(decision.ranked):
             engine = priority.ENGINE_PRIORITY[cls]
-        return Ticket(plan, cls, name, engine, waited_s * 1000.0 if queued else None)
+        return Ticket(plan, cls, name, engine, waited_s * 1000.0 if queued else None,
+                      ask.program)
 
     def _account(self, cls: Priority, flow: Flow, tokens: int, waited_s: float, *,
                  queued: bool) -> None:
@@ -447,14 +484,16 @@ class Gate:
             # room per waiting class: under overload a replica often has room for `high`
             # only, and scanning every lower-class waiter each recheck for nothing made
             # the dispatcher the gateway's main CPU cost with a thousand waiting
+            # (a program back from its tool call sees no reservation: a superset of room)
             classes = {c for c, _ in self._flows}
             roomy = {c: {name for name, ld in base.items()
-                         if has_room(ld, self._limits(c, now), prompts.get(c, 0.0))}
+                         if has_room(self._fleet_view.without_held(ld), self._limits(c, now),
+                                     prompts.get(c, 0.0))}
                      for c in classes}
             # and those a follow-up holding its history there may go to past the room
             past = {c: {name for name, ld in base.items()
-                        if passable(ld, self._limits(c, now), prompts.get(c, 0.0),
-                                    cfg.own_replica_past_room)}
+                        if passable(self._fleet_view.without_held(ld), self._limits(c, now),
+                                    prompts.get(c, 0.0), cfg.own_replica_past_room)}
                     for c in classes}
             if not any(roomy.values()) and not any(past.values()):
                 return  # nobody can go anywhere: the common case under overload
@@ -493,7 +532,7 @@ class Gate:
                 if w.future.done() or not (any(r.name in room for r in pool)
                                            or _holds_history(w.preview, pool, beyond)):
                     continue  # cancelled (it leaves in its own task), or nowhere to go
-                loads = [dataclasses.replace(base[r.name],
+                loads = [dataclasses.replace(self._seen_by(w.returning, base[r.name]),
                                              predicted_tokens=w.preview.predicted.get(r.name, 0))
                          for r in pool]
                 b = bind(loads, self._limits(w.cls, now), self._per_token, self._in_flight_s,

@@ -109,6 +109,9 @@ def _workload_flags(p: argparse.ArgumentParser) -> None:
       "back with a role: tool message carrying the tool's output, as an agent loop does")
     a("--seed", type=int, help="workload seed (default: the preset's); the same seed gives "
       "the same sessions")
+    a("--load", type=float,
+      help="offered load multiplier: sessions and arrival rate (agent-tools: 1 = one "
+      "3-sub-agent program every 3 workload seconds; default: the preset's)")
     a("--out", type=Path, default=Path("bench-out"),
       help="folder for results, charts and logs (default: %(default)s)")
     a("--no-progress", action="store_true", help="no progress bar")
@@ -137,6 +140,7 @@ def _preset(args: argparse.Namespace) -> Preset:
         seed=args.seed,
         arrival_interval_s=args.arrival_interval_s,
         only_tenants=tuple(args.only_tenants) if args.only_tenants else None,
+        load=getattr(args, "load", None),
     )
     if getattr(args, "concurrency", None):
         preset = replace(preset, concurrency=args.concurrency)

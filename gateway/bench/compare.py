@@ -83,6 +83,8 @@ class DirtyCacheError(RuntimeError):
 
 
 QUEUE = "+queue"  # a column suffix: the same policy with the admission queue on
+# with it, the queue without the agent reservation (`[admission] agent_reserve_max_s = 0`)
+NO_RESERVE = "+noreserve"
 # (`+pd`, gateway/bench/pdfleet.py: the same policy on a prefill/decode fleet)
 MIN_RECHECK_S = 0.001  # the queue's re-examination period, however fast the simulator
 # (`high`; the lower classes half of it: one step, so a newcomer starts within ~a step)
@@ -94,10 +96,10 @@ def split_column(column: str, default: SessionIds) -> tuple[str, SessionIds]:
     `pd_column(column)` the P/D fleet: `prefix+pd`, `prefix+queue+pd`)."""
     policy, _, how = column.partition("@")
     policy, *flags = policy.split("+")
-    unknown = [f for f in flags if f not in (QUEUE[1:], PD)]
+    unknown = [f for f in flags if f not in (QUEUE[1:], PD, NO_RESERVE[1:])]
     if unknown:
         raise ValueError(f"unknown column flag +{unknown[0]} in {column!r}; choose from "
-                         f"{QUEUE}, +{PD}")
+                         f"{QUEUE}, +{PD}, {NO_RESERVE}")
     for known in SESSION_IDS:
         if how == known:
             return policy, known
@@ -138,6 +140,8 @@ def gateway_env(column: str, preset: Preset, time_scale: float = 1.0,
             env["GATEWAY_ADMISSION__PRIORITY_REPLICAS"] = ",".join(
                 u.split("//", 1)[-1] for u in replicas)
         env.update(scaled_waits(time_scale))
+        if NO_RESERVE[1:] in column.partition("@")[0].split("+")[1:]:
+            env["GATEWAY_ADMISSION__AGENT_RESERVE_MAX_S"] = "0"
     return env
 
 
@@ -150,7 +154,8 @@ def scaled_waits(time_scale: float) -> dict[str, str]:
     env: dict[str, str] = {}
     defaults = AdmissionConfig()
     for key in ("high_max_wait_s", "normal_max_wait_s", "low_max_wait_s",
-                "own_replica_max_wait_s", "recheck_s", "share_half_life_s"):
+                "own_replica_max_wait_s", "recheck_s", "share_half_life_s",
+                "agent_reserve_max_s"):
         value = getattr(defaults, key) * time_scale
         if key == "recheck_s":
             value = max(value, MIN_RECHECK_S)

@@ -10,6 +10,7 @@
 | overload| 360      | 4     | 4 small  | half WS   | 2     | all         | admission queue   |
 | flood   | 264      | 4     | 4 small  | half WS   | 2     | all         | one tenant floods |
 | agent   | 96       | 10    | 4        | half WS   | 20    | 32          | agent traffic     |
+| agent-tools | 48 x load | 8 | 4        | half WS   | 5     | all         | programs, tools   |
 
 `default`, `large` and `xl` size each replica's KV cache (`--kv-blocks`) from the
 workload's working set (shared agent prompts + every session's final history, estimated
@@ -28,6 +29,12 @@ that the simulated fleet saturates before this machine's CPU does.
 (`--only-tenant quiet` runs the quiet tenant alone). Compare `prefix` with `prefix+queue`.
 `agent` is agent traffic as the overload issue measured it: forks, history compactions
 every 5 turns, tool outputs up to ~3k tokens; run it with `--session-ids none`.
+`agent-tools` is agent programs between tool calls (issue 36): programs of 3 concurrent
+sub-agents sending Claude Code's program headers, tool gaps lognormal (median 2 s, shape
+1.2, at most 60 s: p90 about 9 s), open (every session starts at its arrival). `--load`
+multiplies sessions and arrival rate; 1x is one program every 3 workload seconds (48
+sessions, about 48 s of arrivals), a load the 4 replicas serve without queueing in the
+engine; it is not calibrated to what the fleet absorbs (bench/results/admission.md).
 """
 
 from __future__ import annotations
@@ -179,6 +186,19 @@ PRESETS["agent32k"] = _preset(
         fanout=1, fanout_prob=0.0, compaction_every=0, arrival_interval_s=1.0,
     ),
     replicas=4, speed=20, concurrency=8,
+)
+
+
+# Agent programs between tool calls: 3 sub-agents a program, heavy-tailed tool gaps.
+PRESETS["agent-tools"] = _preset(
+    "agent-tools",
+    WorkloadConfig(
+        sessions=48, turns=8, think_time_s=2.0, gap_dist="lognormal", gap_sigma=1.2,
+        gap_max_s=60.0, subagents=3, tool_result_tokens=600, large_tool_result_tokens=3000,
+        large_tool_result_prob=0.15, reply_tokens=80, fanout=1, fanout_prob=0.0,
+        compaction_every=0, arrival_interval_s=3.0,
+    ),
+    replicas=4, speed=5, concurrency=4096,  # open: every session starts at its arrival
 )
 
 

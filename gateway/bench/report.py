@@ -12,6 +12,12 @@
   another replica than the session's previous turn: each re-prefilled the history it left.
   On a P/D fleet that is the decode replica; `follow_ups_moved_prefill` is the same over
   the prefill replicas, of the follow-ups whose turn and previous turn both took two legs.
+- history still cached (`history_cached`): of the follow-up turns (main requests, turn >=
+  1) whose previous turn succeeded, the share whose cached tokens (engine-reported) reach
+  the previous turn's prompt less one block: the history the session had sent was still
+  in the cache where the follow-up ran (the last, partial block is never cached; the
+  answer's tokens are not required: an engine re-tokenizes the rendered reply).
+  `history_cached_ratio` is the mean of cached / previous prompt, capped at 1.
 - conversations per replica: each session counted on the replica that served most of its
   main requests; max / mean as for requests (a cold spread that piles conversations up
   shows here before it shows in request counts).
@@ -97,6 +103,30 @@ def follow_ups_moved(records: Sequence[RequestRecord], prefill: bool = False) ->
     return moved / total if total else None
 
 
+def history_cached(records: Sequence[RequestRecord], block_size: int = 16
+                   ) -> dict[str, float] | None:
+    """The share of follow-ups that found their history cached, and the mean ratio
+    (module docstring); None when there is no follow-up to judge."""
+    main: dict[str, dict[int, RequestRecord]] = defaultdict(dict)
+    for r in records:
+        if r.sibling == 0:
+            main[r.session_id][r.turn] = r
+    found = total = 0
+    ratio = 0.0
+    for turns in main.values():
+        for turn, r in turns.items():
+            prev = turns.get(turn - 1)
+            if (turn == 0 or prev is None or prev.error is not None or r.error is not None
+                    or not prev.prompt_tokens or r.cached_tokens is None):
+                continue
+            total += 1
+            found += r.cached_tokens >= prev.prompt_tokens - block_size
+            ratio += min(1.0, r.cached_tokens / prev.prompt_tokens)
+    if not total:
+        return None
+    return {"share": found / total, "ratio": ratio / total, "follow_ups": float(total)}
+
+
 def conversations_per_replica(records: Sequence[RequestRecord],
                               expected: int = 0) -> dict[str, Any] | None:
     served: dict[str, Counter[str]] = defaultdict(Counter)
@@ -167,6 +197,7 @@ def summarize(
         "routing_precision": routing_precision(ok),
         "follow_ups_moved": follow_ups_moved(ok),
         "follow_ups_moved_prefill": follow_ups_moved(ok, prefill=True),
+        "history_cached": history_cached(records),
         "replica_conversations": conversations_per_replica(ok, replicas),
         "gateway": bool(req_counts),
     }

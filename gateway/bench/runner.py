@@ -44,6 +44,15 @@ def named(body: dict[str, Any], session_id: str,
     return {**body, how: session_id}, {}
 
 
+def program_headers(plan: SessionPlan) -> dict[str, str]:
+    """Claude Code's headers naming a session's agent program and sub-agent (workload.py
+    `subagents`); none for a session of no program."""
+    if plan.program is None:
+        return {}
+    return {"x-claude-code-session-id": plan.program,
+            "x-claude-code-agent-id": plan.agent_id or ""}
+
+
 def tenant_key(tenant: str) -> str:
     """The API key a workload tenant sends (the gateway maps it back: `auth_keys`)."""
     return f"sk-bench-{tenant}"
@@ -190,6 +199,7 @@ class Runner:
             headers = {**headers, "authorization": f"Bearer {tenant_key(plan.tenant)}"}
         if plan.priority is not None:
             headers = {**headers, "x-gateway-priority": plan.priority}
+        headers = {**headers, **program_headers(plan)}
         urls = (opts.base_url, *opts.more_base_urls)
         base = urls[self._sent % len(urls)]
         self._sent += 1

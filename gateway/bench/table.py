@@ -73,6 +73,8 @@ SUMMARY_ROWS: tuple[tuple[str, str, str], ...] = (
     ("routing precision", "routing_precision", "pct"),
     ("follow-ups moved", "follow_ups_moved", "pct"),
     ("follow-ups moved (prefill leg)", "follow_ups_moved_prefill", "pct"),
+    ("follow-ups: history still cached", "history_cached.share", "pct"),
+    ("follow-ups: cached / previous prompt", "history_cached.ratio", "pct"),
     ("conversations max/mean", "replica_conversations.max_over_mean", "x"),
     ("pred-vs-delivered median abs err", "predicted.median_abs_error", ""),
     ("pred-vs-delivered p90", "predicted.p90_abs_error", ""),

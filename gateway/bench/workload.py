@@ -14,6 +14,15 @@ message. Every `compaction_every` turns the old middle of the history is replace
 summary (the prompt shrinks). Between turns the agent thinks (`think_time_s`, exponential)
 and sometimes idles much longer. Sessions arrive over time (Poisson or staggered).
 
+Agent programs (the `agent-tools` preset): with `gap_dist = "lognormal"` a gap between
+turns is a tool call, drawn from a heavy-tailed lognormal (median `think_time_s`, shape
+`gap_sigma`, at most `gap_max_s`: most calls take seconds, some much longer), from the
+session's own seeded generator. With `subagents = k`, sessions come in programs of k
+sub-agents that arrive together, share one agent type (its system prompt and tools) and
+send one program header (`x-claude-code-session-id`, the program; `x-claude-code-agent-id`,
+the sub-agent), each with its own conversation. `load` multiplies the offered load: the
+sessions' count and their arrival rate (the run's span stays about the same).
+
 Tenants and classes (the overload presets): each session belongs to a tenant (an API key
 `sk-<tenant>`, dealt by `tenants` weights, so a tenant with 10x the weight arrives 10x as
 often) and runs in one priority class (`x-gateway-priority`, dealt by `priorities`
@@ -28,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -74,6 +84,12 @@ class WorkloadConfig:
     tenants: tuple[tuple[str, float], ...] = ()
     priorities: tuple[tuple[str, float], ...] = ()
     only_tenants: tuple[str, ...] = ()
+    # gaps between turns: "exp" (think time, sometimes an idle) or "lognormal" (tool calls)
+    gap_dist: Literal["exp", "lognormal"] = "exp"
+    gap_sigma: float = 1.2  # the lognormal's shape (its median is think_time_s)
+    gap_max_s: float = 60.0  # the longest lognormal gap (the bound on a session's span)
+    subagents: int = 1  # sessions per agent program (1: no program header)
+    load: float = 1.0  # offered load multiplier: sessions and arrival rate
 
 
 DEFAULT_AGENT_TYPES: tuple[AgentType, ...] = (
@@ -113,6 +129,8 @@ class SessionPlan:
     turns: tuple[TurnPlan, ...]
     tenant: str | None = None
     priority: str | None = None
+    program: str | None = None  # its agent program (x-claude-code-session-id), if any
+    agent_id: str | None = None  # its sub-agent in that program (x-claude-code-agent-id)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +185,10 @@ def _tool_result(cfg: WorkloadConfig, rng: random.Random, seed: str) -> str:
 
 
 def _gap(cfg: WorkloadConfig, rng: random.Random) -> float:
+    if cfg.gap_dist == "lognormal":  # a tool call: heavy-tailed, bounded (module docstring)
+        if cfg.think_time_s <= 0:
+            return 0.0
+        return min(cfg.gap_max_s, rng.lognormvariate(math.log(cfg.think_time_s), cfg.gap_sigma))
     if rng.random() < cfg.idle_prob:
         return cfg.idle_s * rng.uniform(0.5, 1.5)
     return rng.expovariate(1.0 / cfg.think_time_s) if cfg.think_time_s > 0 else 0.0
@@ -216,28 +238,40 @@ def build_workload(cfg: WorkloadConfig) -> Workload:
         raise ValueError("need sessions >= 0 and turns >= 1")
     if not cfg.agent_types:
         raise ValueError("need at least one agent type")
+    if cfg.subagents < 1 or cfg.load <= 0 or cfg.gap_sigma < 0 or cfg.gap_max_s < 0:
+        raise ValueError("need subagents >= 1, load > 0, gap_sigma >= 0, gap_max_s >= 0")
     rng = random.Random(f"{cfg.seed}:arrivals")
     names = [a.name for a in cfg.agent_types]
     weights = [a.weight for a in cfg.agent_types]
+    count = round(cfg.sessions * cfg.load)
+    interval = cfg.arrival_interval_s / cfg.load
+    sub = cfg.subagents
+    programs = -(-count // sub)  # sub-agents of a program share its agent type
     # Deal types by weight but guarantee every type at least one session when there is room,
     # so unpopular types are always present.
-    agents = names[: min(len(names), cfg.sessions)]
-    agents += rng.choices(names, weights=weights, k=cfg.sessions - len(agents))
+    agents = names[: min(len(names), programs)]
+    agents += rng.choices(names, weights=weights, k=programs - len(agents))
     rng.shuffle(agents)
     # Dealt from their own seeds, so adding tenants or classes changes nothing else.
-    tenants = _deal(cfg.tenants, cfg.sessions, f"{cfg.seed}:tenants")
-    classes = _deal(cfg.priorities, cfg.sessions, f"{cfg.seed}:classes")
+    tenants = _deal(cfg.tenants, count, f"{cfg.seed}:tenants")
+    classes = _deal(cfg.priorities, count, f"{cfg.seed}:classes")
     sessions = []
     now = 0.0
-    for i, agent in enumerate(agents):
+    for i in range(count):
+        agent = agents[i // sub]
         plan = _session(cfg, i, agent, now)
         if tenants[i] is not None or classes[i] is not None:
             plan = dataclasses.replace(plan, tenant=tenants[i], priority=classes[i])
+        if sub > 1:
+            plan = dataclasses.replace(plan, program=f"{cfg.seed}-p{i // sub:04d}-{agent}",
+                                       agent_id=f"sub{i % sub}")
         if not cfg.only_tenants or plan.tenant in cfg.only_tenants:
             sessions.append(plan)
+        if (i + 1) % sub:
+            continue  # the program's next sub-agent arrives with it
         if cfg.arrival == "poisson":
-            now += rng.expovariate(1.0 / cfg.arrival_interval_s) if cfg.arrival_interval_s else 0
+            now += rng.expovariate(1.0 / interval) if interval else 0
         else:
-            now += cfg.arrival_interval_s
+            now += interval
     prompts = {a.name: agent_prompt(a, cfg.seed) for a in cfg.agent_types}
     return Workload(config=cfg, prompts=prompts, sessions=tuple(sessions))

@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 from gateway.admission import priority
 from gateway.admission.gate import Ask, Gate, Ticket
+from gateway.agents.programs import ProgramId
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.proxy import pinning
 from gateway.proxy.auth import Authenticator
@@ -178,7 +179,7 @@ class RequestFlow:
         return Prepared(endpoint, inbound, kind, view, candidates, pin, changed, allowed)
 
     async def admit(self, turn: Turn, prep: Prepared, priority_header: bytes | None,
-                    ) -> Headers:
+                    program: ProgramId | None = None) -> Headers:
         """Wait for the gate's decision (queued, shed: `Shed`, a 429 with Retry-After;
         a client that goes away while queued cancels this await, and the gate takes it
         out of the queue); returns the headers for the client's answer."""
@@ -186,7 +187,7 @@ class RequestFlow:
         try:  # the admission queue (off: Router.decide at once) decides when and where
             ticket = await self.gate.admit(Ask(
                 prep.view, prep.kind, prep.inbound.model, ex.session, prep.pin, ex.tenant,
-                priority_header, ex.ts, prep.allowed), prep.candidates)
+                priority_header, ex.ts, prep.allowed, program), prep.candidates)
         except ValueError as exc:  # NormalizeError: a body shape the engine would refuse too
             raise GatewayError(400, str(exc), code="invalid_request") from None
         turn.ticket = ticket

@@ -62,6 +62,7 @@ import orjson
 from gateway.admission import priority
 from gateway.admission.gate import Gate
 from gateway.admission.priority import header_value as priority_header
+from gateway.agents.programs import identify
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.pd.config import PdConfig
 from gateway.pd.failures import PullFailed, prefill_instead
@@ -230,7 +231,9 @@ class Proxy:
     ) -> None:
         session = session_header(scope["headers"], self.session_headers)
         prep = self.flow.prepare(turn, raw, endpoint, session, edit=self._edit)
-        headers.extend(await self.flow.admit(turn, prep, priority_header(scope["headers"])))
+        program = identify(scope["headers"], prep.body, turn.ex.tenant)  # agent program
+        headers.extend(await self.flow.admit(turn, prep, priority_header(scope["headers"]),
+                                             program))
         payload = orjson.dumps(prep.body) if prep.changed else raw
         plan = turn.plan
         assert plan is not None

@@ -48,6 +48,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
+# Lines of each log a failing test's report shows
+LOG_TAIL_LINES = 80
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failing test of this tier shows the tails of the engines' and gateways' logs
+    written while it ran: CI's clean checkout is gone once the run ends, and a P/D hang
+    (a CI run's decode leg timed out once, not reproduced alone) says why only there."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when != "call" or not report.failed:
+        return
+    if _HERE not in Path(str(item.fspath)).resolve().parents:
+        return
+    since = call.start - 1.0
+    for log in sorted((ROOT / "build" / "realvllm" / "logs").glob("*.log")):
+        if log.stat().st_mtime < since:
+            continue
+        lines = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        report.sections.append((f"log tail: {log.name}", "\n".join(lines)))
+
+
 @pytest.fixture(scope="session")
 def vllm_model() -> Path:
     reason = _reason()

@@ -12,7 +12,11 @@ from typing import Any
 
 import httpx
 
-from tests.servers import free_port, running, script
+from tests.servers import ROOT, free_port, running, script
+
+# Where each gateway's output goes (beside the engines' logs: a failing test's report shows
+# the tails of both, tests/realvllm/conftest.py)
+LOGS = ROOT / "build" / "realvllm" / "logs"
 
 
 @contextlib.contextmanager
@@ -25,7 +29,8 @@ def fronted(urls: list[str], usage_log: Path, *extra: str,
     for u in urls:
         argv += ["--backend", u]
     url = f"http://127.0.0.1:{port}"
-    with running(argv, [url + "/ready"], 60,
+    LOGS.mkdir(parents=True, exist_ok=True)
+    with running(argv, [url + "/ready"], 60, log_path=LOGS / f"gateway-{port}.log",
                  env={**(env or {}), "GATEWAY_USAGE__LOG_PATH": str(usage_log)}):
         yield url
 

@@ -50,7 +50,7 @@ LOGPROB_TOLERANCE = 0.02
 
 
 def _post(base: str, path: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
-    r = httpx.post(base + path, json=body, headers={"X-Request-Id": request_id}, timeout=120)
+    r = httpx.post(base + path, json=body, headers={"X-Request-Id": request_id}, timeout=300)
     assert r.status_code == 200, r.text
     answer: dict[str, Any] = r.json()
     return answer
