@@ -342,7 +342,7 @@ def test_drain_rate_is_not_trusted_from_a_few_samples(samples: int, rate: float)
     {"tenant_weights": {"a": 0.0}}, {"own_replica_max_wait_s": -1}, {"recheck_s": 0},
     {"lower_class_room": 0}, {"lower_class_room": 1.5},
     {"lower_class_prefill_room": 0}, {"lower_class_prefill_room": 1.01},
-    {"over_share": 0.99}, {"share_half_life_s": 0},
+    {"over_share": 0.99}, {"share_half_life_s": 0}, {"own_replica_past_room": 0.5},
 ])
 def test_config_rejects_bad_values(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="admission"):

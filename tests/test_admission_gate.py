@@ -5,6 +5,7 @@ bookkeeping of a released ticket."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from collections import deque
 from typing import Any
@@ -346,3 +347,89 @@ def test_a_tenant_is_owed_its_share_only_clearly_below_it(
     g._recent.add(("normal", "x"), mine, 0.0)
     g._recent.add(("normal", "y"), theirs, 0.0)
     assert g._owed(("normal", "x"), 0.0) is owed
+
+
+@pytest.mark.parametrize(("replicas", "shed"), [
+    # six ~9k-token prompts waiting: ~55k tokens ahead of the last, 1.8 s at one
+    # replica's cost-model rate (30k tokens/s) but 0.45 s at four's: a 1 s limit sheds
+    # from the fourth on one replica only
+    (1, 3),
+    (4, 0),
+])
+def test_the_projected_wait_is_at_the_fleets_prefill_rate(replicas: int, shed: int) -> None:
+    async def run() -> tuple[int, int]:
+        g, _ = gate(normal_max_wait_s=1.0, max_queue=100)
+        fleet = [replica(f"r{i}") for i in range(replicas)]
+        for r in fleet:
+            r.in_flight = 1  # no room anywhere: every arrival waits
+        tasks = [asyncio.create_task(g.admit(ask(f"{i} " + "alpha beta " * 3300), fleet))
+                 for i in range(6)]
+        await asyncio.sleep(0)
+        for _ in range(100):  # each arrival's verdict is taken in its first step
+            if sum(t.done() for t in tasks) + g.stats()["queued"]["normal"] == 6:
+                break
+            await asyncio.sleep(0.001)
+        result = g.stats()["shed"]["wait_limit"], g.stats()["queued"]["normal"]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await g.aclose()
+        return result
+    assert asyncio.run(run()) == (shed, 6 - shed)
+
+
+def chat(*turns: str) -> Ask:
+    roles = itertools.cycle(("user", "assistant"))
+    body = {"model": "m", "messages": [{"role": r, "content": t}
+                                       for r, t in zip(roles, turns, strict=False)]}
+    return Ask(body, "chat", "m", None, None, None, b"normal", 0.0)
+
+
+@pytest.mark.parametrize(("past_room", "goes"), [(2.0, True), (1.0, False)])
+def test_a_follow_up_goes_to_its_own_replica_past_the_room(past_room: float,
+                                                          goes: bool) -> None:
+    """Its own replica is full by queued prefill alone (its turn 1 and another prompt
+    not begun), the other is full with a long prompt that holds none of its history:
+    it goes to its own at once (the engine queues it as long as the gateway would hold
+    it) within `own_replica_past_room` times the room; at 1 it waits in the gateway."""
+    async def run() -> tuple[bool, str | None, int]:
+        routing = RoutingConfig()
+        router = Router(routing)
+        # the wall clock stands still: no engine figures and no estimate ends a prefill
+        g = Gate(AdmissionConfig(enabled=True, replica_max_queued_prefill_tokens=100,
+                                 recheck_s=0.001, own_replica_past_room=past_room),
+                 routing, router, GatewayMetrics(), lambda: 0.0, Clock())
+        fleet = [replica("a"), replica("b")]
+        by_name = {r.name: r for r in fleet}
+        first = "the history of this conversation " * 120
+        t1 = await g.admit(chat(first), fleet)
+        own = t1.replica
+        assert own is not None
+        other = next(n for n in by_name if n != own)
+        by_name[own].in_flight += 1
+        # another prompt queued on its own replica, larger than its follow-up will be
+        filler = dataclasses.replace(chat("unrelated filler text " * 200), pin=own)
+        t2 = await g.admit(filler, [by_name[own]])
+        by_name[own].in_flight += 1
+        # and the other replica full with a longer prompt still
+        t3 = await g.admit(chat("a long document about something else " * 400),
+                           [by_name[other]])
+        by_name[other].in_flight += 1
+        follow = asyncio.create_task(g.admit(chat(first, "an answer", "and then?"), fleet))
+        for _ in range(200):  # a few rechecks; bounded
+            if follow.done():
+                break
+            await asyncio.sleep(0.001)
+        went = follow.done()
+        name = follow.result().replica if went else None
+        queued = g.stats()["queued"]["normal"]
+        follow.cancel()
+        await asyncio.gather(follow, return_exceptions=True)
+        for t in (t1, t2, t3):
+            g.done(t)
+        if went:
+            g.done(follow.result())
+        await g.aclose()
+        return went, None if name is None else ("own" if name == own else "other"), queued
+    went, where, queued = asyncio.run(run())
+    assert (went, where, queued) == ((True, "own", 0) if goes else (False, None, 1))

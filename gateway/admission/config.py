@@ -70,6 +70,10 @@ class AdmissionConfig:
     # others have room, only while the estimated wait is below the prefill it saves, and
     # at most this long.
     own_replica_max_wait_s: float = 2.0
+    # A follow-up whose own replica is full by the queued-prefill room alone goes there
+    # anyway, when that costs less than moving or holding, while the prefill queued there
+    # stays below this multiple of the room (room.py `bind`, "past"; 1: never).
+    own_replica_past_room: float = 2.0
     # How often waiters are re-examined besides the wake-ups from finished requests (a
     # first token frees queued prefill without a call into the gate).
     recheck_s: float = 0.005
@@ -94,6 +98,8 @@ class AdmissionConfig:
                 raise ValueError(f"admission.{name} must be positive")
         if self.replica_max_in_flight < 0:
             raise ValueError("admission.replica_max_in_flight must be >= 0 (0: no cap)")
+        if self.own_replica_past_room < 1:
+            raise ValueError("admission.own_replica_past_room must be >= 1 (1: never)")
         if not 0 <= self.agent_reserve_max_s <= 600:
             raise ValueError("admission.agent_reserve_max_s must be in [0, 600] (0: off)")
         if self.own_replica_max_wait_s < 0:

@@ -59,7 +59,16 @@ from typing import TYPE_CHECKING, Any, Literal
 from gateway.admission import priority
 from gateway.admission.config import CLASSES, AdmissionConfig, Priority
 from gateway.admission.fleetview import FleetView
-from gateway.admission.room import ReplicaLoad, RoomLimits, bind, has_room, reserved
+from gateway.admission.room import (
+    ReplicaLoad,
+    RoomLimits,
+    bind,
+    has_room,
+    passable,
+    rate,
+    reserved,
+    wait_past,
+)
 from gateway.admission.shares import FairShare, Flow, RecentTokens
 from gateway.admission.shedding import (
     SHED_REASONS,
@@ -229,8 +238,10 @@ class Gate:
                                  [r.state() for r in pool], self.clock(), tenant=ask.tenant)
         tokens = max(1.0, preview.estimated_tokens)
         waiting = dict(self._tokens)
-        projected_s = (self._shares.projected_tokens(flow, tokens, waiting)
-                       / self._drain.rate(now))
+        loads = [dataclasses.replace(self._load(r),
+                                     predicted_tokens=preview.predicted.get(r.name, 0))
+                 for r in pool]
+        projected_s = self._projected_s(flow, tokens, waiting, loads, limits, now)
         max_wait = cfg.max_wait_s(cls)
         tenants = {t: q for (c, t), q in waiting.items() if c == cls}
         fair = self._fair_part(flow)
@@ -369,6 +380,25 @@ class Gate:
             return self._low_yielding
         return self._class_limits[cls]
 
+    def _projected_s(self, flow: Flow, tokens: float, waiting: Mapping[Flow, float],
+                     loads: Sequence[ReplicaLoad], limits: RoomLimits, now: float) -> float:
+        """The wait projected for an arrival of `tokens` in `flow` (what `wait_limit`
+        sheds on): the fair-share tokens ahead of it at the rate the queue drained, never
+        believed below what its healthy replicas prefill together (each one's measured
+        rate, else the cost model's: one replica's rate for the fleet shed most of an
+        overload the fleet serves within the limit); a follow-up that goes to its own
+        replica past the room at once (room.py, "past") waits only for the prefill
+        queued there."""
+        fleet = sum(1.0 / rate(ld, self._per_token) for ld in loads if ld.healthy)
+        projected = (self._shares.projected_tokens(flow, tokens, waiting)
+                     / self._drain.rate(now, floor=fleet))
+        past_room = self.config.own_replica_past_room
+        if not any(passable(ld, limits, tokens, past_room) for ld in loads):
+            return projected
+        b = bind(loads, limits, self._per_token, self._in_flight_s, 0.0,
+                 self.config.own_replica_max_wait_s, self._prior_s, tokens, past_room)
+        return min(projected, wait_past(loads, b, self._per_token))
+
     def _fair_part(self, flow: Flow) -> float:
         """`flow`'s weighted share among the tenants waiting in its class, itself in."""
         cls, tenant = flow
@@ -455,49 +485,60 @@ class Gate:
             # only, and scanning every lower-class waiter each recheck for nothing made
             # the dispatcher the gateway's main CPU cost with a thousand waiting
             # (a program back from its tool call sees no reservation: a superset of room)
+            classes = {c for c, _ in self._flows}
             roomy = {c: {name for name, ld in base.items()
                          if has_room(self._fleet_view.without_held(ld), self._limits(c, now),
                                      prompts.get(c, 0.0))}
-                     for c in {c for c, _ in self._flows}}
-            if not any(roomy.values()):
+                     for c in classes}
+            # and those a follow-up holding its history there may go to past the room
+            past = {c: {name for name, ld in base.items()
+                        if passable(self._fleet_view.without_held(ld), self._limits(c, now),
+                                    prompts.get(c, 0.0), cfg.own_replica_past_room)}
+                    for c in classes}
+            if not any(roomy.values()) and not any(past.values()):
                 return  # nobody can go anywhere: the common case under overload
             rounds += 1
-            released = self._release_one(base, roomy, now, pools)
+            released = self._release_one(base, roomy, past, now, pools)
             if released is None:
                 return
             base[released] = self._load(replicas[released])
 
     def _release_one(self, base: dict[str, ReplicaLoad], roomy: Mapping[Priority, set[str]],
-                     now: float, pools: Pools) -> str | None:
+                     past: Mapping[Priority, set[str]], now: float,
+                     pools: Pools) -> str | None:
         """Release the first waiter in fair-share order that may go; the replica it went
         to, None when none may. Matching first: a `normal` or `low` waiter that would have
         to leave the replica holding its prefix is passed over, in a first round, for one
         whose own replica has room (a freed replica goes to a conversation it holds);
         `high` keeps its place in either round, and so does a tenant owed its share."""
         for matching in (True, False):
-            went = self._release_pass(base, roomy, now, matching, pools)
+            went = self._release_pass(base, roomy, past, now, matching, pools)
             if went is not None:
                 return went
         return None
 
     def _release_pass(self, base: dict[str, ReplicaLoad], roomy: Mapping[Priority, set[str]],
-                      now: float, matching: bool, pools: Pools) -> str | None:
+                      past: Mapping[Priority, set[str]], now: float, matching: bool,
+                      pools: Pools) -> str | None:
         cfg = self.config
         for flow in self._shares.order(self._tokens, lambda f: self._recent.part(f, now)):
-            room = roomy.get(flow[0])
-            if not room:
+            room = roomy.get(flow[0], set())
+            beyond = past.get(flow[0], set())
+            if not room and not beyond:
                 continue  # bind would answer "full" for each of its waiters
             keeps_place = flow[0] == "high" or (matching and self._owed(flow, now))
             for w in list(self._flows.get(flow, ())):
                 pool = pools.get(w.ask.key(), ())
-                if w.future.done() or not any(r.name in room for r in pool):
+                if w.future.done() or not (any(r.name in room for r in pool)
+                                           or _holds_history(w.preview, pool, beyond)):
                     continue  # cancelled (it leaves in its own task), or nowhere to go
                 loads = [dataclasses.replace(self._seen_by(w.returning, base[r.name]),
                                              predicted_tokens=w.preview.predicted.get(r.name, 0))
                          for r in pool]
                 b = bind(loads, self._limits(w.cls, now), self._per_token, self._in_flight_s,
                          0.0 if w.own_since is None else now - w.own_since,
-                         cfg.own_replica_max_wait_s, self._prior_s, w.tokens)
+                         cfg.own_replica_max_wait_s, self._prior_s, w.tokens,
+                         cfg.own_replica_past_room)
                 if b.why == "own" and w.own_since is None:
                     w.own_since = now
                 if not b.go or (matching and b.why == "elsewhere" and not keeps_place):
@@ -595,6 +636,16 @@ class Gate:
         while self._count:
             await asyncio.sleep(self.config.recheck_s)
             self._dispatch_guarded()
+
+
+def _holds_history(preview: RoutePlan, pool: Sequence[Replica], names: set[str]) -> bool:
+    """One of `names` holds the longest cached prefix of `preview`'s prompt among `pool`
+    (a follow-up that may go there past the room: room.py, "past")."""
+    if not names:
+        return False
+    best = max((preview.predicted.get(r.name, 0) for r in pool), default=0)
+    return best > 0 and any(preview.predicted.get(n, 0) == best for n in names
+                            if any(r.name == n for r in pool))
 
 
 def _quantiles(samples: deque[float]) -> dict[str, float | None]:

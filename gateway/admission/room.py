@@ -47,6 +47,24 @@ cached); unknown, nothing. Each evicted token is priced once as prefill someone 
 tracked) is priced again up to what is evicted: idle during its tool call, a program's
 context is the least recently used and goes first, and that program is known to return.
 
+**Past the room** (`past_room` > 1, `[admission] own_replica_past_room`): the room is
+the gateway's own count, not the engine's: a follow-up whose own replica is full by the
+queued prefill, or by requests waiting in the engine (vLLM's waiting queue holds what
+its step's token budget has not reached: the same queue), while every other limit
+still has room (its sequences, learned or capped, and KV usage: `passable`), may be
+sent there anyway, and the engine queues it behind what is queued.
+Priced by the same model (`cost_past`): the queued prefill there + its uncached part +
+what that evicts, at that replica's rate. It goes there when that is no dearer than
+moving (`cost_elsewhere`, the cheapest replica with room) and than holding (`cost_own`);
+with no replica with room, holding is its only other choice and costs at least as much
+(the same queue, plus what it waited). The bound keeps overload at the gateway: never
+while the prefill queued there is `past_room` times its room (`prefill_room`) or more,
+nor past the engine's own limits (sequences, KV usage); beyond that it holds or
+moves as above. Only a follow-up goes past the room, and only where leaving costs it
+history: a new conversation (no replica holds any of its prompt), a single candidate, or
+a prefix every healthy candidate holds (a shared system prompt) gains nothing from it but
+a place ahead of the gateway's queue.
+
 The wait estimate is deliberately rough: the queued prefill in front of it at the
 replica's rate (it waits behind all of it, in the gateway or in the engine), plus
 `in_flight_s` per request over the in-flight limit.
@@ -96,8 +114,9 @@ class Binding:
     go: bool
     replicas: tuple[str, ...]  # when go: the candidates the router may choose among
     # room: the best holders have room; own: waiting for the best holder; elsewhere: its
-    # own is full and waiting costs more than recomputing; full: no candidate has room
-    why: Literal["room", "own", "elsewhere", "full"]
+    # own is full and waiting costs more than recomputing; past: to its own past the
+    # gateway's queued-prefill room (cheapest); full: no candidate has room
+    why: Literal["room", "own", "elsewhere", "past", "full"]
 
 
 def reserved(limits: RoomLimits, share: float,
@@ -128,17 +147,21 @@ def prefill_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0
     return max(limits.max_queued_prefill_tokens, load.largest_prompt_tokens, prompt_tokens)
 
 
-def has_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0) -> bool:
-    """Room for a request of `prompt_tokens` (0: unknown yet) on `load`."""
+def has_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0,
+             prefill_factor: float = 1.0) -> bool:
+    """Room for a request of `prompt_tokens` (0: unknown yet) on `load`; `prefill_factor`
+    > 1: room past the queued-prefill room up to that multiple of it, whatever waits in
+    the engine (`bind`'s bound for a follow-up sent to its own replica past the room:
+    it joins that queue), every other limit the same."""
     if not load.healthy:
         return False
     if load.in_flight <= 0:
         return True
     if _over(load, limits) > 0:
         return False
-    if load.queued_prefill_tokens >= prefill_room(load, limits, prompt_tokens):
+    if load.queued_prefill_tokens >= prefill_factor * prefill_room(load, limits, prompt_tokens):
         return False
-    if load.engine_waiting:
+    if load.engine_waiting and prefill_factor <= 1.0:
         return False  # the engine holds requests it cannot run yet: another only queues
     return load.kv_usage is None or load.kv_usage < limits.kv_usage_limit
 
@@ -193,29 +216,84 @@ def cost_elsewhere(load: ReplicaLoad, prefill_s_per_token: float, prompt_tokens:
                           + redo_tokens(load, uncached))
 
 
+def cost_past(load: ReplicaLoad, prefill_s_per_token: float, prompt_tokens: float) -> float:
+    """Seconds that sending the request to `load` (its own replica) now, past the gateway's
+    room, costs: the engine queues it behind the prefill queued there, then its uncached
+    part + what that evicts, all at `load`'s rate (module docstring)."""
+    s = rate(load, prefill_s_per_token)
+    uncached = max(0.0, prompt_tokens - load.predicted_tokens)
+    return s * (load.queued_prefill_tokens + uncached + redo_tokens(load, uncached))
+
+
+def wait_past(loads: Sequence[ReplicaLoad], binding: Binding,
+              prefill_s_per_token: float) -> float:
+    """Seconds a request `binding` sends past the room ("past") waits in the engine there:
+    the prefill queued there at its rate (the least among its replicas); inf for any
+    other binding (its wait is the gateway's queue's)."""
+    if binding.why != "past":
+        return math.inf
+    return min((rate(ld, prefill_s_per_token) * ld.queued_prefill_tokens
+                for ld in loads if ld.name in binding.replicas), default=math.inf)
+
+
+def passable(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float,
+             past_room: float) -> bool:
+    """`load` is full by its queued-prefill room alone and within `past_room` times it: a
+    follow-up whose history it holds may be sent there past the room (module docstring)."""
+    return (past_room > 1.0 and not has_room(load, limits, prompt_tokens)
+            and has_room(load, limits, prompt_tokens, past_room))
+
+
 def bind(loads: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: float,
          in_flight_s: float, waited_s: float, own_max_wait_s: float,
-         prior_s: float = 0.0, prompt_tokens: float = 0.0) -> Binding:
+         prior_s: float = 0.0, prompt_tokens: float = 0.0, past_room: float = 1.0) -> Binding:
     """Where a waiting request of `prompt_tokens` (0: unknown, then its longest cached
-    prefix stands for it) may go now, if anywhere (module docstring)."""
+    prefix stands for it) may go now, if anywhere (module docstring); `past_room` > 1: a
+    follow-up may go to its own replica past the queued-prefill room up to that multiple
+    of it, when that costs least."""
+    best = max((ld.predicted_tokens for ld in loads), default=0)
+    prompt = max(prompt_tokens, float(best))
+    owns = [ld for ld in loads if ld.predicted_tokens == best]
+    # a follow-up's own replicas that only the gateway's queued-prefill count calls full;
+    # only when leaving them costs history: another healthy candidate holds less of it
+    history = best > 0 and any(ld.healthy and ld.predicted_tokens < best for ld in loads)
+    past = ([ld for ld in owns if passable(ld, limits, prompt_tokens, past_room)]
+            if history else [])
+    past_s = min((cost_past(ld, prefill_s_per_token, prompt) for ld in past),
+                 default=math.inf)
+    past_names = tuple(ld.name for ld in past if
+                       cost_past(ld, prefill_s_per_token, prompt) == past_s)
     roomy = [ld for ld in loads if has_room(ld, limits, prompt_tokens)]
     if not roomy:
+        # nowhere to move to: the engine there serves it no later than holding would (the
+        # same queue, ahead of the dispatch), so within the bound it goes
+        if past and past_s <= _hold(owns, limits, prefill_s_per_token, in_flight_s,
+                                    waited_s, prompt, prompt_tokens)[0]:
+            return Binding(True, past_names, "past")
         return Binding(False, (), "full")
     names = tuple(ld.name for ld in roomy)
-    best = max(ld.predicted_tokens for ld in loads)
     best_roomy = max(ld.predicted_tokens for ld in roomy)
     if best_roomy >= best:
         return Binding(True, names, "room")
-    prompt = max(prompt_tokens, float(best))
-    owns = [ld for ld in loads if ld.predicted_tokens == best]
-    waits = [wait_estimate(ld, limits, prefill_s_per_token, in_flight_s, prompt_tokens)
-             for ld in owns]
-    wait = min(waits)
     # the whole wait, what it already waited included, must cost less than moving: a
     # fresh estimate each pass would otherwise let it wait up to the cap however wrong
-    hold = min(cost_own(ld, w, prefill_s_per_token, waited_s, prompt)
-               for ld, w in zip(owns, waits, strict=True))
+    hold, wait = _hold(owns, limits, prefill_s_per_token, in_flight_s, waited_s, prompt,
+                       prompt_tokens)
     move = min(cost_elsewhere(ld, prefill_s_per_token, prompt, prior_s) for ld in roomy)
+    if past and past_s <= move and past_s <= hold:
+        return Binding(True, past_names, "past")
     if hold < move and waited_s + wait <= own_max_wait_s:
         return Binding(False, (), "own")
     return Binding(True, names, "elsewhere")
+
+
+def _hold(owns: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: float,
+          in_flight_s: float, waited_s: float, prompt: float,
+          prompt_tokens: float) -> tuple[float, float]:
+    """Holding for the own replicas: its cost (`cost_own`, the cheapest) and the shortest
+    wait for one of them."""
+    waits = [wait_estimate(ld, limits, prefill_s_per_token, in_flight_s, prompt_tokens)
+             for ld in owns]
+    hold = min(cost_own(ld, w, prefill_s_per_token, waited_s, prompt)
+               for ld, w in zip(owns, waits, strict=True))
+    return hold, min(waits)

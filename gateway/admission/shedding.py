@@ -109,9 +109,12 @@ class DrainRate:
         if len(self._samples) > self.capacity:
             del self._samples[: len(self._samples) - self.capacity]
 
-    def rate(self, now: float) -> float:
+    def rate(self, now: float, floor: float | None = None) -> float:
+        """Tokens per second, never below `floor` (None: `self.floor`): the caller's
+        better-informed floor, the fleet's own prefill rate (gate.py `_projected_s`)."""
+        least = self.floor if floor is None or floor <= 0 else max(self.floor, floor)
         s = [x for x in (self._samples or []) if x[0] >= now - self.window_s]
         if len(s) < 8:
-            return self.floor
+            return least
         span = max(s[-1][0] - s[0][0], 1e-3)
-        return max(self.floor, sum(t for _, t in s[1:]) / span)
+        return max(least, sum(t for _, t in s[1:]) / span)
