@@ -16,7 +16,8 @@ expected back soon, and nothing is held for it.
 
 Bounds: at most `max_programs` programs (least recently seen dropped first), each
 forgotten `ttl_s` after its last gap; `window` gaps per program; at most `max_tenants`
-priors (least recently taught dropped first) of `prior_window` gaps each. Program keys are (tenant, program id): never metric labels.
+priors (least recently taught dropped first) of `prior_window` gaps each. Program keys
+are (tenant, program id): never metric labels.
 """
 
 from __future__ import annotations
