@@ -180,6 +180,17 @@ class FleetView:
             prefill_s_per_token=rate.s_per_token(),
             cache_free_tokens=self.router.cache_free_tokens(name))
 
+    def s_per_token(self, name: str) -> float:
+        """`name`'s prefill rate as its scrapes showed it, else the cost model's."""
+        rate = self._rates.get(name)
+        measured = None if rate is None else rate.s_per_token()
+        return self.router.config.prefill_s_per_token if measured is None else measured
+
+    def capacity_tokens(self, name: str) -> int | None:
+        """`name`'s KV capacity in tokens (None: unknown, or not in the fleet)."""
+        replica = None if self.fleet is None else self.fleet.replicas.get(name)
+        return None if replica is None else replica.capacity_tokens()
+
     def without_held(self, load: ReplicaLoad) -> ReplicaLoad:
         """`load` (read by `load` at this look) with its scraped KV usage, nothing held for
         agent programs: as a program returning from its tool call reads it."""
