@@ -14,12 +14,13 @@ Its next request (or `max_s`) ends the reservation, and so does its replica rest
 ended in) or leaving (`forget_replica`).
 
 The context held on one replica is bounded: at most `share` (`RESERVE_SHARE`, half) of
-its KV capacity in all, and one tenant's holds at most its max-min fair share of that
-(the tenants holding context there split it evenly, one needing less leaving the rest
-to the others): held context past what the cache keeps protects nothing, and one
-tenant's programs alone never close a replica (or the fleet) to another tenant's
-newcomer. Where the capacity is unknown nothing is added to the replica's usage anyway
-(`kv_with_reserved`, which also applies the `share` bound to the total).
+its KV capacity in all (`reserved_tokens` where the capacity is known, and
+`kv_with_reserved` on the total): held context past what the cache keeps protects
+nothing, and one tenant's programs alone never read a replica (or the fleet) full to
+another tenant's newcomer while its running requests leave half its cache. No
+per-tenant split of that half is made: the gate reads only the total, which any
+work-conserving split among the tenants holding context leaves the same; a bound
+relative to the tenant asking would need a load read per tenant.
 
 How eviction is estimated (`kv_with_reserved`): vLLM counts in
 `vllm:kv_cache_usage_perc` the blocks held by running requests; a finished request's
@@ -87,18 +88,6 @@ def kv_with_reserved(kv_usage: float | None, reserved_tokens: int,
     return kv_usage + min(reserved_tokens / capacity_tokens, share)
 
 
-def fair_total(tenant_tokens: Sequence[int], cap: float) -> int:
-    """The tokens held in all when tenants asking `tenant_tokens` split `cap` max-min
-    fairly (each at most an even share of what the smaller ones left)."""
-    left, total = cap, 0.0
-    asks = sorted(tenant_tokens)
-    for i, ask in enumerate(asks):
-        got = min(float(ask), left / (len(asks) - i))
-        total += got
-        left -= got
-    return int(total)
-
-
 class Reservations:
     """Programs between turns, their gaps learnt, and what is reserved on each replica."""
 
@@ -158,19 +147,18 @@ class Reservations:
         for key in stale:  # the replica restarted since: its cache went with them
             del self._between[key]
         s = self._s_per_token(replica)
-        by_tenant: dict[str, int] = {}
+        total = 0
         for b in reversed(self._between.values()):  # newest first (ended in time order)
             if now - b.since >= self.max_s:
                 break  # this and all older ones are past the cap
             if b.replica == replica and holds(
                     now - b.since, b.context_tokens,
                     self.learner.samples(b.program.program_key(), now), s, self.max_s, self.q):
-                tenant = b.program.tenant
-                by_tenant[tenant] = by_tenant.get(tenant, 0) + b.context_tokens
+                total += b.context_tokens
         capacity = None if self._capacity is None else self._capacity(replica)
         if not capacity or capacity <= 0:  # unknown: nothing is added to its usage anyway
-            return sum(by_tenant.values())
-        return fair_total(list(by_tenant.values()), self.share * capacity)
+            return total
+        return min(total, int(self.share * capacity))
 
     def _epoch_of(self, replica: str) -> int:
         return 0 if self._epoch is None else self._epoch(replica)
