@@ -143,18 +143,20 @@ class Reservations:
             return 0
         self._expire(now)
         epoch = self._epoch_of(replica)
-        stale = [k for k, b in self._between.items() if b.replica == replica and b.epoch != epoch]
-        for key in stale:  # the replica restarted since: its cache went with them
-            del self._between[key]
         s = self._s_per_token(replica)
         total = 0
-        for b in reversed(self._between.values()):  # newest first (ended in time order)
+        stale: list[ThreadKey] = []
+        for key, b in reversed(self._between.items()):  # newest first (ended in time order)
             if now - b.since >= self.max_s:
                 break  # this and all older ones are past the cap
-            if b.replica == replica and holds(
+            if b.replica == replica and b.epoch != epoch:
+                stale.append(key)  # the replica restarted since: its cache went with it
+            elif b.replica == replica and holds(
                     now - b.since, b.context_tokens,
                     self.learner.samples(b.program.program_key(), now), s, self.max_s, self.q):
                 total += b.context_tokens
+        for key in stale:  # (older ones, never held again, leave at the TTL)
+            del self._between[key]
         capacity = None if self._capacity is None else self._capacity(replica)
         if not capacity or capacity <= 0:  # unknown: nothing is added to its usage anyway
             return total
