@@ -32,9 +32,17 @@ from tests.servers import gateway, sim
 from tests.sim_http import MODEL
 
 SYSTEM = " ".join(f"rule{i}" for i in range(400))  # ~800 tokens (the simulator's)
-HISTORY = 1200  # P's words after it (~2,400 tokens): P's context ~0.8 of A's KV
+# P's words after it, as its three turns grow them: P's context ~0.45 of A's KV at the
+# end (reserve.py holds at most half a replica's KV capacity). Each turn adds under 1,024
+# tokens to compute, so A's scrapes never measure its prefill rate (engine.py
+# RATE_MIN_TOKENS): the miss cost stays at the slow engine the routing settings describe,
+# which the simulator's real speed would not be (its context would not be worth a hold)
+HISTORY_STEPS = (120, 330, 540)
+HISTORY = HISTORY_STEPS[-1]
 CAP_S = 10.0  # agent_reserve_max_s
-LONG = 300  # the long answer's words after the system prompt (~600 tokens)
+# the long answer's words after P's history (~700 tokens to compute: A's KV ~0.6 with
+# the shared system prompt and history, past the limit with P's context added)
+LONG = 300
 GAP_S = 8.0  # P's tool calls as it teaches them: its hold lasts about this long
 KEYS = {"sk-a": "a", "sk-b": "b", "sk-admin": "admin"}  # admin: reads all of /stats
 PROGRAM = {"x-claude-code-session-id": "prog-1", "x-claude-code-agent-id": "main"}
@@ -85,7 +93,8 @@ def long_answer(url: str) -> Iterator[dict[str, Any]]:
         try:
             with httpx.Client(base_url=url, timeout=120) as c, c.stream(
                     "POST", "/v1/chat/completions", headers=auth("sk-a"),
-                    json=body(words("long", LONG), 1500, stream=True)) as r:
+                    json=body(f"{words('ctx', HISTORY)} {words('long', LONG)}", 1300,
+                              stream=True)) as r:
                 state["replica"] = r.headers.get("x-gateway-replica")
                 state["started"].set()
                 for _ in r.iter_lines():
@@ -121,12 +130,12 @@ def test_a_newcomer_goes_elsewhere_while_a_program_is_in_its_tool_call() -> None
            "GATEWAY_HEALTH_INTERVAL_S": "0.2"}
     with sim(2, sim_args) as replicas, gateway(replicas, env=env) as url, \
             httpx.Client(base_url=url, timeout=60) as client:
-        history = words("ctx", HISTORY)
         homes = set()
-        for turn in range(3):  # three turns: P's gaps learnt (each far below its miss cost)
+        for turn, n in enumerate(HISTORY_STEPS):  # P's gaps learnt (each below its miss cost)
             if turn:
                 time.sleep(GAP_S)  # P's tool call (what it teaches, not a wait for a state)
-            r = client.post("/v1/chat/completions", json=body(f"{history} step{turn}"),
+            r = client.post("/v1/chat/completions",
+                            json=body(f"{words('ctx', n)} step{turn}"),
                             headers=auth("sk-a", PROGRAM))
             assert r.status_code == 200, r.text
             homes.add(r.headers["x-gateway-replica"])
@@ -147,7 +156,7 @@ def test_a_newcomer_goes_elsewhere_while_a_program_is_in_its_tool_call() -> None
                 """Where a request sharing the long answer's prompt up to its `shared`-th
                 word goes (each more than the last: B never holds as much of it as A; A
                 keeps that prompt while the answer runs, P's history it may not)."""
-                text = f"{words('long', shared)} then something else"
+                text = f"{words('ctx', HISTORY)} {words('long', shared)} then something else"
                 # each its own conversation (else the router, recognising one from its
                 # prompt, would send a later one after an earlier one's replica)
                 r = client.post("/v1/chat/completions", json=body(text), headers=auth(

@@ -154,3 +154,46 @@ def test_began_says_whether_the_program_returns_from_a_tool_call() -> None:
     r.ended(p, "a", 1000, 1.0)
     assert r.began(p, 3.0) is True  # back from its tool call
     assert r.began(p, 3.5) is False  # the same turn's retry: already back
+
+
+
+def test_the_context_held_on_a_replica_is_at_most_half_its_capacity() -> None:
+    # tenant A holds one context of 1,000 tokens, then B eight more, on a 10,000-token
+    # cache: at most half of it (5,000) held in all
+    learner = GapLearner()
+    for tenant in ("A", "B"):
+        for i in range(4):
+            learner.observe((tenant, "teacher"), 2.0, 100.0 + i)
+    res = Reservations(max_s=10.0, s_per_token=lambda _: 0.01, learner=learner,
+                       capacity_tokens=lambda _: 10_000)
+    res.ended(ProgramId("A", "a-run", "session"), "r", 1000, 110.0)
+    assert res.reserved_tokens("r", 110.5) == 1000
+    for i in range(8):
+        res.ended(ProgramId("B", f"b-run-{i}", "session"), "r", 1000, 110.0)
+    assert res.reserved_tokens("r", 110.5) == 5000
+    assert res.reserved_tokens("other", 110.5) == 0
+
+
+def test_each_tenant_has_its_own_bounded_prior() -> None:
+    learner = GapLearner(max_tenants=2)
+    learner.observe(("A", "a"), 1.0, 100.0)
+    learner.observe(("B", "b"), 2.0, 100.0)
+    assert (learner.samples(("A", "new"), 100.0), learner.samples(("C", "new"), 100.0)) \
+        == ((1.0,), ())
+    learner.observe(("C", "c"), 3.0, 100.0)  # a third tenant: the least recent (A) goes
+    assert [tuple(learner.samples((t, "new"), 100.0)) for t in "ABC"] == [(), (2.0,), (3.0,)]
+
+
+def test_a_hold_ends_when_its_replica_restarts() -> None:
+    restarts = {"r": 0}
+    learner = GapLearner()
+    for i in range(4):
+        learner.observe(("t", "teacher"), 2.0, 100.0 + i)
+    res = Reservations(max_s=10.0, s_per_token=lambda _: 0.01, learner=learner,
+                       epoch=lambda name: restarts.get(name, 0))
+    res.ended(ProgramId("t", "run", "session"), "r", 1000, 110.0)
+    assert res.reserved_tokens("r", 110.5) == 1000
+    restarts["r"] = 1
+    assert (res.reserved_tokens("r", 110.5), len(res)) == (0, 0)
+    res.ended(ProgramId("t", "run", "session"), "r", 1000, 111.0)  # a turn since: held
+    assert res.reserved_tokens("r", 111.5) == 1000

@@ -34,11 +34,15 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   reservation would keep no newcomer off the program's replica; fed in both, a replica
   would read full for it and price its eviction again (counted twice). A program's own
   next request is never charged for its own context: the gate ends its reservation
-  (`Reservations.began`) before it reads any load. Nor is any program returning from a
-  tool call charged for the others' (`without_held`): the reservation keeps new work
-  off a replica for the programs coming back to it, and a returning program is one of
-  them, its history there; charged, it waited or moved off its own history (measured:
-  bench/results/admission.md, agent programs).
+  (`Reservations.began_on`) before it reads any load. Nor is a program returning from a
+  tool call charged for the others' on the replica its context was held on
+  (`without_held`, gate.py `_seen_by`): the reservation keeps new work off a replica
+  for the programs coming back to it, and a returning program is one of them, its
+  history there; charged, it waited or moved off its own history (measured:
+  bench/results/admission.md, agent programs). On any other replica it is charged as a
+  newcomer is (it would evict another program's held context there). The reservations
+  price a miss at this view's measured prefill rate (`s_per_token`) and are bounded by
+  its replica's KV capacity (`capacity_tokens`; reserve.py's module docstring).
 
 What an engine showed it runs is learnt afresh after each restart the router takes as new
 (`Router.restarts`) and when its replica leaves and comes back (another `Replica`).
@@ -179,6 +183,17 @@ class FleetView:
                                    if largest is None else largest),
             prefill_s_per_token=rate.s_per_token(),
             cache_free_tokens=self.router.cache_free_tokens(name))
+
+    def s_per_token(self, name: str) -> float:
+        """`name`'s prefill rate as its scrapes showed it, else the cost model's."""
+        rate = self._rates.get(name)
+        measured = None if rate is None else rate.s_per_token()
+        return self.router.config.prefill_s_per_token if measured is None else measured
+
+    def capacity_tokens(self, name: str) -> int | None:
+        """`name`'s KV capacity in tokens (None: unknown, or not in the fleet)."""
+        replica = None if self.fleet is None else self.fleet.replicas.get(name)
+        return None if replica is None else replica.capacity_tokens()
 
     def without_held(self, load: ReplicaLoad) -> ReplicaLoad:
         """`load` (read by `load` at this look) with its scraped KV usage, nothing held for

@@ -146,9 +146,9 @@ class _Waiter:
     # when it first chose to wait for its own replica while another had room (late
     # binding's clock: the time it waited with no room anywhere is not a choice to stay)
     own_since: float | None = None
-    # a program's turn back from a tool call: charged for no program's reservation
-    # (fleetview.py `without_held`)
-    returning: bool = False
+    # a program's turn back from a tool call: the replica its history is on, where it is
+    # charged for no program's reservation (fleetview.py `without_held`); None: not one
+    returning: str | None = None
     future: asyncio.Future[Ticket] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -162,8 +162,13 @@ class Gate:
         self.config = config
         # agent programs between tool calls: the context held for them on each replica
         # (gateway.agents.reserve), read into each replica's load by the fleet view
-        self.programs = Reservations(max_s=config.agent_reserve_max_s,
-                                     s_per_token=lambda _: routing.prefill_s_per_token)
+        # (its miss cost at the replica's measured prefill rate, its holds bounded by the
+        # replica's KV capacity, dropped when the router takes the replica as restarted)
+        self.programs = Reservations(
+            max_s=config.agent_reserve_max_s,
+            s_per_token=lambda name: self._fleet_view.s_per_token(name),
+            capacity_tokens=lambda name: self._fleet_view.capacity_tokens(name),
+            epoch=router.restarts)
         # where waiters may go on each pass, and each replica's load (fleetview.py);
         # no fleet (tests of the queue alone): their arrival's candidates still healthy
         self._fleet_view = FleetView(fleet, router, clock,
@@ -220,9 +225,9 @@ class Gate:
                                  tenant=ask.tenant)
             return Ticket(plan, "normal", None)
         cfg = self.config
-        returning = False
+        returning: str | None = None
         if ask.program is not None:  # its tool call is over: nothing held for it now
-            returning = self.programs.began(ask.program, self.clock())
+            returning = self.programs.began_on(ask.program, self.clock())
         cls = priority.resolve(ask.priority, ask.tenant, cfg.priority_caps,
                                cfg.default_priority_cap)
         flow: Flow = (cls, ask.tenant or NO_TENANT)
@@ -369,10 +374,11 @@ class Gate:
         own = max(replica.in_flight, self._admitted.get(replica.name, 0))
         return self._fleet_view.load(replica, own, queued, largest)
 
-    def _seen_by(self, returning: bool, load: ReplicaLoad) -> ReplicaLoad:
-        """`load` as a request sees it: a program back from its tool call (`returning`)
-        is charged for no program's reservation (fleetview.py)."""
-        return self._fleet_view.without_held(load) if returning else load
+    def _seen_by(self, returning: str | None, load: ReplicaLoad) -> ReplicaLoad:
+        """`load` as a request sees it: a program back from its tool call is charged for
+        no program's reservation on the replica its history is on (`returning`), and
+        elsewhere as a newcomer is (fleetview.py)."""
+        return self._fleet_view.without_held(load) if load.name == returning else load
 
     def _limits(self, cls: Priority, now: float) -> RoomLimits:
         """`cls`'s room limits at `now` (timer): `low` yields more while others come."""

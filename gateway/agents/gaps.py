@@ -2,9 +2,11 @@
 
 A gap is the time from the last byte of a program's turn to its next request (the tool
 call in between, plus the agent's own think time). Each program keeps its `window` most
-recent gaps (the decay: older gaps fall out), and every gap also feeds a fleet-wide
-prior of the `prior_window` most recent gaps of all programs, which stands for a program
-with fewer than `min_samples` gaps of its own.
+recent gaps (the decay: older gaps fall out), and every gap also feeds its tenant's
+prior of the `prior_window` most recent gaps of that tenant's programs, which stands for
+a program of that tenant with fewer than `min_samples` gaps of its own. The prior is
+scoped by tenant: one tenant's programs (quick or idle) never decide whether another
+tenant's context is held.
 
 The estimate is robust to the heavy tail tool calls have: not a mean but a quantile of
 what is left, given how long the program has been away (`remaining_wait`): among the
@@ -13,8 +15,9 @@ program away longer than any gap it ever took has no estimate (None): it is not
 expected back soon, and nothing is held for it.
 
 Bounds: at most `max_programs` programs (least recently seen dropped first), each
-forgotten `ttl_s` after its last gap; `window` gaps per program, `prior_window` in the
-prior. Program keys are (tenant, program id): never metric labels.
+forgotten `ttl_s` after its last gap; `window` gaps per program; at most `max_tenants`
+priors (least recently taught dropped first) of `prior_window` gaps each. Program keys
+are (tenant, program id): never metric labels.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ TTL_S = 900.0
 WINDOW = 32
 PRIOR_WINDOW = 512
 MIN_SAMPLES = 4
+MAX_TENANTS = 1024
 
 
 def remaining_wait(gaps: Sequence[float], elapsed: float, q: float = 0.5) -> float | None:
@@ -53,15 +57,19 @@ class _Program:
 class GapLearner:
     def __init__(self, *, max_programs: int = MAX_PROGRAMS, ttl_s: float = TTL_S,
                  window: int = WINDOW, prior_window: int = PRIOR_WINDOW,
-                 min_samples: int = MIN_SAMPLES) -> None:
-        if min(max_programs, window, prior_window, min_samples) < 1 or ttl_s <= 0:
+                 min_samples: int = MIN_SAMPLES, max_tenants: int = MAX_TENANTS) -> None:
+        if min(max_programs, window, prior_window, min_samples, max_tenants) < 1 \
+                or ttl_s <= 0:
             raise ValueError("gap learner bounds must be positive")
         self.max_programs = max_programs
         self.ttl_s = ttl_s
         self.window = window
         self.min_samples = min_samples
         self._programs: OrderedDict[ProgramKey, _Program] = OrderedDict()
-        self._prior: deque[float] = deque(maxlen=prior_window)
+        self.prior_window = prior_window
+        self.max_tenants = max_tenants
+        # tenant -> its programs' most recent gaps, least recently taught first
+        self._priors: OrderedDict[str, deque[float]] = OrderedDict()
 
     def observe(self, key: ProgramKey, gap_s: float, now: float) -> None:
         """`key`'s next request came `gap_s` after its last turn's last byte."""
@@ -77,16 +85,24 @@ class GapLearner:
             self._programs.move_to_end(key)
             entry.seen = now
         entry.gaps.append(gap_s)
-        self._prior.append(gap_s)
+        tenant = key[0]
+        prior = self._priors.get(tenant)
+        if prior is None:
+            prior = self._priors[tenant] = deque(maxlen=self.prior_window)
+            while len(self._priors) > self.max_tenants:
+                self._priors.popitem(last=False)
+        else:
+            self._priors.move_to_end(tenant)
+        prior.append(gap_s)
 
     def samples(self, key: ProgramKey, now: float) -> Sequence[float]:
         """The gaps that stand for `key`'s next one: its own once it has `min_samples`,
-        else the fleet's prior (empty at first)."""
+        else its tenant's prior (empty at first: another tenant's gaps never stand for it)."""
         entry = self._programs.get(key)
         if entry is not None and now - entry.seen <= self.ttl_s \
                 and len(entry.gaps) >= self.min_samples:
             return tuple(entry.gaps)
-        return tuple(self._prior)
+        return tuple(self._priors.get(key[0], ()))
 
     def __len__(self) -> int:
         return len(self._programs)

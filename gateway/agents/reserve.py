@@ -9,7 +9,18 @@ counts as reserved on that replica (`holds`) while
 - the expected remaining wait for its next request (gaps.py `remaining_wait`, from its
   own gaps or the fleet's prior) is below its miss cost: the seconds to prefill its
   context again at the replica's prefill rate.
-Its next request (or `max_s`) ends the reservation.
+Its next request (or `max_s`) ends the reservation, and so does its replica restarting
+(its cache is empty: `epoch`, the router's restart count, differs from the one the turn
+ended in) or leaving (`forget_replica`).
+
+The context held on one replica is bounded: at most `share` (`RESERVE_SHARE`, half) of
+its KV capacity in all (`reserved_tokens` where the capacity is known, and
+`kv_with_reserved` on the total): held context past what the cache keeps protects
+nothing, and one tenant's programs alone never read a replica (or the fleet) full to
+another tenant's newcomer while its running requests leave half its cache. No
+per-tenant split of that half is made: the gate reads only the total, which any
+work-conserving split among the tenants holding context leaves the same; a bound
+relative to the tenant asking would need a load read per tenant.
 
 How eviction is estimated (`kv_with_reserved`): vLLM counts in
 `vllm:kv_cache_usage_perc` the blocks held by running requests; a finished request's
@@ -40,6 +51,7 @@ from gateway.agents.programs import ProgramId
 MAX_THREADS = 4096
 DEFAULT_MAX_S = 10.0
 QUANTILE = 0.5
+RESERVE_SHARE = 0.5  # the most of a replica's KV capacity held for programs in all
 
 ThreadKey = tuple[str, str, str | None]
 
@@ -52,6 +64,7 @@ class Between:
     replica: str
     context_tokens: int
     since: float  # its last turn's last byte
+    epoch: int = 0  # its replica's restart count then: another count, its cache is gone
 
 
 def holds(elapsed: float, context_tokens: int, gaps: Sequence[float], s_per_token: float,
@@ -65,12 +78,14 @@ def holds(elapsed: float, context_tokens: int, gaps: Sequence[float], s_per_toke
 
 
 def kv_with_reserved(kv_usage: float | None, reserved_tokens: int,
-                     capacity_tokens: int | None) -> float | None:
-    """The KV usage a replica reads as once `reserved_tokens` are kept from eviction
-    (module docstring); `kv_usage` unchanged when anything is unknown."""
+                     capacity_tokens: int | None, share: float = RESERVE_SHARE
+                     ) -> float | None:
+    """The KV usage a replica reads as once `reserved_tokens` (at most `share` of its
+    capacity) are kept from eviction (module docstring); `kv_usage` unchanged when
+    anything is unknown."""
     if kv_usage is None or not capacity_tokens or capacity_tokens <= 0 or reserved_tokens <= 0:
         return kv_usage
-    return kv_usage + reserved_tokens / capacity_tokens
+    return kv_usage + min(reserved_tokens / capacity_tokens, share)
 
 
 class Reservations:
@@ -79,9 +94,16 @@ class Reservations:
     def __init__(self, *, max_s: float = DEFAULT_MAX_S,
                  s_per_token: Callable[[str], float],
                  learner: GapLearner | None = None, max_threads: int = MAX_THREADS,
-                 q: float = QUANTILE) -> None:
-        if max_s < 0 or max_threads < 1 or not 0 < q <= 1:
-            raise ValueError("reservation bounds: max_s >= 0, max_threads >= 1, q in (0, 1]")
+                 q: float = QUANTILE,
+                 capacity_tokens: Callable[[str], int | None] | None = None,
+                 epoch: Callable[[str], int] | None = None,
+                 share: float = RESERVE_SHARE) -> None:
+        if max_s < 0 or max_threads < 1 or not 0 < q <= 1 or not 0 <= share <= 1:
+            raise ValueError("reservation bounds: max_s >= 0, max_threads >= 1, q in (0, 1],"
+                             " share in [0, 1]")
+        self.share = share
+        self._capacity = capacity_tokens  # the replica's KV capacity, None: unknown
+        self._epoch = epoch  # the replica's restart count (the router's)
         self.max_s = max_s
         self.q = q
         self.max_threads = max_threads
@@ -93,10 +115,15 @@ class Reservations:
         """A request of `program` arrived: its tool call (if any) is over; its gap is
         learnt and its reservation ends. True: it returns from a tool call (it was
         between turns, its context on a replica)."""
+        return self.began_on(program, now) is not None
+
+    def began_on(self, program: ProgramId, now: float) -> str | None:
+        """`began`, naming the replica its context was on (None: it was not between
+        turns)."""
         was = self._between.pop(program.thread_key(), None)
         if was is not None and now - was.since <= self.learner.ttl_s:
             self.learner.observe(program.program_key(), now - was.since, now)
-        return was is not None
+        return None if was is None else was.replica
 
     def ended(self, program: ProgramId, replica: str, context_tokens: int, now: float
               ) -> None:
@@ -104,7 +131,8 @@ class Reservations:
         prompt and answer: it is in a tool call now."""
         key = program.thread_key()
         self._between.pop(key, None)
-        self._between[key] = Between(program, replica, max(0, context_tokens), now)
+        self._between[key] = Between(program, replica, max(0, context_tokens), now,
+                                     self._epoch_of(replica))
         self._expire(now)
         while len(self._between) > self.max_threads:
             self._between.popitem(last=False)
@@ -114,16 +142,28 @@ class Reservations:
         if self.max_s <= 0:
             return 0
         self._expire(now)
+        epoch = self._epoch_of(replica)
         s = self._s_per_token(replica)
         total = 0
-        for b in reversed(self._between.values()):  # newest first (ended in time order)
+        stale: list[ThreadKey] = []
+        for key, b in reversed(self._between.items()):  # newest first (ended in time order)
             if now - b.since >= self.max_s:
                 break  # this and all older ones are past the cap
-            if b.replica == replica and holds(
+            if b.replica == replica and b.epoch != epoch:
+                stale.append(key)  # the replica restarted since: its cache went with it
+            elif b.replica == replica and holds(
                     now - b.since, b.context_tokens,
                     self.learner.samples(b.program.program_key(), now), s, self.max_s, self.q):
                 total += b.context_tokens
-        return total
+        for key in stale:  # (older ones, never held again, leave at the TTL)
+            del self._between[key]
+        capacity = None if self._capacity is None else self._capacity(replica)
+        if not capacity or capacity <= 0:  # unknown: nothing is added to its usage anyway
+            return total
+        return min(total, int(self.share * capacity))
+
+    def _epoch_of(self, replica: str) -> int:
+        return 0 if self._epoch is None else self._epoch(replica)
 
     def held(self, now: float) -> dict[str, int]:
         """Per replica, the context held there at `now` (replicas holding none left out)."""
