@@ -102,7 +102,7 @@ class ServerSettings:
     # server closed connections the client was just reusing, and the client's request
     # failed unread. 75 s is nginx's default.
     keep_alive_s: int = 75  # whole seconds (uvicorn's timeout_keep_alive)
-    # Request headers that name a session, earliest first (gateway.proxy.session): the
+    # Request headers that name a session, earliest first (gateway.sessions): the
     # gateway's own, then the agent harnesses' (Claude Code, OpenCode, Codex).
     session_headers: tuple[str, ...] = SESSION_HEADERS
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gateway.agents.programs import ProgramId, identify
-from gateway.proxy.session import MAX_SESSION_CHARS
+from gateway.sessions import MAX_SESSION_CHARS
 
 LONG = "p" * (MAX_SESSION_CHARS + 1)
 

@@ -117,7 +117,7 @@ async def test_streaming_usage_injection(records: list[UsageRecord], client_usag
 
 
 def test_session_header_wins() -> None:
-    from gateway.proxy.session import resolve_session
+    from gateway.sessions import resolve_session
 
     assert resolve_session(b"s-h", {"prompt_cache_key": "k", "user": "u"}) == "s-h"
     assert resolve_session(None, {"prompt_cache_key": "k", "user": "u"}) == "k"

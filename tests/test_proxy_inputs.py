@@ -10,8 +10,8 @@ import pytest
 
 from gateway.coerce import SettingsError
 from gateway.proxy.inbound import too_deep
-from gateway.proxy.session import MAX_SESSION_CHARS, resolve_session
 from gateway.proxy.target import MAX_REQUEST_ID, client_request_id
+from gateway.sessions import MAX_SESSION_CHARS, resolve_session
 from gateway.settings import parse_settings
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.proxy.session import resolve_session, session_header
+from gateway.sessions import resolve_session, session_header
 from gateway.settings import SESSION_HEADERS, ServerSettings
 
 NAMES = tuple(h.encode() for h in SESSION_HEADERS)

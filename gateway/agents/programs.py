@@ -13,7 +13,7 @@ carries names it (the order of the vLLM Router's program-scheduling proposal):
 4. the gateway's own `x-session-id`.
 
 The header values come from the ASGI scope (names lower-case), read with the session
-module's helpers (gateway.proxy.session: `session_header` for the earliest present,
+module's helpers (gateway.sessions: `session_header` for the earliest present,
 `bounded` for the size), not a second parser. A value is refused (no program) when it
 is not printable text; one longer than `MAX_SESSION_CHARS` is replaced by its digest, as
 a session id is. A program is scoped by its tenant: two tenants sending the same value
@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.proxy.session import bounded, session_header
+from gateway.sessions import bounded, session_header
 
 Source = Literal["agentic_context", "claude_code", "codex", "session"]
 

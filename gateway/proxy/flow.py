@@ -46,12 +46,12 @@ from gateway.proxy.errors import GatewayError
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import response_headers
 from gateway.proxy.inbound import Endpoint, Inbound, chat_view, parse_inbound, strip_gateway_only
-from gateway.proxy.session import resolve_session
 from gateway.proxy.tenancy import WITHHELD, TenantSalts
 from gateway.replicas.fleet import Fleet, Replica
 from gateway.routing.affinity import AffinityStore
 from gateway.routing.plan import RoutePlan
 from gateway.routing.router import Router
+from gateway.sessions import resolve_session
 from gateway.tracing.tracer import Passthrough, RequestTracer, Trace
 from gateway.usage.metrics import UNKNOWN_MODEL, GatewayMetrics
 from gateway.usage.recorder import UsageRecorder

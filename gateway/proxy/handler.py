@@ -82,13 +82,13 @@ from gateway.proxy.inbound import (
 )
 from gateway.proxy.pd_path import PdPath
 from gateway.proxy.relay import RelayOutcome, relay, shutting_down, upstream_request_headers
-from gateway.proxy.session import session_header
 from gateway.proxy.target import client_request_id, forwarded_headers, upstream_target
 from gateway.proxy.tenancy import TenantSalts
 from gateway.replicas.fleet import Fleet, Replica, no_healthy
 from gateway.replicas.monitor import FleetMonitor
 from gateway.routing.affinity import AffinityStore
 from gateway.routing.router import Router
+from gateway.sessions import session_header
 from gateway.settings import ServerSettings
 from gateway.tracing import propagate
 from gateway.tracing.tracer import RequestTracer
