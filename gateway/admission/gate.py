@@ -397,7 +397,7 @@ class Gate:
             return projected
         b = bind(loads, limits, self._per_token, self._in_flight_s, 0.0,
                  self.config.own_replica_max_wait_s, self._prior_s, tokens, past_room)
-        return min(projected, wait_past(loads, b, self._per_token))
+        return min(projected, wait_past(loads, b, self._per_token, tokens))
 
     def _fair_part(self, flow: Flow) -> float:
         """`flow`'s weighted share among the tenants waiting in its class, itself in."""
@@ -575,6 +575,8 @@ class Gate:
             del self._flows[w.flow]
             self._tokens.pop(w.flow, None)
             self._shares.forget_idle(self._tokens)
+        if self._count == 0:
+            self._drain.clear()  # the drain is measured while requests wait (shedding.py)
         self._depth()
 
     def _answer(self, gone: Mapping[PoolKey, GatewayError]) -> None:
