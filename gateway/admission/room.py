@@ -61,13 +61,13 @@ queued there, or the requests waiting in its engine each priced like this one, t
 larger) + its uncached part + what that evicts, at that replica's rate. It goes there
 when that is no dearer than moving (`cost_elsewhere`, the cheapest replica with room)
 and than holding (`cost_own`); with no replica with room, holding is its only other
-choice, and it holds when the engine's queue makes going dearer than that. The bound keeps overload at the gateway: never
-while the prefill queued there is `past_room` times its room (`prefill_room`) or more,
-nor past the engine's own limits (sequences, KV usage); beyond that it holds or
-moves as above. Only a follow-up goes past the room, and only where leaving costs it
-history: a new conversation (no replica holds any of its prompt), a single candidate, or
-a prefix every healthy candidate holds (a shared system prompt) gains nothing from it but
-a place ahead of the gateway's queue.
+choice, and it holds when the engine's queue makes going dearer than that. The bound
+keeps overload at the gateway: never while the prefill queued there is `past_room`
+times its room (`prefill_room`) or more, nor past the engine's own limits (sequences,
+KV usage); beyond that it holds or moves as above. Only a follow-up goes past the room,
+and only where leaving costs it history: a new conversation (no replica holds any of its
+prompt), a single candidate, or a prefix every healthy candidate holds (a shared system
+prompt) gains nothing from it but a place ahead of the gateway's queue.
 
 The wait estimate is deliberately rough: the queued prefill in front of it at the
 replica's rate (it waits behind all of it, in the gateway or in the engine), plus
