@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+
+import pytest
 
 from gateway.admission.config import AdmissionConfig
 from gateway.admission.gate import Ask, Gate, Ticket
+from gateway.admission.room import ReplicaLoad, RoomLimits, passable, reserved
 from gateway.replicas.fleet import Fleet
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import Router
@@ -106,3 +110,20 @@ def test_nor_ahead_of_an_earlier_waiter_of_its_own_class() -> None:
     low_went, earlier_went = scenario(b"low", "x")
     assert not earlier_went
     assert not low_went, "a low follow-up went past the room ahead of an earlier low"
+
+
+LOWER = reserved(RoomLimits(math.inf, 32_768, 0.97), 0.75, 0.5)  # 16,384 tokens of room
+
+
+@pytest.mark.parametrize(("queued", "waiting", "past"), [
+    (0.0, 1.0, False),  # only the engine's queue fills it: that holds `high` too
+    (8_000.0, 5.0, False),
+    (20_000.0, 0.0, True),  # full by this gateway's queued prefill
+    (20_000.0, 5.0, True),  # ... whatever else waits in the engine
+    (40_000.0, 0.0, False),  # beyond twice the room
+])
+def test_past_the_room_is_open_only_where_the_queued_prefill_fills_it(
+        queued: float, waiting: float, past: bool) -> None:
+    ld = ReplicaLoad("a", in_flight=2, queued_prefill_tokens=queued, kv_usage=0.3,
+                     occupancy=3.0 + waiting, engine_waiting=waiting, seq_limit=64)
+    assert passable(ld, LOWER, 4_000.0, 2.0) is past
