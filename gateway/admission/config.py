@@ -8,6 +8,7 @@ finite: `max_queue` requests at most, each for at most its class's `*_max_wait_s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -98,8 +99,12 @@ class AdmissionConfig:
                 raise ValueError(f"admission.{name} must be positive")
         if self.replica_max_in_flight < 0:
             raise ValueError("admission.replica_max_in_flight must be >= 0 (0: no cap)")
-        if self.own_replica_past_room < 1:
-            raise ValueError("admission.own_replica_past_room must be >= 1 (1: never)")
+        # TOML spells `inf` and `nan`: inf lifts the bound that keeps overload in this
+        # queue (room.py "past"), nan fails every comparison and turns it off unseen
+        if not (math.isfinite(self.own_replica_past_room)
+                and self.own_replica_past_room >= 1):
+            raise ValueError("admission.own_replica_past_room must be a finite number >= 1 "
+                             "(1: never)")
         if not 0 <= self.agent_reserve_max_s <= 600:
             raise ValueError("admission.agent_reserve_max_s must be in [0, 600] (0: off)")
         if self.own_replica_max_wait_s < 0:

@@ -30,6 +30,7 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   what it can do: while requests wait in it (both scrapes show a queue) it is its rate
   (averaged, `RATE_ALPHA`); otherwise a sample only ever raises the rate believed (an
   idle engine computes little and is not slow for it), starting from the cost model's.
+  A sample beyond `RATE_MAX_TOKENS_PER_S` (a counter that leapt) is dropped.
   Until a sample says more, room.py prices prefill at the routing cost model's
   `prefill_s_per_token`.
 
@@ -60,6 +61,11 @@ RATE_ALPHA = 0.3
 # fewer computed tokens than this between two scrapes say nothing of the rate (a request
 # or two: their timing within the interval is unknown)
 RATE_MIN_TOKENS = 1024.0
+# a sample above this many tokens per second is a counter's glitch, not a rate (an
+# exporter's jump, a counter summed across processes): no engine prefills ~1M tokens/s,
+# and one believed sample would floor the shedding projection at ~0 s (gate.py
+# `_projected_s`), so it is dropped and the rate believed stays as it was
+RATE_MAX_TOKENS_PER_S = 1_000_000.0
 
 Source = Literal["engine", "gateway"]
 
@@ -95,8 +101,8 @@ def learn_rate(rate: PrefillRate, ts: float, prompt_total: float | None,
     prev, prev_ts = rate.last_computed, rate.last_ts
     if prev is not None and prev_ts is not None and ts > prev_ts and computed >= prev:
         done = computed - prev
-        if done >= RATE_MIN_TOKENS:
-            sample = done / (ts - prev_ts)
+        sample = done / (ts - prev_ts)
+        if done >= RATE_MIN_TOKENS and sample <= RATE_MAX_TOKENS_PER_S:
             if queued and rate.last_waiting:  # busy throughout: what it can do
                 tps = sample if tps is None else tps + RATE_ALPHA * (sample - tps)
             else:  # it did at least this much: only ever raises the rate believed

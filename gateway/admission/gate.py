@@ -14,6 +14,10 @@ in its (class, tenant) flow. Waiters are examined in fair-share order (shares.py
 whenever a request finishes (`done`) and every `recheck_s` while any waits (a first token
 frees queued prefill without a call here); each one whose binding says go (room.py) is
 decided by the router among the replicas with room, charged to its flow, and released.
+A follow-up sent to its own replica past the room (room.py, "past") reaches the engine
+at once, so none goes there while a waiter of a higher class may go to that replica, or
+one before it in this order stays waiting for it: whatever holds `high` here holds a
+lower follow-up too.
 
 Late binding to the fleet as it is now: each pass reads the healthy candidates of each
 waiting model from the fleet (`Fleet.candidates`, what the request path asks on arrival),
@@ -403,7 +407,7 @@ class Gate:
             return projected
         b = bind(loads, limits, self._per_token, self._in_flight_s, 0.0,
                  self.config.own_replica_max_wait_s, self._prior_s, tokens, past_room)
-        return min(projected, wait_past(loads, b, self._per_token))
+        return min(projected, wait_past(loads, b, self._per_token, tokens))
 
     def _fair_part(self, flow: Flow) -> float:
         """`flow`'s weighted share among the tenants waiting in its class, itself in."""
@@ -527,6 +531,11 @@ class Gate:
                       past: Mapping[Priority, set[str]], now: float, matching: bool,
                       pools: Pools) -> str | None:
         cfg = self.config
+        # past the room puts a request in the engine ahead of whoever waits here for that
+        # replica: never ahead of a higher class (`above`), nor of a waiter before it in
+        # this order that stays (`held`) (room.py, "past")
+        above = self._wanted_above(pools)
+        held: set[str] = set()
         for flow in self._shares.order(self._tokens, lambda f: self._recent.part(f, now)):
             room = roomy.get(flow[0], set())
             beyond = past.get(flow[0], set())
@@ -535,9 +544,12 @@ class Gate:
             keeps_place = flow[0] == "high" or (matching and self._owed(flow, now))
             for w in list(self._flows.get(flow, ())):
                 pool = pools.get(w.ask.key(), ())
-                if w.future.done() or not (any(r.name in room for r in pool)
-                                           or _holds_history(w.preview, pool, beyond)):
-                    continue  # cancelled (it leaves in its own task), or nowhere to go
+                if w.future.done():
+                    continue  # cancelled: it leaves in its own task
+                if not (any(r.name in room for r in pool)
+                        or _holds_history(w.preview, pool, beyond - held - above[w.cls])):
+                    held.update(r.name for r in pool)
+                    continue  # nowhere to go
                 loads = [dataclasses.replace(self._seen_by(w.returning, base[r.name]),
                                              predicted_tokens=w.preview.predicted.get(r.name, 0))
                          for r in pool]
@@ -547,7 +559,10 @@ class Gate:
                          cfg.own_replica_past_room)
                 if b.why == "own" and w.own_since is None:
                     w.own_since = now
-                if not b.go or (matching and b.why == "elsewhere" and not keeps_place):
+                ahead = b.why == "past" and not (held | above[w.cls]).isdisjoint(b.replicas)
+                if not b.go or ahead or (matching and b.why == "elsewhere"
+                                         and not keeps_place):
+                    held.update(r.name for r in pool)
                     continue
                 allowed = [r for r in pool if r.name in b.replicas]
                 self._leave(w)
@@ -568,6 +583,23 @@ class Gate:
                 return ticket.plan.decision.replica
         return None
 
+    def _wanted_above(self, pools: Pools) -> dict[Priority, set[str]]:
+        """Per class, the replicas some waiter of a higher class may go to: a request of
+        the class goes to none of them past the room (room.py, "past")."""
+        wanted: dict[Priority, set[str]] = {c: set() for c in CLASSES}
+        keys: dict[Priority, set[PoolKey]] = {c: set() for c in CLASSES}
+        for (c, _), q in self._flows.items():
+            keys[c].update(w.ask.key() for w in q if not w.future.done())
+        for c, ks in keys.items():
+            for k in ks:
+                wanted[c].update(r.name for r in pools.get(k, ()))
+        above: dict[Priority, set[str]] = {}
+        higher: set[str] = set()
+        for c in sorted(CLASSES, key=priority.rank):
+            above[c] = set(higher)
+            higher |= wanted[c]
+        return above
+
     def _leave(self, w: _Waiter) -> None:
         queue = self._flows.get(w.flow)
         if queue is None or w not in queue:
@@ -581,6 +613,8 @@ class Gate:
             del self._flows[w.flow]
             self._tokens.pop(w.flow, None)
             self._shares.forget_idle(self._tokens)
+        if self._count == 0:
+            self._drain.clear()  # the drain is measured while requests wait (shedding.py)
         self._depth()
 
     def _answer(self, gone: Mapping[PoolKey, GatewayError]) -> None:

@@ -49,21 +49,25 @@ context is the least recently used and goes first, and that program is known to 
 
 **Past the room** (`past_room` > 1, `[admission] own_replica_past_room`): the room is
 the gateway's own count, not the engine's: a follow-up whose own replica is full by the
-queued prefill, or by requests waiting in the engine (vLLM's waiting queue holds what
-its step's token budget has not reached: the same queue), while every other limit
-still has room (its sequences, learned or capped, and KV usage: `passable`), may be
-sent there anyway, and the engine queues it behind what is queued.
-Priced by the same model (`cost_past`): the queued prefill there + its uncached part +
-what that evicts, at that replica's rate. It goes there when that is no dearer than
-moving (`cost_elsewhere`, the cheapest replica with room) and than holding (`cost_own`);
-with no replica with room, holding is its only other choice and costs at least as much
-(the same queue, plus what it waited). The bound keeps overload at the gateway: never
-while the prefill queued there is `past_room` times its room (`prefill_room`) or more,
-nor past the engine's own limits (sequences, KV usage); beyond that it holds or
-moves as above. Only a follow-up goes past the room, and only where leaving costs it
-history: a new conversation (no replica holds any of its prompt), a single candidate, or
-a prefix every healthy candidate holds (a shared system prompt) gains nothing from it but
-a place ahead of the gateway's queue.
+queued prefill (this gateway's count: whatever else waits in the engine besides) while
+every other limit still has room (its sequences, learned or capped, and KV usage:
+`passable`), may be sent there anyway, and the engine queues it behind what is queued.
+Not when only the engine's waiting queue fills it: that is what holds `high` (whose
+prefill room is unbounded), and whatever holds `high` holds a lower follow-up too; the
+gate also sends none past the room while a request of a higher class, or one before it
+in the gate's order, waits for that replica (gate.py).
+Priced by the same model (`cost_past`): what waits there (`queue_ahead`: the prefill
+queued there, or the requests waiting in its engine each priced like this one, the
+larger) + its uncached part + what that evicts, at that replica's rate. It goes there
+when that is no dearer than moving (`cost_elsewhere`, the cheapest replica with room)
+and than holding (`cost_own`); with no replica with room, holding is its only other
+choice, and it holds when the engine's queue makes going dearer than that. The bound
+keeps overload at the gateway: never while the prefill queued there is `past_room`
+times its room (`prefill_room`) or more, nor past the engine's own limits (sequences,
+KV usage); beyond that it holds or moves as above. Only a follow-up goes past the room,
+and only where leaving costs it history: a new conversation (no replica holds any of its
+prompt), a single candidate, or a prefix every healthy candidate holds (a shared system
+prompt) gains nothing from it but a place ahead of the gateway's queue.
 
 The wait estimate is deliberately rough: the queued prefill in front of it at the
 replica's rate (it waits behind all of it, in the gateway or in the engine), plus
@@ -216,31 +220,45 @@ def cost_elsewhere(load: ReplicaLoad, prefill_s_per_token: float, prompt_tokens:
                           + redo_tokens(load, uncached))
 
 
+def queue_ahead(load: ReplicaLoad, prompt_tokens: float) -> float:
+    """Prefill tokens a request sent to `load` now waits behind in its engine: the prefill
+    this gateway queued there, or, when more, the requests waiting in the engine (other
+    clients', or begun by the estimate but still waiting) each priced like this one (the
+    gateway knows no other size for them); the larger, as the two may be the same
+    requests."""
+    waiting = load.engine_waiting or 0.0
+    return max(load.queued_prefill_tokens, waiting * max(0.0, prompt_tokens))
+
+
 def cost_past(load: ReplicaLoad, prefill_s_per_token: float, prompt_tokens: float) -> float:
     """Seconds that sending the request to `load` (its own replica) now, past the gateway's
-    room, costs: the engine queues it behind the prefill queued there, then its uncached
-    part + what that evicts, all at `load`'s rate (module docstring)."""
+    room, costs: the engine queues it behind what waits there (`queue_ahead`), then its
+    uncached part + what that evicts, all at `load`'s rate (module docstring)."""
     s = rate(load, prefill_s_per_token)
     uncached = max(0.0, prompt_tokens - load.predicted_tokens)
-    return s * (load.queued_prefill_tokens + uncached + redo_tokens(load, uncached))
+    return s * (queue_ahead(load, prompt_tokens) + uncached + redo_tokens(load, uncached))
 
 
 def wait_past(loads: Sequence[ReplicaLoad], binding: Binding,
-              prefill_s_per_token: float) -> float:
-    """Seconds a request `binding` sends past the room ("past") waits in the engine there:
-    the prefill queued there at its rate (the least among its replicas); inf for any
-    other binding (its wait is the gateway's queue's)."""
+              prefill_s_per_token: float, prompt_tokens: float = 0.0) -> float:
+    """Seconds a request of `prompt_tokens` that `binding` sends past the room ("past")
+    waits in the engine there: what waits there (`queue_ahead`) at its rate (the least
+    among its replicas); inf for any other binding (its wait is the gateway's queue's)."""
     if binding.why != "past":
         return math.inf
-    return min((rate(ld, prefill_s_per_token) * ld.queued_prefill_tokens
+    return min((rate(ld, prefill_s_per_token) * queue_ahead(ld, prompt_tokens)
                 for ld in loads if ld.name in binding.replicas), default=math.inf)
 
 
 def passable(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float,
              past_room: float) -> bool:
-    """`load` is full by its queued-prefill room alone and within `past_room` times it: a
-    follow-up whose history it holds may be sent there past the room (module docstring)."""
+    """`load` is full by its queued-prefill room and within `past_room` times it: a
+    follow-up whose history it holds may be sent there past the room (module docstring).
+    Never when only the engine's waiting queue fills it: that queue is what holds `high`
+    in the gateway (its prefill room is unbounded), and a lower class must not reach the
+    engine ahead of a `high` held for it."""
     return (past_room > 1.0 and not has_room(load, limits, prompt_tokens)
+            and load.queued_prefill_tokens >= prefill_room(load, limits, prompt_tokens)
             and has_room(load, limits, prompt_tokens, past_room))
 
 

@@ -94,12 +94,18 @@ class Shed(GatewayError):
 class DrainRate:
     """Prompt tokens per second the queue released while requests waited: the fleet's
     measured throughput in the units the queue counts. A bounded ring of (time, tokens);
-    below `floor` (the cost model's prefill rate) it is never believed, so a few slow
-    samples cannot shed everything."""
+    below `floor` (the cost model's prefill rate) it is not believed from a few samples
+    or a short span, so a few slow samples cannot shed everything; a drain measured over
+    `trusted_span_s` or more stands even below the floors (replicas bound by their
+    sequences release the queue far slower than they could prefill, and a projection at
+    the prefill rate would hold each arrival to its `wait_timeout` instead of answering
+    it at once). The gate clears it when its queue empties (`clear`), so the time nobody
+    waited is never counted as a slow drain."""
 
     floor: float
     capacity: int = 256
     window_s: float = 30.0
+    trusted_span_s: float = 10.0
     _samples: list[tuple[float, float]] | None = None
 
     def add(self, now: float, tokens: float) -> None:
@@ -110,11 +116,17 @@ class DrainRate:
             del self._samples[: len(self._samples) - self.capacity]
 
     def rate(self, now: float, floor: float | None = None) -> float:
-        """Tokens per second, never below `floor` (None: `self.floor`): the caller's
-        better-informed floor, the fleet's own prefill rate (gate.py `_projected_s`)."""
+        """Tokens per second, not below `floor` (None: `self.floor`: the caller's
+        better-informed floor, the fleet's own prefill rate, gate.py `_projected_s`)
+        unless measured over `trusted_span_s`."""
         least = self.floor if floor is None or floor <= 0 else max(self.floor, floor)
         s = [x for x in (self._samples or []) if x[0] >= now - self.window_s]
         if len(s) < 8:
             return least
         span = max(s[-1][0] - s[0][0], 1e-3)
-        return max(least, sum(t for _, t in s[1:]) / span)
+        measured = sum(t for _, t in s[1:]) / span
+        return measured if span >= self.trusted_span_s else max(least, measured)
+
+    def clear(self) -> None:
+        """Forget the samples: nobody waits, so the next wait measures afresh."""
+        self._samples = None

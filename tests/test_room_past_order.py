@@ -1,0 +1,129 @@
+"""Past the room in the gate's order (gate.py `_release_pass`, room.py "past"): a follow-up
+whose own replica is full by this gateway's queued prefill may go there past the room,
+but never into the engine ahead of a request of a higher class that waits here for that
+replica, nor ahead of one of its own class before it in the gate's order."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+
+import pytest
+
+from gateway.admission.config import AdmissionConfig
+from gateway.admission.gate import Ask, Gate, Ticket
+from gateway.admission.room import ReplicaLoad, RoomLimits, passable, reserved
+from gateway.replicas.fleet import Fleet
+from gateway.routing.config import RoutingConfig
+from gateway.routing.router import Router
+from gateway.settings import ReplicaSettings
+from gateway.usage.metrics import GatewayMetrics
+from tests.test_admission_engine import Clock, snap
+
+
+def chat(priority: bytes, tenant: str, *turns: str) -> Ask:
+    roles = itertools.cycle(("user", "assistant"))
+    body = {"model": "m", "messages": [{"role": r, "content": t}
+                                       for r, t in zip(roles, turns, strict=False)]}
+    # sent at the clock's time (it stands still): older plans are swept from the router
+    return Ask(body, "chat", "m", None, None, tenant, priority, Clock().t)
+
+
+HISTORY = "the history of this conversation " * 120
+BULK = "a long unrelated document, queued and not begun " * 900  # ~11k tokens each
+
+
+async def _wait_queued(g: Gate, cls: str, n: int) -> None:
+    for _ in range(200):  # bounded: until it is queued
+        if g.stats()["queued"][cls] >= n:
+            return
+        await asyncio.sleep(0.001)
+
+
+def scenario(first: bytes | None, tenant: str = "y") -> tuple[bool, bool]:
+    """The low follow-up's own replica holds two ~11k-token prompts this gateway sent and
+    the engine has not begun (full by the queued prefill: past the room is open to it);
+    both engines show three requests waiting (those two among them), so a `first`
+    newcomer (no history) of `tenant` waits here (None: none comes). Returns (the
+    follow-up went, the newcomer went)."""
+    async def run() -> tuple[bool, bool]:
+        routing = RoutingConfig()
+        fleet = Fleet([ReplicaSettings(name=n, url=f"http://{n}:8000", models=("m",))
+                       for n in ("a", "b")])
+        for r in fleet.replicas.values():
+            r.healthy = True
+        clock = Clock()  # stands still: the scrapes stay fresh, nothing begins
+        g = Gate(AdmissionConfig(enabled=True, recheck_s=0.001, default_priority_cap="high"),
+                 routing, Router(routing), GatewayMetrics(), clock, clock, fleet=fleet,
+                 scrape_interval_s=1.0)
+        pool = list(fleet.replicas.values())
+        t1 = await g.admit(chat(b"low", "x", HISTORY), pool)
+        home = t1.replica
+        assert home is not None
+        other = next(n for n in fleet.replicas if n != home)
+        held: list[Ticket] = [t1]
+        for i in range(2):
+            held.append(await g.admit(chat(b"low", "x", f"{i} " + BULK),
+                                      [fleet.replicas[home]]))
+        held.append(await g.admit(chat(b"low", "x", "an unrelated conversation " * 40),
+                                  [fleet.replicas[other]]))
+        for name, r in fleet.replicas.items():
+            r.in_flight = 1
+            fleet.set_snapshot(name, snap(clock, 64.0, waiting=3.0), in_flight=1)
+        newcomer = asyncio.create_task(
+            g.admit(chat(first or b"low", tenant, "a new question"), pool)
+            if first is not None else asyncio.sleep(3600.0))
+        if first is not None:
+            await _wait_queued(g, first.decode(), 1)
+        low = asyncio.create_task(
+            g.admit(chat(b"low", "x", HISTORY, "an answer", "and then?"), pool))
+        for _ in range(100):  # a few rechecks, bounded
+            if low.done():
+                break
+            await asyncio.sleep(0.001)
+        result = low.done() and not low.cancelled(), newcomer.done()
+        for t in (newcomer, low):
+            t.cancel()
+        await asyncio.gather(newcomer, low, return_exceptions=True)
+        for ticket in held:
+            g.done(ticket)
+        await g.aclose()
+        return result
+    return asyncio.run(run())
+
+
+def test_alone_the_follow_up_goes_past_the_room() -> None:
+    # the control: nobody waits before it, and past the room is what sends it
+    low_went, _ = scenario(None)
+    assert low_went
+
+
+def test_a_low_follow_up_does_not_go_past_the_room_ahead_of_a_waiting_high() -> None:
+    low_went, high_went = scenario(b"high")
+    assert not high_went
+    assert not low_went, "a low follow-up went past the room while high waited for it"
+
+
+def test_nor_ahead_of_an_earlier_waiter_of_its_own_class() -> None:
+    # the same tenant: its flow's first waiter is the newcomer
+    low_went, earlier_went = scenario(b"low", "x")
+    assert not earlier_went
+    assert not low_went, "a low follow-up went past the room ahead of an earlier low"
+
+
+LOWER = reserved(RoomLimits(math.inf, 32_768, 0.97), 0.75, 0.5)  # 16,384 tokens of room
+
+
+@pytest.mark.parametrize(("queued", "waiting", "past"), [
+    (0.0, 1.0, False),  # only the engine's queue fills it: that holds `high` too
+    (8_000.0, 5.0, False),
+    (20_000.0, 0.0, True),  # full by this gateway's queued prefill
+    (20_000.0, 5.0, True),  # ... whatever else waits in the engine
+    (40_000.0, 0.0, False),  # beyond twice the room
+])
+def test_past_the_room_is_open_only_where_the_queued_prefill_fills_it(
+        queued: float, waiting: float, past: bool) -> None:
+    ld = ReplicaLoad("a", in_flight=2, queued_prefill_tokens=queued, kv_usage=0.3,
+                     occupancy=3.0 + waiting, engine_waiting=waiting, seq_limit=64)
+    assert passable(ld, LOWER, 4_000.0, 2.0) is past
