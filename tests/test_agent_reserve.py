@@ -4,8 +4,10 @@ tool call (gateway.agents.reserve), by table; time is a parameter."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gateway.agents.gaps import GapLearner, remaining_wait
+from gateway.agents.gaps import GapLearner, remaining_wait, remaining_wait_sorted
 from gateway.agents.programs import ProgramId
 from gateway.agents.reserve import Reservations, holds, kv_with_reserved
 
@@ -197,3 +199,19 @@ def test_a_hold_ends_when_its_replica_restarts() -> None:
     assert (res.reserved_tokens("r", 110.5), len(res)) == (0, 0)
     res.ended(ProgramId("t", "run", "session"), "r", 1000, 111.0)  # a turn since: held
     assert res.reserved_tokens("r", 111.5) == 1000
+
+
+@given(st.lists(st.floats(0.0, 100.0), max_size=40), st.floats(0.0, 120.0),
+       st.sampled_from([0.1, 0.5, 0.9, 1.0]))
+def test_the_bisected_remaining_wait_equals_the_whole_one(
+        gaps: list[float], elapsed: float, q: float) -> None:
+    """What the reservation reads (bisection over the sorted gaps) is `remaining_wait`."""
+    assert remaining_wait_sorted(sorted(gaps), elapsed, q) == remaining_wait(gaps, elapsed, q)
+
+
+def test_the_sorted_prior_follows_what_is_taught() -> None:
+    g = GapLearner(min_samples=4)
+    g.observe(("t", "a"), 3.0, 0.0)
+    assert g.samples(("t", "x"), 0.0) == (3.0,)
+    g.observe(("t", "b"), 1.0, 0.0)  # a change: the sorted prior is made again
+    assert g.samples(("t", "x"), 0.0) == (1.0, 3.0)
