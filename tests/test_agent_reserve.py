@@ -3,11 +3,13 @@ tool call (gateway.agents.reserve), by table; time is a parameter."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.agents.gaps import GapLearner, remaining_wait, remaining_wait_sorted
+from gateway.agents.gaps import GapLearner, remaining_wait
 from gateway.agents.programs import ProgramId
 from gateway.agents.reserve import Reservations, holds, kv_with_reserved
 
@@ -24,7 +26,7 @@ S = 1e-3  # seconds per prefilled token: 1000 tokens cost 1 s
 ])
 def test_remaining_wait(gaps: list[float], elapsed: float, q: float,
                         want: float | None) -> None:
-    assert remaining_wait(gaps, elapsed, q) == want
+    assert remaining_wait(sorted(gaps), elapsed, q) == whole(gaps, elapsed, q) == want
 
 
 @pytest.mark.parametrize(("elapsed", "tokens", "gaps", "max_s", "want"), [
@@ -205,8 +207,17 @@ def test_a_hold_ends_when_its_replica_restarts() -> None:
        st.sampled_from([0.1, 0.5, 0.9, 1.0]))
 def test_the_bisected_remaining_wait_equals_the_whole_one(
         gaps: list[float], elapsed: float, q: float) -> None:
-    """What the reservation reads (bisection over the sorted gaps) is `remaining_wait`."""
-    assert remaining_wait_sorted(sorted(gaps), elapsed, q) == remaining_wait(gaps, elapsed, q)
+    """What the reservation reads (bisection over the sorted gaps) is the whole one."""
+    assert remaining_wait(sorted(gaps), elapsed, q) == whole(gaps, elapsed, q)
+
+
+def whole(gaps: list[float], elapsed: float, q: float) -> float | None:
+    """The nearest-rank `q`-quantile of `g - elapsed` over the gaps longer than `elapsed`,
+    computed whole (the reference `remaining_wait` bisects to)."""
+    left = sorted(g - elapsed for g in gaps if g > elapsed)
+    if not left:
+        return None
+    return left[max(0, min(len(left) - 1, math.ceil(q * len(left)) - 1))]
 
 
 def test_the_sorted_prior_follows_what_is_taught() -> None:

@@ -146,7 +146,7 @@ def test_one_read_of_a_replicas_reserved_context_is_bounded_work(
     for one pass over 4 replicas on this machine, the event loop blocked). Counted now:
     the samples sorted, and what a bisection examines per program (log2 of the gaps)."""
     examined = [0]
-    real_wait, real_sorted = reserve.remaining_wait_sorted, sorted
+    real_wait, real_sorted = reserve.remaining_wait, sorted
 
     def counting(samples: Sequence[float], elapsed: float, q: float = 0.5) -> float | None:
         examined[0] += math.ceil(math.log2(len(samples) + 1))
@@ -156,7 +156,7 @@ def test_one_read_of_a_replicas_reserved_context_is_bounded_work(
         out = real_sorted(items)
         examined[0] += len(out)
         return out
-    monkeypatch.setattr(reserve, "remaining_wait_sorted", counting)
+    monkeypatch.setattr(reserve, "remaining_wait", counting)
     monkeypatch.setattr(gaps, "sorted", counting_sort, raising=False)
     learner = GapLearner()
     for i in range(600):  # the prior full: 512 gaps of 2 to 4 s

@@ -40,20 +40,9 @@ MAX_TENANTS = 1024
 
 def remaining_wait(gaps: Sequence[float], elapsed: float, q: float = 0.5) -> float | None:
     """The `q`-quantile of `g - elapsed` over the gaps `g` longer than `elapsed` (module
-    docstring); None when there is none."""
-    left = sorted(g - elapsed for g in gaps if g > elapsed)
-    if not left:
-        return None
-    # nearest rank: the smallest value with at least q of the samples at or below it
-    rank = max(0, min(len(left) - 1, math.ceil(q * len(left)) - 1))
-    return left[rank]
-
-
-def remaining_wait_sorted(gaps: Sequence[float], elapsed: float, q: float = 0.5
-                          ) -> float | None:
-    """`remaining_wait` of gaps sorted ascending (what `GapLearner.samples` gives), by
-    bisection: O(log n) per program, where the reservation reads every program between
-    turns on each load the gate reads."""
+    docstring), None when there is none; `gaps` sorted ascending (what
+    `GapLearner.samples` gives), by bisection: O(log n) per program, where the
+    reservation reads every program between turns on each load the gate reads."""
     start = bisect.bisect_right(gaps, elapsed)
     left = len(gaps) - start
     if left <= 0:

@@ -6,7 +6,7 @@ prefix cache, idle, the least recently used there and the first a newcomer evict
 counts as reserved on that replica (`holds`) while
 - less than `max_s` has passed since (`[admission] agent_reserve_max_s`, 10 s by default
   like the vLLM Router's proposal; 0 turns the reservation off), and
-- the expected remaining wait for its next request (gaps.py `remaining_wait_sorted`,
+- the expected remaining wait for its next request (gaps.py `remaining_wait`,
   from its own gaps or its tenant's prior) is below its miss cost: the seconds to prefill its
   context again at the replica's prefill rate.
 Its next request (or `max_s`) ends the reservation, and so does its replica restarting
@@ -45,7 +45,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.agents.gaps import GapLearner, remaining_wait_sorted
+from gateway.agents.gaps import GapLearner, remaining_wait
 from gateway.agents.programs import ProgramId
 
 MAX_THREADS = 4096
@@ -73,7 +73,7 @@ def holds(elapsed: float, context_tokens: int, gaps: Sequence[float], s_per_toke
     docstring); `gaps` sorted ascending (`GapLearner.samples`)."""
     if max_s <= 0 or elapsed < 0 or elapsed >= max_s or context_tokens <= 0:
         return False
-    wait = remaining_wait_sorted(gaps, elapsed, q)
+    wait = remaining_wait(gaps, elapsed, q)
     return wait is not None and wait < context_tokens * s_per_token
 
 
