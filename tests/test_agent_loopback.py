@@ -154,6 +154,9 @@ def test_a_newcomer_goes_elsewhere_while_a_program_is_in_its_tool_call() -> None
         # may come after the client has read the last byte (a loaded machine showed it)
         until(lambda: admission(client)["agent_programs"]["held_tokens"].get(home, 0)
               >= context, "P's context never held on A", timeout=5.0)
+        # a tenant's key reads no program's hold (another tenant's agents move it)
+        mine = client.get("/stats", headers=auth("sk-a")).json()
+        assert "agent_programs" not in mine.get("admission", {}), mine.get("admission")
         with long_answer(url) as running:
             assert running["replica"] == home  # the shared prompt took it to A
             # the gateway has scraped A busy: its KV usage + P's context is past the limit

@@ -34,7 +34,10 @@ STATS: dict[str, Any] = {
                            {"tenant": "bob", "session": "bob-user-3", "request_id": "rb"}],
                 "by_tenant": {"alice": {}, "bob": {}}},
     "admission": {"enabled": True, "queued": {"high": 0},
-                  "admitted_tokens": {"alice": 10, "bob": 20}},
+                  "admitted_tokens": {"alice": 10, "bob": 20},
+                  # how many programs are in a tool call and how much of their context
+                  # is held per replica: moves with other tenants' agents (operators only)
+                  "agent_programs": {"between_turns": 2, "held_tokens": {"r1": 1896}}},
 }
 
 
