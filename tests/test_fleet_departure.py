@@ -20,8 +20,9 @@ import pytest
 from gateway.admission.config import AdmissionConfig
 from gateway.events.kvindex import KVIndex
 from gateway.events.tokenmode import TokenMode
-from gateway.proxy.app import GatewayApp, Services
+from gateway.proxy.app import GatewayApp
 from gateway.proxy.closing import ClosingPeers
+from gateway.proxy.services import Services
 from gateway.replicas.departure import depart, origin
 from gateway.replicas.fleet import Fleet
 from gateway.routing.config import RoutingConfig
