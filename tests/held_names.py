@@ -1,6 +1,6 @@
 """What in the gateway's services still holds a replica's name: a walk over every object
 they reach, so that a per-replica map added later that forgets a departed replica fails
-the departure tests (tests/test_fleet_departure.py, tests/test_fleet_churn.py) without a
+the departure tests (tests/test_fleet_departure_in_flight.py, tests/test_fleet_churn.py) without a
 list of maps to keep up to date."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.bench import explain
-from gateway.bench.compare import format_checks, tiny_note
+from gateway.bench.checks import format_checks, tiny_note
 from gateway.bench.presets import PRESETS
 from gateway.bench.table import summary_table
 
@@ -60,7 +60,7 @@ def test_check_lines_say_what_they_mean(checks: list[dict[str, object]], meaning
 
 
 def test_every_check_the_compare_makes_has_a_meaning() -> None:
-    from gateway.bench.compare import quality_checks
+    from gateway.bench.checks import quality_checks
 
     column = {"policy": "prefix", "bound_share": 0.9, "ttft_ms": {"p99": 1.0},
               "replica_requests": {"max_over_mean": 1.0}, "follow_ups_moved": 0.0,

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench.cli import SHIPPED_TRACE, build_parser, main
+from gateway.bench.cli import build_parser, main
+from gateway.bench.flags import SHIPPED_TRACE
 from gateway.bench.server import replica_urls
 from tests.servers import free_port, running, script
 

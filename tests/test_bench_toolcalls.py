@@ -149,10 +149,11 @@ def test_the_sessions_turns_are_calls_and_tool_outputs() -> None:
 
 
 def test_the_flag_reaches_the_workload() -> None:
-    from gateway.bench.cli import _preset, build_parser
+    from gateway.bench.cli import build_parser
+    from gateway.bench.flags import preset_of
 
     args = build_parser().parse_args(["run", "--base-url", "http://x", "--tool-calls"])
-    assert _preset(args).workload.tool_calls is True
+    assert preset_of(args).workload.tool_calls is True
     args = build_parser().parse_args(["run", "--base-url", "http://x"])
-    assert _preset(args).workload.tool_calls is False
+    assert preset_of(args).workload.tool_calls is False
     assert replace(WorkloadConfig(), tool_calls=True).tool_calls

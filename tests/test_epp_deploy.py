@@ -50,7 +50,7 @@ def test_picker_settings_and_pod() -> None:
     assert settings.epp.host == "0.0.0.0"
     pod = d["Deployment"]["spec"]["template"]["spec"]
     # the service account may read the pool and list and watch its pods, nothing more
-    # (exactly what the pool watch's calls need: tests/test_deploy.py)
+    # (exactly what the pool watch's calls need: tests/test_deploy_rbac.py)
     assert pod["serviceAccountName"] == d["ServiceAccount"]["metadata"]["name"]
     rules = {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"])
              for r in d["Role"]["rules"]}

@@ -15,8 +15,8 @@ import httpx
 from gateway.admission.config import AdmissionConfig
 from gateway.proxy.app import GatewayApp
 from gateway.settings import Settings, parse_settings
+from tests.held_replica import Held
 from tests.proxy_fakes import chat
-from tests.test_fleet_review37 import Held
 from tests.test_fleet_sources_loopback import DEADLINE_S, settings, until
 
 

@@ -36,7 +36,7 @@ async def test_the_catch_up_starts_once_the_dns_replicas_are_known(
 
     async def start_shared_state(settings: Any, router: Any, services: Any, metrics: Any,
                                  clock: Any) -> Any:
-        known_at_catch_up.append([n for n in names if n in router._limits])
+        known_at_catch_up.append([n for n in names if n in router._ledger.limits])
         return await real(settings, router, services, metrics, clock)
 
     monkeypatch.setattr(app_module, "start_shared_state", start_shared_state)

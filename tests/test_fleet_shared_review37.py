@@ -6,7 +6,6 @@ fleet comes from [[replicas]] or from a DNS name must make no difference."""
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import httpx
 import pytest
@@ -15,17 +14,13 @@ from gateway.proxy.app import GatewayApp
 from gateway.routing.config import RoutingConfig
 from gateway.settings import ReplicaSettings
 from gateway.shared.config import RedisSettings
+from tests.held_replica import predicted
 from tests.proxy_fakes import chat
 from tests.redis_server import needs_redis, redis_server
 from tests.servers import free_port
 from tests.test_fleet_sources_loopback import HOSTS, pods, port_on_every_host, settings, until
 
 pytest.importorskip("redis")
-
-
-def _predicted(resp: httpx.Response) -> int:
-    found = re.search(r"predicted=(\d+)", resp.headers.get("x-gateway-cache", ""))
-    return int(found.group(1)) if found else 0
 
 
 @needs_redis
@@ -68,7 +63,7 @@ async def test_an_instance_started_later_replays_what_the_others_learned(
                     assert r.status_code == 200
                     served = r.headers["x-gateway-replica"]
                     r = await ca.post("/v1/chat/completions", json=body)
-                    assert _predicted(r) > 0  # the first learned it
+                    assert predicted(r) > 0  # the first learned it
                 later = GatewayApp(base, resolver=resolve)
                 async with later.running():
                     sb = later.services
@@ -78,5 +73,5 @@ async def test_an_instance_started_later_replays_what_the_others_learned(
                                                  base_url="http://gw", timeout=30) as cb:
                         r = await cb.post("/v1/chat/completions", json=body)
                         assert r.status_code == 200
-                        assert (r.headers["x-gateway-replica"], _predicted(r) > 0) == (
+                        assert (r.headers["x-gateway-replica"], predicted(r) > 0) == (
                             served, True), r.headers.get("x-gateway-cache")

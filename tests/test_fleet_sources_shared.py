@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from gateway.proxy.app import GatewayApp, Services
+from gateway.proxy.app import GatewayApp
+from gateway.proxy.services import Services
 from gateway.replicas.sources import Resolver
 from gateway.shared.config import RedisSettings
 from tests.held_names import names_held

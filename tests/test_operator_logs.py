@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.bench.cli import base_url
+from gateway.bench.flags import base_url
 from gateway.logs import JsonFormatter, TextFormatter
 from gateway.replicas.monitor import warning_due
 from gateway.usage.access import access_fields

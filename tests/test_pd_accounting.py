@@ -2,7 +2,7 @@
 own report says of P's cache and of its prediction, and how the cache figures of /stats
 and /metrics count a two-leg request (a miss on P is a miss; tokens pulled back from the
 decoder are neither hits nor misses). Tables of values, and one loopback run for the
-wiring (tests/test_pd_loopback.py's harness)."""
+wiring (tests/pd_gateway.py's harness)."""
 
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ from gateway.usage.logfile import LogError, record_from_json
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.record import UsageRecord
 from gateway.usage.stats import UsageWindows
+from tests.pd_gateway import CHAT, gateway, next_turn, replicas, served, url
 from tests.pd_replica import P_CACHED
 from tests.records import usage_record
-from tests.test_pd_loopback import CHAT, gateway, next_turn, replicas, served, url
 
 BLOCK = 16
 THRESHOLD = 64

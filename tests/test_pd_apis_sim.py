@@ -37,9 +37,9 @@ from gateway.pd.config import PdConfig
 from gateway.routing.config import RoutingConfig
 from gateway.settings import ReplicaSettings, ServerSettings, Settings
 from gateway.usage.config import UsageConfig
+from tests.pd_gateway import served
 from tests.servers import free_port, gateway, sim
 from tests.sim_http import FAST, MODEL, scrape
-from tests.test_pd_loopback import served
 from tests.test_pd_review import until
 
 KEYS = {"key-a": "A", "key-b": "B"}

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.pd.metrics import PdMetrics
 from gateway.pd.stats import PdStats
-from tests.test_pd_loopback import CHAT, gateway, replicas, reuse, url
+from tests.pd_gateway import CHAT, gateway, replicas, reuse, url
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -27,9 +27,9 @@ from gateway.pd.legs import FRESH
 from gateway.routing.config import RoutingConfig
 from gateway.settings import AuthSettings, ReplicaSettings, ServerSettings, Settings
 from gateway.usage.config import UsageConfig
+from tests.pd_gateway import CHAT, Gateway, next_turn, replicas, served, url
 from tests.pd_replica import PdReplica
 from tests.test_fault_hang import free_port
-from tests.test_pd_loopback import CHAT, Gateway, next_turn, replicas, served, url
 
 # What a client could send to make an engine load (or lease) blocks it names: a decode
 # shape naming a victim's blocks on another engine, and a prefill shape.
@@ -47,7 +47,7 @@ async def gateway(specs: list[tuple[str, str, str]], pd: PdConfig, *,
                   read_timeout_s: float = 10, admission: bool = False,
                   retries: int | None = None, keys: dict[str, str] | None = None,
                   max_in_flight: int = 0) -> AsyncIterator[Gateway]:
-    """As tests/test_pd_loopback.py's, with the read timeout, admission (and its cap per
+    """As tests/pd_gateway.py's, with the read timeout, admission (and its cap per
     replica), retries and tenants' keys settable. `specs`: (name, url, role)."""
     settings = Settings(
         replicas=tuple(ReplicaSettings(name=n, url=u, role=role, models=("m",))  # type: ignore[arg-type]

@@ -35,8 +35,8 @@ from gateway.tokens.render import TokenRenderer
 from gateway.tokens.template import load_template
 from gateway.tokens.tokenize import TokenizerCache
 from gateway.usage.record import UsageRecord
+from tests.pd_gateway import CHAT, gateway, next_turn, replicas, url
 from tests.pd_replica import PROMPT_TOKENS
-from tests.test_pd_loopback import CHAT, gateway, next_turn, replicas, url
 from tests.test_pd_review import until
 
 MODEL = Path(__file__).parent / "data" / "tiny-model"

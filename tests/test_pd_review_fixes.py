@@ -27,7 +27,7 @@ import pytest
 
 from gateway.pd.config import PdConfig
 from gateway.pd.legs import FRESH
-from tests.test_pd_loopback import CHAT, next_turn, replicas, url
+from tests.pd_gateway import CHAT, next_turn, replicas, url
 from tests.test_pd_review import LEASE, VICTIM, gateway, params_sent, until
 
 BODIES: dict[str, tuple[str, dict[str, Any]]] = {

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from gateway.pd.legs import FRESH
-from tests.test_pd_loopback import CHAT, gateway, next_turn, replicas, reuse, sse_texts, url
+from tests.pd_gateway import CHAT, gateway, next_turn, replicas, reuse, sse_texts, url
 
 LEAKS = (b"kv_transfer_params", b"remote_block_ids", b"remote_host")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tests.pd_gateway import CHAT, gateway, replicas, sse_texts, url
 from tests.test_fault_hang import free_port
-from tests.test_pd_loopback import CHAT, gateway, replicas, sse_texts, url
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -22,11 +22,9 @@ from gateway.admission.config import AdmissionConfig
 from gateway.admission.gate import Gate
 from gateway.admission.room import (
     ReplicaLoad,
-    RoomLimits,
     bind,
     cost_past,
     passable,
-    reserved,
 )
 from gateway.admission.shares import Flow
 from gateway.agents import gaps, reserve
@@ -39,19 +37,15 @@ from gateway.routing.router import Router
 from gateway.settings import ReplicaSettings
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.snapshot import EngineSnapshot
+from tests.room_builders import LIMITS, PER_TOKEN, full_own
 from tests.test_admission_engine import Clock
-
-LIMITS = reserved(RoomLimits(math.inf, 32_768, 0.97), 0.75, 0.5)  # `normal`'s
-PER_TOKEN = 0.001
 
 
 def own(waiting: float) -> ReplicaLoad:
     """A follow-up's own replica, full by the gateway's queued prefill alone (20k of a
     16,384 room), its engine running 100 sequences of the 800 it has shown and holding
     `waiting` more in its queue (long prompts waiting for the token budget)."""
-    return ReplicaLoad("a", in_flight=2, queued_prefill_tokens=20_000.0, kv_usage=0.5,
-                       predicted_tokens=12_000, occupancy=100.0 + waiting,
-                       engine_waiting=waiting, seq_limit=800, largest_prompt_tokens=14_000.0)
+    return full_own(kv=0.5, occupancy=100.0 + waiting, waiting=waiting, seq_limit=800)
 
 
 @pytest.mark.parametrize("waiting", [50.0, 200.0, 400.0])

@@ -9,25 +9,16 @@ waits in the gateway and a `low` follow-up goes past it into the engine."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
 
-from gateway.admission.config import AdmissionConfig
-from gateway.admission.gate import Ask, Gate
+from gateway.admission.gate import Ask
 from gateway.admission.room import ReplicaLoad, RoomLimits, bind, reserved
-from gateway.replicas.fleet import Fleet
-from gateway.routing.config import RoutingConfig
-from gateway.routing.router import Router
-from gateway.settings import ReplicaSettings
-from gateway.usage.metrics import GatewayMetrics
+from tests.room_builders import ask, two_replicas, wait_queued
 from tests.test_admission_engine import Clock, snap
 
 
 def chat(priority: bytes, *turns: str) -> Ask:
-    roles = itertools.cycle(("user", "assistant"))
-    body = {"model": "m", "messages": [{"role": r, "content": t}
-                                       for r, t in zip(roles, turns, strict=False)]}
-    return Ask(body, "chat", "m", None, None, "t", priority, 0.0)
+    return ask(priority, "t", *turns)
 
 
 HISTORY = "the history of this conversation " * 120
@@ -38,15 +29,8 @@ def test_a_low_follow_up_does_not_reach_the_engine_ahead_of_a_waiting_high() -> 
     newcomer waits in the gateway; a `low` follow-up arriving after it must not be sent
     into the engine before it (the engine serves it first, without a priority policy)."""
     async def run() -> tuple[bool, int]:
-        routing = RoutingConfig()
-        fleet = Fleet([ReplicaSettings(name=n, url=f"http://{n}:8000", models=("m",))
-                       for n in ("a", "b")])
-        for r in fleet.replicas.values():
-            r.healthy = True
         clock = Clock()  # stands still: the scrapes stay fresh, nothing begins
-        g = Gate(AdmissionConfig(enabled=True, recheck_s=0.001, default_priority_cap="high"),
-                 routing, Router(routing), GatewayMetrics(), clock, clock, fleet=fleet,
-                 scrape_interval_s=1.0)
+        fleet, g = two_replicas(clock)
         pool = list(fleet.replicas.values())
         t1 = await g.admit(chat(b"low", HISTORY), pool)  # the low conversation's turn 1
         home = t1.replica
@@ -60,10 +44,7 @@ def test_a_low_follow_up_does_not_reach_the_engine_ahead_of_a_waiting_high() -> 
             r.in_flight = 1
             fleet.set_snapshot(name, snap(clock, 1.0, waiting=1.0), in_flight=1)
         high = asyncio.create_task(g.admit(chat(b"high", "a new urgent question"), pool))
-        for _ in range(50):  # bounded: until it is queued
-            if g.stats()["queued"]["high"] == 1:
-                break
-            await asyncio.sleep(0.001)
+        await wait_queued(g, "high", 1, tries=50)
         assert g.stats()["queued"]["high"] == 1
         low = asyncio.create_task(
             g.admit(chat(b"low", HISTORY, "an answer", "and then?"), pool))

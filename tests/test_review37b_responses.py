@@ -16,8 +16,8 @@ from aiohttp import web
 from gateway.proxy.app import GatewayApp
 from gateway.routing.affinity import owned
 from gateway.settings import Settings, parse_settings
+from tests.held_replica import Held
 from tests.proxy_fakes import MODEL
-from tests.test_fleet_review37 import Held
 from tests.test_fleet_sources_loopback import DEADLINE_S, settings, until
 
 

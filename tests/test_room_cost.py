@@ -3,37 +3,21 @@ prefill rate an engine's scrapes show (engine.py `learn_rate`)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from gateway.admission.engine import RATE_ALPHA, PrefillRate, learn_rate
 from gateway.admission.room import (
     ReplicaLoad,
-    RoomLimits,
     bind,
     evicted,
     has_room,
     prefill_room,
     redo_tokens,
-    reserved,
 )
+from tests.room_builders import IN_FLIGHT_S, LIMITS, PER_TOKEN, load
 
-# the default room as `normal` sees it: half of 32,768 queued prefill tokens
-LIMITS = reserved(RoomLimits(math.inf, 32_768, 0.97), 0.75, 0.5)
-PER_TOKEN = 0.001  # 1 ms per prefill token: easy arithmetic
-IN_FLIGHT_S = 0.01
-
-
-def load(name: str, **kw: float) -> ReplicaLoad:
-    return ReplicaLoad(name=name, in_flight=int(kw.pop("in_flight", 1)),
-                       queued_prefill_tokens=kw.pop("queued", 0.0),
-                       predicted_tokens=int(kw.pop("predicted", 0)),
-                       largest_prompt_tokens=kw.pop("largest", 0.0),
-                       prefill_s_per_token=kw.pop("rate", None),
-                       cache_free_tokens=kw.pop("free", None),
-                       reserved_tokens=kw.pop("reserved", 0.0),
-                       engine_waiting=kw.pop("waiting", None))
+# LIMITS: the default room as `normal` sees it, half of 32,768 queued prefill tokens;
+# PER_TOKEN: 1 ms per prefill token (tests/room_builders.py)
 
 
 @pytest.mark.parametrize(("ld", "prompt", "room", "roomy"), [

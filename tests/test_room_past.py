@@ -12,44 +12,20 @@ import pytest
 from gateway.admission.room import (
     Binding,
     ReplicaLoad,
-    RoomLimits,
     bind,
     cost_past,
     passable,
-    reserved,
     wait_past,
 )
 from gateway.admission.shedding import DrainRate
+from tests.room_builders import IN_FLIGHT_S, LIMITS, PER_TOKEN, load
+from tests.room_builders import full_own as own
 
-# `normal`'s room: half of 32,768 queued prefill tokens (16,384); 1 ms a token
-LIMITS = reserved(RoomLimits(math.inf, 32_768, 0.97), 0.75, 0.5)
-PER_TOKEN = 0.001
-IN_FLIGHT_S = 0.01
+# LIMITS: `normal`'s room, half of 32,768 queued prefill tokens (16,384); 1 ms a token
 PAST = 2.0  # the default `own_replica_past_room`
-
-
-def load(name: str, **kw: float) -> ReplicaLoad:
-    return ReplicaLoad(name=name, in_flight=int(kw.pop("in_flight", 1)),
-                       queued_prefill_tokens=kw.pop("queued", 0.0),
-                       predicted_tokens=int(kw.pop("predicted", 0)),
-                       largest_prompt_tokens=kw.pop("largest", 0.0),
-                       prefill_s_per_token=kw.pop("rate", None),
-                       cache_free_tokens=kw.pop("free", None),
-                       engine_waiting=kw.pop("waiting", None),
-                       kv_usage=kw.pop("kv", None),
-                       occupancy=kw.pop("occupancy", None),
-                       seq_limit=(None if (lim := kw.pop("seq_limit", None)) is None
-                                  else int(lim)),
-                       healthy=bool(kw.pop("healthy", True)))
-
-
-# its own replica `a` holds 12k of its 14k-token prompt and is full by queued prefill
-# alone (20k queued of a 16,384-token room; 32,768 past it); `b` has room, holds nothing
-def own(**kw: float) -> ReplicaLoad:
-    return load("a", **{"queued": 20_000.0, "predicted": 12_000.0, "in_flight": 2,
-                        "largest": 14_000.0, **kw})
-
-
+# `own()`: its own replica `a` holds 12k of its 14k-token prompt and is full by queued
+# prefill alone (20k queued of a 16,384-token room; 32,768 past it); `b` has room, holds
+# nothing
 PROMPT = 14_000.0
 
 

@@ -6,39 +6,22 @@ replica, nor ahead of one of its own class before it in the gate's order."""
 from __future__ import annotations
 
 import asyncio
-import itertools
-import math
 
 import pytest
 
-from gateway.admission.config import AdmissionConfig
-from gateway.admission.gate import Ask, Gate, Ticket
-from gateway.admission.room import ReplicaLoad, RoomLimits, passable, reserved
-from gateway.replicas.fleet import Fleet
-from gateway.routing.config import RoutingConfig
-from gateway.routing.router import Router
-from gateway.settings import ReplicaSettings
-from gateway.usage.metrics import GatewayMetrics
+from gateway.admission.gate import Ask, Ticket
+from gateway.admission.room import ReplicaLoad, passable
+from tests.room_builders import LIMITS, ask, two_replicas, wait_queued
 from tests.test_admission_engine import Clock, snap
 
 
 def chat(priority: bytes, tenant: str, *turns: str) -> Ask:
-    roles = itertools.cycle(("user", "assistant"))
-    body = {"model": "m", "messages": [{"role": r, "content": t}
-                                       for r, t in zip(roles, turns, strict=False)]}
     # sent at the clock's time (it stands still): older plans are swept from the router
-    return Ask(body, "chat", "m", None, None, tenant, priority, Clock().t)
+    return ask(priority, tenant, *turns, at=Clock().t)
 
 
 HISTORY = "the history of this conversation " * 120
 BULK = "a long unrelated document, queued and not begun " * 900  # ~11k tokens each
-
-
-async def _wait_queued(g: Gate, cls: str, n: int) -> None:
-    for _ in range(200):  # bounded: until it is queued
-        if g.stats()["queued"][cls] >= n:
-            return
-        await asyncio.sleep(0.001)
 
 
 def scenario(first: bytes | None, tenant: str = "y") -> tuple[bool, bool]:
@@ -48,15 +31,8 @@ def scenario(first: bytes | None, tenant: str = "y") -> tuple[bool, bool]:
     newcomer (no history) of `tenant` waits here (None: none comes). Returns (the
     follow-up went, the newcomer went)."""
     async def run() -> tuple[bool, bool]:
-        routing = RoutingConfig()
-        fleet = Fleet([ReplicaSettings(name=n, url=f"http://{n}:8000", models=("m",))
-                       for n in ("a", "b")])
-        for r in fleet.replicas.values():
-            r.healthy = True
         clock = Clock()  # stands still: the scrapes stay fresh, nothing begins
-        g = Gate(AdmissionConfig(enabled=True, recheck_s=0.001, default_priority_cap="high"),
-                 routing, Router(routing), GatewayMetrics(), clock, clock, fleet=fleet,
-                 scrape_interval_s=1.0)
+        fleet, g = two_replicas(clock)
         pool = list(fleet.replicas.values())
         t1 = await g.admit(chat(b"low", "x", HISTORY), pool)
         home = t1.replica
@@ -75,7 +51,7 @@ def scenario(first: bytes | None, tenant: str = "y") -> tuple[bool, bool]:
             g.admit(chat(first or b"low", tenant, "a new question"), pool)
             if first is not None else asyncio.sleep(3600.0))
         if first is not None:
-            await _wait_queued(g, first.decode(), 1)
+            await wait_queued(g, first.decode(), 1)
         low = asyncio.create_task(
             g.admit(chat(b"low", "x", HISTORY, "an answer", "and then?"), pool))
         for _ in range(100):  # a few rechecks, bounded
@@ -112,7 +88,6 @@ def test_nor_ahead_of_an_earlier_waiter_of_its_own_class() -> None:
     assert not low_went, "a low follow-up went past the room ahead of an earlier low"
 
 
-LOWER = reserved(RoomLimits(math.inf, 32_768, 0.97), 0.75, 0.5)  # 16,384 tokens of room
 
 
 @pytest.mark.parametrize(("queued", "waiting", "past"), [
@@ -126,4 +101,4 @@ def test_past_the_room_is_open_only_where_the_queued_prefill_fills_it(
         queued: float, waiting: float, past: bool) -> None:
     ld = ReplicaLoad("a", in_flight=2, queued_prefill_tokens=queued, kv_usage=0.3,
                      occupancy=3.0 + waiting, engine_waiting=waiting, seq_limit=64)
-    assert passable(ld, LOWER, 4_000.0, 2.0) is past
+    assert passable(ld, LIMITS, 4_000.0, 2.0) is past

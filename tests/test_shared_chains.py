@@ -38,7 +38,7 @@ def router() -> Router:
 def held(r: Router, name: str) -> tuple[object, ...]:
     """A replica's index: its blocks with their parents, and its leaves in eviction order
     (oldest stamp first; the stamps' values depend on the clock, their order does not)."""
-    h = r._index._held[name]
+    h = r._ledger.index._held[name]
     leaves = sorted((b for b in h.parent if b not in h.kids), key=lambda b: h.stamp.get(b, 0))
     return tuple(sorted(h.parent.items(), key=str)), tuple(leaves)
 

@@ -46,11 +46,11 @@ import orjson
 from gateway.admission import priority
 from gateway.epp import decision
 from gateway.proxy import pinning
-from gateway.proxy.app import Services
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.flow import RequestFlow, Turn
 from gateway.proxy.inbound import Endpoint, parse_json
+from gateway.proxy.services import Services
 from gateway.proxy.target import client_request_id
 from gateway.replicas.fleet import Replica, no_healthy
 from gateway.routing.plan import RoutePlan

@@ -32,7 +32,7 @@ from gateway.settings import ReplicaSettings
 from gateway.tasks import guarded
 
 if TYPE_CHECKING:
-    from gateway.proxy.app import Services
+    from gateway.proxy.services import Services
 
 log = logging.getLogger("gateway.epp.pool")
 

@@ -12,7 +12,7 @@ configured default) converted to index blocks, and an effective limit the index 
 - otherwise the limit recovers by `feedback_recover` per response (up to nominal), so a
   transient miss (a burst of other traffic) does not shrink the index for good.
 
-Not judged (Router._arriving): a shortfall that begins at blocks another request in flight
+Not judged (Ledger._arriving): a shortfall that begins at blocks another request in flight
 on that replica, without a first token yet, had added to the index when this one was sent:
 the engine had not computed them yet, or a P/D decode replica not pulled them yet.
 

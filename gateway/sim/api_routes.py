@@ -45,12 +45,11 @@ from gateway.sim.errors import ApiError
 from gateway.sim.hashing import salt_key
 from gateway.sim.host import RouteHost, timing
 from gateway.sim.replica import Pending
+from gateway.sim.stream import ABORTED, SSE_HEADERS
 from gateway.sim.template import render_chat
 from gateway.sim.tokenizer import IM_END_ID
 from gateway.sim.toolcalls import PlannedCall, choose
 
-_SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
-_ABORTED = ApiError(503, "The request was aborted (simulator shutting down).")
 # the chat route's draw stream (gateway.sim.app), so a prompt draws the same call on each API
 _TOOL_SEED = 0x7001
 
@@ -144,7 +143,7 @@ class ApiRoutes:
             await send({"type": "http.response.body", "body": body})
             return
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [*_SSE, *headers]})
+                    "headers": [*SSE_HEADERS, *headers]})
         await send({"type": "http.response.body", "body": event})
 
     def _text(self, pending: Pending) -> str:
@@ -198,7 +197,7 @@ class ApiRoutes:
         if not chat.gen.stream:
             await pending.queue.get()
             if req.status != "finished":
-                await whole(_ABORTED.body(), 503)(scope, receive, send)
+                await whole(ABORTED.body(), 503)(scope, receive, send)
                 return
             text = self._text(pending)
         else:
@@ -206,7 +205,7 @@ class ApiRoutes:
             start = rapi.response_object(rid, created, model, params, [], "in_progress",
                                          None)
             await send({"type": "http.response.start", "status": 200,
-                        "headers": [*_SSE, *headers]})
+                        "headers": [*SSE_HEADERS, *headers]})
             more = {"type": "http.response.body", "more_body": True,
                     "body": events.started(start) if call is not None
                     else events.opening(start, item_id)}
@@ -235,7 +234,7 @@ class ApiRoutes:
             if req.status != "finished":
                 await send({"type": "http.response.body", "more_body": False,
                             "body": events.event("error", {
-                                "code": None, "message": _ABORTED.message, "param": None})})
+                                "code": None, "message": ABORTED.message, "param": None})})
                 return
             text = "".join(pieces)
         incomplete = "max_output_tokens" if req.finish_reason == "length" else None
@@ -312,7 +311,7 @@ class ApiRoutes:
         if not chat.gen.stream:
             await pending.queue.get()
             if req.status != "finished":
-                await whole(messages_api.error_body(_ABORTED), 503)(scope, receive, send)
+                await whole(messages_api.error_body(ABORTED), 503)(scope, receive, send)
                 return
             use = messages_api.usage(req.num_prompt_tokens, req.num_output_tokens,
                                      req.usage_cached if details else None)
@@ -327,7 +326,7 @@ class ApiRoutes:
                         [*headers, *self._timing_header(pending)])(scope, receive, send)
             return
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [*_SSE, *headers]})
+                    "headers": [*SSE_HEADERS, *headers]})
         more = {"type": "http.response.body", "more_body": True, "body": b""}
         opened = False
         block = call is None  # a text block opens with the message; a call's later
@@ -356,7 +355,7 @@ class ApiRoutes:
                 await send(more)
         if req.status != "finished":
             await send({"type": "http.response.body", "more_body": False,
-                        "body": messages_api.stream_error(_ABORTED)})
+                        "body": messages_api.stream_error(ABORTED)})
             return
         use = messages_api.usage(req.num_prompt_tokens, req.num_output_tokens,
                                  req.usage_cached if details else None)

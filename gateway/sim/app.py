@@ -62,15 +62,13 @@ from gateway.sim.responses import (
     UsagePolicy,
     chat_body,
     completion_body,
-    running_usage,
 )
+from gateway.sim.stream import ABORTED, SSE_HEADERS, ChatStream
 from gateway.sim.template import render_chat
 from gateway.sim.tokenizer import ENDOFTEXT_ID, IM_END_ID, Tokenizer
-from gateway.sim.toolcalls import PlannedCall, ToolStream, choose
+from gateway.sim.toolcalls import PlannedCall, choose
 
 _TOOL_SEED = 0x7001  # the tool-call draw's own stream, apart from the reply's words
-_ABORTED = ApiError(503, "The request was aborted (simulator shutting down).")
-_SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,6 +107,12 @@ class SimApp:
         )
         self.created = int(time.time())
         self.started = time.time()  # process_start_time_seconds, as vLLM's /metrics has it
+        # The streamed chat and completions answers (stream.py).
+        self._stream = ChatStream(
+            model=config.model, contract=config.contract, policy=self.policy,
+            tokenizer=tokenizer, connector=connector,
+            force_include_usage=config.force_include_usage,
+            timing_comments=config.timing_comments)
         apis = self._apis = ApiRoutes(self, store=config.responses_store)
         # The generation routes: raw ASGI, called before Starlette sees the request.
         self._raw: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
@@ -239,7 +243,7 @@ class SimApp:
         if req.status != "finished":
             # Aborted: either the client is gone (then this send is a no-op) or the
             # simulator is shutting down.
-            await whole(_ABORTED.body(), 503)(scope, receive, send)
+            await whole(ABORTED.body(), 503)(scope, receive, send)
             return
         out = req.output_ids
         if req.finish_reason == "stop":
@@ -272,92 +276,6 @@ class SimApp:
             headers.append((b"x-sim-timing", orjson.dumps(_timing(req))))
         await whole(body, 200, headers)(scope, receive, send)
 
-    async def _stream(
-        self,
-        send: Send,
-        endpoint: Literal["chat", "completions"],
-        gen: protocol.GenerationParams,
-        pending: Pending,
-        rid: str,
-        call: PlannedCall | None = None,
-    ) -> None:
-        force = self.config.force_include_usage
-        include_usage = gen.include_usage or force
-        continuous = (gen.continuous_usage and gen.include_usage) or force
-        req = pending.request
-        writer = ChunkWriter(
-            endpoint, rid, int(time.time()), self.config.model, self.config.contract
-        )
-        prompt = req.num_prompt_tokens
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [*_SSE, (b"x-request-id", rid.split("-", 1)[1].encode())],
-            }
-        )
-        more = {"type": "http.response.body", "body": b"", "more_body": True}
-        first = True
-        produced = 0
-        piece = self.tokenizer.piece
-        queue = pending.queue
-        tools = None if call is None else ToolStream(call, writer)
-        while True:
-            token = await queue.get()
-            if token is None:
-                break
-            prompt_ids = req.token_ids[:prompt] if gen.return_token_ids and first else None
-            if first and endpoint == "chat":
-                more["body"] = writer.role(running_usage(prompt, 0) if continuous else None,
-                                           prompt_ids)
-                await send(more)
-                prompt_ids = None
-            first = False
-            produced += 1
-            finished = req.status == "finished" and produced == req.num_output_tokens
-            if finished and self.connector is not None:
-                params = self.connector.answer(req)  # leases D's KV, sent or not
-                if self.connector.config.stream_params:
-                    writer.set_kv_transfer(params)
-            text = "" if token == req.stop_token and req.finish_reason == "stop" else piece(token)
-            usage = running_usage(prompt, produced) if continuous else None
-            if tools is not None:
-                body = tools.token(text, req.finish_reason if finished else None, usage,
-                                   finished and not include_usage)
-                if body:
-                    more["body"] = body
-                    await send(more)
-                continue
-            more["body"] = writer.content(
-                text, req.finish_reason if finished else None, usage,
-                last=finished and not include_usage,
-                token_ids=[token] if gen.return_token_ids else None, prompt_ids=prompt_ids,
-            )
-            await send(more)
-        if req.status != "finished":
-            # Same as above; vLLM reports a mid-stream failure as an error event.
-            await send(
-                {
-                    "type": "http.response.body",
-                    "more_body": False,
-                    "body": ChunkWriter.error(_ABORTED.body()) + ChunkWriter.DONE,
-                }
-            )
-            return
-        tail = b""
-        if include_usage:
-            tail += writer.usage(
-                self.policy.usage(
-                    prompt, req.num_output_tokens, req.usage_cached,
-                    created=endpoint == "chat",
-                )
-            )
-        if self.config.timing_comments:
-            tail += ChunkWriter.comment("sim-timing", _timing(req))
-        await send(
-            {"type": "http.response.body", "body": tail + ChunkWriter.DONE, "more_body": False}
-        )
-
     async def _pull_failed(self, scope: Scope, receive: Receive, send: Send, stream: bool,
                            message: str) -> None:
         """vLLM fails a request whose KV cannot be loaded (policy "fail"): a 500, or on a
@@ -367,7 +285,7 @@ class SimApp:
             await whole(error.body(), 500)(scope, receive, send)
             return
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [*_SSE, (b"x-request-id", request_id(scope).encode())]})
+                    "headers": [*SSE_HEADERS, (b"x-request-id", request_id(scope).encode())]})
         await send({"type": "http.response.body", "more_body": False,
                     "body": ChunkWriter.error(error.body()) + ChunkWriter.DONE})
 

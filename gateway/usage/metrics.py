@@ -100,14 +100,12 @@ by that tuple (bounded by label cardinality, like the registry itself).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any, Final, NamedTuple
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
-    Gauge,
     GCCollector,
     Histogram,
     PlatformCollector,
@@ -117,10 +115,10 @@ from prometheus_client import (
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 
-from gateway.admission.config import CLASSES as ADMISSION_CLASSES
-from gateway.admission.shedding import SHED_REASONS
 from gateway.routing.decision import MOVE_REASONS
-from gateway.usage.record import DEPARTED, UsageRecord
+from gateway.usage.admission_metrics import AdmissionMetrics
+from gateway.usage.record import DEPARTED, NONE_LABEL, UsageRecord
+from gateway.usage.replica_metrics import ReplicaMetrics
 from gateway.usage.snapshot import EngineSnapshot
 
 # The process's own families (prometheus_client's Process, GC and Platform collectors, on
@@ -168,8 +166,6 @@ DOCUMENTED_METRICS: Final[tuple[str, ...]] = (
     "gateway_admission_abandoned_total",
     "gateway_admission_admitted_tokens_total",
 )
-
-NONE_LABEL: Final = "none"
 
 _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _LATENCY_BUCKETS = (*_SECONDS_BUCKETS, 120.0, 300.0, 600.0)
@@ -298,44 +294,8 @@ class GatewayMetrics:
             "gateway_usage_records_dropped",
             "Usage records a sink lost (queue full or failed write).", ("sink",), registry=r,
         )  # fmt: skip
-        self._healthy = Gauge(
-            "gateway_replica_healthy", "1 when the replica passed its last health check.",
-            ("replica",), registry=r,
-        )  # fmt: skip
-        self._in_flight = Gauge(
-            "gateway_replica_in_flight", "This gateway's requests in flight on the replica.",
-            ("replica",), registry=r,
-        )  # fmt: skip
-        self._kv = Gauge(
-            "gateway_replica_kv_cache_usage", "Replica KV-cache usage 0..1, last scrape.",
-            ("replica",), registry=r,
-        )  # fmt: skip
-        self._waiting = Gauge(
-            "gateway_replica_requests_waiting", "Replica waiting queue, last scrape.",
-            ("replica",), registry=r,
-        )  # fmt: skip
-        self._running = Gauge(
-            "gateway_replica_requests_running", "Replica running batch, last scrape.",
-            ("replica",), registry=r,
-        )  # fmt: skip
-        self._hits = Gauge(
-            "gateway_replica_prefix_cache_hits_tokens",
-            "The replica's cumulative prefix-cache hit tokens counter at the last scrape "
-            "(resets with the engine; use delta()).",
-            ("replica",), registry=r,
-        )  # fmt: skip
-        self._queries = Gauge(
-            "gateway_replica_prefix_cache_queries_tokens",
-            "The replica's cumulative prefix-cache queried tokens counter at the last "
-            "scrape (resets with the engine; use delta()).",
-            ("replica",), registry=r,
-        )  # fmt: skip
-        self._capacity = Gauge(
-            "gateway_replica_capacity_tokens",
-            "Replica KV capacity in tokens (num_gpu_blocks x block_size), last scrape.",
-            ("replica",), registry=r,
-        )  # fmt: skip
-        self._admission_metrics(r)
+        self._replicas = ReplicaMetrics(r)
+        self._admission = AdmissionMetrics(r, _SECONDS_BUCKETS)
         self._request_children: dict[tuple[str, ...], Counter] = {}
         self._token_children: dict[tuple[str, ...], _TokenChildren] = {}
         self._hist_children: dict[tuple[str, str], _HistChildren] = {}
@@ -436,44 +396,21 @@ class GatewayMetrics:
 
     # -- admission ---------------------------------------------------------------------
 
-    def _admission_metrics(self, r: CollectorRegistry) -> None:
-        # Every class and reason present from the start (fixed sets); tenants as they come
-        # (the configured tenants + "none", like the request series).
-        queued = Gauge("gateway_admission_queued", "Requests waiting in the gateway's "
-                       "admission queue, per priority class.", ("class",), registry=r)
-        wait = Histogram("gateway_admission_wait_seconds", "Time admitted requests waited "
-                         "in the gateway's queue.", ("class",), registry=r,
-                         buckets=_SECONDS_BUCKETS)
-        shed = Counter("gateway_admission_shed", "Requests the admission queue answered "
-                       "429, by reason.", ("reason",), registry=r)
-        abandoned = Counter("gateway_admission_abandoned", "Clients that disconnected while "
-                            "queued in the gateway.", ("class",), registry=r)
-        self._admitted_tokens = Counter(
-            "gateway_admission_admitted_tokens", "Estimated prompt tokens admitted, per "
-            "tenant.", ("tenant",), registry=r)
-        self._queued_children: dict[str, Gauge] = {c: queued.labels(c) for c in ADMISSION_CLASSES}
-        self._wait_children: dict[str, Histogram] = {c: wait.labels(c) for c in ADMISSION_CLASSES}
-        self._abandoned_children: dict[str, Counter] = {
-            c: abandoned.labels(c) for c in ADMISSION_CLASSES}
-        self._shed_children: dict[str, Counter] = {m: shed.labels(m) for m in SHED_REASONS}
-        self._admitted_children = {NONE_LABEL: self._admitted_tokens.labels(NONE_LABEL)}
-
+    # The admission queue's families live in admission_metrics.py; gateway.admission
+    # calls these.
     def admission_queued(self, cls: str, waiting: int) -> None:
-        self._queued_children[cls].set(waiting)
+        self._admission.queued(cls, waiting)
 
     def admission_admitted(self, cls: str, tenant: str, tokens: int, waited_s: float) -> None:
-        self._wait_children[cls].observe(waited_s)
-        child = self._admitted_children.get(tenant)
-        if child is None:
-            child = self._admitted_children[tenant] = self._admitted_tokens.labels(tenant)
-        if tokens > 0:
-            child.inc(tokens)
+        self._admission.admitted(cls, tenant, tokens, waited_s)
 
     def admission_shed(self, reason: str) -> None:
-        self._shed_children[reason].inc()
+        self._admission.shed(reason)
 
     def admission_abandoned(self, cls: str) -> None:
-        self._abandoned_children[cls].inc()
+        self._admission.abandoned(cls)
+
+    # -- request path outcomes ---------------------------------------------------------
 
     def hygiene_finding(self, kind: str, severity: str) -> None:
         key = (kind, severity)
@@ -493,25 +430,8 @@ class GatewayMetrics:
     def replica_state(
         self, name: str, healthy: bool, in_flight: int, snapshot: EngineSnapshot | None
     ) -> None:
-        self._healthy.labels(name).set(1.0 if healthy else 0.0)
-        self._in_flight.labels(name).set(in_flight)
-        snap = snapshot
-        capacity = None if snap is None else snap.capacity_tokens
-        for gauge, value in (
-            (self._kv, None if snap is None else snap.kv_cache_usage),
-            (self._waiting, None if snap is None else snap.num_requests_waiting),
-            (self._running, None if snap is None else snap.num_requests_running),
-            (self._hits, None if snap is None else snap.prefix_cache_hits_total),
-            (self._queries, None if snap is None else snap.prefix_cache_queries_total),
-            (self._capacity, None if capacity is None else float(capacity)),
-        ):
-            if value is None:
-                # Unknown is not zero: drop the series rather than report a false 0.
-                # (prometheus-client < 0.22 raises KeyError for an absent series)
-                with contextlib.suppress(KeyError):
-                    gauge.remove(name)
-            else:
-                gauge.labels(name).set(value)
+        """After each health probe / scrape (replica_metrics.py)."""
+        self._replicas.state(name, healthy, in_flight, snapshot)
 
     def remove_replica(self, name: str) -> None:
         """The replica left the fleet: every series labelled with it goes, in every family

@@ -18,6 +18,8 @@ from gateway.hygiene.finding import Finding
 # The replica of a request that ended after its replica left the fleet, in the metrics and
 # the /stats windows (the usage log and sinks keep the real name: they hold no map of it).
 DEPARTED: Final = "departed"
+# The label of a value that is None (no replica, no tenant, no route) in the metrics.
+NONE_LABEL: Final = "none"
 ENDPOINT_KINDS: Final = frozenset({"chat", "completions", "responses", "messages"})
 
 
