@@ -19,7 +19,7 @@ from gateway.admission.engine import (
     view,
     waiting_since,
 )
-from gateway.admission.room import ReplicaLoad, RoomLimits, has_room, reserved
+from gateway.admission.room import ReplicaLoad, RoomLimits, has_room, prefill_room, reserved
 
 GUESS = Capacity(0.0, None, 3)  # seen running 3 at most, nothing learnt: the guess, 8
 SAT = Capacity(0.0, 4, 4)  # seen 4 running beside a queue for SATURATION_S: its limit
@@ -108,3 +108,41 @@ def test_room_on_an_engine_read_through_its_scrape(
         cap: Capacity, seen: Scrape, own: int, now: float, drain: float,
         room: bool) -> None:
     assert has_room(load_of(learn(cap, seen), seen, own, now, drain), NORMAL) is room
+
+
+SIZED = RoomLimits(math.inf, 16_000, 0.97, sized_s_per_token=33e-6)
+
+
+@pytest.mark.parametrize(("measured", "largest", "prompt", "room"), [
+    (None, 0.0, 0.0, 16_000),  # never measured: the room as configured
+    (33e-6, 0.0, 0.0, 16_000),  # measured at the rate it was sized at
+    (8.25e-6, 0.0, 0.0, 64_000),  # 4x faster: the same seconds of prefill, 4x the tokens
+    (8.25e-6, 0.0, 90_000.0, 90_000),  # never below the prompt at stake
+    (66e-6, 0.0, 0.0, 16_000),  # slower: never fewer tokens than configured
+    (66e-6, 20_000.0, 0.0, 20_000),  # nor below the largest prompt it serves
+    (0.0, 0.0, 0.0, 16_000),  # no figure
+])
+def test_the_prefill_room_is_a_wait_at_the_engines_measured_rate(
+        measured: float | None, largest: float, prompt: float, room: float) -> None:
+    load = ReplicaLoad("a", 1, 0.0, largest_prompt_tokens=largest,
+                       prefill_s_per_token=measured)
+    assert prefill_room(load, SIZED, prompt) == pytest.approx(room)
+    # as configured without the rate it was sized at
+    assert prefill_room(load, RoomLimits(math.inf, 16_000, 0.97), prompt) == max(
+        16_000, largest, prompt)
+
+
+@pytest.mark.parametrize(("measured", "queued", "room"), [
+    # two of the trace's 14k prompts queued: full at the cost model's rate, room on an
+    # engine measured 4x faster (`normal`: half of the 32k room, as many seconds)
+    (None, 28_000.0, False),
+    (8.25e-6, 28_000.0, True),
+    (8.25e-6, 66_000.0, False),  # its room in seconds (4 x 16,384 tokens) is full too
+])
+def test_a_faster_engine_takes_more_prefill_for_the_same_wait(
+        measured: float | None, queued: float, room: bool) -> None:
+    limits = reserved(RoomLimits(math.inf, 32_768, 0.97, sized_s_per_token=33e-6), 0.75,
+                      0.5)
+    load = ReplicaLoad("a", 2, queued, largest_prompt_tokens=14_000.0,
+                       prefill_s_per_token=measured)
+    assert has_room(load, limits, 14_000.0) is room

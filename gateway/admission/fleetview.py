@@ -232,7 +232,8 @@ class FleetView:
         self._doubted.pop(name, None)
 
     def stats(self) -> dict[str, Any]:
-        """Per replica, where its room came from at the last look (`/stats`)."""
+        """Per replica, where its room came from at the last look (`/stats`), and the
+        prefill this gateway sent there that the engine has not begun (now)."""
         return {name: {
             "source": v.source,
             "snapshot_age_s": None if v.age_s is None else round(v.age_s, 3),
@@ -241,6 +242,7 @@ class FleetView:
             "engine_waiting": v.waiting,
             "prefill_tokens_per_s": (None if (r := self._rates.get(name)) is None
                                      or r.tokens_per_s is None else round(r.tokens_per_s)),
+            "queued_prefill_tokens": round(self.router.queued_tokens(name)),
         } for name, v in sorted(self._views.items())}
 
 

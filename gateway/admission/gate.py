@@ -186,7 +186,8 @@ class Gate:
         self._in_flight_s = routing.in_flight_s
         self._prior_s = routing.prefill_s_per_token * routing.session_prior_tokens
         cap = float(config.replica_max_in_flight or math.inf)
-        full = RoomLimits(cap, config.replica_max_queued_prefill_tokens, config.kv_usage_limit)
+        full = RoomLimits(cap, config.replica_max_queued_prefill_tokens, config.kv_usage_limit,
+                          sized_s_per_token=routing.prefill_s_per_token)
         lower = reserved(full, config.lower_class_room,
                          config.lower_class_prefill_room)
         # `high` is not held back for queued prefill: that wait is the same in the engine
