@@ -186,7 +186,8 @@ class EngineView:
     waiting: float | None  # waiting now, estimated (None when stale)
     kv_usage: float | None  # None when stale or not exported
     # what it is held to run at once: the learnt limit, or the guess where the engine gives
-    # no account of its room (stale, or requests waiting now); None: neither binds
+    # no account of its room (stale, requests waiting now, a limit pending); None: neither
+    # binds (`binding_limit`)
     seq_limit: int | None
 
 
