@@ -48,7 +48,9 @@ def test_a_burst_reaches_an_engine_with_room_at_once() -> None:
     (then 9 of 12, ...), while the engine, 256 sequences, had nothing waiting."""
     env = {**ENV, "GATEWAY_USAGE__SCRAPE_INTERVAL_S": "60"}
     with contextlib.ExitStack() as stack:
-        a, _ = stack.enter_context(replica_with(free_port(), []))
+        # KV for all 24 long answers (the default 2,048 blocks would preempt some as they
+        # decode, on a slow machine before the last arrived)
+        a, _ = stack.enter_context(replica_with(free_port(), ["--kv-blocks", "16384"]))
         url = stack.enter_context(gateway([a], env=env))
         until(lambda: scraped(url))
         holders: list[socket.socket] = []
