@@ -8,21 +8,43 @@ is, what the engine has shown it can run, and what this gateway sent or finished
 - **Occupancy now** = running + waiting at the scrape + (this gateway's requests there now
   - its requests there when the scrape was taken): between scrapes the gateway adds what it
   sent and takes off what finished; load from other clients shows in the scraped counts.
-  Waiting now = the scraped waiting less what finished since (a finish lets one in).
-- **What it can run** (`Capacity`, learned by `learn` from each new scrape): vLLM does not
-  export `max_num_seqs`, but it shows it: the running count stays at it while requests
-  wait. Scrapes that show requests waiting and the same running count (at least the most
-  it was ever seen running) for `SATURATION_S` fix that count as its limit; shorter does
-  not (a request that arrived just before a scrape waits for the next step; long prompts
-  wait for the token budget while the running count grows, a step at a time). Until
-  then the engine is assumed to run `max(PROBE_SEQS, 2 x the most it was seen running)`:
-  the limit doubles as the engine proves it runs more, so a replica is neither flooded at
-  start nor held to a guess. Learned from any scrape, fresh or not: it is the engine's
-  configuration, not its load; once learned it stays until the engine restarts (it may
-  come back with another `--max-num-seqs`) or its replica leaves the fleet, when
-  fleetview.py starts learning afresh (a queue that held the same running count that
-  long for another reason, a full KV cache, is taken as the limit too: the concurrency
-  that cache allowed).
+  Waiting now = the scraped waiting less what finished since (a finish lets one in), less
+  what the engine has begun since at its own pace (`drain_s`, below).
+- **Waiting is a fact about the moment of the scrape**, not about the interval until the
+  next one (5 s by default): vLLM takes a waiting request in as soon as a step has token
+  budget, a free sequence and KV blocks for it, so a request seen waiting behind another's
+  long prefill has begun a few steps later. The caller prices what it takes the engine to
+  begin one waiting request (`drain_s`: a prompt's prefill at the engine's rate, room.py's
+  cost model), and each `drain_s` of the scrape's age takes one off the waiting count.
+  What that does not cover keeps holding: requests waiting for a sequence once the limit
+  is learnt (they stay in the occupancy, counted against it), and a full KV cache (its
+  usage, room.py).
+- **What it can run** (`Capacity`, learned by `learn` from each new scrape): vLLM does
+  not export `max_num_seqs`, but it shows it: the running count stays at it while
+  requests wait. Scrapes that show requests waiting and the same running count (at least
+  the most it was ever seen running) for `SATURATION_S` fix that count as its limit;
+  shorter does not (a request that arrived just before a scrape waits for the next step;
+  long prompts wait for the token budget while the running count grows, a step at a
+  time). Until then the engine is assumed to run `max(PROBE_SEQS, 2 x the most it was
+  seen running)`: the limit doubles as the engine proves it runs more, so a replica is
+  neither flooded at start nor held to a guess. Learned from any scrape, fresh or not:
+  it is the engine's configuration, not its load; once learned it stays until the engine
+  restarts (it may come back with another `--max-num-seqs`) or its replica leaves the
+  fleet, when fleetview.py starts learning afresh (a queue that held the same running
+  count that long for another reason, a full KV cache, is taken as the limit too: the
+  concurrency that cache allowed).
+- **The guess binds only where the engine gives no account of its own room**
+  (`binding_limit`, `EngineView.seq_limit`): a fresh scrape with nothing waiting now
+  says the engine took everything it was given, so the guess (8, against vLLM's
+  256-1024) does not hold requests the engine would run at once; what bounds a burst
+  between two scrapes is the queued prefill (room.py) and the next scrape. The guess
+  binds while requests wait there now, while the scrape is stale, and after a scrape
+  that looks like a limit not yet confirmed (requests waiting beside the most it ever
+  ran: `Capacity.pending`), not after one with requests waiting beside fewer running (a
+  long prompt's prefill took the step's token budget). A learnt limit binds always.
+  (Held to the guess, with one scrape in five seconds, a gateway held 8 x 0.75 sequences
+  per replica and queued dozens of requests that the simulated engines, running 6 of
+  their 256, would have run at once: bench/results/admission.md, issue 36's throttle.)
 
 - **How fast it prefills** (`PrefillRate`, folded by `learn_rate` from each new scrape):
   the prompt tokens it computed between two scrapes (`vllm:prompt_tokens_total` less its
@@ -50,6 +72,11 @@ PROBE_SEQS = 8
 # how long requests must be seen waiting beside the same running count for that count to
 # be taken as the engine's limit (several of vLLM's steps, even long prefill ones)
 SATURATION_S = 2.0
+
+# the prompt a request waiting in an engine is priced at when this gateway has none of
+# its own there (other clients' requests, size unknown): one step of vLLM's default
+# token budget (max_num_batched_tokens 8192), the most a step begins
+STEP_TOKENS = 8192.0
 
 # a running count above this is no figure (no engine runs that many sequences at once: a
 # counter exported as a gauge, a corrupt line); learnt, it would stand as the most the
@@ -132,6 +159,15 @@ class Capacity:
     queued_since: float | None = None  # since when requests wait beside that count
 
     @property
+    def pending(self) -> bool:
+        """The last scrape showed requests waiting beside the most it was ever seen
+        running: maybe its sequence limit, until `SATURATION_S` confirms it or a scrape
+        shows none waiting (the guess binds meanwhile: `binding_limit`). Below the most it
+        ran, requests wait for the step's token budget, not a sequence."""
+        return (self.saturated is None and self.queued_running is not None
+                and self.queued_running >= (self.most_running or 0))
+
+    @property
     def seq_limit(self) -> int | None:
         """What the engine runs at once; None when it never showed a running count (an
         engine without these metrics is held by the gateway's own counts only)."""
@@ -149,7 +185,10 @@ class EngineView:
     occupancy: float | None  # running + waiting now, estimated (None when stale)
     waiting: float | None  # waiting now, estimated (None when stale)
     kv_usage: float | None  # None when stale or not exported
-    seq_limit: int | None  # what it runs at once (None: never scraped)
+    # what it is held to run at once: the learnt limit, or the guess where the engine gives
+    # no account of its room (stale, requests waiting now, a limit pending); None: neither
+    # binds (`binding_limit`)
+    seq_limit: int | None
 
 
 def _count(x: float | None, most: int = 2**31) -> int | None:
@@ -180,18 +219,50 @@ def learn(cap: Capacity, scrape: Scrape | None) -> Capacity:
 
 
 def view(scrape: Scrape | None, cap: Capacity, own_now: int, now: float,
-         max_age_s: float) -> EngineView:
-    """The engine's room as the gate should read it at `now` (module docstring)."""
-    seq_limit = cap.seq_limit
+         max_age_s: float, drain_s: float = math.inf) -> EngineView:
+    """The engine's room as the gate should read it at `now` (module docstring);
+    `drain_s`: seconds the engine takes to begin one request waiting in it (inf: unknown,
+    the scraped waiting count stands until a finish or the next scrape)."""
+    guess = cap.seq_limit
     if scrape is None:
-        return EngineView("gateway", None, None, None, None, seq_limit)
+        return EngineView("gateway", None, None, None, None, guess)
     age = max(0.0, now - scrape.ts)
     running, waiting = _count(scrape.running, MAX_RUNNING), _count(scrape.waiting)
     if age > max_age_s or running is None or waiting is None:
-        return EngineView("gateway", age, None, None, None, seq_limit)
+        return EngineView("gateway", age, None, None, None, guess)
     delta = own_now - scrape.own_at_scrape
     kv = scrape.kv_usage if scrape.kv_usage is not None and math.isfinite(
         scrape.kv_usage) else None
+    waiting_now = waiting_since(waiting, delta, age, drain_s)
     return EngineView("engine", age, float(max(own_now, running + waiting + delta)),
-                      float(max(0, waiting + min(0, delta))), kv, seq_limit)
+                      waiting_now, kv, binding_limit(cap, waiting_now))
 
+
+def waiting_since(waiting: int, delta: int, age_s: float, drain_s: float) -> float:
+    """Requests still waiting in the engine `age_s` after a scrape that showed `waiting`:
+    less one per request of this gateway's that finished since (`delta` < 0: a finish
+    lets one in) and one per `drain_s` the engine had to begin them (module docstring)."""
+    begun = 0.0
+    if drain_s <= 0:
+        begun = math.inf
+    elif math.isfinite(drain_s) and math.isfinite(age_s):
+        begun = math.floor(age_s / drain_s)
+    return float(max(0.0, waiting + min(0, delta) - begun))
+
+
+def drain_s(s_per_token: float, largest_prompt_tokens: float) -> float:
+    """Seconds an engine takes to begin one request waiting in it (`view`'s `drain_s`):
+    one of the largest prompts this gateway has in flight there (the waiting are most
+    likely among them; none there: `STEP_TOKENS`) at its prefill rate, `s_per_token`."""
+    size = largest_prompt_tokens if largest_prompt_tokens > 0 else STEP_TOKENS
+    return max(0.0, s_per_token) * size
+
+
+def binding_limit(cap: Capacity, waiting_now: float) -> int | None:
+    """The sequence limit room.py holds requests to, read with a fresh scrape: the learnt
+    one always; the guess (`PROBE_SEQS`, doubling) only while requests wait in the engine
+    now, or while its last scrape looks like a limit not yet confirmed (`pending`), as by
+    its own account an engine with none waiting has room (module docstring)."""
+    if cap.saturated is not None or waiting_now > 0 or cap.pending:
+        return cap.seq_limit
+    return None

@@ -15,7 +15,9 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   from the queue until a probe succeeds after that. A replica that dies shows there
   seconds before the probes mark it down.
 - **Load** (`load`): engine.py's reading of the last scrape (fresh or stale, what was sent
-  since, what the engine runs at once) with room.py's inputs; a new fresh scrape ends the
+  since, what the engine has begun since at its prefill rate: `drain_s`, one of the
+  largest prompts in flight there at the rate below, what the engine runs at once) with
+  room.py's inputs; a new fresh scrape ends the
   queued prefill of what it shows out of the engine's waiting queue
   (`Router.engine_began`); without engine figures (none exported, or the scrape stale) a
   request's prefill ends by the routing cost model (`Router.estimate_began`), not at a
@@ -62,6 +64,7 @@ from gateway.admission.engine import (
     EngineView,
     PrefillRate,
     Scrape,
+    drain_s,
     learn,
     learn_rate,
     view,
@@ -165,7 +168,11 @@ class FleetView:
             rate = self._rates[name] = learn_rate(
                 rate, scrape.ts, snap.prompt_tokens_total, snap.prefix_cache_hits_total,
                 snap.num_requests_waiting, self.router.config.prefill_s_per_token)
-        v = self._views[name] = view(scrape, cap, own, self.clock(), self.max_age_s)
+        if largest is None:
+            largest = self.router.largest_by_replica().get(name, 0.0)
+        per_token = rate.s_per_token() or self.router.config.prefill_s_per_token
+        v = self._views[name] = view(scrape, cap, own, self.clock(), self.max_age_s,
+                                     drain_s(per_token, largest))
         if scrape is not None and cap.last_ts != old.last_ts and v.source == "engine":
             # a new scrape: what it shows past the engine's queue has begun its prefill
             self.router.engine_began(name, scrape.ts, scrape.waiting)
@@ -179,8 +186,7 @@ class FleetView:
                                    else queued),
             kv_usage=self._kv_usage(replica, v.kv_usage), healthy=self.trusted(replica),
             occupancy=v.occupancy, engine_waiting=v.waiting, seq_limit=v.seq_limit,
-            largest_prompt_tokens=(self.router.largest_by_replica().get(name, 0.0)
-                                   if largest is None else largest),
+            largest_prompt_tokens=largest,
             prefill_s_per_token=rate.s_per_token(),
             cache_free_tokens=self.router.cache_free_tokens(name))
 
@@ -226,7 +232,8 @@ class FleetView:
         self._doubted.pop(name, None)
 
     def stats(self) -> dict[str, Any]:
-        """Per replica, where its room came from at the last look (`/stats`)."""
+        """Per replica, where its room came from at the last look (`/stats`), and the
+        prefill this gateway sent there that the engine has not begun (now)."""
         return {name: {
             "source": v.source,
             "snapshot_age_s": None if v.age_s is None else round(v.age_s, 3),
@@ -235,6 +242,7 @@ class FleetView:
             "engine_waiting": v.waiting,
             "prefill_tokens_per_s": (None if (r := self._rates.get(name)) is None
                                      or r.tokens_per_s is None else round(r.tokens_per_s)),
+            "queued_prefill_tokens": round(self.router.queued_tokens(name)),
         } for name, v in sorted(self._views.items())}
 
 

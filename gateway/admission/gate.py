@@ -57,12 +57,13 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from gateway.admission import priority
+from gateway.admission.asks import Ask, PoolKey, Pools, Ticket, Waiter
 from gateway.admission.config import CLASSES, AdmissionConfig, Priority
 from gateway.admission.fleetview import FleetView
+from gateway.admission.passing import holds_history, wanted_above
 from gateway.admission.room import (
     ReplicaLoad,
     RoomLimits,
@@ -83,7 +84,6 @@ from gateway.admission.shedding import (
     retry_after,
     verdict,
 )
-from gateway.agents.programs import ProgramId
 from gateway.agents.reserve import Reservations
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import Router
@@ -95,68 +95,13 @@ if TYPE_CHECKING:  # annotations only: replicas reach usage, whose metrics name 
     from gateway.routing.plan import RoutePlan
     from gateway.usage.metrics import GatewayMetrics
 
+# the request path's records (asks.py), named here as before
+__all__ = ["Ask", "Gate", "Ticket"]
+
 log = logging.getLogger("gateway.admission")
 
 WAIT_SAMPLES = 4096  # per class, for the /stats quantiles
 NO_TENANT = "none"
-# (model, pin, allowed) -> candidates
-PoolKey = tuple[str, str | None, frozenset[str] | None]
-Pools = Mapping[PoolKey, Sequence["Replica"]]
-
-
-@dataclass(frozen=True, slots=True)
-class Ask:
-    """What the request path knows when it asks to route a request."""
-
-    body: Mapping[str, Any]
-    kind: Literal["chat", "completions"]
-    model: str
-    session: str | None
-    pin: str | None  # the one replica it may go to (Responses continuation)
-    tenant: str | None
-    priority: bytes | None  # the raw x-gateway-priority header
-    ts: float  # arrival, wall clock (what the router is given when it goes at once)
-    # the replicas it may go to at all (a data plane's subset hint, by name), None: any
-    # candidate; each pass reads the fleet again within these only
-    allowed: frozenset[str] | None = None
-    # the agent program it is a turn of (gateway.agents.programs), None: none named
-    program: ProgramId | None = None
-
-    def key(self) -> PoolKey:
-        """Waiters with the same key may go to the same replicas."""
-        return (self.model, self.pin, self.allowed)
-
-
-@dataclass(slots=True, eq=False)
-class Ticket:
-    plan: RoutePlan
-    cls: Priority
-    replica: str | None  # where the gate counts it (None: admission off)
-    # vLLM `priority` to put in the body, None to leave the body alone
-    engine_priority: int | None = None
-    queued_ms: float | None = None  # how long it waited in the queue (None: never queued)
-    program: ProgramId | None = None  # its agent program, whose tool call begins at `done`
-
-
-@dataclass(slots=True, eq=False)
-class _Waiter:
-    ask: Ask
-    cls: Priority
-    flow: Flow
-    tokens: float
-    preview: RoutePlan
-    pool: Sequence[Replica]  # at arrival: read again each pass only without a fleet
-    arrived: float  # timer
-    # when it first chose to wait for its own replica while another had room (late
-    # binding's clock: the time it waited with no room anywhere is not a choice to stay)
-    own_since: float | None = None
-    # a program's turn back from a tool call: the replica its history is on, where it is
-    # charged for no program's reservation (fleetview.py `without_held`); None: not one
-    returning: str | None = None
-    future: asyncio.Future[Ticket] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future())
-
-
 class Gate:
     def __init__(self, config: AdmissionConfig, routing: RoutingConfig, router: Router,
                  metrics: GatewayMetrics, clock: Callable[[], float],
@@ -186,7 +131,8 @@ class Gate:
         self._in_flight_s = routing.in_flight_s
         self._prior_s = routing.prefill_s_per_token * routing.session_prior_tokens
         cap = float(config.replica_max_in_flight or math.inf)
-        full = RoomLimits(cap, config.replica_max_queued_prefill_tokens, config.kv_usage_limit)
+        full = RoomLimits(cap, config.replica_max_queued_prefill_tokens, config.kv_usage_limit,
+                          sized_s_per_token=routing.prefill_s_per_token)
         lower = reserved(full, config.lower_class_room,
                          config.lower_class_prefill_room)
         # `high` is not held back for queued prefill: that wait is the same in the engine
@@ -205,7 +151,7 @@ class Gate:
         self._shares = FairShare(config.class_weight, config.tenant_weight)
         self._drain = DrainRate(floor=1.0 / routing.prefill_s_per_token)
         self._recent = RecentTokens(config.share_half_life_s)
-        self._flows: dict[Flow, deque[_Waiter]] = {}
+        self._flows: dict[Flow, deque[Waiter]] = {}
         self._tokens: dict[Flow, float] = {}
         self._count = 0
         self._admitted: dict[str, int] = {}
@@ -268,7 +214,7 @@ class Gate:
             raise self._shedding(v, cls, projected_s)
         if v == "displace":
             self._displace(cls)
-        waiter = _Waiter(ask, cls, flow, tokens, preview, pool, now, returning=returning)
+        waiter = Waiter(ask, cls, flow, tokens, preview, pool, now, returning=returning)
         self._shares.activate(flow, waiting)
         self._flows.setdefault(flow, deque()).append(waiter)
         self._tokens[flow] = self._tokens.get(flow, 0.0) + tokens
@@ -534,7 +480,7 @@ class Gate:
         # past the room puts a request in the engine ahead of whoever waits here for that
         # replica: never ahead of a higher class (`above`), nor of a waiter before it in
         # this order that stays (`held`) (room.py, "past")
-        above = self._wanted_above(pools)
+        above = wanted_above(self._flows, pools)
         held: set[str] = set()
         for flow in self._shares.order(self._tokens, lambda f: self._recent.part(f, now)):
             room = roomy.get(flow[0], set())
@@ -547,7 +493,7 @@ class Gate:
                 if w.future.done():
                     continue  # cancelled: it leaves in its own task
                 if not (any(r.name in room for r in pool)
-                        or _holds_history(w.preview, pool, beyond - held - above[w.cls])):
+                        or holds_history(w.preview, pool, beyond - held - above[w.cls])):
                     held.update(r.name for r in pool)
                     continue  # nowhere to go
                 loads = [dataclasses.replace(self._seen_by(w.returning, base[r.name]),
@@ -583,24 +529,7 @@ class Gate:
                 return ticket.plan.decision.replica
         return None
 
-    def _wanted_above(self, pools: Pools) -> dict[Priority, set[str]]:
-        """Per class, the replicas some waiter of a higher class may go to: a request of
-        the class goes to none of them past the room (room.py, "past")."""
-        wanted: dict[Priority, set[str]] = {c: set() for c in CLASSES}
-        keys: dict[Priority, set[PoolKey]] = {c: set() for c in CLASSES}
-        for (c, _), q in self._flows.items():
-            keys[c].update(w.ask.key() for w in q if not w.future.done())
-        for c, ks in keys.items():
-            for k in ks:
-                wanted[c].update(r.name for r in pools.get(k, ()))
-        above: dict[Priority, set[str]] = {}
-        higher: set[str] = set()
-        for c in sorted(CLASSES, key=priority.rank):
-            above[c] = set(higher)
-            higher |= wanted[c]
-        return above
-
-    def _leave(self, w: _Waiter) -> None:
+    def _leave(self, w: Waiter) -> None:
         queue = self._flows.get(w.flow)
         if queue is None or w not in queue:
             return
@@ -676,16 +605,6 @@ class Gate:
         while self._count:
             await asyncio.sleep(self.config.recheck_s)
             self._dispatch_guarded()
-
-
-def _holds_history(preview: RoutePlan, pool: Sequence[Replica], names: set[str]) -> bool:
-    """One of `names` holds the longest cached prefix of `preview`'s prompt among `pool`
-    (a follow-up that may go there past the room: room.py, "past")."""
-    if not names:
-        return False
-    best = max((preview.predicted.get(r.name, 0) for r in pool), default=0)
-    return best > 0 and any(preview.predicted.get(n, 0) == best for n in names
-                            if any(r.name == n for r in pool))
 
 
 def _quantiles(samples: deque[float]) -> dict[str, float | None]:

@@ -22,6 +22,14 @@ of the configured room, the largest prompt this gateway has in flight on the rep
 would otherwise call "full" a replica holding one queued 20k-token prompt for ever, and
 never admit a 40k-token prompt anywhere but an idle replica: a replica serving a 40k
 prompt admits another of that size once the first has begun.
+**The room is a wait, priced by the cost model**: what a request admitted now waits
+behind in the engine is the queued prefill at that engine's rate, so the configured room
+(tokens, sized at the cost model's `prefill_s_per_token`: `RoomLimits.sized_s_per_token`)
+holds as many seconds of prefill on an engine measured faster (engine.py `PrefillRate`):
+the same wait, more tokens; never fewer tokens than configured. (At the configured 32k
+tokens, `normal`'s half held about one of the Mooncake trace's 14k-token prompts beside
+the one being prefilled on a simulated engine that prefills several times the cost
+model's rate: the queue throttled a fleet with room, issue 36.)
 
 Late binding (`bind`): a waiting request goes when some candidate has room. If the
 replicas holding the longest prefix of its prompt (its "own" replica: a follow-up's
@@ -76,6 +84,7 @@ replica's rate (it waits behind all of it, in the gateway or in the engine), plu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -88,6 +97,10 @@ class RoomLimits:
     max_queued_prefill_tokens: float
     kv_usage_limit: float
     seq_share: float = 1.0  # of what the engine runs at once (`ReplicaLoad.seq_limit`)
+    # the prefill rate (s/token) `max_queued_prefill_tokens` is sized at: a replica whose
+    # engine is measured faster holds as many seconds of prefill (`prefill_room`); None:
+    # tokens as configured
+    sized_s_per_token: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +145,10 @@ def reserved(limits: RoomLimits, share: float,
     prefill first, whatever the policy)."""
     prefill = share if prefill_share is None else prefill_share
     cap = limits.max_in_flight
-    return RoomLimits(max(1, int(cap * share)) if math.isfinite(cap) else cap,
-                      max(1.0, limits.max_queued_prefill_tokens * prefill),
-                      limits.kv_usage_limit, limits.seq_share * share)
+    return dataclasses.replace(
+        limits, max_in_flight=max(1, int(cap * share)) if math.isfinite(cap) else cap,
+        max_queued_prefill_tokens=max(1.0, limits.max_queued_prefill_tokens * prefill),
+        seq_share=limits.seq_share * share)
 
 
 def _over(load: ReplicaLoad, limits: RoomLimits) -> float:
@@ -147,8 +161,14 @@ def _over(load: ReplicaLoad, limits: RoomLimits) -> float:
 
 
 def prefill_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0) -> float:
-    """The queued prefill `load` may hold: never below a prompt at stake (module docstring)."""
-    return max(limits.max_queued_prefill_tokens, load.largest_prompt_tokens, prompt_tokens)
+    """The queued prefill `load` may hold: the configured room, as many seconds of prefill
+    at its engine's measured rate when that is faster than the rate the room was sized at,
+    and never below a prompt at stake (module docstring)."""
+    room = limits.max_queued_prefill_tokens
+    sized, measured = limits.sized_s_per_token, load.prefill_s_per_token
+    if sized is not None and measured is not None and 0 < measured < sized:
+        room *= sized / measured
+    return max(room, load.largest_prompt_tokens, prompt_tokens)
 
 
 def has_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0,

@@ -1,0 +1,148 @@
+"""Issue 36's throttle, by tables (engine.py): the gateway's guess of what an engine runs
+at once binds only where the engine gives no account of its own room, and a waiting count
+seen on one scrape is a fact about that moment, drained at the engine's prefill pace."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gateway.admission.engine import (
+    PROBE_SEQS,
+    STEP_TOKENS,
+    Capacity,
+    Scrape,
+    binding_limit,
+    drain_s,
+    learn,
+    view,
+    waiting_since,
+)
+from gateway.admission.room import ReplicaLoad, RoomLimits, has_room, prefill_room, reserved
+
+GUESS = Capacity(0.0, None, 3)  # seen running 3 at most, nothing learnt: the guess, 8
+SAT = Capacity(0.0, 4, 4)  # seen 4 running beside a queue for SATURATION_S: its limit
+# seen 6 running beside a queue, once: maybe its limit, not yet confirmed
+PENDING = Capacity(0.0, None, 6, 6, 0.0)
+# seen 6 running, then 2 running beside a queue: the step's token budget, no sequence limit
+BUDGET = Capacity(0.0, None, 6, 2, 0.0)
+
+
+@pytest.mark.parametrize(("cap", "waiting_now", "limit"), [
+    (GUESS, 0.0, None),  # nothing waits in it now: by its own account it has room
+    (GUESS, 1.0, PROBE_SEQS),  # requests wait in it: the guess binds
+    (SAT, 0.0, 4),  # learnt: binds always
+    (SAT, 3.0, 4),
+    (PENDING, 0.0, 12),  # looks like a limit: the guess (2 x 6) binds until confirmed
+    (BUDGET, 0.0, None),  # waiting beside fewer than it ran: not a limit
+    (BUDGET, 2.0, 12),
+    (Capacity(), 0.0, None),  # never shown a running count
+])
+def test_the_guess_binds_only_without_the_engines_own_account_of_room(
+        cap: Capacity, waiting_now: float, limit: int | None) -> None:
+    assert binding_limit(cap, waiting_now) == limit
+
+
+@pytest.mark.parametrize(("waiting", "delta", "age", "drain", "now"), [
+    (4, 0, 0.0, 0.5, 4.0),  # at the scrape: what it showed
+    (4, 0, 0.49, 0.5, 4.0),  # not one begun yet
+    (4, 0, 0.5, 0.5, 3.0),  # one prefill later: one began
+    (4, 0, 1.9, 0.5, 1.0),
+    (4, 0, 2.0, 0.5, 0.0),  # all begun
+    (4, 0, 60.0, 0.5, 0.0),  # never below nothing
+    (4, -1, 0.0, 0.5, 3.0),  # one of this gateway's finished: one let in
+    (4, 3, 0.5, 0.5, 3.0),  # sent since: they are counted as occupancy, not here
+    (4, 0, 60.0, math.inf, 4.0),  # the pace unknown: it stands (until a finish, a scrape)
+    (4, 0, 0.0, 0.0, 0.0),  # an engine that begins at once
+    (0, 0, 1.0, 0.5, 0.0),
+])
+def test_a_waiting_count_drains_at_the_engines_pace(
+        waiting: int, delta: int, age: float, drain: float, now: float) -> None:
+    assert waiting_since(waiting, delta, age, drain) == now
+
+
+@pytest.mark.parametrize(("per_token", "largest", "seconds"), [
+    (1e-4, 14_000.0, 1.4),  # one of the largest prompts there, at its rate
+    (1e-4, 0.0, 1e-4 * STEP_TOKENS),  # none of this gateway's there: one step's budget
+    (2e-5, 500.0, 0.01),
+    (-1.0, 500.0, 0.0),
+])
+def test_one_waiting_request_is_priced_as_a_prefill_at_the_engines_rate(
+        per_token: float, largest: float, seconds: float) -> None:
+    assert drain_s(per_token, largest) == pytest.approx(seconds)
+
+
+def scrape(ts: float, running: float, waiting: float, own: int = 0) -> Scrape:
+    return Scrape(ts, running, waiting, None, own)
+
+
+NORMAL = reserved(RoomLimits(math.inf, 16_000, 0.97), 0.75, 0.5)
+
+
+def load_of(cap: Capacity, seen: Scrape, own: int, now: float,
+            drain: float = math.inf) -> ReplicaLoad:
+    v = view(seen, cap, own, now, 15.0, drain)
+    return ReplicaLoad("a", own, 0.0, v.kv_usage, occupancy=v.occupancy,
+                       engine_waiting=v.waiting, seq_limit=v.seq_limit)
+
+
+@pytest.mark.parametrize(("cap", "seen", "own", "now", "drain", "room"), [
+    # the scrape showed 3 running, none waiting; this gateway sent 20 since (23 there):
+    # the guess of 8 no longer holds the next one (before issue 36: held at 6)
+    (GUESS, scrape(0.0, 3, 0, own=3), 23, 1.0, math.inf, True),
+    # a learnt limit holds as before: 4 running, sent 1 since
+    (SAT, scrape(0.0, 2, 0, own=2), 3, 1.0, math.inf, False),  # 3 of 3 for `normal`
+    (SAT, scrape(0.0, 1, 0, own=1), 2, 1.0, math.inf, True),
+    # one scrape showed 2 waiting beside fewer running than it ran (a long prefill):
+    # held for two prompts' prefill at its pace, not until the next scrape
+    (BUDGET, scrape(0.0, 2, 2, own=4), 4, 0.5, 0.4, False),
+    (BUDGET, scrape(0.0, 2, 2, own=4), 4, 0.8, 0.4, True),
+    (BUDGET, scrape(0.0, 2, 2, own=4), 4, 4.0, math.inf, False),  # no pace: it stands
+    # waiting beside the most it ran: the guess (12, `normal` 9) binds on the occupancy
+    # (6 running + 3 waiting), however long ago the waiting began
+    (PENDING, scrape(0.0, 6, 3, own=9), 9, 4.0, 0.1, False),
+    (PENDING, scrape(0.0, 6, 2, own=8), 8, 4.0, 0.1, True),
+])
+def test_room_on_an_engine_read_through_its_scrape(
+        cap: Capacity, seen: Scrape, own: int, now: float, drain: float,
+        room: bool) -> None:
+    assert has_room(load_of(learn(cap, seen), seen, own, now, drain), NORMAL) is room
+
+
+SIZED = RoomLimits(math.inf, 16_000, 0.97, sized_s_per_token=33e-6)
+
+
+@pytest.mark.parametrize(("measured", "largest", "prompt", "room"), [
+    (None, 0.0, 0.0, 16_000),  # never measured: the room as configured
+    (33e-6, 0.0, 0.0, 16_000),  # measured at the rate it was sized at
+    (8.25e-6, 0.0, 0.0, 64_000),  # 4x faster: the same seconds of prefill, 4x the tokens
+    (8.25e-6, 0.0, 90_000.0, 90_000),  # never below the prompt at stake
+    (66e-6, 0.0, 0.0, 16_000),  # slower: never fewer tokens than configured
+    (66e-6, 20_000.0, 0.0, 20_000),  # nor below the largest prompt it serves
+    (0.0, 0.0, 0.0, 16_000),  # no figure
+])
+def test_the_prefill_room_is_a_wait_at_the_engines_measured_rate(
+        measured: float | None, largest: float, prompt: float, room: float) -> None:
+    load = ReplicaLoad("a", 1, 0.0, largest_prompt_tokens=largest,
+                       prefill_s_per_token=measured)
+    assert prefill_room(load, SIZED, prompt) == pytest.approx(room)
+    # as configured without the rate it was sized at
+    assert prefill_room(load, RoomLimits(math.inf, 16_000, 0.97), prompt) == max(
+        16_000, largest, prompt)
+
+
+@pytest.mark.parametrize(("measured", "queued", "room"), [
+    # two of the trace's 14k prompts queued: full at the cost model's rate, room on an
+    # engine measured 4x faster (`normal`: half of the 32k room, as many seconds)
+    (None, 28_000.0, False),
+    (8.25e-6, 28_000.0, True),
+    (8.25e-6, 66_000.0, False),  # its room in seconds (4 x 16,384 tokens) is full too
+])
+def test_a_faster_engine_takes_more_prefill_for_the_same_wait(
+        measured: float | None, queued: float, room: bool) -> None:
+    limits = reserved(RoomLimits(math.inf, 32_768, 0.97, sized_s_per_token=33e-6), 0.75,
+                      0.5)
+    load = ReplicaLoad("a", 2, queued, largest_prompt_tokens=14_000.0,
+                       prefill_s_per_token=measured)
+    assert has_room(load, limits, 14_000.0) is room

@@ -1,0 +1,84 @@
+"""Issue 36's throttle, on loopback: a real gateway with the queue on (`enabled = true`,
+nothing else configured) in front of a real `gateway sim` replica, counting what the
+engine itself runs (its /metrics). An engine with room gets a burst of 24 requests at once
+(the gateway's guess of 8 sequences no longer holds 18 of them back while the engine shows
+nothing waiting); an engine that really is saturated (`--max-num-seqs 4`, learnt from its
+scrapes) still has the next ones held in the gateway, not queued in the engine."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+
+import httpx
+
+from tests.servers import free_port, gateway
+from tests.test_admission_faults import ENV, admission, hold, queued, replica_with, until
+
+BURST = 24  # > the guess's 8 x 0.75 (`normal`'s share) and > its doubling to 16
+
+
+def engine(url: str) -> tuple[int, int]:
+    """(running, waiting) as the simulated engine exports them."""
+    running = waiting = 0.0
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            running += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vllm:num_requests_waiting"):
+            waiting += float(line.rsplit(" ", 1)[1])
+    return int(running), int(waiting)
+
+
+def scraped(url: str) -> bool:
+    """The gateway has read the replica's /metrics at least once."""
+    reps = httpx.get(url + "/stats", timeout=10).json()["replicas"]
+    return bool(reps) and all(r.get("scraped_at") is not None for r in reps.values())
+
+
+def seen(url: str) -> tuple[int, int]:
+    """(running, waiting) as the gateway's last scrape of its one replica showed them."""
+    (rep,) = httpx.get(url + "/stats", timeout=10).json()["replicas"].values()
+    return int(rep.get("requests_running") or 0), int(rep.get("requests_waiting") or 0)
+
+
+def test_a_burst_reaches_an_engine_with_room_at_once() -> None:
+    """One scrape (of an idle engine: the guess is 8) and none for a minute after it: the
+    24 requests of a burst all run in the engine, none waits in the gateway. Before issue
+    36's fix the gateway sent 6 (8 x `lower_class_room`) and held 18 until the next scrape
+    (then 9 of 12, ...), while the engine, 256 sequences, had nothing waiting."""
+    env = {**ENV, "GATEWAY_USAGE__SCRAPE_INTERVAL_S": "60"}
+    with contextlib.ExitStack() as stack:
+        # KV for all 24 long answers (the default 2,048 blocks would preempt some as they
+        # decode, on a slow machine before the last arrived)
+        a, _ = stack.enter_context(replica_with(free_port(), ["--kv-blocks", "16384"]))
+        url = stack.enter_context(gateway([a], env=env))
+        until(lambda: scraped(url))
+        holders: list[socket.socket] = []
+        stack.callback(lambda: [s.close() for s in holders])
+        holders.extend(hold(url, f"burst {i} " * 20) for i in range(BURST))
+        until(lambda: engine(a) == (BURST, 0))
+        assert queued(url) == 0
+        assert admission(url)["shed"]["wait_timeout"] == 0
+
+
+def test_a_saturated_engine_still_has_the_next_requests_held_in_the_gateway() -> None:
+    """`--max-num-seqs 4`: the first 6 holders reach it (nothing waited there yet), 4 run
+    and 2 wait; once a scrape shows that (waiting beside the most it ran: maybe its
+    limit), the 6 sent after wait in the gateway, and the engine's queue does not grow by
+    them, while its scrapes confirm 4 as its limit (`SATURATION_S`) and after."""
+    with contextlib.ExitStack() as stack:
+        a, _ = stack.enter_context(replica_with(free_port(), ["--max-num-seqs", "4"]))
+        url = stack.enter_context(gateway([a], env=ENV))
+        until(lambda: scraped(url))
+        holders: list[socket.socket] = []
+        stack.callback(lambda: [s.close() for s in holders])
+        for i in range(6):  # 4 run, 2 wait in the engine
+            holders.append(hold(url, f"first {i} " * 20))
+        until(lambda: engine(a) == (4, 2) and seen(url) == (4, 2))
+        for i in range(6):
+            holders.append(hold(url, f"then {i} " * 20))
+        until(lambda: queued(url) == 6)
+        assert engine(a) == (4, 2)
+        # held while the scrapes confirm the limit, and after
+        until(lambda: [r["seq_limit"] for r in admission(url)["replicas"].values()] == [4])
+        assert queued(url) == 6 and engine(a) == (4, 2)
