@@ -99,10 +99,11 @@ def test_an_engine_with_room_is_reached_within_a_few_scrapes() -> None:
 
 
 def test_a_saturated_engine_still_has_the_next_requests_held_in_the_gateway() -> None:
-    """`--max-num-seqs 4`: the first 6 holders reach it (nothing waited there yet), 4 run
-    and 2 wait; once a scrape shows that (waiting beside the most it ran: maybe its
-    limit), the 6 sent after wait in the gateway, and the engine's queue does not grow by
-    them, while its scrapes confirm 4 as its limit (`SATURATION_S`) and after."""
+    """`--max-num-seqs 4`: the first 6 holders reach it (the guess, 8 x 0.75 for
+    `normal`), 4 run and 2 wait; once a scrape shows that (requests waiting: nothing of
+    this gateway's counts as taken in, the guess stays 8), the 6 sent after wait in the
+    gateway, and the engine's queue does not grow by them, while its scrapes confirm 4 as
+    its limit (`SATURATION_S`) and after."""
     with contextlib.ExitStack() as stack:
         a, _ = stack.enter_context(replica_with(free_port(), ["--max-num-seqs", "4"]))
         url = stack.enter_context(gateway([a], env=ENV))
