@@ -167,7 +167,8 @@ def test_a_low_burst_between_two_scrapes_does_not_hold_high() -> None:
         highs, lows = asyncio.run(low_burst_then_high(url, engines))
     low_p90 = quantile(lows, 0.9)
     print(f"high {max(highs):.3f} s; low p90 {low_p90:.3f} s")
-    # a ratio within one run, so a loaded machine slows both sides alike (with the guess
-    # unbound, `high` went to the engine with fewer lows queued, 9 of them: 0.53 s against
-    # the lows' 1.17 s; held to the guess, 0.045 s against 1.28 s)
-    assert max(highs) < low_p90 / 4, (highs, sorted(lows))
+    # a ratio within one run, so a loaded machine slows both sides alike: held to the
+    # guess, `high` waits for a low to end and then behind the 2 in an engine (0.18 s
+    # against the lows' 1.06 s); with the guess unbound it went to the engine with fewer
+    # lows queued, 9 of them (0.53 s against 1.17 s)
+    assert max(highs) < low_p90 / 3, (highs, sorted(lows))
