@@ -45,7 +45,8 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   it grew only with the running count, one scrape in five seconds, a gateway held 8 x
   0.75 sequences per replica of engines running 6 of 256 while dozens waited in it;
   bound only while the engine showed requests waiting, a burst between two scrapes went
-  to it whole and a `low` flood held `high` behind it: bench/results/admission.md.) The
+  to it whole, and the two-replica `low` flood test saw `high` wait behind it: see
+  bench/results/admission.md.) The
   saturation test compares with the most seen running, not with what was taken in (a
   request of this gateway's on its way to the engine, or whose end has not reached the
   gateway yet, counts in flight but not running: counted there, the engine's real limit
