@@ -16,8 +16,8 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   long prefill has begun a few steps later. The caller prices what it takes the engine to
   begin one waiting request (`drain_s`: a prompt's prefill at the engine's rate, room.py's
   cost model), and each `drain_s` of the scrape's age takes one off the waiting count.
-  What that does not cover keeps holding: requests waiting for a sequence once the limit
-  is learnt (they stay in the occupancy, counted against it), and a full KV cache (its
+  What that does not cover keeps holding: requests waiting for a sequence (they stay in
+  the occupancy, counted against the limit, learnt or guessed), and a full KV cache (its
   usage, room.py).
 - **What it can run** (`Capacity`, learned by `learn` from each new scrape): vLLM does
   not export `max_num_seqs`, but it shows it: the running count stays at it while
@@ -25,26 +25,32 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   the most it was ever seen running) for `SATURATION_S` fix that count as its limit;
   shorter does not (a request that arrived just before a scrape waits for the next step;
   long prompts wait for the token budget while the running count grows, a step at a
-  time). Until then the engine is assumed to run `max(PROBE_SEQS, 2 x the most it was
-  seen running)`: the limit doubles as the engine proves it runs more, so a replica is
-  neither flooded at start nor held to a guess. Learned from any scrape, fresh or not:
-  it is the engine's configuration, not its load; once learned it stays until the engine
-  restarts (it may come back with another `--max-num-seqs`) or its replica leaves the
-  fleet, when fleetview.py starts learning afresh (a queue that held the same running
-  count that long for another reason, a full KV cache, is taken as the limit too: the
-  concurrency that cache allowed).
-- **The guess binds only where the engine gives no account of its own room**
-  (`binding_limit`, `EngineView.seq_limit`): a fresh scrape with nothing waiting now
-  says the engine took everything it was given, so the guess (8, against vLLM's
-  256-1024) does not hold requests the engine would run at once; what bounds a burst
-  between two scrapes is the queued prefill (room.py) and the next scrape. The guess
-  binds while requests wait there now, while the scrape is stale, and after a scrape
-  that looks like a limit not yet confirmed (requests waiting beside the most it ever
-  ran: `Capacity.pending`), not after one with requests waiting beside fewer running (a
-  long prompt's prefill took the step's token budget). A learnt limit binds always.
-  (Held to the guess, with one scrape in five seconds, a gateway held 8 x 0.75 sequences
-  per replica and queued dozens of requests that the simulated engines, running 6 of
-  their 256, would have run at once: bench/results/admission.md, issue 36's throttle.)
+  time). Learned from any scrape, fresh or not: it is the engine's configuration, not its
+  load; once learned it stays until the engine restarts (it may come back with another
+  `--max-num-seqs`) or its replica leaves the fleet, when fleetview.py starts learning
+  afresh (a queue that held the same running count that long for another reason, a full
+  KV cache, is taken as the limit too: the concurrency that cache allowed).
+- **Until then a guess binds, always**: `max(PROBE_SEQS, 2 x the most the engine has
+  shown it takes in)`. What it has shown is the most it was seen running, and, at a
+  scrape showing nothing waiting, what this gateway had in flight there when that scrape
+  was asked for (`Scrape.own_at_scrape`): none of it waited, so the engine took it all
+  in (`Capacity.most_taken`). A scrape with nothing waiting says only that the engine
+  took what it had at that moment, not what a burst arriving before the next scrape
+  (5 s by default) would find: an engine's own queue is first come, first served, so
+  requests sent past its room wait there beside the classes above them and priorities
+  no longer hold. Held to twice what it took, a burst sends at most that; under
+  sustained load the gateway fills the limit, the next scrape shows none waiting, and
+  the limit doubles from what it took, once a scrape, so an engine with room (vLLM runs
+  256 to 1024) is reached within a few scrapes. (Issue 36: held to the guess of 8 while
+  it grew only with the running count, one scrape in five seconds, a gateway held 8 x
+  0.75 sequences per replica of engines running 6 of 256 while dozens waited in it;
+  bound only while the engine showed requests waiting, a burst between two scrapes went
+  to it whole, and the two-replica `low` flood test saw `high` wait behind it: see
+  bench/results/admission.md.) The
+  saturation test compares with the most seen running, not with what was taken in (a
+  request of this gateway's on its way to the engine, or whose end has not reached the
+  gateway yet, counts in flight but not running: counted there, the engine's real limit
+  could never be confirmed).
 
 - **How fast it prefills** (`PrefillRate`, folded by `learn_rate` from each new scrape):
   the prompt tokens it computed between two scrapes (`vllm:prompt_tokens_total` less its
@@ -157,15 +163,9 @@ class Capacity:
     most_running: int | None = None  # most running seen at all (None: never shown)
     queued_running: int | None = None  # running at the last scrape, if requests waited
     queued_since: float | None = None  # since when requests wait beside that count
-
-    @property
-    def pending(self) -> bool:
-        """The last scrape showed requests waiting beside the most it was ever seen
-        running: maybe its sequence limit, until `SATURATION_S` confirms it or a scrape
-        shows none waiting (the guess binds meanwhile: `binding_limit`). Below the most it
-        ran, requests wait for the step's token budget, not a sequence."""
-        return (self.saturated is None and self.queued_running is not None
-                and self.queued_running >= (self.most_running or 0))
+    # most it was shown to take in: running, or this gateway's in flight at a scrape that
+    # showed none waiting (never below `most_running` once learned; None: as that)
+    most_taken: int | None = None
 
     @property
     def seq_limit(self) -> int | None:
@@ -175,7 +175,7 @@ class Capacity:
             return max(1, self.saturated)
         if self.most_running is None:
             return None
-        return max(PROBE_SEQS, 2 * self.most_running)
+        return max(PROBE_SEQS, 2 * max(self.most_running, self.most_taken or 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,10 +185,7 @@ class EngineView:
     occupancy: float | None  # running + waiting now, estimated (None when stale)
     waiting: float | None  # waiting now, estimated (None when stale)
     kv_usage: float | None  # None when stale or not exported
-    # what it is held to run at once: the learnt limit, or the guess where the engine gives
-    # no account of its room (stale, requests waiting now, a limit pending); None: neither
-    # binds (`binding_limit`)
-    seq_limit: int | None
+    seq_limit: int | None  # what it is held to run at once (None: never shown running)
 
 
 def _count(x: float | None, most: int = 2**31) -> int | None:
@@ -205,17 +202,21 @@ def learn(cap: Capacity, scrape: Scrape | None) -> Capacity:
         return cap
     running, waiting = _count(scrape.running, MAX_RUNNING), _count(scrape.waiting)
     if running is None:
-        return Capacity(scrape.ts, cap.saturated, cap.most_running)
+        return Capacity(scrape.ts, cap.saturated, cap.most_running,
+                        most_taken=cap.most_taken)
     saturated = cap.saturated
     most = max(cap.most_running or 0, running)
+    # none waited: all this gateway had there was taken in (module docstring)
+    own = max(0, min(scrape.own_at_scrape, MAX_RUNNING)) if waiting == 0 else 0
+    taken = max(cap.most_taken or 0, most, own)
     if not waiting or running <= 0:
-        return Capacity(scrape.ts, saturated, most)
+        return Capacity(scrape.ts, saturated, most, most_taken=taken)
     since = scrape.ts
     if running == cap.queued_running and cap.queued_since is not None:
         since = cap.queued_since
         if scrape.ts - since >= SATURATION_S and running >= most:
             saturated = max(running, saturated or 0)
-    return Capacity(scrape.ts, saturated, most, running, since)
+    return Capacity(scrape.ts, saturated, most, running, since, taken)
 
 
 def view(scrape: Scrape | None, cap: Capacity, own_now: int, now: float,
@@ -223,19 +224,19 @@ def view(scrape: Scrape | None, cap: Capacity, own_now: int, now: float,
     """The engine's room as the gate should read it at `now` (module docstring);
     `drain_s`: seconds the engine takes to begin one request waiting in it (inf: unknown,
     the scraped waiting count stands until a finish or the next scrape)."""
-    guess = cap.seq_limit
+    limit = cap.seq_limit  # learnt, or the guess: binds always (module docstring)
     if scrape is None:
-        return EngineView("gateway", None, None, None, None, guess)
+        return EngineView("gateway", None, None, None, None, limit)
     age = max(0.0, now - scrape.ts)
     running, waiting = _count(scrape.running, MAX_RUNNING), _count(scrape.waiting)
     if age > max_age_s or running is None or waiting is None:
-        return EngineView("gateway", age, None, None, None, guess)
+        return EngineView("gateway", age, None, None, None, limit)
     delta = own_now - scrape.own_at_scrape
     kv = scrape.kv_usage if scrape.kv_usage is not None and math.isfinite(
         scrape.kv_usage) else None
     waiting_now = waiting_since(waiting, delta, age, drain_s)
     return EngineView("engine", age, float(max(own_now, running + waiting + delta)),
-                      waiting_now, kv, binding_limit(cap, waiting_now))
+                      waiting_now, kv, limit)
 
 
 def waiting_since(waiting: int, delta: int, age_s: float, drain_s: float) -> float:
@@ -256,13 +257,3 @@ def drain_s(s_per_token: float, largest_prompt_tokens: float) -> float:
     likely among them; none there: `STEP_TOKENS`) at its prefill rate, `s_per_token`."""
     size = largest_prompt_tokens if largest_prompt_tokens > 0 else STEP_TOKENS
     return max(0.0, s_per_token) * size
-
-
-def binding_limit(cap: Capacity, waiting_now: float) -> int | None:
-    """The sequence limit room.py holds requests to, read with a fresh scrape: the learnt
-    one always; the guess (`PROBE_SEQS`, doubling) only while requests wait in the engine
-    now, or while its last scrape looks like a limit not yet confirmed (`pending`), as by
-    its own account an engine with none waiting has room (module docstring)."""
-    if cap.saturated is not None or waiting_now > 0 or cap.pending:
-        return cap.seq_limit
-    return None

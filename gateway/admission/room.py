@@ -8,7 +8,8 @@ A replica has room for another request when it is healthy and below every limit:
   sequence in the engine, not a queue it cannot pass. Its KV usage is below
   `kv_usage_limit` (a full cache preempts and recomputes).
 - **the gateway's own counts** (always; the only ones when the scrape is stale or the
-  replica exports none): its requests there against the learned `seq_limit` (if any) and
+  replica exports none): its requests there against `seq_limit` (learnt, or engine.py's
+  guess; none if the engine never showed a running count) and
   the optional `replica_max_in_flight` cap, and the prefill it sent there that the engine
   has not begun (`replica_max_queued_prefill_tokens`: beyond a few of vLLM's 8192-token
   prefill steps another request only waits in the engine, where the gateway can no longer
