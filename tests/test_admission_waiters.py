@@ -14,7 +14,7 @@ import pytest
 from gateway.admission.config import AdmissionConfig
 from gateway.admission.gate import Gate, Ticket
 from gateway.admission.shedding import Shed
-from tests.test_admission_gate import ask, gate, gate_with, replica
+from tests.gate_builders import ask, gate, gate_with, replica
 
 HISTORY = "the conversation so far " * 80
 
