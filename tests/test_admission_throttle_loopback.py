@@ -14,6 +14,7 @@ import contextlib
 import socket
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.servers import free_port, gateway
 from tests.test_admission_faults import (
@@ -33,13 +34,13 @@ BURST = 24  # > the guess's 8 x 0.75 (`normal`'s share) and > its doubling to 16
 
 def engine(url: str) -> tuple[int, int]:
     """(running, waiting) as the simulated engine exports them."""
-    running = waiting = 0.0
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("vllm:num_requests_running"):
-            running += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("vllm:num_requests_waiting"):
-            waiting += float(line.rsplit(" ", 1)[1])
-    return int(running), int(waiting)
+    sums = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0}
+    text = httpx.get(url + "/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in sums:
+                sums[sample.name] += sample.value
+    return int(sums["vllm:num_requests_running"]), int(sums["vllm:num_requests_waiting"])
 
 
 def scraped(url: str) -> bool:
