@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -73,6 +75,25 @@ def pd_env(options: VllmOptions, side_channel_port: int) -> dict[str, str]:
     }
 
 
+def confined() -> list[str]:
+    """The `taskset` prefix that keeps both engines of a pair on one CPU, the last this
+    process may use, leaving the others to the tests and the gateway (none on a one-CPU
+    machine, or without taskset).
+
+    An idle pair does not sleep: while it holds KV for a remote reader each engine steps
+    (its worker yielding in a loop) and NIXL's UCX progress thread polls its sockets, four
+    threads making syscalls without pause. Spread over two cores they starved every other
+    process: a bare `python3 -c pass` took up to 25 s and a gateway did not bind its port
+    in 60 s (a CI run); a decode leg's connection timed out. Pinned to one CPU, the same
+    start took 0.19 s each of five times, against 0.25-25 s unpinned (the same idle pair,
+    moments apart)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    taskset = shutil.which("taskset")
+    if len(cpus) < 2 or taskset is None:
+        return []
+    return [taskset, "--cpu-list", str(cpus[-1])]
+
+
 @dataclass(frozen=True)
 class PdPair:
     """Base URLs (no /v1) of the two replicas: `prefill` is sent prefill legs, `decode` the
@@ -95,7 +116,8 @@ def pd_pair(options: VllmOptions) -> Iterator[PdPair]:
         logs_of: list[Path] = []
         for role in ("prefill", "decode"):
             port, side = free_port(), free_port()
-            argv = [*options.argv(port), "--kv-transfer-config", kv_transfer_config()]
+            argv = [*confined(), *options.argv(port), "--kv-transfer-config",
+                    kv_transfer_config()]
             log = logs / f"vllm-pd-{role}-{port}.log"
             procs.append(stack.enter_context(running(argv, [], env=pd_env(options, side),
                                                      log_path=log, group=True)))  # fmt: skip
