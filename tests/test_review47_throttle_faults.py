@@ -190,6 +190,24 @@ def test_one_high_sample_does_not_set_the_rate_for_the_engines_life() -> None:
     assert prefill_room(load, FULL) < 2 * 32_768
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "`learn_rate` reads a cache-hit counter missing (or nan) on one scrape as 0, so "
+    "that scrape's computed tokens jump by every hit the engine ever had: five minutes "
+    "at 40k computed and 10k hit tokens/s give one sample of ~650k tokens/s (below "
+    "RATE_MAX_TOKENS_PER_S), kept for the engine's life by the only-ever-raised rule "
+    "(prefill room ~16x, drain ~16x too fast). A fix must take a change in which "
+    "counters a scrape shows as no sample (a new baseline, as a missing prompt counter "
+    "is), and 0 only for an engine that never shows the hit counter."))
+def test_a_scrape_missing_its_cache_hit_counter_is_no_sample() -> None:
+    rate, prompt, hits = PrefillRate(), 0.0, 0.0
+    for k in range(61):  # 5 minutes: 40k computed + 10k hit tokens/s, nothing waiting
+        rate = learn_rate(rate, 5.0 * k, prompt, hits, 0.0, COST_MODEL)
+        prompt, hits = prompt + 250_000.0, hits + 50_000.0
+    assert rate.tokens_per_s == pytest.approx(40_000.0)
+    rate = learn_rate(rate, 305.0, prompt, None, 0.0, COST_MODEL)  # the hits line absent
+    assert rate.tokens_per_s is not None and rate.tokens_per_s < 60_000.0
+
+
 # -- clocks: a scrape's time is the wall clock ------------------------------------------------
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -203,3 +221,59 @@ def test_a_scrape_dated_after_now_is_not_fresh_for_ever() -> None:
     seen = Scrape(ts=4600.0, running=4, waiting=9, kv_usage=0.98, own_at_scrape=0)
     got = view(seen, learn(Capacity(), seen), 1, now=1000.0, max_age_s=15.0)
     assert got.source == "gateway"
+
+
+# -- scrapes are folded only when the gate reads a load --------------------------------------
+
+@pytest.mark.xfail(strict=True, reason=(
+    "fleetview.py folds a scrape into `Capacity` and `PrefillRate` only when the gate "
+    "reads the replica's load (an arrival, a pass while requests wait), so after an idle "
+    "spell the next fold is paired with the last one before it, minutes apart, with "
+    "every scrape in between unseen: two bursts whose folds both show 7 running beside "
+    "a token-budget queue fix 7 as the --max-num-seqs of an engine running 256 (the "
+    "SATURATION_S test holds between any two folds, not two scrapes), for the engine's "
+    "life. A fix must fold every scrape as it comes (the monitor's scrape, not the "
+    "gate's look), or take no saturation (nor busy-throughout rate sample) from two "
+    "folds more than a few scrape intervals apart."))
+def test_two_bursts_minutes_apart_do_not_make_a_sequence_limit() -> None:
+    fv, _, fleet, clock = one_replica()
+    a = fleet.replicas["a"]
+    scraped(fleet, clock, snap(clock.t, 7, 0), own=7)  # it took 7 in: the guess, 14
+    fv.load(a, 7, 0.0, 0.0)
+    clock.t += 5.0
+    scraped(fleet, clock, snap(clock.t, 7, 2), own=9)  # long prompts wait for the budget
+    fv.load(a, 9, 0.0, 0.0)
+    for _ in range(120):  # ten idle minutes, scraped every 5 s, no request: no look
+        clock.t += 5.0
+        scraped(fleet, clock, snap(clock.t, 0, 0), own=0)
+    clock.t += 5.0
+    scraped(fleet, clock, snap(clock.t, 7, 1), own=8)  # the next burst's first scrape
+    load = fv.load(a, 8, 0.0, 0.0)
+    assert load.seq_limit is not None and load.seq_limit > 7
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "The same unseen gap in the prefill rate: `learn_rate` averages in a sample as "
+    "'busy throughout' when the two folded scrapes both showed requests waiting, "
+    "though ten idle minutes lay between them; the sample (the tokens of both bursts "
+    "over 600 s) takes the rate believed from 100k to ~70k tokens/s at once, and each "
+    "burst again (the drain slower, the room smaller, the fleet's shedding floor lower: "
+    "gate.py `_projected_s`). A fix must take no averaged sample across scrapes it did "
+    "not see (fold each scrape, or bound the gap between a sample's two scrapes)."))
+def test_an_idle_gap_between_two_folds_is_not_a_slow_engine() -> None:
+    fv, _, fleet, clock = one_replica()
+    a = fleet.replicas["a"]
+    total = 0.0
+    for _ in range(4):  # busy: a queue at each scrape, 500k tokens in 5 s
+        scraped(fleet, clock, snap(clock.t, 6, 2, total), own=8)
+        fv.load(a, 8, 0.0, 0.0)
+        clock.t += 5.0
+        total += 500_000.0
+    before = fv.s_per_token("a")
+    assert before == pytest.approx(1 / 100_000)
+    for _ in range(120):  # ten idle minutes, scraped, no look
+        scraped(fleet, clock, snap(clock.t, 0, 0, total), own=0)
+        clock.t += 5.0
+    scraped(fleet, clock, snap(clock.t, 6, 2, total + 20_000.0), own=8)  # the next burst
+    fv.load(a, 8, 0.0, 0.0)
+    assert fv.s_per_token("a") == pytest.approx(before)

@@ -1,6 +1,6 @@
-"""Review 47 of issue 36's throttle: the wiring of two of its rules, which no test on main
-caught when removed (each test here passes on main and fails under the mutation named in
-its docstring).
+"""Review 47 of issue 36's throttle: three of its rules that no test on main caught when
+removed (each test here passes on main and fails under the mutation named in its
+docstring).
 
 - A scraped waiting count drains at the engine's pace as fleetview.py reads it: one of
   the largest prompts in flight there at the engine's measured prefill rate (engine.py's
@@ -8,17 +8,23 @@ its docstring).
   cost model's rate or one step's tokens, failed nothing).
 - The gate sizes its queued-prefill room at the cost model's rate, so an engine measured
   faster holds as many seconds of prefill (room.py's tables build `RoomLimits` by hand;
-  the gate building its own without `sized_s_per_token` failed nothing)."""
+  the gate building its own without `sized_s_per_token` failed nothing).
+- A waiting request the drain counts as begun is still there: it stays in the occupancy,
+  counted against the sequence limit (engine.py `view`; reading the occupancy with the
+  drained waiting count failed nothing)."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
 from gateway.admission.config import AdmissionConfig
+from gateway.admission.engine import Capacity, Scrape, view
 from gateway.admission.fleetview import FleetView
 from gateway.admission.gate import Ask, Gate
+from gateway.admission.room import ReplicaLoad, RoomLimits, has_room
 from gateway.replicas.fleet import Fleet
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import Router
@@ -121,3 +127,24 @@ def test_the_gate_gives_an_engine_measured_faster_more_prefill_room(
     went, waiting, queued = asyncio.run(run())
     assert 24_000 < queued < 34_000  # two prompts of about 14k tokens each
     assert (went, waiting) == (goes, 0 if goes else 1)
+
+
+@pytest.mark.parametrize(("own", "room"), [
+    # 6 running + 2 waiting when scraped (4 of them this gateway's, 4 another client's),
+    # the waiting long begun: 8 of its 8 sequences taken
+    (4, False),
+    (3, True),  # one of this gateway's finished since: one free
+])
+def test_a_waiting_request_the_drain_began_still_takes_a_sequence(
+        own: int, room: bool) -> None:
+    """Mutation caught: engine.py `view` reading the occupancy as running + the drained
+    waiting count (the begun requests vanish from it, and the engine, at its learnt
+    limit, is sent two more that wait in its first-come queue)."""
+    learnt = Capacity(0.0, 8, 8)  # --max-num-seqs 8, confirmed
+    seen = Scrape(10.0, 6, 2, 0.2, 4)
+    v = view(seen, learnt, own, now=20.0, max_age_s=15.0, drain_s=0.05)
+    assert v.waiting == 0.0  # both counted as begun at the engine's pace
+    load = ReplicaLoad("a", own, 0.0, v.kv_usage, occupancy=v.occupancy,
+                       engine_waiting=v.waiting, seq_limit=v.seq_limit)
+    assert v.occupancy == float(own + 4)
+    assert has_room(load, RoomLimits(math.inf, 32_768, 0.97)) is room
