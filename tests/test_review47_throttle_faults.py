@@ -324,7 +324,8 @@ def test_waiters_held_for_a_restarting_replica_do_not_all_go_at_its_restart() ->
                 a.in_flight -= 1
                 t.plan.outcome.prompt_tokens = 8  # not doubted: the probes say it is up
                 g.done(t)
-            return 40 - g.stats()["queued"]["low"]  # sent to the fresh engine at once
+            left: int = g.stats()["queued"]["low"]
+            return 40 - left  # sent to the fresh engine at once
         finally:
             for w in waiters:
                 w.cancel()
