@@ -67,14 +67,6 @@ def scraped(fleet: Fleet, clock: Clock, s: EngineSnapshot, own: int) -> None:
 
 # -- a replica restarted while requests wait for it -----------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "After a restart the router takes as new, fleetview.py starts a Capacity whose "
-    "last_ts is the scrape at hand, so `learn` skips that scrape and seq_limit is None "
-    "until the next scrape (5 s): no sequence limit binds at all, and every waiter (and "
-    "any burst) goes to the fresh engine whole, into its first-come queue ahead of "
-    "`high` (issue 36's regression, once per restart). A fix must start the restarted "
-    "engine at the guess (PROBE_SEQS, or learn from the post-restart scrape), never at "
-    "'no limit' for an engine that has shown running counts."))
 def test_a_restarted_engine_is_held_to_the_guess_until_its_next_scrape() -> None:
     fv, router, fleet, clock = one_replica()
     a = fleet.replicas["a"]
@@ -283,13 +275,6 @@ def test_an_idle_gap_between_two_folds_is_not_a_slow_engine() -> None:
     assert fv.s_per_token("a") == pytest.approx(before)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "The restart break above, through the gate: 40 `low` waiters held for a replica at "
-    "its guess (16, `low` 12) all go to it at the first pass after the engine restarts "
-    "(seq_limit None until its next scrape; 40 short prompts fit `low`'s prefill room), "
-    "where they wait in the fresh engine's first-come queue and a `high` arriving next "
-    "waits behind them. A fix must hold the restarted engine to the guess: at most "
-    "PROBE_SEQS there at once."))
 def test_waiters_held_for_a_restarting_replica_do_not_all_go_at_its_restart() -> None:
     async def run() -> int:
         router = Router(RoutingConfig())

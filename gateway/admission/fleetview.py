@@ -47,7 +47,9 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   its replica's KV capacity (`capacity_tokens`; reserve.py's module docstring).
 
 What an engine showed it runs is learnt afresh after each restart the router takes as new
-(`Router.restarts`) and when its replica leaves and comes back (another `Replica`).
+(`Router.restarts`) and when its replica leaves and comes back (another `Replica`); a
+restarted engine that showed running counts before is held to the guess (engine.py
+`PROBE_SEQS`) from the restart until its next scrape, not left without a limit.
 
 Bounds: one learned `Capacity`, one `PrefillRate`, one last `EngineView` and one doubt
 per replica of the fleet; those of replicas that left are dropped (`forget_left`).
@@ -158,8 +160,13 @@ class FleetView:
         if seen is None or seen[0] is not replica or seen[1] != epoch[1]:
             if seen is not None:
                 # another engine: it restarted (maybe with another --max-num-seqs) or its
-                # replica left and came back; the scrape at hand may predate that
-                old = Capacity(last_ts=None if scrape is None else scrape.ts)
+                # replica left and came back; the scrape at hand may predate that, so it
+                # is skipped, and until the next one an engine that showed running counts
+                # is held to the guess (PROBE_SEQS: most_running 0), never to no limit: a
+                # queue held for it would otherwise go to the fresh engine whole, into its
+                # first-come queue ahead of the classes above
+                old = Capacity(last_ts=None if scrape is None else scrape.ts,
+                               most_running=None if old.most_running is None else 0)
                 self._rates.pop(name, None)  # its counters and speed start afresh
             self._learnt_of[name] = epoch
         cap = self._capacity[name] = learn(old, scrape)
