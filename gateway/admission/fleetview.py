@@ -161,12 +161,14 @@ class FleetView:
             if seen is not None:
                 # another engine: it restarted (maybe with another --max-num-seqs) or its
                 # replica left and came back; the scrape at hand may predate that, so it
-                # is skipped, and until the next one an engine that showed running counts
-                # is held to the guess (PROBE_SEQS: most_running 0), never to no limit: a
-                # queue held for it would otherwise go to the fresh engine whole, into its
-                # first-come queue ahead of the classes above
+                # is skipped, and until the next one a restarted engine that showed
+                # running counts is held to the guess (PROBE_SEQS: most_running 0), never
+                # to no limit: a queue held for it would otherwise go to the fresh engine
+                # whole, into its first-come queue ahead of the classes above (a replica
+                # that came back is another `Replica`, never scraped: a newcomer's start)
+                shown = seen[0] is replica and old.most_running is not None
                 old = Capacity(last_ts=None if scrape is None else scrape.ts,
-                               most_running=None if old.most_running is None else 0)
+                               most_running=0 if shown else None)
                 self._rates.pop(name, None)  # its counters and speed start afresh
             self._learnt_of[name] = epoch
         cap = self._capacity[name] = learn(old, scrape)
