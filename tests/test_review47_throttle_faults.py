@@ -186,14 +186,6 @@ def test_one_high_sample_does_not_set_the_rate_for_the_engines_life() -> None:
     assert prefill_room(load, FULL) < 2 * 32_768
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "`learn_rate` reads a cache-hit counter missing (or nan) on one scrape as 0, so "
-    "that scrape's computed tokens jump by every hit the engine ever had: five minutes "
-    "at 40k computed and 10k hit tokens/s give one sample of ~650k tokens/s (below "
-    "RATE_MAX_TOKENS_PER_S), kept for the engine's life by the only-ever-raised rule "
-    "(prefill room ~16x, drain ~16x too fast). A fix must take a change in which "
-    "counters a scrape shows as no sample (a new baseline, as a missing prompt counter "
-    "is), and 0 only for an engine that never shows the hit counter."))
 def test_a_scrape_missing_its_cache_hit_counter_is_no_sample() -> None:
     rate, prompt, hits = PrefillRate(), 0.0, 0.0
     for k in range(61):  # 5 minutes: 40k computed + 10k hit tokens/s, nothing waiting

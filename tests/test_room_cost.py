@@ -126,6 +126,10 @@ DEFAULT = 0.001  # the cost model's 1,000 tokens a second
     ([(0.0, 0.0, 0.0, 3.0), (1.0, 1_500.0, 0.0, 3.0)], 1_500.0),
     ([(0.0, 0.0, 0.0, 3.0), (1.0, 1_500.0, 0.0, 3.0), (2.0, 2_700.0, 0.0, 1.0)],
      1_500.0 + RATE_ALPHA * (1_200.0 - 1_500.0)),
+    # the hit counter missing at one scrape and back at the next: no sample from either
+    # pair (read as 0, computed leaps by every hit, then falls back by them)
+    ([(0.0, 0.0, 0.0, 0.0), (1.0, 50_000.0, None, 0.0), (2.0, 60_000.0, 45_000.0, 0.0)],
+     None),
     # a counter that went back (a restart) gives no sample
     ([(0.0, 9e6, 0.0, 3.0), (1.0, 1_500.0, 0.0, 3.0)], None),
 ])

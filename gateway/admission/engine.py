@@ -58,7 +58,12 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   what it can do: while requests wait in it (both scrapes show a queue) it is its rate
   (averaged, `RATE_ALPHA`); otherwise a sample only ever raises the rate believed (an
   idle engine computes little and is not slow for it), starting from the cost model's.
-  A sample beyond `RATE_MAX_TOKENS_PER_S` (a counter that leapt) is dropped.
+  A sample beyond `RATE_MAX_TOKENS_PER_S` (a counter that leapt) is dropped, and so is
+  one between two scrapes that differ in which counters they show (the prefix-cache hit
+  counter there at one and not at the other: read as 0, the computed count would leap
+  by every hit the engine ever had): the later scrape is a new baseline, as after a
+  scrape without the prompt counter; an engine that never shows the hit counter has
+  all its prompt tokens counted as computed.
   Until a sample says more, room.py prices prefill at the routing cost model's
   `prefill_s_per_token`.
 
@@ -111,6 +116,7 @@ class PrefillRate:
     last_computed: float | None = None  # prompt tokens computed (not cache hits) by then
     last_waiting: bool = False  # requests waited at that scrape
     tokens_per_s: float | None = None  # None: never measured
+    last_hits_shown: bool = False  # that scrape showed the cache-hit counter
 
     def s_per_token(self) -> float | None:
         tps = self.tokens_per_s
@@ -127,12 +133,17 @@ def learn_rate(rate: PrefillRate, ts: float, prompt_total: float | None,
         return rate
     if prompt_total is None or not math.isfinite(prompt_total):
         return PrefillRate(tokens_per_s=rate.tokens_per_s)
-    hits = hits_total if hits_total is not None and math.isfinite(hits_total) else 0.0
+    shown = hits_total is not None and math.isfinite(hits_total)
+    hits = hits_total if hits_total is not None and shown else 0.0
     computed = max(0.0, prompt_total - hits)
     queued = bool(waiting) and waiting is not None and math.isfinite(waiting) and waiting > 0
     tps = rate.tokens_per_s
     prev, prev_ts = rate.last_computed, rate.last_ts
-    if prev is not None and prev_ts is not None and ts > prev_ts and computed >= prev:
+    # the hit counter there at one scrape and not at the other: `computed` jumps by every
+    # hit the engine ever had (or drops by them), no sample; a new baseline instead
+    same = shown == rate.last_hits_shown
+    if (same and prev is not None and prev_ts is not None and ts > prev_ts
+            and computed >= prev):
         done = computed - prev
         sample = done / (ts - prev_ts)
         if done >= RATE_MIN_TOKENS and sample <= RATE_MAX_TOKENS_PER_S:
@@ -140,7 +151,7 @@ def learn_rate(rate: PrefillRate, ts: float, prompt_total: float | None,
                 tps = sample if tps is None else tps + RATE_ALPHA * (sample - tps)
             else:  # it did at least this much: only ever raises the rate believed
                 tps = max(tps if tps is not None else 1.0 / default_s_per_token, sample)
-    return PrefillRate(ts, computed, queued, tps)
+    return PrefillRate(ts, computed, queued, tps, shown)
 
 
 @dataclass(frozen=True, slots=True)
