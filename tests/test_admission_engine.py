@@ -82,6 +82,9 @@ SAT = Capacity(0.0, 4, 4)
      EngineView("engine", 3.0, 13.0, 9.0, 0.98, 4)),
     (scrape(running=4, waiting=9, kv=0.98), 0, 3.01,
      EngineView("gateway", 3.01, None, None, None, 4)),
+    # dated after now (the wall clock stepped back since): stale, not age 0 for ever
+    (scrape(running=4, waiting=9, kv=0.98), 0, -0.5,
+     EngineView("gateway", -0.5, None, None, None, 4)),
     (scrape(running=None, waiting=None, kv=0.98), 0, 0.0,
      EngineView("gateway", 0.0, None, None, None, 4)),
     (scrape(running=1, kv=math.nan, own=1), 1, 0.0,

@@ -198,13 +198,6 @@ def test_a_scrape_missing_its_cache_hit_counter_is_no_sample() -> None:
 
 # -- clocks: a scrape's time is the wall clock ------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine.py `view` reads a scrape's age as max(0, now - ts) on the wall clock: after "
-    "the wall clock steps back (NTP, a VM resumed), the last scrape is 'from the future', "
-    "age 0, and stays fresh for as long as the step, so a replica whose scrapes then fail "
-    "keeps its last KV usage and waiting count (the freeze `max_age_s` exists to "
-    "prevent). A fix must time scrapes on a monotonic clock, or read a scrape dated "
-    "ahead of now by more than max_age_s as stale."))
 def test_a_scrape_dated_after_now_is_not_fresh_for_ever() -> None:
     seen = Scrape(ts=4600.0, running=4, waiting=9, kv_usage=0.98, own_at_scrape=0)
     got = view(seen, learn(Capacity(), seen), 1, now=1000.0, max_age_s=15.0)

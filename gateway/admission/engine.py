@@ -4,7 +4,10 @@ is, what the engine has shown it can run, and what this gateway sent or finished
 
 - **Fresh or stale.** A scrape older than `max_age_s` (or none) is not used: the room comes
   from the gateway's own counts (`source = "gateway"`), so a failed scrape can never freeze
-  the gate with the last load it saw (a KV usage of 0.98 kept for ever, say).
+  the gate with the last load it saw (a KV usage of 0.98 kept for ever, say). Nor is a
+  scrape dated after now (`now` and `Scrape.ts` are both the wall clock, which stepped
+  back since: NTP, a VM resumed): read as age 0 it would stay fresh for as long as the
+  step, the same freeze; it is stale until the next scrape, dated on the clock as it is.
 - **Occupancy now** = running + waiting at the scrape + (this gateway's requests there now
   - its requests there when the scrape was taken): between scrapes the gateway adds what it
   sent and takes off what finished; load from other clients shows in the scraped counts.
@@ -238,9 +241,9 @@ def view(scrape: Scrape | None, cap: Capacity, own_now: int, now: float,
     limit = cap.seq_limit  # learnt, or the guess: binds always (module docstring)
     if scrape is None:
         return EngineView("gateway", None, None, None, None, limit)
-    age = max(0.0, now - scrape.ts)
+    age = now - scrape.ts  # below 0: dated after now, the wall clock stepped back
     running, waiting = _count(scrape.running, MAX_RUNNING), _count(scrape.waiting)
-    if age > max_age_s or running is None or waiting is None:
+    if not 0.0 <= age <= max_age_s or running is None or waiting is None:
         return EngineView("gateway", age, None, None, None, limit)
     delta = own_now - scrape.own_at_scrape
     kv = scrape.kv_usage if scrape.kv_usage is not None and math.isfinite(
