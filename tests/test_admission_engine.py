@@ -64,6 +64,18 @@ def test_what_the_engine_runs_at_once_is_learned_from_its_scrapes(
     assert (got.saturated, got.most_running, got.seq_limit) == (saturated, most, limit)
 
 
+@pytest.mark.parametrize(("ts", "saturated"), [
+    (2.5, 4),  # the queue seen at the fold before, 1.5 s ago: held SATURATION_S since 0.5
+    (16.0, 4),  # 15 s after the last fold: still a pair (the bound is inclusive)
+    (16.5, None),  # farther apart than a scrape stays fresh: scrapes unseen in between
+])
+def test_a_queue_is_one_queue_only_across_folds_at_most_max_gap_s_apart(
+        ts: float, saturated: int | None) -> None:
+    got = learn(Capacity(1.0, None, 4, 4, 0.5), scrape(ts=ts, running=4, waiting=1), 15.0)
+    assert got.saturated == saturated
+    assert got.queued_since == (0.5 if saturated else ts)  # unseen: its time starts again
+
+
 SAT = Capacity(0.0, 4, 4)
 
 

@@ -206,16 +206,6 @@ def test_a_scrape_dated_after_now_is_not_fresh_for_ever() -> None:
 
 # -- scrapes are folded only when the gate reads a load --------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fleetview.py folds a scrape into `Capacity` and `PrefillRate` only when the gate "
-    "reads the replica's load (an arrival, a pass while requests wait), so after an idle "
-    "spell the next fold is paired with the last one before it, minutes apart, with "
-    "every scrape in between unseen: two bursts whose folds both show 7 running beside "
-    "a token-budget queue fix 7 as the --max-num-seqs of an engine running 256 (the "
-    "SATURATION_S test holds between any two folds, not two scrapes), for the engine's "
-    "life. A fix must fold every scrape as it comes (the monitor's scrape, not the "
-    "gate's look), or take no saturation (nor busy-throughout rate sample) from two "
-    "folds more than a few scrape intervals apart."))
 def test_two_bursts_minutes_apart_do_not_make_a_sequence_limit() -> None:
     fv, _, fleet, clock = one_replica()
     a = fleet.replicas["a"]
@@ -233,14 +223,6 @@ def test_two_bursts_minutes_apart_do_not_make_a_sequence_limit() -> None:
     assert load.seq_limit is not None and load.seq_limit > 7
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "The same unseen gap in the prefill rate: `learn_rate` averages in a sample as "
-    "'busy throughout' when the two folded scrapes both showed requests waiting, "
-    "though ten idle minutes lay between them; the sample (the tokens of both bursts "
-    "over 600 s) takes the rate believed from 100k to ~70k tokens/s at once, and each "
-    "burst again (the drain slower, the room smaller, the fleet's shedding floor lower: "
-    "gate.py `_projected_s`). A fix must take no averaged sample across scrapes it did "
-    "not see (fold each scrape, or bound the gap between a sample's two scrapes)."))
 def test_an_idle_gap_between_two_folds_is_not_a_slow_engine() -> None:
     fv, _, fleet, clock = one_replica()
     a = fleet.replicas["a"]

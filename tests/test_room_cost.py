@@ -109,6 +109,16 @@ def test_a_waiting_prompt_larger_than_the_room_is_not_held_for_it() -> None:
 DEFAULT = 0.001  # the cost model's 1,000 tokens a second
 
 
+@pytest.mark.parametrize(("gap", "tps"), [(15.0, 500.0), (15.5, None)])
+def test_no_rate_sample_spans_scrapes_farther_apart_than_max_gap_s(
+        gap: float, tps: float | None) -> None:
+    # a queue at both ends, 7,500 tokens: a sample only if no scrape lay unseen between
+    rate = learn_rate(PrefillRate(), 0.0, 0.0, 0.0, 3.0, DEFAULT, 15.0)
+    rate = learn_rate(rate, gap, 7_500.0, 0.0, 3.0, DEFAULT, 15.0)
+    assert rate.tokens_per_s == (None if tps is None else pytest.approx(7_500.0 / gap))
+    assert rate.last_ts == gap and rate.last_computed == 7_500.0  # the new baseline
+
+
 @pytest.mark.parametrize(("scrapes", "tps"), [
     ([], None),
     # counters only: one scrape says nothing, nor a missing counter

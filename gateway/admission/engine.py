@@ -70,6 +70,21 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   Until a sample says more, room.py prices prefill at the routing cost model's
   `prefill_s_per_token`.
 
+- **Only from scrapes folded one after another.** Both are folded when the gate reads a
+  replica's load (fleetview.py), not at each scrape, so after an idle spell the next
+  fold is paired with the last one before it, minutes apart, every scrape in between
+  unseen: two bursts each showing 7 running beside a queue would pass for a queue held
+  SATURATION_S, and the tokens of both bursts over the idle minutes for a busy engine's
+  rate. So a pair of folds more than `max_gap_s` apart (fleetview.py: the age at which a
+  scrape goes stale, 3 scrape intervals by default) is no pair: the later scrape starts
+  the queue's time and the rate's counters afresh (a new baseline), and what it shows by
+  itself (its running count, what was taken in) still counts. This, rather than folding
+  every scrape as the monitor takes it, is the smaller change (no new path from the
+  monitor to the gate) and enough: where a limit or a rate decides anything, requests
+  arrive or wait in the gate, which rereads its replicas at each arrival and pass
+  (every `recheck_s` while any wait), so consecutive scrapes are paired; learning
+  nothing across an idle spell loses nothing the next burst's scrapes do not show.
+
 Bounds: one `Capacity` and one `PrefillRate` per replica in the fleet (the gate drops
 those that left).
 """
@@ -128,10 +143,11 @@ class PrefillRate:
 
 def learn_rate(rate: PrefillRate, ts: float, prompt_total: float | None,
                hits_total: float | None, waiting: float | None,
-               default_s_per_token: float) -> PrefillRate:
+               default_s_per_token: float, max_gap_s: float = math.inf) -> PrefillRate:
     """Fold one scrape (at `ts`: its prompt-token and cache-hit counters and waiting
     count) into `rate`; `default_s_per_token`: the cost model's, the floor of what an
-    unsaturated sample may claim."""
+    unsaturated sample may claim; `max_gap_s`: the longest time from the scrape last
+    folded that a sample may span (longer: a new baseline, module docstring)."""
     if ts == rate.last_ts:
         return rate
     if prompt_total is None or not math.isfinite(prompt_total):
@@ -145,7 +161,7 @@ def learn_rate(rate: PrefillRate, ts: float, prompt_total: float | None,
     # the hit counter there at one scrape and not at the other: `computed` jumps by every
     # hit the engine ever had (or drops by them), no sample; a new baseline instead
     same = shown == rate.last_hits_shown
-    if (same and prev is not None and prev_ts is not None and ts > prev_ts
+    if (same and prev is not None and prev_ts is not None and 0 < ts - prev_ts <= max_gap_s
             and computed >= prev):
         done = computed - prev
         sample = done / (ts - prev_ts)
@@ -210,8 +226,10 @@ def _count(x: float | None, most: int = 2**31) -> int | None:
     return int(x)
 
 
-def learn(cap: Capacity, scrape: Scrape | None) -> Capacity:
-    """Fold a scrape into what the engine has shown it can run (once per scrape)."""
+def learn(cap: Capacity, scrape: Scrape | None, max_gap_s: float = math.inf) -> Capacity:
+    """Fold a scrape into what the engine has shown it can run (once per scrape);
+    `max_gap_s`: the longest time from the scrape last folded over which a queue seen at
+    both counts as one queue (module docstring)."""
     if scrape is None or scrape.ts == cap.last_ts:
         return cap
     running, waiting = _count(scrape.running, MAX_RUNNING), _count(scrape.waiting)
@@ -226,7 +244,8 @@ def learn(cap: Capacity, scrape: Scrape | None) -> Capacity:
     if not waiting or running <= 0:
         return Capacity(scrape.ts, saturated, most, most_taken=taken)
     since = scrape.ts
-    if running == cap.queued_running and cap.queued_since is not None:
+    seen_between = cap.last_ts is not None and scrape.ts - cap.last_ts <= max_gap_s
+    if running == cap.queued_running and cap.queued_since is not None and seen_between:
         since = cap.queued_since
         if scrape.ts - since >= SATURATION_S and running >= most:
             saturated = max(running, saturated or 0)

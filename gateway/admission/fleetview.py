@@ -171,12 +171,14 @@ class FleetView:
                                most_running=0 if shown else None)
                 self._rates.pop(name, None)  # its counters and speed start afresh
             self._learnt_of[name] = epoch
-        cap = self._capacity[name] = learn(old, scrape)
+        # folds further apart than a scrape stays fresh pair no scrapes (engine.py)
+        cap = self._capacity[name] = learn(old, scrape, self.max_age_s)
         rate = self._rates.get(name, PrefillRate())
         if snap is not None and scrape is not None:
             rate = self._rates[name] = learn_rate(
                 rate, scrape.ts, snap.prompt_tokens_total, snap.prefix_cache_hits_total,
-                snap.num_requests_waiting, self.router.config.prefill_s_per_token)
+                snap.num_requests_waiting, self.router.config.prefill_s_per_token,
+                self.max_age_s)
         if largest is None:
             largest = self.router.largest_by_replica().get(name, 0.0)
         per_token = rate.s_per_token() or self.router.config.prefill_s_per_token
