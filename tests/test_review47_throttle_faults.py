@@ -168,15 +168,6 @@ def rate_after(samples: list[tuple[float, float, float]]) -> PrefillRate:
     return rate
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "`learn_rate` keeps the largest sample taken while the engine's queue was empty "
-    "(only ever raised), and the gate keeps that queue empty, so the averaging branch "
-    "rarely runs: one sample of 300k tokens/s (below RATE_MAX_TOKENS_PER_S; a counter's "
-    "jump, or a slow /metrics answer timed from when it was asked, fleetview.py "
-    "`Scrape.ts`) stays for the engine's life, and with it a prefill room 10x the "
-    "configured tokens (room.py `prefill_room`) and a drain 10x too fast. A fix must "
-    "let the rate believed come back to what later samples show (a max over a window, "
-    "or a decay), so that an hour of samples at 30k tokens/s brings it within 2x."))
 def test_one_high_sample_does_not_set_the_rate_for_the_engines_life() -> None:
     samples = [(0.0, 0.0, 0.0), (5.0, 1_500_000.0, 0.0)]  # 300k tokens/s, once
     samples += [(5.0 + 5 * k, 1_500_000.0 + 150_000.0 * k, 0.0) for k in range(1, 721)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.admission.engine import RATE_ALPHA, PrefillRate, learn_rate
+from gateway.admission.engine import RATE_ALPHA, RATE_HALF_LIFE_S, PrefillRate, learn_rate
 from gateway.admission.room import (
     ReplicaLoad,
     bind,
@@ -130,8 +130,15 @@ def test_no_rate_sample_spans_scrapes_farther_apart_than_max_gap_s(
     ([(0.0, 0.0, 0.0, 0.0), (1.0, 5_000.0, 3_000.0, 0.0)], 2_000.0),
     # ... too few tokens say nothing ...
     ([(0.0, 0.0, 0.0, 0.0), (1.0, 500.0, 0.0, 0.0)], None),
-    # ... and a slow unqueued interval never lowers it (it was not asked for more)
-    ([(0.0, 0.0, 0.0, 0.0), (1.0, 5_000.0, 0.0, 0.0), (11.0, 7_000.0, 0.0, 0.0)], 5_000.0),
+    # ... and a slow unqueued interval (200/s for 10 s) lowers it only by the decay of its
+    # excess over the cost model's rate, never to the sample (it was not asked for more)
+    ([(0.0, 0.0, 0.0, 0.0), (1.0, 5_000.0, 0.0, 0.0), (11.0, 7_000.0, 0.0, 0.0)],
+     1_000.0 + 4_000.0 * 0.5 ** (10.0 / RATE_HALF_LIFE_S)),
+    # one 10,000/s sample, then 300 s at 1,100/s: its excess over 1,100 halved, once
+    ([(0.0, 0.0, 0.0, 0.0), (1.0, 10_000.0, 0.0, 0.0), (301.0, 340_000.0, 0.0, 0.0)],
+     1_100.0 + 8_900.0 / 2),
+    # a rate measured below the cost model's under a queue: no decay lifts it to the model
+    ([(0.0, 0.0, 0.0, 3.0), (2.0, 1_500.0, 0.0, 3.0), (12.0, 4_000.0, 0.0, 0.0)], 750.0),
     # requests waiting at both ends: what it did is what it can do
     ([(0.0, 0.0, 0.0, 3.0), (1.0, 1_500.0, 0.0, 3.0)], 1_500.0),
     ([(0.0, 0.0, 0.0, 3.0), (1.0, 1_500.0, 0.0, 3.0), (2.0, 2_700.0, 0.0, 1.0)],

@@ -59,8 +59,16 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   the prompt tokens it computed between two scrapes (`vllm:prompt_tokens_total` less its
   prefix-cache hits) over the time between them. That is what it did, a lower bound on
   what it can do: while requests wait in it (both scrapes show a queue) it is its rate
-  (averaged, `RATE_ALPHA`); otherwise a sample only ever raises the rate believed (an
-  idle engine computes little and is not slow for it), starting from the cost model's.
+  (averaged, `RATE_ALPHA`); otherwise a sample at or above the rate believed raises it
+  (an idle engine computes little and is not slow for it), starting from the cost
+  model's, and one below it lets it down by decay only: what the rate believed holds
+  above both that sample and the cost model's rate halves every `RATE_HALF_LIFE_S`
+  (300 s) of the time the sample spans, so one high sample (a counter's jump, a slow
+  /metrics answer timed from when it was asked) is not kept for the engine's life: a
+  rate 10x too high comes within 2x of what later samples show after 3.2 half-lives
+  (16 min) of samples, and the same for one measured under a queue once none shows.
+  Never below the cost model's rate by decay (a slow sample says the engine was not
+  asked for more), and a rate measured below it under a queue stays.
   A sample beyond `RATE_MAX_TOKENS_PER_S` (a counter that leapt) is dropped, and so is
   one between two scrapes that differ in which counters they show (the prefix-cache hit
   counter there at one and not at the other: read as 0, the computed count would leap
@@ -114,6 +122,11 @@ MAX_RUNNING = 1 << 16
 
 # weight of a new saturated sample in the prefill rate (a few scrapes' memory)
 RATE_ALPHA = 0.3
+# the half-life of a believed prefill rate's excess over what unsaturated samples show
+# (and over the cost model's rate): one high sample (a counter's jump, a slow /metrics
+# answer) stays believed for minutes, not for the engine's life, and honest samples
+# bring a rate 10x too high within 2x in 3.2 half-lives (16 min; the module docstring)
+RATE_HALF_LIFE_S = 300.0
 # fewer computed tokens than this between two scrapes say nothing of the rate (a request
 # or two: their timing within the interval is unknown)
 RATE_MIN_TOKENS = 1024.0
@@ -168,9 +181,24 @@ def learn_rate(rate: PrefillRate, ts: float, prompt_total: float | None,
         if done >= RATE_MIN_TOKENS and sample <= RATE_MAX_TOKENS_PER_S:
             if queued and rate.last_waiting:  # busy throughout: what it can do
                 tps = sample if tps is None else tps + RATE_ALPHA * (sample - tps)
-            else:  # it did at least this much: only ever raises the rate believed
-                tps = max(tps if tps is not None else 1.0 / default_s_per_token, sample)
+            else:  # it did at least this much: raises the rate believed; an excess over
+                # this and the cost model's rate decays (module docstring)
+                tps = _seen_at_least(tps, sample, 1.0 / default_s_per_token,
+                                     ts - prev_ts)
     return PrefillRate(ts, computed, queued, tps, shown)
+
+
+def _seen_at_least(tps: float | None, sample: float, floor: float, dt: float) -> float:
+    """The rate believed after an unsaturated `sample` over `dt` seconds (module
+    docstring): raised to it, or what it believed above both it and `floor` (the cost
+    model's rate) halved every `RATE_HALF_LIFE_S`; a rate measured below `floor` stays."""
+    believed = floor if tps is None else tps
+    if sample >= believed:
+        return sample
+    target = max(sample, floor)
+    if believed <= target:
+        return believed
+    return target + (believed - target) * 0.5 ** (dt / RATE_HALF_LIFE_S)
 
 
 @dataclass(frozen=True, slots=True)
