@@ -198,7 +198,7 @@ def _seen_at_least(tps: float | None, sample: float, floor: float, dt: float) ->
     target = max(sample, floor)
     if believed <= target:
         return believed
-    return target + (believed - target) * 0.5 ** (dt / RATE_HALF_LIFE_S)
+    return target + (believed - target) * math.pow(0.5, dt / RATE_HALF_LIFE_S)
 
 
 @dataclass(frozen=True, slots=True)
