@@ -42,6 +42,10 @@ def scrape(ts: float = 0.0, running: float | None = 0, waiting: float | None = 0
     (Capacity(1.0, None, 4, 4, 0.5), scrape(ts=2.5, running=4, waiting=1), 4, 4, 4),
     (Capacity(1.0, None, 4, 4, 0.5), scrape(ts=2.4, running=4, waiting=1),
      None, 4, PROBE_SEQS),  # not yet (a long prefill step)
+    # beside a nearly full KV cache (0.9 and up) the queue may wait for blocks: no limit
+    (Capacity(1.0, None, 4, 4, 0.5), scrape(ts=2.5, running=4, waiting=1, kv=0.9),
+     None, 4, PROBE_SEQS),
+    (Capacity(1.0, None, 4, 4, 0.5), scrape(ts=2.5, running=4, waiting=1, kv=0.89), 4, 4, 4),
     # the running count grew while requests waited (prefill budget): no limit shown
     (Capacity(1.0, None, 2, 2, 0.0), scrape(ts=9.0, running=4, waiting=1),
      None, 4, PROBE_SEQS),

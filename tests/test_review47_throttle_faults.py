@@ -127,14 +127,6 @@ def learnt(scrapes: list[Scrape]) -> Capacity:
     return cap
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "`learn` takes a running count seen twice, SATURATION_S apart, beside a waiting queue "
-    "as the engine's --max-num-seqs, and keeps it until the engine restarts. A queue "
-    "held by a nearly full KV cache (long prompts on a replica of 256 sequences) gives "
-    "such scrapes; learnt, the limit holds the gateway to 3 (`normal` 2) for the engine's "
-    "life, and since the gateway holds it there the engine never shows more. A fix must "
-    "not learn a sequence limit from a queue beside a KV usage near full (or must let "
-    "the limit go when later scrapes show the KV cache with room and nothing waiting)."))
 def test_a_queue_held_by_the_kv_cache_is_not_a_sequence_limit() -> None:
     kv_bound = [Scrape(0.0, 3, 2, 0.96, 5), Scrape(5.0, 3, 2, 0.96, 5)]
     quiet = [Scrape(10.0 + 5 * k, 3, 0, 0.2, 3) for k in range(60)]  # 5 minutes

@@ -31,8 +31,12 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   time). Learned from any scrape, fresh or not: it is the engine's configuration, not its
   load; once learned it stays until the engine restarts (it may come back with another
   `--max-num-seqs`) or its replica leaves the fleet, when fleetview.py starts learning
-  afresh (a queue that held the same running count that long for another reason, a full
-  KV cache, is taken as the limit too: the concurrency that cache allowed).
+  afresh. A queue seen beside a KV usage of `KV_QUEUE_USAGE` (0.9) or more teaches no
+  limit (nor keeps the clock of one going): it may be waiting for cache blocks, not for
+  a sequence, and learnt it held the gateway to that count for the engine's life, where
+  the KV usage limit (room.py) already holds it while the cache is full. A queue held
+  by the cache below that usage (one prompt longer than what is left) can still pass
+  for a limit.
 - **Until then a guess binds, always**: `max(PROBE_SEQS, 2 x the most the engine has
   shown it takes in)`. What it has shown is the most it was seen running, and, at a
   scrape showing nothing waiting, what this gateway had in flight there when that scrape
@@ -114,6 +118,10 @@ SATURATION_S = 2.0
 # its own there (other clients' requests, size unknown): one step of vLLM's default
 # token budget (max_num_batched_tokens 8192), the most a step begins
 STEP_TOKENS = 8192.0
+
+# a queue seen beside a KV usage at or above this may be waiting for cache blocks (a long
+# prompt's, on a cache this full), not for a sequence: it teaches no sequence limit
+KV_QUEUE_USAGE = 0.9
 
 # a running count above this is no figure (no engine runs that many sequences at once: a
 # counter exported as a gauge, a corrupt line); learnt, it would stand as the most the
@@ -254,6 +262,12 @@ def _count(x: float | None, most: int = 2**31) -> int | None:
     return int(x)
 
 
+def _kv_held(kv_usage: float | None) -> bool:
+    """A queue beside this KV usage may be waiting for cache blocks, not for a sequence
+    (module docstring)."""
+    return kv_usage is not None and math.isfinite(kv_usage) and kv_usage >= KV_QUEUE_USAGE
+
+
 def learn(cap: Capacity, scrape: Scrape | None, max_gap_s: float = math.inf) -> Capacity:
     """Fold a scrape into what the engine has shown it can run (once per scrape);
     `max_gap_s`: the longest time from the scrape last folded over which a queue seen at
@@ -269,7 +283,7 @@ def learn(cap: Capacity, scrape: Scrape | None, max_gap_s: float = math.inf) -> 
     # none waited: all this gateway had there was taken in (module docstring)
     own = max(0, min(scrape.own_at_scrape, MAX_RUNNING)) if waiting == 0 else 0
     taken = max(cap.most_taken or 0, most, own)
-    if not waiting or running <= 0:
+    if not waiting or running <= 0 or _kv_held(scrape.kv_usage):
         return Capacity(scrape.ts, saturated, most, most_taken=taken)
     since = scrape.ts
     seen_between = cap.last_ts is not None and scrape.ts - cap.last_ts <= max_gap_s
