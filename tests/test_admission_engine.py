@@ -55,6 +55,15 @@ def scrape(ts: float = 0.0, running: float | None = 0, waiting: float | None = 0
     (Capacity(1.0, None, 4, None, None), scrape(ts=9.0, running=4, waiting=1),
      None, 4, PROBE_SEQS),
     (Capacity(1.0, 4, 4), scrape(ts=2.0, running=2), 4, 4, 4),  # a quiet scrape keeps it
+    # a learnt limit unconfirmed (no queue beside it) for PROBE_AFTER_S: one more offered
+    (Capacity(1.0, 7, 7, confirmed_at=1.0), scrape(ts=61.0, running=7), 7, 7, 8),
+    (Capacity(1.0, 7, 7, confirmed_at=1.0), scrape(ts=60.9, running=7), 7, 7, 7),
+    # ... a queue beside it confirms it (the probe ends) ...
+    (Capacity(1.0, 7, 7, confirmed_at=1.0, probing=True),
+     scrape(ts=66.0, running=7, waiting=1), 7, 7, 7),
+    # ... the engine running more refutes it: back to the guess, twice what it ran
+    (Capacity(1.0, 7, 7, confirmed_at=1.0, probing=True), scrape(ts=66.0, running=8),
+     None, 8, 16),
     (Capacity(1.0, 4, 5, 5, 0.0), scrape(ts=2.0, running=5, waiting=1), 5, 5, 5),  # more
     (Capacity(1.0, None, 6, 6), scrape(ts=1.0, running=50, waiting=9), None, 6, 12),  # seen
     (Capacity(), scrape(running=math.inf, waiting=math.nan), None, None, None),  # odd

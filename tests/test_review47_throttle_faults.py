@@ -134,14 +134,6 @@ def test_a_queue_held_by_the_kv_cache_is_not_a_sequence_limit() -> None:
     assert cap.seq_limit is not None and cap.seq_limit > 3
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "A learnt limit is never probed again: two scrapes showing 7 running beside a "
-    "token-budget queue (long prompts waiting for vLLM's 8192-token step while the "
-    "gateway keeps occupancy flat) fix 7 as the limit of an engine running 256, and "
-    "five minutes of scrapes showing it at 7 with nothing waiting (the gateway holding "
-    "the rest in its own queue) change nothing. A fix must probe above a learnt limit "
-    "when scrapes keep showing it full with nothing waiting (one more sequence, "
-    "confirmed or dropped by the next scrape), so that seq_limit can exceed 7 here."))
 def test_a_learnt_limit_the_engine_never_confirms_again_is_probed() -> None:
     coincidence = [Scrape(0.0, 7, 0, 0.3, 7), Scrape(5.0, 7, 2, 0.3, 9),
                    Scrape(10.0, 7, 1, 0.3, 8)]

@@ -31,12 +31,23 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   time). Learned from any scrape, fresh or not: it is the engine's configuration, not its
   load; once learned it stays until the engine restarts (it may come back with another
   `--max-num-seqs`) or its replica leaves the fleet, when fleetview.py starts learning
-  afresh. A queue seen beside a KV usage of `KV_QUEUE_USAGE` (0.9) or more teaches no
-  limit (nor keeps the clock of one going): it may be waiting for cache blocks, not for
-  a sequence, and learnt it held the gateway to that count for the engine's life, where
-  the KV usage limit (room.py) already holds it while the cache is full. A queue held
-  by the cache below that usage (one prompt longer than what is left) can still pass
-  for a limit.
+  afresh, or until it is refuted: a learnt limit that no scrape has confirmed (a queue
+  beside that running count) for `PROBE_AFTER_S` (60 s) is offered one more sequence
+  (`Capacity.probing`): a queue beside it confirms the limit (another 60 s before the
+  next probe), and a scrape showing the engine running more than it drops it, back to
+  the guess below, which doubles from there and learns the real limit at its queue.
+  Without the probe a limit learnt from a coincidence (long prompts waiting for the
+  token budget while the gateway kept the occupancy flat) held the gateway there for
+  the engine's life, since held there the engine never showed more. A probe that finds
+  the limit real costs one request in the engine's queue, once a minute at most. A
+  class whose share of the limit (gate.py) stays below it never fills the probe: while
+  only `low` comes, a limit learnt too low stands.
+  A queue seen beside a KV usage of `KV_QUEUE_USAGE` (0.9) or more teaches no limit (nor
+  keeps the clock of one going): it may be waiting for cache blocks, not for a sequence,
+  and learnt it held the gateway to that count for the engine's life, where the KV usage
+  limit (room.py) already holds it while the cache is full. A queue held by the cache
+  below that usage (one prompt longer than what is left) can still pass for a limit,
+  until a probe refutes it.
 - **Until then a guess binds, always**: `max(PROBE_SEQS, 2 x the most the engine has
   shown it takes in)`. What it has shown is the most it was seen running, and, at a
   scrape showing nothing waiting, what this gateway had in flight there when that scrape
@@ -110,6 +121,9 @@ from typing import Literal
 # the sequences an engine is assumed to run before any scrape showed more (vLLM's default
 # max_num_seqs is 256 to 1024; small test engines run 4): see the module docstring
 PROBE_SEQS = 8
+# how long a learnt sequence limit goes unconfirmed (no queue seen beside it) before the
+# engine is offered one more sequence to test it (module docstring)
+PROBE_AFTER_S = 60.0
 # how long requests must be seen waiting beside the same running count for that count to
 # be taken as the engine's limit (several of vLLM's steps, even long prefill ones)
 SATURATION_S = 2.0
@@ -232,13 +246,17 @@ class Capacity:
     # most it was shown to take in: running, or this gateway's in flight at a scrape that
     # showed none waiting (never below `most_running` once learned; None: as that)
     most_taken: int | None = None
+    # the last scrape that showed a queue beside `saturated` running (it learnt or
+    # confirmed that limit), and whether one more sequence is offered to test it
+    confirmed_at: float | None = None
+    probing: bool = False
 
     @property
     def seq_limit(self) -> int | None:
         """What the engine runs at once; None when it never showed a running count (an
         engine without these metrics is held by the gateway's own counts only)."""
         if self.saturated is not None:
-            return max(1, self.saturated)
+            return max(1, self.saturated) + (1 if self.probing else 0)
         if self.most_running is None:
             return None
         return max(PROBE_SEQS, 2 * max(self.most_running, self.most_taken or 0))
@@ -277,21 +295,35 @@ def learn(cap: Capacity, scrape: Scrape | None, max_gap_s: float = math.inf) -> 
     running, waiting = _count(scrape.running, MAX_RUNNING), _count(scrape.waiting)
     if running is None:
         return Capacity(scrape.ts, cap.saturated, cap.most_running,
-                        most_taken=cap.most_taken)
-    saturated = cap.saturated
+                        most_taken=cap.most_taken, confirmed_at=cap.confirmed_at,
+                        probing=cap.probing)
+    saturated, confirmed = cap.saturated, cap.confirmed_at
+    if saturated is not None and running > saturated:
+        saturated = confirmed = None  # it ran more: no limit of its (module docstring)
     most = max(cap.most_running or 0, running)
     # none waited: all this gateway had there was taken in (module docstring)
     own = max(0, min(scrape.own_at_scrape, MAX_RUNNING)) if waiting == 0 else 0
     taken = max(cap.most_taken or 0, most, own)
     if not waiting or running <= 0 or _kv_held(scrape.kv_usage):
-        return Capacity(scrape.ts, saturated, most, most_taken=taken)
+        return Capacity(scrape.ts, saturated, most, most_taken=taken, confirmed_at=confirmed,
+                        probing=_probing(saturated, confirmed, scrape.ts))
     since = scrape.ts
     seen_between = cap.last_ts is not None and scrape.ts - cap.last_ts <= max_gap_s
     if running == cap.queued_running and cap.queued_since is not None and seen_between:
         since = cap.queued_since
         if scrape.ts - since >= SATURATION_S and running >= most:
             saturated = max(running, saturated or 0)
-    return Capacity(scrape.ts, saturated, most, running, since, taken)
+    if saturated is not None and running >= saturated:
+        confirmed = scrape.ts  # a queue beside the limit: learnt or confirmed (no probe)
+    return Capacity(scrape.ts, saturated, most, running, since, taken, confirmed,
+                    _probing(saturated, confirmed, scrape.ts))
+
+
+def _probing(saturated: int | None, confirmed_at: float | None, ts: float) -> bool:
+    """Whether a learnt limit last confirmed at `confirmed_at` is offered one more
+    sequence at a scrape at `ts` (module docstring)."""
+    return (saturated is not None and confirmed_at is not None
+            and ts - confirmed_at >= PROBE_AFTER_S)
 
 
 def view(scrape: Scrape | None, cap: Capacity, own_now: int, now: float,
