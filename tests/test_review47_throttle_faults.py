@@ -88,15 +88,6 @@ def test_a_restarted_engine_is_held_to_the_guess_until_its_next_scrape() -> None
 
 # -- an engine that begins nothing: its waiting count must not drain ------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine.py drains a scraped waiting count at one request per `drain_s` whatever "
-    "the engine shows: two scrapes 5 s apart with the same requests waiting and its "
-    "prompt-token counter flat (nothing prefilled: nothing running, or running requests "
-    "only decoding while the waiting ones wait for KV blocks or a sequence) say it began "
-    "none, yet ~1 s after the scrape the view shows none waiting and the replica has "
-    "room again, so the gateway sends more into a queue that does not move. A fix must "
-    "drain only what the engine shows it can begin (its prompt counter advancing since "
-    "the last scrape, a running count below its limit, KV room for the prompt)."))
 @pytest.mark.parametrize(("running", "waiting", "kv"), [
     (0, 5, 0.1),  # nothing runs, five wait, for 5 s: a stalled engine
     (3, 2, 0.95),  # three decode, two wait for KV blocks (usage below the 0.97 limit)

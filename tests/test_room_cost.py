@@ -3,9 +3,17 @@ prefill rate an engine's scrapes show (engine.py `learn_rate`)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from gateway.admission.engine import RATE_ALPHA, RATE_HALF_LIFE_S, PrefillRate, learn_rate
+from gateway.admission.engine import (
+    RATE_ALPHA,
+    RATE_HALF_LIFE_S,
+    PrefillRate,
+    drain_s,
+    learn_rate,
+)
 from gateway.admission.room import (
     ReplicaLoad,
     bind,
@@ -107,6 +115,25 @@ def test_a_waiting_prompt_larger_than_the_room_is_not_held_for_it() -> None:
 
 
 DEFAULT = 0.001  # the cost model's 1,000 tokens a second
+
+
+@pytest.mark.parametrize(("scrapes", "stuck"), [
+    # the same queue at two scrapes 5 s apart, not a prompt token more: it began none
+    ([(0.0, 9_000.0, 3.0), (5.0, 9_000.0, 3.0)], True),
+    ([(0.0, 9_000.0, 3.0), (5.0, 9_000.0, 4.0)], True),  # a longer one, the same
+    ([(0.0, 9_000.0, 3.0), (5.0, 9_001.0, 3.0)], False),  # it prefilled: it moves
+    ([(0.0, 9_000.0, 3.0), (5.0, 9_000.0, 2.0)], False),  # the queue shrank
+    ([(0.0, 9_000.0, 0.0), (5.0, 9_000.0, 3.0)], False),  # one scrape's queue: a moment
+    ([(0.0, 9_000.0, 3.0), (15.5, 9_000.0, 3.0)], False),  # scrapes unseen between
+    ([(0.0, 9_000.0, 3.0), (5.0, 9_000.0, 3.0), (10.0, 12_000.0, 3.0)], False),  # again
+])
+def test_an_engine_shows_it_began_nothing_only_across_two_scrapes(
+        scrapes: list[tuple[float, float, float]], stuck: bool) -> None:
+    rate = PrefillRate()
+    for ts, prompt, waiting in scrapes:
+        rate = learn_rate(rate, ts, prompt, 0.0, waiting, DEFAULT, 15.0)
+    assert rate.began_nothing is stuck
+    assert (drain_s(DEFAULT, 1_000.0, rate.began_nothing) == math.inf) is stuck
 
 
 @pytest.mark.parametrize(("gap", "tps"), [(15.0, 500.0), (15.5, None)])

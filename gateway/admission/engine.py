@@ -21,7 +21,14 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   cost model), and each `drain_s` of the scrape's age takes one off the waiting count.
   What that does not cover keeps holding: requests waiting for a sequence (they stay in
   the occupancy, counted against the limit, learnt or guessed), and a full KV cache (its
-  usage, room.py).
+  usage, room.py). Nor is a queue drained that the engine shows it does not move: two
+  scrapes folded one after the other (at most `max_gap_s` apart, below) showing the
+  same waiting count or more and its prompt-token counter flat (not a prompt token
+  prefilled: a stalled engine, or running requests only decoding while the waiting
+  wait for KV blocks or a sequence) say it began none of them
+  (`PrefillRate.began_nothing`), and the scraped waiting count stands until a finish
+  or the next scrape (`drain_s` inf). One scrape showing a queue drains as above: it is
+  a fact about its moment.
 - **What it can run** (`Capacity`, learned by `learn` from each new scrape): vLLM does
   not export `max_num_seqs`, but it shows it: the running count stays at it while
   requests wait. Scrapes that show requests waiting and the same running count (at least
@@ -167,9 +174,13 @@ class PrefillRate:
 
     last_ts: float | None = None
     last_computed: float | None = None  # prompt tokens computed (not cache hits) by then
-    last_waiting: bool = False  # requests waited at that scrape
+    last_waiting: float = 0.0  # requests waiting at that scrape (0: none, or not shown)
     tokens_per_s: float | None = None  # None: never measured
     last_hits_shown: bool = False  # that scrape showed the cache-hit counter
+    last_prompt: float | None = None  # its prompt-token counter
+    # that scrape and the one folded before it showed the same queue or a longer one and
+    # not a prompt token more: the engine began none of it (module docstring)
+    began_nothing: bool = False
 
     def s_per_token(self) -> float | None:
         tps = self.tokens_per_s
@@ -191,6 +202,7 @@ def learn_rate(rate: PrefillRate, ts: float, prompt_total: float | None,
     hits = hits_total if hits_total is not None and shown else 0.0
     computed = max(0.0, prompt_total - hits)
     queued = bool(waiting) and waiting is not None and math.isfinite(waiting) and waiting > 0
+    now_waiting = waiting if queued and waiting is not None else 0.0
     tps = rate.tokens_per_s
     prev, prev_ts = rate.last_computed, rate.last_ts
     # the hit counter there at one scrape and not at the other: `computed` jumps by every
@@ -207,7 +219,10 @@ def learn_rate(rate: PrefillRate, ts: float, prompt_total: float | None,
                 # this and the cost model's rate decays (module docstring)
                 tps = _seen_at_least(tps, sample, 1.0 / default_s_per_token,
                                      ts - prev_ts)
-    return PrefillRate(ts, computed, queued, tps, shown)
+    stuck = (rate.last_prompt is not None and prev_ts is not None
+             and 0 < ts - prev_ts <= max_gap_s and rate.last_waiting > 0
+             and now_waiting >= rate.last_waiting and prompt_total == rate.last_prompt)
+    return PrefillRate(ts, computed, now_waiting, tps, shown, prompt_total, stuck)
 
 
 def _seen_at_least(tps: float | None, sample: float, floor: float, dt: float) -> float:
@@ -358,9 +373,14 @@ def waiting_since(waiting: int, delta: int, age_s: float, drain_s: float) -> flo
     return float(max(0.0, waiting + min(0, delta) - begun))
 
 
-def drain_s(s_per_token: float, largest_prompt_tokens: float) -> float:
+def drain_s(s_per_token: float, largest_prompt_tokens: float,
+            began_nothing: bool = False) -> float:
     """Seconds an engine takes to begin one request waiting in it (`view`'s `drain_s`):
     one of the largest prompts this gateway has in flight there (the waiting are most
-    likely among them; none there: `STEP_TOKENS`) at its prefill rate, `s_per_token`."""
+    likely among them; none there: `STEP_TOKENS`) at its prefill rate, `s_per_token`;
+    never (inf) while its last two scrapes show it began nothing (`began_nothing`,
+    `PrefillRate.began_nothing`)."""
+    if began_nothing:
+        return math.inf
     size = largest_prompt_tokens if largest_prompt_tokens > 0 else STEP_TOKENS
     return max(0.0, s_per_token) * size

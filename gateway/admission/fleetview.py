@@ -183,7 +183,7 @@ class FleetView:
             largest = self.router.largest_by_replica().get(name, 0.0)
         per_token = rate.s_per_token() or self.router.config.prefill_s_per_token
         v = self._views[name] = view(scrape, cap, own, self.clock(), self.max_age_s,
-                                     drain_s(per_token, largest))
+                                     drain_s(per_token, largest, rate.began_nothing))
         if scrape is not None and cap.last_ts != old.last_ts and v.source == "engine":
             # a new scrape: what it shows past the engine's queue has begun its prefill
             self.router.engine_began(name, scrape.ts, scrape.waiting)
