@@ -1,7 +1,7 @@
 """Review 47 of issue 36's throttle (engine.py, fleetview.py, room.py): faults while
-requests wait, odd engine output, and time. Each test here is a break found on main, left
-as `xfail(strict=True)`: its reason says what a fix must do, and the fix turns it green
-(strict: then the marker must go).
+requests wait, odd engine output, and time. Each test here is a break the review found,
+first left as `xfail(strict=True)` with a reason saying what a fix must do; all eight are
+fixed (branch fix47) and the markers gone, so each now guards its fix.
 
 Pure where the decision is (engine.py `learn`, `learn_rate`, `view`); through `FleetView`
 (no sockets, the clock given) where the break is in how the scrapes are read together
