@@ -42,6 +42,10 @@ def scrape(ts: float = 0.0, running: float | None = 0, waiting: float | None = 0
     (Capacity(1.0, None, 4, 4, 0.5), scrape(ts=2.5, running=4, waiting=1), 4, 4, 4),
     (Capacity(1.0, None, 4, 4, 0.5), scrape(ts=2.4, running=4, waiting=1),
      None, 4, PROBE_SEQS),  # not yet (a long prefill step)
+    # beside a nearly full KV cache (0.9 and up) the queue may wait for blocks: no limit
+    (Capacity(1.0, None, 4, 4, 0.5), scrape(ts=2.5, running=4, waiting=1, kv=0.9),
+     None, 4, PROBE_SEQS),
+    (Capacity(1.0, None, 4, 4, 0.5), scrape(ts=2.5, running=4, waiting=1, kv=0.89), 4, 4, 4),
     # the running count grew while requests waited (prefill budget): no limit shown
     (Capacity(1.0, None, 2, 2, 0.0), scrape(ts=9.0, running=4, waiting=1),
      None, 4, PROBE_SEQS),
@@ -51,6 +55,15 @@ def scrape(ts: float = 0.0, running: float | None = 0, waiting: float | None = 0
     (Capacity(1.0, None, 4, None, None), scrape(ts=9.0, running=4, waiting=1),
      None, 4, PROBE_SEQS),
     (Capacity(1.0, 4, 4), scrape(ts=2.0, running=2), 4, 4, 4),  # a quiet scrape keeps it
+    # a learnt limit unconfirmed (no queue beside it) for PROBE_AFTER_S: one more offered
+    (Capacity(1.0, 7, 7, confirmed_at=1.0), scrape(ts=61.0, running=7), 7, 7, 8),
+    (Capacity(1.0, 7, 7, confirmed_at=1.0), scrape(ts=60.9, running=7), 7, 7, 7),
+    # ... a queue beside it confirms it (the probe ends) ...
+    (Capacity(1.0, 7, 7, confirmed_at=1.0, probing=True),
+     scrape(ts=66.0, running=7, waiting=1), 7, 7, 7),
+    # ... the engine running more refutes it: back to the guess, twice what it ran
+    (Capacity(1.0, 7, 7, confirmed_at=1.0, probing=True), scrape(ts=66.0, running=8),
+     None, 8, 16),
     (Capacity(1.0, 4, 5, 5, 0.0), scrape(ts=2.0, running=5, waiting=1), 5, 5, 5),  # more
     (Capacity(1.0, None, 6, 6), scrape(ts=1.0, running=50, waiting=9), None, 6, 12),  # seen
     (Capacity(), scrape(running=math.inf, waiting=math.nan), None, None, None),  # odd
@@ -62,6 +75,18 @@ def test_what_the_engine_runs_at_once_is_learned_from_its_scrapes(
         limit: int | None) -> None:
     got = learn(cap, seen)
     assert (got.saturated, got.most_running, got.seq_limit) == (saturated, most, limit)
+
+
+@pytest.mark.parametrize(("ts", "saturated"), [
+    (2.5, 4),  # the queue seen at the fold before, 1.5 s ago: held SATURATION_S since 0.5
+    (16.0, 4),  # 15 s after the last fold: still a pair (the bound is inclusive)
+    (16.5, None),  # farther apart than a scrape stays fresh: scrapes unseen in between
+])
+def test_a_queue_is_one_queue_only_across_folds_at_most_max_gap_s_apart(
+        ts: float, saturated: int | None) -> None:
+    got = learn(Capacity(1.0, None, 4, 4, 0.5), scrape(ts=ts, running=4, waiting=1), 15.0)
+    assert got.saturated == saturated
+    assert got.queued_since == (0.5 if saturated else ts)  # unseen: its time starts again
 
 
 SAT = Capacity(0.0, 4, 4)
@@ -82,6 +107,9 @@ SAT = Capacity(0.0, 4, 4)
      EngineView("engine", 3.0, 13.0, 9.0, 0.98, 4)),
     (scrape(running=4, waiting=9, kv=0.98), 0, 3.01,
      EngineView("gateway", 3.01, None, None, None, 4)),
+    # dated after now (the wall clock stepped back since): stale, not age 0 for ever
+    (scrape(running=4, waiting=9, kv=0.98), 0, -0.5,
+     EngineView("gateway", -0.5, None, None, None, 4)),
     (scrape(running=None, waiting=None, kv=0.98), 0, 0.0,
      EngineView("gateway", 0.0, None, None, None, 4)),
     (scrape(running=1, kv=math.nan, own=1), 1, 0.0,

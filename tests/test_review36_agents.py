@@ -133,9 +133,10 @@ def test_the_miss_cost_is_priced_at_the_replicas_measured_prefill_rate() -> None
             r.healthy = True
         clock = Clock()
         g = Gate(AdmissionConfig(enabled=True), routing, Router(routing), GatewayMetrics(),
-                 clock, clock, fleet=fleet, scrape_interval_s=1.0)
-        # two busy scrapes 10 s apart: 2,000 prompt tokens computed (200 tokens/s), then
-        # an idle one with nothing more computed (it keeps the rate)
+                 clock, clock, fleet=fleet, scrape_interval_s=5.0)
+        # two busy scrapes 10 s apart (two scrape intervals: folds farther apart than a
+        # scrape stays fresh pair nothing, engine.py): 2,000 prompt tokens computed (200
+        # tokens/s), then an idle one with nothing more computed (it keeps the rate)
         for ts, total, waiting in ((0.0, 10_000.0, 2.0), (10.0, 12_000.0, 2.0),
                                    (11.0, 12_000.0, 0.0)):
             clock.t = 1000.0 + ts

@@ -3,9 +3,17 @@ prefill rate an engine's scrapes show (engine.py `learn_rate`)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from gateway.admission.engine import RATE_ALPHA, PrefillRate, learn_rate
+from gateway.admission.engine import (
+    RATE_ALPHA,
+    RATE_HALF_LIFE_S,
+    PrefillRate,
+    drain_s,
+    learn_rate,
+)
 from gateway.admission.room import (
     ReplicaLoad,
     bind,
@@ -109,6 +117,35 @@ def test_a_waiting_prompt_larger_than_the_room_is_not_held_for_it() -> None:
 DEFAULT = 0.001  # the cost model's 1,000 tokens a second
 
 
+@pytest.mark.parametrize(("scrapes", "stuck"), [
+    # the same queue at two scrapes 5 s apart, not a prompt token more: it began none
+    ([(0.0, 9_000.0, 3.0), (5.0, 9_000.0, 3.0)], True),
+    ([(0.0, 9_000.0, 3.0), (5.0, 9_000.0, 4.0)], True),  # a longer one, the same
+    ([(0.0, 9_000.0, 3.0), (5.0, 9_001.0, 3.0)], False),  # it prefilled: it moves
+    ([(0.0, 9_000.0, 3.0), (5.0, 9_000.0, 2.0)], False),  # the queue shrank
+    ([(0.0, 9_000.0, 0.0), (5.0, 9_000.0, 3.0)], False),  # one scrape's queue: a moment
+    ([(0.0, 9_000.0, 3.0), (15.5, 9_000.0, 3.0)], False),  # scrapes unseen between
+    ([(0.0, 9_000.0, 3.0), (5.0, 9_000.0, 3.0), (10.0, 12_000.0, 3.0)], False),  # again
+])
+def test_an_engine_shows_it_began_nothing_only_across_two_scrapes(
+        scrapes: list[tuple[float, float, float]], stuck: bool) -> None:
+    rate = PrefillRate()
+    for ts, prompt, waiting in scrapes:
+        rate = learn_rate(rate, ts, prompt, 0.0, waiting, DEFAULT, 15.0)
+    assert rate.began_nothing is stuck
+    assert (drain_s(DEFAULT, 1_000.0, rate.began_nothing) == math.inf) is stuck
+
+
+@pytest.mark.parametrize(("gap", "tps"), [(15.0, 500.0), (15.5, None)])
+def test_no_rate_sample_spans_scrapes_farther_apart_than_max_gap_s(
+        gap: float, tps: float | None) -> None:
+    # a queue at both ends, 7,500 tokens: a sample only if no scrape lay unseen between
+    rate = learn_rate(PrefillRate(), 0.0, 0.0, 0.0, 3.0, DEFAULT, 15.0)
+    rate = learn_rate(rate, gap, 7_500.0, 0.0, 3.0, DEFAULT, 15.0)
+    assert rate.tokens_per_s == (None if tps is None else pytest.approx(7_500.0 / gap))
+    assert rate.last_ts == gap and rate.last_computed == 7_500.0  # the new baseline
+
+
 @pytest.mark.parametrize(("scrapes", "tps"), [
     ([], None),
     # counters only: one scrape says nothing, nor a missing counter
@@ -120,12 +157,23 @@ DEFAULT = 0.001  # the cost model's 1,000 tokens a second
     ([(0.0, 0.0, 0.0, 0.0), (1.0, 5_000.0, 3_000.0, 0.0)], 2_000.0),
     # ... too few tokens say nothing ...
     ([(0.0, 0.0, 0.0, 0.0), (1.0, 500.0, 0.0, 0.0)], None),
-    # ... and a slow unqueued interval never lowers it (it was not asked for more)
-    ([(0.0, 0.0, 0.0, 0.0), (1.0, 5_000.0, 0.0, 0.0), (11.0, 7_000.0, 0.0, 0.0)], 5_000.0),
+    # ... and a slow unqueued interval (200/s for 10 s) lowers it only by the decay of its
+    # excess over the cost model's rate, never to the sample (it was not asked for more)
+    ([(0.0, 0.0, 0.0, 0.0), (1.0, 5_000.0, 0.0, 0.0), (11.0, 7_000.0, 0.0, 0.0)],
+     1_000.0 + 4_000.0 * 0.5 ** (10.0 / RATE_HALF_LIFE_S)),
+    # one 10,000/s sample, then 300 s at 1,100/s: its excess over 1,100 halved, once
+    ([(0.0, 0.0, 0.0, 0.0), (1.0, 10_000.0, 0.0, 0.0), (301.0, 340_000.0, 0.0, 0.0)],
+     1_100.0 + 8_900.0 / 2),
+    # a rate measured below the cost model's under a queue: no decay lifts it to the model
+    ([(0.0, 0.0, 0.0, 3.0), (2.0, 1_500.0, 0.0, 3.0), (12.0, 4_000.0, 0.0, 0.0)], 750.0),
     # requests waiting at both ends: what it did is what it can do
     ([(0.0, 0.0, 0.0, 3.0), (1.0, 1_500.0, 0.0, 3.0)], 1_500.0),
     ([(0.0, 0.0, 0.0, 3.0), (1.0, 1_500.0, 0.0, 3.0), (2.0, 2_700.0, 0.0, 1.0)],
      1_500.0 + RATE_ALPHA * (1_200.0 - 1_500.0)),
+    # the hit counter missing at one scrape and back at the next: no sample from either
+    # pair (read as 0, computed leaps by every hit, then falls back by them)
+    ([(0.0, 0.0, 0.0, 0.0), (1.0, 50_000.0, None, 0.0), (2.0, 60_000.0, 45_000.0, 0.0)],
+     None),
     # a counter that went back (a restart) gives no sample
     ([(0.0, 9e6, 0.0, 3.0), (1.0, 1_500.0, 0.0, 3.0)], None),
 ])

@@ -4,7 +4,10 @@ is, what the engine has shown it can run, and what this gateway sent or finished
 
 - **Fresh or stale.** A scrape older than `max_age_s` (or none) is not used: the room comes
   from the gateway's own counts (`source = "gateway"`), so a failed scrape can never freeze
-  the gate with the last load it saw (a KV usage of 0.98 kept for ever, say).
+  the gate with the last load it saw (a KV usage of 0.98 kept for ever, say). Nor is a
+  scrape dated after now (`now` and `Scrape.ts` are both the wall clock, which stepped
+  back since: NTP, a VM resumed): read as age 0 it would stay fresh for as long as the
+  step, the same freeze; it is stale until the next scrape, dated on the clock as it is.
 - **Occupancy now** = running + waiting at the scrape + (this gateway's requests there now
   - its requests there when the scrape was taken): between scrapes the gateway adds what it
   sent and takes off what finished; load from other clients shows in the scraped counts.
@@ -18,7 +21,14 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   cost model), and each `drain_s` of the scrape's age takes one off the waiting count.
   What that does not cover keeps holding: requests waiting for a sequence (they stay in
   the occupancy, counted against the limit, learnt or guessed), and a full KV cache (its
-  usage, room.py).
+  usage, room.py). Nor is a queue drained that the engine shows it does not move: two
+  scrapes folded one after the other (at most `max_gap_s` apart, below) showing the
+  same waiting count or more and its prompt-token counter flat (not a prompt token
+  prefilled: a stalled engine, or running requests only decoding while the waiting
+  wait for KV blocks or a sequence) say it began none of them
+  (`PrefillRate.began_nothing`), and the scraped waiting count stands until a finish
+  or the next scrape (`drain_s` inf). One scrape showing a queue drains as above: it is
+  a fact about its moment.
 - **What it can run** (`Capacity`, learned by `learn` from each new scrape): vLLM does
   not export `max_num_seqs`, but it shows it: the running count stays at it while
   requests wait. Scrapes that show requests waiting and the same running count (at least
@@ -28,8 +38,23 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   time). Learned from any scrape, fresh or not: it is the engine's configuration, not its
   load; once learned it stays until the engine restarts (it may come back with another
   `--max-num-seqs`) or its replica leaves the fleet, when fleetview.py starts learning
-  afresh (a queue that held the same running count that long for another reason, a full
-  KV cache, is taken as the limit too: the concurrency that cache allowed).
+  afresh, or until it is refuted: a learnt limit that no scrape has confirmed (a queue
+  beside that running count) for `PROBE_AFTER_S` (60 s) is offered one more sequence
+  (`Capacity.probing`): a queue beside it confirms the limit (another 60 s before the
+  next probe), and a scrape showing the engine running more than it drops it, back to
+  the guess below, which doubles from there and learns the real limit at its queue.
+  Without the probe a limit learnt from a coincidence (long prompts waiting for the
+  token budget while the gateway kept the occupancy flat) held the gateway there for
+  the engine's life, since held there the engine never showed more. A probe that finds
+  the limit real costs one request in the engine's queue, once a minute at most. A
+  class whose share of the limit (gate.py) stays below it never fills the probe: while
+  only `low` comes, a limit learnt too low stands.
+  A queue seen beside a KV usage of `KV_QUEUE_USAGE` (0.9) or more teaches no limit (nor
+  keeps the clock of one going): it may be waiting for cache blocks, not for a sequence,
+  and learnt it held the gateway to that count for the engine's life, where the KV usage
+  limit (room.py) already holds it while the cache is full. A queue held by the cache
+  below that usage (one prompt longer than what is left) can still pass for a limit,
+  until a probe refutes it.
 - **Until then a guess binds, always**: `max(PROBE_SEQS, 2 x the most the engine has
   shown it takes in)`. What it has shown is the most it was seen running, and, at a
   scrape showing nothing waiting, what this gateway had in flight there when that scrape
@@ -56,11 +81,39 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   the prompt tokens it computed between two scrapes (`vllm:prompt_tokens_total` less its
   prefix-cache hits) over the time between them. That is what it did, a lower bound on
   what it can do: while requests wait in it (both scrapes show a queue) it is its rate
-  (averaged, `RATE_ALPHA`); otherwise a sample only ever raises the rate believed (an
-  idle engine computes little and is not slow for it), starting from the cost model's.
-  A sample beyond `RATE_MAX_TOKENS_PER_S` (a counter that leapt) is dropped.
+  (averaged, `RATE_ALPHA`); otherwise a sample at or above the rate believed raises it
+  (an idle engine computes little and is not slow for it), starting from the cost
+  model's, and one below it lets it down by decay only: what the rate believed holds
+  above both that sample and the cost model's rate halves every `RATE_HALF_LIFE_S`
+  (300 s) of the time the sample spans, so one high sample (a counter's jump, a slow
+  /metrics answer timed from when it was asked) is not kept for the engine's life: a
+  rate 10x too high comes within 2x of what later samples show after 3.2 half-lives
+  (16 min) of samples, and the same for one measured under a queue once none shows.
+  Never below the cost model's rate by decay (a slow sample says the engine was not
+  asked for more), and a rate measured below it under a queue stays.
+  A sample beyond `RATE_MAX_TOKENS_PER_S` (a counter that leapt) is dropped, and so is
+  one between two scrapes that differ in which counters they show (the prefix-cache hit
+  counter there at one and not at the other: read as 0, the computed count would leap
+  by every hit the engine ever had): the later scrape is a new baseline, as after a
+  scrape without the prompt counter; an engine that never shows the hit counter has
+  all its prompt tokens counted as computed.
   Until a sample says more, room.py prices prefill at the routing cost model's
   `prefill_s_per_token`.
+
+- **Only from scrapes folded one after another.** Both are folded when the gate reads a
+  replica's load (fleetview.py), not at each scrape, so after an idle spell the next
+  fold is paired with the last one before it, minutes apart, every scrape in between
+  unseen: two bursts each showing 7 running beside a queue would pass for a queue held
+  SATURATION_S, and the tokens of both bursts over the idle minutes for a busy engine's
+  rate. So a pair of folds more than `max_gap_s` apart (fleetview.py: the age at which a
+  scrape goes stale, 3 scrape intervals by default) is no pair: the later scrape starts
+  the queue's time and the rate's counters afresh (a new baseline), and what it shows by
+  itself (its running count, what was taken in) still counts. This, rather than folding
+  every scrape as the monitor takes it, is the smaller change (no new path from the
+  monitor to the gate) and enough: where a limit or a rate decides anything, requests
+  arrive or wait in the gate, which rereads its replicas at each arrival and pass
+  (every `recheck_s` while any wait), so consecutive scrapes are paired; learning
+  nothing across an idle spell loses nothing the next burst's scrapes do not show.
 
 Bounds: one `Capacity` and one `PrefillRate` per replica in the fleet (the gate drops
 those that left).
@@ -75,6 +128,9 @@ from typing import Literal
 # the sequences an engine is assumed to run before any scrape showed more (vLLM's default
 # max_num_seqs is 256 to 1024; small test engines run 4): see the module docstring
 PROBE_SEQS = 8
+# how long a learnt sequence limit goes unconfirmed (no queue seen beside it) before the
+# engine is offered one more sequence to test it (module docstring)
+PROBE_AFTER_S = 60.0
 # how long requests must be seen waiting beside the same running count for that count to
 # be taken as the engine's limit (several of vLLM's steps, even long prefill ones)
 SATURATION_S = 2.0
@@ -84,6 +140,10 @@ SATURATION_S = 2.0
 # token budget (max_num_batched_tokens 8192), the most a step begins
 STEP_TOKENS = 8192.0
 
+# a queue seen beside a KV usage at or above this may be waiting for cache blocks (a long
+# prompt's, on a cache this full), not for a sequence: it teaches no sequence limit
+KV_QUEUE_USAGE = 0.9
+
 # a running count above this is no figure (no engine runs that many sequences at once: a
 # counter exported as a gauge, a corrupt line); learnt, it would stand as the most the
 # engine ever ran, and no real limit below it could be learnt after it
@@ -91,6 +151,11 @@ MAX_RUNNING = 1 << 16
 
 # weight of a new saturated sample in the prefill rate (a few scrapes' memory)
 RATE_ALPHA = 0.3
+# the half-life of a believed prefill rate's excess over what unsaturated samples show
+# (and over the cost model's rate): one high sample (a counter's jump, a slow /metrics
+# answer) stays believed for minutes, not for the engine's life, and honest samples
+# bring a rate 10x too high within 2x in 3.2 half-lives (16 min; the module docstring)
+RATE_HALF_LIFE_S = 300.0
 # fewer computed tokens than this between two scrapes say nothing of the rate (a request
 # or two: their timing within the interval is unknown)
 RATE_MIN_TOKENS = 1024.0
@@ -109,8 +174,13 @@ class PrefillRate:
 
     last_ts: float | None = None
     last_computed: float | None = None  # prompt tokens computed (not cache hits) by then
-    last_waiting: bool = False  # requests waited at that scrape
+    last_waiting: float = 0.0  # requests waiting at that scrape (0: none, or not shown)
     tokens_per_s: float | None = None  # None: never measured
+    last_hits_shown: bool = False  # that scrape showed the cache-hit counter
+    last_prompt: float | None = None  # its prompt-token counter
+    # that scrape and the one folded before it showed the same queue or a longer one and
+    # not a prompt token more: the engine began none of it (module docstring)
+    began_nothing: bool = False
 
     def s_per_token(self) -> float | None:
         tps = self.tokens_per_s
@@ -119,28 +189,53 @@ class PrefillRate:
 
 def learn_rate(rate: PrefillRate, ts: float, prompt_total: float | None,
                hits_total: float | None, waiting: float | None,
-               default_s_per_token: float) -> PrefillRate:
+               default_s_per_token: float, max_gap_s: float = math.inf) -> PrefillRate:
     """Fold one scrape (at `ts`: its prompt-token and cache-hit counters and waiting
     count) into `rate`; `default_s_per_token`: the cost model's, the floor of what an
-    unsaturated sample may claim."""
+    unsaturated sample may claim; `max_gap_s`: the longest time from the scrape last
+    folded that a sample may span (longer: a new baseline, module docstring)."""
     if ts == rate.last_ts:
         return rate
     if prompt_total is None or not math.isfinite(prompt_total):
         return PrefillRate(tokens_per_s=rate.tokens_per_s)
-    hits = hits_total if hits_total is not None and math.isfinite(hits_total) else 0.0
+    shown = hits_total is not None and math.isfinite(hits_total)
+    hits = hits_total if hits_total is not None and shown else 0.0
     computed = max(0.0, prompt_total - hits)
     queued = bool(waiting) and waiting is not None and math.isfinite(waiting) and waiting > 0
+    now_waiting = waiting if queued and waiting is not None else 0.0
     tps = rate.tokens_per_s
     prev, prev_ts = rate.last_computed, rate.last_ts
-    if prev is not None and prev_ts is not None and ts > prev_ts and computed >= prev:
+    # the hit counter there at one scrape and not at the other: `computed` jumps by every
+    # hit the engine ever had (or drops by them), no sample; a new baseline instead
+    same = shown == rate.last_hits_shown
+    if (same and prev is not None and prev_ts is not None and 0 < ts - prev_ts <= max_gap_s
+            and computed >= prev):
         done = computed - prev
         sample = done / (ts - prev_ts)
         if done >= RATE_MIN_TOKENS and sample <= RATE_MAX_TOKENS_PER_S:
             if queued and rate.last_waiting:  # busy throughout: what it can do
                 tps = sample if tps is None else tps + RATE_ALPHA * (sample - tps)
-            else:  # it did at least this much: only ever raises the rate believed
-                tps = max(tps if tps is not None else 1.0 / default_s_per_token, sample)
-    return PrefillRate(ts, computed, queued, tps)
+            else:  # it did at least this much: raises the rate believed; an excess over
+                # this and the cost model's rate decays (module docstring)
+                tps = _seen_at_least(tps, sample, 1.0 / default_s_per_token,
+                                     ts - prev_ts)
+    stuck = (rate.last_prompt is not None and prev_ts is not None
+             and 0 < ts - prev_ts <= max_gap_s and rate.last_waiting > 0
+             and now_waiting >= rate.last_waiting and prompt_total == rate.last_prompt)
+    return PrefillRate(ts, computed, now_waiting, tps, shown, prompt_total, stuck)
+
+
+def _seen_at_least(tps: float | None, sample: float, floor: float, dt: float) -> float:
+    """The rate believed after an unsaturated `sample` over `dt` seconds (module
+    docstring): raised to it, or what it believed above both it and `floor` (the cost
+    model's rate) halved every `RATE_HALF_LIFE_S`; a rate measured below `floor` stays."""
+    believed = floor if tps is None else tps
+    if sample >= believed:
+        return sample
+    target = max(sample, floor)
+    if believed <= target:
+        return believed
+    return target + (believed - target) * math.pow(0.5, dt / RATE_HALF_LIFE_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,13 +261,17 @@ class Capacity:
     # most it was shown to take in: running, or this gateway's in flight at a scrape that
     # showed none waiting (never below `most_running` once learned; None: as that)
     most_taken: int | None = None
+    # the last scrape that showed a queue beside `saturated` running (it learnt or
+    # confirmed that limit), and whether one more sequence is offered to test it
+    confirmed_at: float | None = None
+    probing: bool = False
 
     @property
     def seq_limit(self) -> int | None:
         """What the engine runs at once; None when it never showed a running count (an
         engine without these metrics is held by the gateway's own counts only)."""
         if self.saturated is not None:
-            return max(1, self.saturated)
+            return max(1, self.saturated) + (1 if self.probing else 0)
         if self.most_running is None:
             return None
         return max(PROBE_SEQS, 2 * max(self.most_running, self.most_taken or 0))
@@ -196,27 +295,50 @@ def _count(x: float | None, most: int = 2**31) -> int | None:
     return int(x)
 
 
-def learn(cap: Capacity, scrape: Scrape | None) -> Capacity:
-    """Fold a scrape into what the engine has shown it can run (once per scrape)."""
+def _kv_held(kv_usage: float | None) -> bool:
+    """A queue beside this KV usage may be waiting for cache blocks, not for a sequence
+    (module docstring)."""
+    return kv_usage is not None and math.isfinite(kv_usage) and kv_usage >= KV_QUEUE_USAGE
+
+
+def learn(cap: Capacity, scrape: Scrape | None, max_gap_s: float = math.inf) -> Capacity:
+    """Fold a scrape into what the engine has shown it can run (once per scrape);
+    `max_gap_s`: the longest time from the scrape last folded over which a queue seen at
+    both counts as one queue (module docstring)."""
     if scrape is None or scrape.ts == cap.last_ts:
         return cap
     running, waiting = _count(scrape.running, MAX_RUNNING), _count(scrape.waiting)
     if running is None:
         return Capacity(scrape.ts, cap.saturated, cap.most_running,
-                        most_taken=cap.most_taken)
-    saturated = cap.saturated
+                        most_taken=cap.most_taken, confirmed_at=cap.confirmed_at,
+                        probing=cap.probing)
+    saturated, confirmed = cap.saturated, cap.confirmed_at
+    if saturated is not None and running > saturated:
+        saturated = confirmed = None  # it ran more: no limit of its (module docstring)
     most = max(cap.most_running or 0, running)
     # none waited: all this gateway had there was taken in (module docstring)
     own = max(0, min(scrape.own_at_scrape, MAX_RUNNING)) if waiting == 0 else 0
     taken = max(cap.most_taken or 0, most, own)
-    if not waiting or running <= 0:
-        return Capacity(scrape.ts, saturated, most, most_taken=taken)
+    if not waiting or running <= 0 or _kv_held(scrape.kv_usage):
+        return Capacity(scrape.ts, saturated, most, most_taken=taken, confirmed_at=confirmed,
+                        probing=_probing(saturated, confirmed, scrape.ts))
     since = scrape.ts
-    if running == cap.queued_running and cap.queued_since is not None:
+    seen_between = cap.last_ts is not None and scrape.ts - cap.last_ts <= max_gap_s
+    if running == cap.queued_running and cap.queued_since is not None and seen_between:
         since = cap.queued_since
         if scrape.ts - since >= SATURATION_S and running >= most:
             saturated = max(running, saturated or 0)
-    return Capacity(scrape.ts, saturated, most, running, since, taken)
+    if saturated is not None and running >= saturated:
+        confirmed = scrape.ts  # a queue beside the limit: learnt or confirmed (no probe)
+    return Capacity(scrape.ts, saturated, most, running, since, taken, confirmed,
+                    _probing(saturated, confirmed, scrape.ts))
+
+
+def _probing(saturated: int | None, confirmed_at: float | None, ts: float) -> bool:
+    """Whether a learnt limit last confirmed at `confirmed_at` is offered one more
+    sequence at a scrape at `ts` (module docstring)."""
+    return (saturated is not None and confirmed_at is not None
+            and ts - confirmed_at >= PROBE_AFTER_S)
 
 
 def view(scrape: Scrape | None, cap: Capacity, own_now: int, now: float,
@@ -227,9 +349,9 @@ def view(scrape: Scrape | None, cap: Capacity, own_now: int, now: float,
     limit = cap.seq_limit  # learnt, or the guess: binds always (module docstring)
     if scrape is None:
         return EngineView("gateway", None, None, None, None, limit)
-    age = max(0.0, now - scrape.ts)
+    age = now - scrape.ts  # below 0: dated after now, the wall clock stepped back
     running, waiting = _count(scrape.running, MAX_RUNNING), _count(scrape.waiting)
-    if age > max_age_s or running is None or waiting is None:
+    if not 0.0 <= age <= max_age_s or running is None or waiting is None:
         return EngineView("gateway", age, None, None, None, limit)
     delta = own_now - scrape.own_at_scrape
     kv = scrape.kv_usage if scrape.kv_usage is not None and math.isfinite(
@@ -251,9 +373,14 @@ def waiting_since(waiting: int, delta: int, age_s: float, drain_s: float) -> flo
     return float(max(0.0, waiting + min(0, delta) - begun))
 
 
-def drain_s(s_per_token: float, largest_prompt_tokens: float) -> float:
+def drain_s(s_per_token: float, largest_prompt_tokens: float,
+            began_nothing: bool = False) -> float:
     """Seconds an engine takes to begin one request waiting in it (`view`'s `drain_s`):
     one of the largest prompts this gateway has in flight there (the waiting are most
-    likely among them; none there: `STEP_TOKENS`) at its prefill rate, `s_per_token`."""
+    likely among them; none there: `STEP_TOKENS`) at its prefill rate, `s_per_token`;
+    never (inf) while its last two scrapes show it began nothing (`began_nothing`,
+    `PrefillRate.began_nothing`)."""
+    if began_nothing:
+        return math.inf
     size = largest_prompt_tokens if largest_prompt_tokens > 0 else STEP_TOKENS
     return max(0.0, s_per_token) * size

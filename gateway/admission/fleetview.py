@@ -47,7 +47,9 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   its replica's KV capacity (`capacity_tokens`; reserve.py's module docstring).
 
 What an engine showed it runs is learnt afresh after each restart the router takes as new
-(`Router.restarts`) and when its replica leaves and comes back (another `Replica`).
+(`Router.restarts`) and when its replica leaves and comes back (another `Replica`); a
+restarted engine that showed running counts before is held to the guess (engine.py
+`PROBE_SEQS`) from the restart until its next scrape, not left without a limit.
 
 Bounds: one learned `Capacity`, one `PrefillRate`, one last `EngineView` and one doubt
 per replica of the fleet; those of replicas that left are dropped (`forget_left`).
@@ -158,21 +160,30 @@ class FleetView:
         if seen is None or seen[0] is not replica or seen[1] != epoch[1]:
             if seen is not None:
                 # another engine: it restarted (maybe with another --max-num-seqs) or its
-                # replica left and came back; the scrape at hand may predate that
-                old = Capacity(last_ts=None if scrape is None else scrape.ts)
+                # replica left and came back; the scrape at hand may predate that, so it
+                # is skipped, and until the next one a restarted engine that showed
+                # running counts is held to the guess (PROBE_SEQS: most_running 0), never
+                # to no limit: a queue held for it would otherwise go to the fresh engine
+                # whole, into its first-come queue ahead of the classes above (a replica
+                # that came back is another `Replica`, never scraped: a newcomer's start)
+                shown = seen[0] is replica and old.most_running is not None
+                old = Capacity(last_ts=None if scrape is None else scrape.ts,
+                               most_running=0 if shown else None)
                 self._rates.pop(name, None)  # its counters and speed start afresh
             self._learnt_of[name] = epoch
-        cap = self._capacity[name] = learn(old, scrape)
+        # folds further apart than a scrape stays fresh pair no scrapes (engine.py)
+        cap = self._capacity[name] = learn(old, scrape, self.max_age_s)
         rate = self._rates.get(name, PrefillRate())
         if snap is not None and scrape is not None:
             rate = self._rates[name] = learn_rate(
                 rate, scrape.ts, snap.prompt_tokens_total, snap.prefix_cache_hits_total,
-                snap.num_requests_waiting, self.router.config.prefill_s_per_token)
+                snap.num_requests_waiting, self.router.config.prefill_s_per_token,
+                self.max_age_s)
         if largest is None:
             largest = self.router.largest_by_replica().get(name, 0.0)
         per_token = rate.s_per_token() or self.router.config.prefill_s_per_token
         v = self._views[name] = view(scrape, cap, own, self.clock(), self.max_age_s,
-                                     drain_s(per_token, largest))
+                                     drain_s(per_token, largest, rate.began_nothing))
         if scrape is not None and cap.last_ts != old.last_ts and v.source == "engine":
             # a new scrape: what it shows past the engine's queue has begun its prefill
             self.router.engine_began(name, scrape.ts, scrape.waiting)
