@@ -167,8 +167,11 @@ async def test_the_stream_stays_within_its_byte_bound() -> None:
     bound = 256 << 10
     with redis_server(port):
         url = f"redis://127.0.0.1:{port}/0"
-        a = SharedState(RedisSettings(url=url, stream_max_bytes=bound), lambda f, t: None,
-                        ResponseAffinity(), time.time, instance="A")
+        # a generous command timeout: this is about the bound, and a batch that took over
+        # the default 0.5 s on a loaded machine (a CI rehearsal) marked Redis down and
+        # left its facts unwritten
+        a = SharedState(RedisSettings(url=url, stream_max_bytes=bound, timeout_s=10.0),
+                        lambda f, t: None, ResponseAffinity(), time.time, instance="A")
         await a.start()
         rng = random.Random(5)
         try:
