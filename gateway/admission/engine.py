@@ -208,8 +208,9 @@ def learn_rate(rate: PrefillRate, ts: float, prompt_total: float | None,
     # the hit counter there at one scrape and not at the other: `computed` jumps by every
     # hit the engine ever had (or drops by them), no sample; a new baseline instead
     same = shown == rate.last_hits_shown
-    if (same and prev is not None and prev_ts is not None and 0 < ts - prev_ts <= max_gap_s
-            and computed >= prev):
+    # the scrape last folded and this one are a pair (module docstring: folds far apart)
+    paired = prev_ts is not None and 0 < ts - prev_ts <= max_gap_s
+    if same and paired and prev is not None and prev_ts is not None and computed >= prev:
         done = computed - prev
         sample = done / (ts - prev_ts)
         if done >= RATE_MIN_TOKENS and sample <= RATE_MAX_TOKENS_PER_S:
@@ -219,8 +220,7 @@ def learn_rate(rate: PrefillRate, ts: float, prompt_total: float | None,
                 # this and the cost model's rate decays (module docstring)
                 tps = _seen_at_least(tps, sample, 1.0 / default_s_per_token,
                                      ts - prev_ts)
-    stuck = (rate.last_prompt is not None and prev_ts is not None
-             and 0 < ts - prev_ts <= max_gap_s and rate.last_waiting > 0
+    stuck = (paired and rate.last_prompt is not None and rate.last_waiting > 0
              and now_waiting >= rate.last_waiting and prompt_total == rate.last_prompt)
     return PrefillRate(ts, computed, now_waiting, tps, shown, prompt_total, stuck)
 
