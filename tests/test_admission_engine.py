@@ -120,6 +120,27 @@ def test_a_scrape_is_read_with_what_the_gateway_sent_since_and_ages_out(
     assert view(seen, SAT, own, now, max_age_s=3.0) == expect
 
 
+@pytest.mark.parametrize(("kv", "pinned_then", "pinned_now", "capacity", "expect"), [
+    # 1,000 prompt tokens sent since a scrape at 0.5, of a 10,000-token cache: 0.6
+    (0.5, 0.0, 1000.0, 10_000.0, 0.6),
+    # its requests finished since a scrape at 0.98: their blocks are free, 0.58
+    (0.98, 4000.0, 0.0, 10_000.0, 0.58),
+    # one finished, two sent: the difference
+    (0.7, 3000.0, 4000.0, 10_000.0, 0.8),
+    (0.1, 5000.0, 0.0, 10_000.0, 0.0),  # never below 0 (other clients' requests ended too)
+    (0.5, 0.0, 1000.0, None, 0.5),  # the cache's size unknown: as scraped
+    (0.5, 0.0, 1000.0, 0.0, 0.5),
+    (None, 0.0, 1000.0, 10_000.0, None),  # no usage exported: none
+])
+def test_kv_usage_moves_with_what_the_gateway_sent_or_finished_since_the_scrape(
+        kv: float | None, pinned_then: float, pinned_now: float, capacity: float | None,
+        expect: float | None) -> None:
+    seen = Scrape(0.0, 2, 0, kv, 2, pinned_then)
+    got = view(seen, SAT, 2, 1.0, max_age_s=3.0, pinned_now=pinned_now,
+               capacity_tokens=capacity).kv_usage
+    assert got == (None if expect is None else pytest.approx(expect))
+
+
 LIMITS = RoomLimits(math.inf, 1000, 0.9)
 LOWER = reserved(LIMITS, 0.75, 0.5)
 

@@ -204,6 +204,9 @@ def test_metrics_and_stats_by_endpoint(gw: str) -> None:
     client = anthropic.Anthropic(base_url=gw, api_key="x", max_retries=0)
     client.messages.create(model=MODEL, max_tokens=4,
                            messages=[{"role": "user", "content": "ping"}])
+    # its own Responses request: the module's others may be deselected (`-k`)
+    openai.OpenAI(base_url=gw + "/v1", api_key="x", max_retries=0).responses.create(
+        model=MODEL, input="ping", max_output_tokens=4)
     metrics = httpx.get(gw + "/metrics").text
     assert 'gateway_endpoint_requests_total{endpoint="messages",status="200"}' in metrics
     assert 'gateway_endpoint_cached_tokens_total{endpoint="responses"}' in metrics

@@ -11,6 +11,16 @@ is, what the engine has shown it can run, and what this gateway sent or finished
 - **Occupancy now** = running + waiting at the scrape + (this gateway's requests there now
   - its requests there when the scrape was taken): between scrapes the gateway adds what it
   sent and takes off what finished; load from other clients shows in the scraped counts.
+  **KV usage now**, the same way: the scraped usage + (the prompt tokens of this
+  gateway's requests there now - of those there when the scrape was asked for) / the
+  engine's KV capacity in tokens (`view`'s `pinned_now`, `capacity_tokens`; unchanged
+  when either is unknown), never below 0. A request holds its prompt's blocks until it
+  ends: read as scraped, a usage of 0.98 kept a replica "full" for the scrape interval
+  after its requests had finished (an idle engine beside a queue), and a burst sent
+  between two scrapes at 0.5 filled the cache unseen, its last requests waiting in the
+  engine for blocks (issue 36, bench/results/admission.md). The estimate counts each
+  request's whole prompt (blocks shared by two running requests are pinned once: it errs
+  towards full) and not the tokens decoded since (a few blocks a request).
   Waiting now = the scraped waiting less what finished since (a finish lets one in), less
   what the engine has begun since at its own pace (`drain_s`, below).
 - **Waiting is a fact about the moment of the scrape**, not about the interval until the
@@ -247,6 +257,8 @@ class Scrape:
     waiting: float | None
     kv_usage: float | None
     own_at_scrape: int  # this gateway's requests in flight there when it was asked for
+    # the estimated prompt tokens of those requests (what they pin in its KV cache)
+    pinned_at_scrape: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,10 +354,13 @@ def _probing(saturated: int | None, confirmed_at: float | None, ts: float) -> bo
 
 
 def view(scrape: Scrape | None, cap: Capacity, own_now: int, now: float,
-         max_age_s: float, drain_s: float = math.inf) -> EngineView:
+         max_age_s: float, drain_s: float = math.inf, *, pinned_now: float = 0.0,
+         capacity_tokens: float | None = None) -> EngineView:
     """The engine's room as the gate should read it at `now` (module docstring);
     `drain_s`: seconds the engine takes to begin one request waiting in it (inf: unknown,
-    the scraped waiting count stands until a finish or the next scrape)."""
+    the scraped waiting count stands until a finish or the next scrape); `pinned_now`:
+    the prompt tokens of this gateway's requests there now, read against the engine's
+    `capacity_tokens` (None: unknown) to move its KV usage since the scrape."""
     limit = cap.seq_limit  # learnt, or the guess: binds always (module docstring)
     if scrape is None:
         return EngineView("gateway", None, None, None, None, limit)
@@ -356,6 +371,8 @@ def view(scrape: Scrape | None, cap: Capacity, own_now: int, now: float,
     delta = own_now - scrape.own_at_scrape
     kv = scrape.kv_usage if scrape.kv_usage is not None and math.isfinite(
         scrape.kv_usage) else None
+    if kv is not None and capacity_tokens is not None and capacity_tokens > 0:
+        kv = max(0.0, kv + (pinned_now - scrape.pinned_at_scrape) / capacity_tokens)
     waiting_now = waiting_since(waiting, delta, age, drain_s)
     return EngineView("engine", age, float(max(own_now, running + waiting + delta)),
                       waiting_now, kv, limit)

@@ -26,7 +26,8 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   cache by the router's index (`Router.cache_free_tokens`), and its engine's prefill
   rate as its scrapes show it (engine.py `PrefillRate`), for room.py's cost model.
 - **Held for agent programs** (`reserved`: gateway.agents.reserve), fed once: the context
-  of the programs in a tool call there is added to its scraped KV usage as a share of its
+  of the programs in a tool call there is added to its KV usage now (the scraped one
+  moved by what this gateway sent or finished since, engine.py) as a share of its
   KV capacity (`kv_with_reserved`: the engine's block count times block size), so a
   replica whose running requests would evict that context reads as full (room.py
   `has_room`) until the reservation ends, and one with room beyond it still takes other
@@ -153,7 +154,7 @@ class FleetView:
         if snap is not None and replica.scraped_at is not None:
             scrape = Scrape(replica.scraped_at, snap.num_requests_running,
                             snap.num_requests_waiting, snap.kv_cache_usage,
-                            replica.in_flight_at_scrape)
+                            replica.in_flight_at_scrape, replica.pinned_at_scrape)
         old = self._capacity.get(name, Capacity())
         epoch = (replica, self.router.restarts(name))
         seen = self._learnt_of.get(name)
@@ -182,8 +183,11 @@ class FleetView:
         if largest is None:
             largest = self.router.largest_by_replica().get(name, 0.0)
         per_token = rate.s_per_token() or self.router.config.prefill_s_per_token
+        capacity = replica.capacity_tokens()
         v = self._views[name] = view(scrape, cap, own, self.clock(), self.max_age_s,
-                                     drain_s(per_token, largest, rate.began_nothing))
+                                     drain_s(per_token, largest, rate.began_nothing),
+                                     pinned_now=self.router.live_tokens(name),
+                                     capacity_tokens=float(capacity) if capacity else None)
         if scrape is not None and cap.last_ts != old.last_ts and v.source == "engine":
             # a new scrape: what it shows past the engine's queue has begun its prefill
             self.router.engine_began(name, scrape.ts, scrape.waiting)
@@ -213,13 +217,13 @@ class FleetView:
         return None if replica is None else replica.capacity_tokens()
 
     def without_held(self, load: ReplicaLoad) -> ReplicaLoad:
-        """`load` (read by `load` at this look) with its scraped KV usage, nothing held for
-        agent programs: as a program returning from its tool call reads it."""
+        """`load` (read by `load` at this look) with its KV usage now (engine.py), nothing
+        held for agent programs: as a program returning from its tool call reads it."""
         v = self._views.get(load.name)
         return load if v is None else replace(load, kv_usage=v.kv_usage)
 
     def _kv_usage(self, replica: Replica, kv_usage: float | None) -> float | None:
-        """The scraped KV usage with the context held for agent programs added."""
+        """The KV usage now (engine.py) with the context held for agent programs added."""
         if self._reserved is None or kv_usage is None:
             return kv_usage
         return kv_with_reserved(kv_usage, self._reserved(replica.name, self.clock()),
@@ -251,6 +255,8 @@ class FleetView:
             "seq_limit": v.seq_limit,
             "occupancy": v.occupancy,
             "engine_waiting": v.waiting,
+            # the KV usage the queue reads now: scraped, moved by what was sent since
+            "kv_usage": None if v.kv_usage is None else round(v.kv_usage, 4),
             "prefill_tokens_per_s": (None if (r := self._rates.get(name)) is None
                                      or r.tokens_per_s is None else round(r.tokens_per_s)),
             "queued_prefill_tokens": round(self.router.queued_tokens(name)),

@@ -61,6 +61,7 @@ class Replica:
     # sent since: gateway/admission/engine.py)
     scraped_at: float | None = None
     in_flight_at_scrape: int = 0
+    pinned_at_scrape: float = 0.0  # their estimated prompt tokens (Router.live_tokens)
     probed_ok_at: float | None = None  # when a health probe last succeeded
     leaving_since: float | None = None  # when its source stopped listing it (None: listed)
     # joined at run time and not yet scraped: no probe marks it up before its KV capacity
@@ -289,10 +290,10 @@ class Fleet:
             r.models = frozenset(str(c["id"]) for c in cards if isinstance(c.get("id"), str))
 
     def set_snapshot(self, name: str, snapshot: EngineSnapshot, asked_at: float | None = None,
-                     in_flight: int = 0) -> bool:
+                     in_flight: int = 0, pinned: float = 0.0) -> bool:
         """Store a scrape (asked for at `asked_at`, default its own time, with `in_flight`
-        requests of this gateway there then); True when it shows the engine restarted
-        since the last one."""
+        requests of this gateway there then, of `pinned` prompt tokens); True when it
+        shows the engine restarted since the last one."""
         r = self.replicas.get(name)
         if r is None:
             return False
@@ -300,6 +301,7 @@ class Fleet:
         r.snapshot = snapshot
         r.scraped_at = snapshot.ts if asked_at is None else asked_at
         r.in_flight_at_scrape = in_flight
+        r.pinned_at_scrape = pinned
         return restarted
 
     def model_list(self) -> list[dict[str, object]]:

@@ -308,6 +308,7 @@ class FleetMonitor:
         # what the engine's counts are compared with (the admission queue adds what this
         # gateway sent or finished there since: gateway/admission/engine.py)
         asked_at, in_flight = self.clock(), replica.in_flight
+        pinned = self.router.live_tokens(replica.name)
         try:
             status, body = await self._get(replica, "/metrics")
         except ProbeBodyTooLarge as exc:  # the replica's fault, not the network's: said
@@ -325,7 +326,8 @@ class FleetMonitor:
         snapshot = parse_engine_metrics(text, self.clock())
         new_process = self.fleet.set_start_time(replica.name,
                                                snapshot.process_start_time_seconds)
-        if self.fleet.set_snapshot(replica.name, snapshot, asked_at, in_flight) or new_process:
+        if self.fleet.set_snapshot(replica.name, snapshot, asked_at, in_flight,
+                                  pinned) or new_process:
             # The start time names this restart (a crash loop's next one is new at once);
             # counters gone backwards under the same start time name none.
             started = snapshot.process_start_time_seconds if new_process else None

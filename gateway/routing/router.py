@@ -472,6 +472,12 @@ class Router:
         return {replica: max(p.estimated_tokens for p in live)
                 for replica, live in self._ledger.live.items() if live}
 
+    def live_tokens(self, replica: str) -> float:
+        """The estimated prompt tokens of the requests in flight on `replica` (what they
+        hold in its KV cache: the admission queue's KV usage between scrapes)."""
+        live = self._ledger.live.get(replica)
+        return float(sum(p.estimated_tokens for p in live)) if live else 0.0
+
     def cache_free_tokens(self, replica: str) -> float:
         """Tokens the index believes `replica`'s prefix cache can still take before it
         evicts (its capacity, from the engine's reported KV blocks, less what is indexed)."""
