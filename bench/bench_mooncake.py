@@ -46,7 +46,7 @@ import orjson
 
 from gateway.bench.analysis import read_usage_log
 from gateway.bench.bound import compute_bound, compute_lru_reference
-from gateway.bench.compare import queued, scaled_waits
+from gateway.bench.compare import queued, scaled_signals, scaled_waits
 from gateway.bench.prefill import engine_tokens
 from gateway.bench.procs import Managed, free_ports, gateway_command
 from gateway.bench.replay import ReplayOptions, replay
@@ -65,11 +65,14 @@ BLOCK = 16
 
 def column_env(column: str, speedup: float) -> tuple[str, dict[str, str]]:
     """The routing policy a column names and the settings its gateway gets for the queue:
-    `prefix+queue` is `prefix` with the queue on, its waits in the engines' time."""
+    `prefix+queue` is `prefix` with the queue on, its waits in the engines' time; every
+    column reads the engines' /metrics as often in their time as a user's gateway does."""
     policy = column.partition("+")[0]
+    signals = scaled_signals(1.0 / speedup)
     if not queued(column):
-        return policy, {}
-    return policy, {"GATEWAY_ADMISSION__ENABLED": "true", **scaled_waits(1.0 / speedup)}
+        return policy, signals
+    return policy, {**signals, "GATEWAY_ADMISSION__ENABLED": "true",
+                    **scaled_waits(1.0 / speedup)}
 
 
 def parse_loads(text: str) -> list[float]:

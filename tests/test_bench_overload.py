@@ -65,6 +65,11 @@ def test_gateway_env_for_the_overload_preset() -> None:
     assert not any(k.startswith("GATEWAY_ADMISSION__REPLICA_") for k in {**off, **on})
     assert on["GATEWAY_ADMISSION__HIGH_MAX_WAIT_S"] == "5"  # 10 s at half the wall time
     assert on["GATEWAY_ADMISSION__SHARE_HALF_LIFE_S"] == "2.5"
+    # every column reads the engines as often in simulated time as a user's gateway
+    assert off["GATEWAY_USAGE__SCRAPE_INTERVAL_S"] == on[
+        "GATEWAY_USAGE__SCRAPE_INTERVAL_S"] == "2.5"
+    assert gateway_env("prefix", preset, 0.01)["GATEWAY_USAGE__SCRAPE_INTERVAL_S"] == "0.25"
+    assert "GATEWAY_USAGE__SCRAPE_INTERVAL_S" not in gateway_env("prefix", preset, 1.0)
     assert "GATEWAY_ADMISSION__PRIORITY_REPLICAS" not in on
     prio = dataclasses.replace(preset, scheduling_policy="priority")
     urls = ("http://127.0.0.1:9000", "http://127.0.0.1:9001")
@@ -156,9 +161,12 @@ def _mooncake() -> Any:
 
 def test_the_mooncake_bench_columns_and_loads() -> None:
     mooncake = _mooncake()
-    assert mooncake.column_env("prefix", 4.0) == ("prefix", {})
+    # both columns read the engines every 5 s of the engines' time (1.25 s at 4x)
+    assert mooncake.column_env("prefix", 4.0) == (
+        "prefix", {"GATEWAY_USAGE__SCRAPE_INTERVAL_S": "1.25"})
     policy, env = mooncake.column_env("prefix+queue", 4.0)
     assert policy == "prefix" and env["GATEWAY_ADMISSION__ENABLED"] == "true"
+    assert env["GATEWAY_USAGE__SCRAPE_INTERVAL_S"] == "1.25"
     # the default 2 s wait for the own replica, in the engines' time at 4x
     assert env["GATEWAY_ADMISSION__OWN_REPLICA_MAX_WAIT_S"] == "0.5"
     assert not any(k.startswith("GATEWAY_ADMISSION__REPLICA_") for k in env)

@@ -55,6 +55,7 @@ from gateway.bench.server import ServerFacts, probe
 from gateway.bench.session import ServerLimits, sample_body
 from gateway.bench.table import replica_table, summary_table
 from gateway.bench.workload import build_workload
+from gateway.usage.config import UsageConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +88,9 @@ QUEUE = "+queue"  # a column suffix: the same policy with the admission queue on
 NO_RESERVE = "+noreserve"
 # (`+pd`, gateway/bench/pdfleet.py: the same policy on a prefill/decode fleet)
 MIN_RECHECK_S = 0.001  # the queue's re-examination period, however fast the simulator
+# the replicas' /metrics read no more often than this (wall seconds), however fast the
+# simulator: the gateway parses each scrape (a few ms of CPU on this machine's 2 cores)
+MIN_SCRAPE_S = 0.25
 # (`high`; the lower classes half of it: one step, so a newcomer starts within ~a step)
 
 
@@ -127,8 +131,9 @@ def gateway_env(column: str, preset: Preset, time_scale: float = 1.0,
     copied into the gateway: it learns each replica's room from the engine's scrapes, as
     a user's gateway does.
     The queue's waits are wall seconds; against a simulator running `1 / time_scale`
-    times faster they shrink with it, so its limits mean the same simulated time."""
-    env: dict[str, str] = {}
+    times faster they shrink with it, so its limits mean the same simulated time; so does
+    every column's scrape interval (`scaled_signals`)."""
+    env: dict[str, str] = dict(scaled_signals(time_scale))
     workload = preset.workload
     if workload.tenants:
         env["GATEWAY_AUTH__KEYS"] = auth_keys(workload.tenants)
@@ -143,6 +148,20 @@ def gateway_env(column: str, preset: Preset, time_scale: float = 1.0,
         if NO_RESERVE[1:] in column.partition("@")[0].split("+")[1:]:
             env["GATEWAY_ADMISSION__AGENT_RESERVE_MAX_S"] = "0"
     return env
+
+
+def scaled_signals(time_scale: float) -> dict[str, str]:
+    """The gateway's scrape interval (`usage.scrape_interval_s`, 5 wall seconds by
+    default) scaled to a simulator running `1 / time_scale` times faster, as a
+    GATEWAY_USAGE__* setting (none at 1.0), not below `MIN_SCRAPE_S`: a user's gateway
+    reads its engines' running and waiting counts and KV usage every 5 seconds of their
+    time, and against a simulator 5 times faster an unscaled interval showed them 25
+    simulated seconds apart, longer than a whole overload burst of the agent preset
+    (issue 36: the queue held a fleet to figures that old)."""
+    if time_scale == 1.0:
+        return {}
+    default = UsageConfig().scrape_interval_s
+    return {"GATEWAY_USAGE__SCRAPE_INTERVAL_S": f"{max(MIN_SCRAPE_S, default * time_scale):g}"}
 
 
 def scaled_waits(time_scale: float) -> dict[str, str]:
