@@ -1,7 +1,7 @@
 """Review of the KV usage the admission queue reads between scrapes (engine.py `view`'s
-`pinned_now` / `Scrape.pinned_at_scrape`, fleetview.py, the monitor, Router.live_tokens):
-cases the change's own tests leave out. Each xfail names what breaks on the current code;
-each passing test names the mutation it catches."""
+`pinned_now` / `Scrape.pinned_at_scrape`, fleetview.py, the monitor, Router.pinned_tokens):
+cases the change's own tests left out. Three were breaks, fixed since (each test says what
+broke); each test names the mutation it catches."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import pytest
 
 from gateway.admission.config import AdmissionConfig
+from gateway.admission.engine import pinned_at_scrape
 from gateway.admission.gate import Ask, Gate, Ticket
 from gateway.bench.compare import gateway_env
 from gateway.bench.presets import PRESETS
@@ -63,7 +64,9 @@ class Bench:
         monitor's `asked_at`, `in_flight`, `pinned`)."""
         r = self.fleet.replicas[name]
         self.fleet.set_snapshot(name, snap(self.clock.t, kv, running, waiting), self.clock.t,
-                                r.in_flight, self.router.live_tokens(name))
+                                r.in_flight, pinned_at_scrape(self.router.live_prompts(name),
+                                                              waiting,
+                                                              self.router.swept_tokens(name)))
 
     async def send(self, text: str, name: str = "a") -> Ticket:
         r = self.fleet.replicas[name]
@@ -98,23 +101,16 @@ class Bench:
         return None if got is None else float(got)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pinned_at_scrape counts the prompt of a request the scrape shows WAITING in the "
-    "engine (it holds no blocks in the scraped usage); when a running one finishes, the "
-    "waiting one takes its blocks, yet the projection subtracts the finished prompt: "
-    "0.99 read as ~0.76 while the cache is still full, and the queue sends more into it"))
 def test_a_finish_that_lets_a_waiting_request_in_frees_no_kv() -> None:
     """The engine at its KV limit with a queue: other clients fill ~0.77 of a 64k-token
     cache, this gateway's A (~14k tokens) runs, its B (~14k) waits in the engine for
     blocks; the scrape reads 0.99, running 3, waiting 1, both A and B in flight. A ends:
     vLLM gives its blocks to B at the next step (the queue's own waiting-count rule says
     the same: `waiting_since`, "a finish lets one in"), so the cache is as full as it
-    was. The queue should read ~0.99 (past `kv_usage_limit`, 0.97) and hold a third prompt;
-    it reads 0.99 - 14k/64k and
-    lets it go into an engine that makes it wait for blocks (what the change set out to
-    stop). Fixed when the baseline counts only what the scrape shows holding blocks, e.g.
-    less the prompts of the `waiting` youngest of this gateway's requests sent before it
-    (the split `Router.engine_began` already makes)."""
+    was. The queue reads ~0.99 (past `kv_usage_limit`, 0.97) and holds a third prompt.
+    It broke: the baseline counted B, so the queue read 0.99 - 14k/64k and let the third go
+    into an engine that made it wait for blocks. Mutation caught: `pinned_at_scrape`
+    keeping the `waiting` youngest."""
     async def go() -> tuple[bool, float | None]:
         b = Bench()
         try:
@@ -137,7 +133,7 @@ def test_a_finish_that_lets_a_waiting_request_in_frees_no_kv() -> None:
 
 
 def test_control_a_finish_with_nothing_waiting_frees_its_prompt() -> None:
-    """The control of the xfail above: the same cache, nothing waiting at the scrape
+    """The control of the test above: the same cache, nothing waiting at the scrape
     (both running): A's end frees its blocks, and the third goes."""
     async def go() -> tuple[bool, float | None]:
         b = Bench()
@@ -160,23 +156,19 @@ def test_control_a_finish_with_nothing_waiting_frees_its_prompt() -> None:
     assert went
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the ledger's sweep drops a request from `live` once it is pending_ttl_s (300 s) old "
-    "though it is still in flight (flow.finish reports every request, so `live` needs no "
-    "sweep to be bounded): Router.live_tokens loses its prompt while it still holds its "
-    "blocks, and the KV usage read until the next scrape is that prompt too low"))
 def test_a_request_in_flight_past_the_sweep_still_pins_its_prompt() -> None:
     """A long generation (a reasoning model's, an agent's) in flight 301 s: a scrape at
     299 s counted it in `pinned_at_scrape`; the next decision's sweep (at 301 s) drops it
-    from `live`, so the queue reads the scraped 0.5 less its ~14k tokens (~0.28) while it
-    still runs. Fixed when the sweep leaves `live` alone (or the ledger keeps the swept
-    prompt out of both sides of the projection)."""
+    from `live`; it stays counted on both sides (`Router.pinned_tokens`, the ledger's
+    `swept`), so the queue reads 0.5. It broke: the queue read the scraped 0.5 less its
+    ~14k tokens (~0.28) while it still ran. Mutation caught: the sweep not adding to
+    `swept`."""
     async def go() -> tuple[float, float | None, float | None]:
         b = Bench()
         try:
             b.scrape("a", 0.0, 0)
             await b.send(f"long {LONG}")
-            pinned = b.router.live_tokens("a")
+            pinned = b.router.pinned_tokens("a")
             b.clock.t += 299.0
             b.scrape("a", 0.5, running=1)
             await b.goes("a short one")  # a look (the long one is 299 s old: kept)
@@ -225,15 +217,11 @@ def test_a_retried_request_moves_its_prompt_to_the_replica_serving_it() -> None:
     assert bb is not None and bb > 0.45, bb
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gateway-bench compare's gateways inherit the environment (bench/results/admission.md "
-    "measured a run with GATEWAY_USAGE__SCRAPE_INTERVAL_S=1 exported that way), but "
-    "gateway_env now sets the scaled interval for every column at a time scale other "
-    "than 1, so an exported interval is silently replaced"))
 def test_an_exported_scrape_interval_still_reaches_compare_gateways(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fixed when `scaled_signals` (or gateway_env) leaves an interval the caller set in
-    the environment alone, or compare takes an --env that wins, as bench_mooncake's does."""
+    """An interval the caller exported reaches compare's gateways (it broke: the scaled
+    one replaced it, and bench/results/admission.md's run with one exported could no longer
+    be made that way)."""
     monkeypatch.setenv("GATEWAY_USAGE__SCRAPE_INTERVAL_S", "1")
     env = gateway_env("prefix", PRESETS["overload"], 0.5)
     merged = {**os.environ, **env}  # as gateway.bench.procs.Managed starts the gateway
