@@ -14,7 +14,15 @@ from typing import Any
 import pytest
 
 from gateway.admission.config import AdmissionConfig
-from gateway.admission.engine import PROBE_SEQS, Capacity, EngineView, Scrape, learn, view
+from gateway.admission.engine import (
+    PROBE_SEQS,
+    Capacity,
+    EngineView,
+    Scrape,
+    learn,
+    pinned_at_scrape,
+    view,
+)
 from gateway.admission.fleetview import FleetView
 from gateway.admission.gate import Ask, Gate, Ticket
 from gateway.admission.room import ReplicaLoad, RoomLimits, has_room, reserved
@@ -139,6 +147,22 @@ def test_kv_usage_moves_with_what_the_gateway_sent_or_finished_since_the_scrape(
     got = view(seen, SAT, 2, 1.0, max_age_s=3.0, pinned_now=pinned_now,
                capacity_tokens=capacity).kv_usage
     assert got == (None if expect is None else pytest.approx(expect))
+
+
+@pytest.mark.parametrize(("prompts", "waiting", "swept", "pinned"), [
+    ([(1.0, 100.0), (2.0, 200.0), (3.0, 400.0)], 0, 0.0, 700.0),  # all running
+    # one waits in the engine: the youngest, first come first served; it holds no blocks
+    ([(3.0, 400.0), (1.0, 100.0), (2.0, 200.0)], 1, 0.0, 300.0),
+    ([(1.0, 100.0), (2.0, 200.0)], 5, 0.0, 0.0),  # others' requests wait too: none held
+    ([(1.0, 100.0)], None, 0.0, 100.0),  # no waiting count exported: all
+    ([(1.0, 100.0)], float("nan"), 0.0, 100.0),
+    ([(1.0, 100.0)], 0, 50.0, 150.0),  # the sweep's forgotten, counted as still there
+    ([], 3, 0.0, 0.0),
+])
+def test_what_held_kv_blocks_when_a_scrape_was_asked_for(
+        prompts: list[tuple[float, float]], waiting: float | None, swept: float,
+        pinned: float) -> None:
+    assert pinned_at_scrape(prompts, waiting, swept) == pinned
 
 
 LIMITS = RoomLimits(math.inf, 1000, 0.9)

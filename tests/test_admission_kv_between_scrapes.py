@@ -13,6 +13,7 @@ import socket
 import httpx
 
 from gateway.admission.config import AdmissionConfig
+from gateway.admission.engine import pinned_at_scrape
 from gateway.admission.gate import Ask, Gate, Ticket
 from gateway.replicas.fleet import Fleet
 from gateway.routing.config import RoutingConfig
@@ -66,7 +67,7 @@ def run(scraped_kv: float, finish: int, before: bool = False) -> tuple[bool, flo
         clock.t += 1.0
         if not before:  # the scrape, asked for with both in flight
             fleet.set_snapshot("a", snap(clock.t, scraped_kv, 2), clock.t, a.in_flight,
-                               router.live_tokens("a"))
+                               pinned_at_scrape(router.live_prompts("a"), 0))
         router.engine_began("a", clock.t, 0)  # their prefill begun: none queued
         clock.t += 0.1
         for t in tickets[:finish]:

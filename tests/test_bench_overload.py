@@ -53,7 +53,8 @@ def test_queue_columns(column: str, policy: str, how: str, queue: bool) -> None:
     assert queued(column) is queue
 
 
-def test_gateway_env_for_the_overload_preset() -> None:
+def test_gateway_env_for_the_overload_preset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GATEWAY_USAGE__SCRAPE_INTERVAL_S", raising=False)
     preset = PRESETS["overload"]
     off = gateway_env("prefix", preset, 0.5)
     assert off["GATEWAY_AUTH__KEYS"] == auth_keys(preset.workload.tenants)
@@ -159,7 +160,8 @@ def _mooncake() -> Any:
     return module
 
 
-def test_the_mooncake_bench_columns_and_loads() -> None:
+def test_the_mooncake_bench_columns_and_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GATEWAY_USAGE__SCRAPE_INTERVAL_S", raising=False)
     mooncake = _mooncake()
     # both columns read the engines every 5 s of the engines' time (1.25 s at 4x)
     assert mooncake.column_env("prefix", 4.0) == (

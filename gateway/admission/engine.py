@@ -20,7 +20,13 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   between two scrapes at 0.5 filled the cache unseen, its last requests waiting in the
   engine for blocks (issue 36, bench/results/admission.md). The estimate counts each
   request's whole prompt (blocks shared by two running requests are pinned once: it errs
-  towards full) and not the tokens decoded since (a few blocks a request).
+  towards full) and not the tokens decoded since (a few blocks a request). What the
+  scrape was asked for with counts only what held blocks then (`pinned_at_scrape`): not
+  the requests the scrape shows waiting (the youngest of this gateway's sent before it:
+  vLLM admits first come, first served), which hold none until a finish lets them in,
+  when the blocks freed are theirs (read as freed, a full cache under a queue passed for
+  one with room at every finish). A request the router's ledger stopped tracking (its
+  sweep, after `routing.pending_ttl_s`) stays counted on both sides: no end was seen.
   Waiting now = the scraped waiting less what finished since (a finish lets one in), less
   what the engine has begun since at its own pace (`drain_s`, below).
 - **Waiting is a fact about the moment of the scrape**, not about the interval until the
@@ -132,6 +138,7 @@ those that left).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -351,6 +358,17 @@ def _probing(saturated: int | None, confirmed_at: float | None, ts: float) -> bo
     sequence at a scrape at `ts` (module docstring)."""
     return (saturated is not None and confirmed_at is not None
             and ts - confirmed_at >= PROBE_AFTER_S)
+
+
+def pinned_at_scrape(prompts: Sequence[tuple[float, float]], waiting: float | None,
+                     swept: float = 0.0) -> float:
+    """The prompt tokens of this gateway's requests there that held KV blocks when a
+    scrape was asked for: `prompts` (sent at, tokens) of those in flight then, less the
+    `waiting` youngest of them (the scrape's waiting count; none when it is no count),
+    plus `swept` (module docstring, "KV usage now")."""
+    n = _count(waiting) or 0
+    held = sorted(prompts)[:max(0, len(prompts) - n)]
+    return sum(t for _, t in held) + swept
 
 
 def view(scrape: Scrape | None, cap: Capacity, own_now: int, now: float,

@@ -186,7 +186,7 @@ class FleetView:
         capacity = replica.capacity_tokens()
         v = self._views[name] = view(scrape, cap, own, self.clock(), self.max_age_s,
                                      drain_s(per_token, largest, rate.began_nothing),
-                                     pinned_now=self.router.live_tokens(name),
+                                     pinned_now=self.router.pinned_tokens(name),
                                      capacity_tokens=float(capacity) if capacity else None)
         if scrape is not None and cap.last_ts != old.last_ts and v.source == "engine":
             # a new scrape: what it shows past the engine's queue has begun its prefill

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -150,15 +152,18 @@ def gateway_env(column: str, preset: Preset, time_scale: float = 1.0,
     return env
 
 
-def scaled_signals(time_scale: float) -> dict[str, str]:
+def scaled_signals(time_scale: float,
+                   exported: Mapping[str, str] | None = None) -> dict[str, str]:
     """The gateway's scrape interval (`usage.scrape_interval_s`, 5 wall seconds by
     default) scaled to a simulator running `1 / time_scale` times faster, as a
     GATEWAY_USAGE__* setting (none at 1.0), not below `MIN_SCRAPE_S`: a user's gateway
     reads its engines' running and waiting counts and KV usage every 5 seconds of their
     time, and against a simulator 5 times faster an unscaled interval showed them 25
     simulated seconds apart, longer than a whole overload burst of the agent preset
-    (issue 36: the queue held a fleet to figures that old)."""
-    if time_scale == 1.0:
+    (issue 36: the queue held a fleet to figures that old). None when the caller exported
+    an interval (`exported`, default the environment the gateways inherit): it wins."""
+    exported = os.environ if exported is None else exported
+    if time_scale == 1.0 or "GATEWAY_USAGE__SCRAPE_INTERVAL_S" in exported:
         return {}
     default = UsageConfig().scrape_interval_s
     return {"GATEWAY_USAGE__SCRAPE_INTERVAL_S": f"{max(MIN_SCRAPE_S, default * time_scale):g}"}

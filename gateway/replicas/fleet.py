@@ -61,7 +61,7 @@ class Replica:
     # sent since: gateway/admission/engine.py)
     scraped_at: float | None = None
     in_flight_at_scrape: int = 0
-    pinned_at_scrape: float = 0.0  # their estimated prompt tokens (Router.live_tokens)
+    pinned_at_scrape: float = 0.0  # their prompt tokens holding KV blocks (engine.py)
     probed_ok_at: float | None = None  # when a health probe last succeeded
     leaving_since: float | None = None  # when its source stopped listing it (None: listed)
     # joined at run time and not yet scraped: no probe marks it up before its KV capacity

@@ -55,6 +55,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import orjson
 
+from gateway.admission.engine import pinned_at_scrape
 from gateway.replicas.fleet import Fleet, Replica, memory_verdict
 from gateway.replicas.scrape import parse_engine_metrics
 from gateway.routing.router import Router
@@ -308,7 +309,8 @@ class FleetMonitor:
         # what the engine's counts are compared with (the admission queue adds what this
         # gateway sent or finished there since: gateway/admission/engine.py)
         asked_at, in_flight = self.clock(), replica.in_flight
-        pinned = self.router.live_tokens(replica.name)
+        prompts = self.router.live_prompts(replica.name)
+        swept = self.router.swept_tokens(replica.name)
         try:
             status, body = await self._get(replica, "/metrics")
         except ProbeBodyTooLarge as exc:  # the replica's fault, not the network's: said
@@ -324,6 +326,8 @@ class FleetMonitor:
             return
         text = body.decode("utf-8", "replace")
         snapshot = parse_engine_metrics(text, self.clock())
+        # what held KV blocks then: not what the scrape shows waiting (engine.py)
+        pinned = pinned_at_scrape(prompts, snapshot.num_requests_waiting, swept)
         new_process = self.fleet.set_start_time(replica.name,
                                                snapshot.process_start_time_seconds)
         if self.fleet.set_snapshot(replica.name, snapshot, asked_at, in_flight,

@@ -61,6 +61,9 @@ class Ledger:
         # Requests in flight per replica (plan -> sent at), queued or past their first token;
         # bounded like `pending`: removed at report, by a retry, or by the sweep.
         self.live: dict[str, dict[RoutePlan, float]] = {}
+        # the estimated prompt tokens the sweep took out of `live` per replica, summed:
+        # Router.pinned_tokens counts them as still there (their end is never told)
+        self.swept: dict[str, float] = {}
         self.queued: dict[str, float] = {}
         self._last_sweep = float("-inf")
         self.last_settle = 0.0
@@ -72,7 +75,7 @@ class Ledger:
     def forget(self, replica: str) -> None:
         """The replica left the fleet: its entry in every table goes."""
         for table in (self.limits, self.capacity_tokens, self.engine_blocks, self.pending,
-                      self.queued, self.live):
+                      self.queued, self.live, self.swept):
             table.pop(replica, None)
 
     # a request's life ---------------------------------------------------------------------
@@ -204,9 +207,10 @@ class Ledger:
         for replica, pend in self.pending.items():
             for plan in [p for p, (_, at) in pend.items() if at < cutoff]:
                 self.unqueue(plan, replica)
-        for live in self.live.values():
+        for replica, live in self.live.items():
             for plan in [p for p, at in live.items() if at < cutoff]:
                 del live[plan]
+                self.swept[replica] = self.swept.get(replica, 0.0) + plan.estimated_tokens
 
     def feedback(self, plan: RoutePlan, replica: str, delivered: int,
                  outcome: Verdict | None = None) -> None:

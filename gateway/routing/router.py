@@ -472,11 +472,23 @@ class Router:
         return {replica: max(p.estimated_tokens for p in live)
                 for replica, live in self._ledger.live.items() if live}
 
-    def live_tokens(self, replica: str) -> float:
-        """The estimated prompt tokens of the requests in flight on `replica` (what they
-        hold in its KV cache: the admission queue's KV usage between scrapes)."""
+    def live_prompts(self, replica: str) -> list[tuple[float, float]]:
+        """(sent at, estimated prompt tokens) of each request in flight on `replica`."""
         live = self._ledger.live.get(replica)
-        return float(sum(p.estimated_tokens for p in live)) if live else 0.0
+        return [(at, float(p.estimated_tokens)) for p, at in live.items()] if live else []
+
+    def pinned_tokens(self, replica: str) -> float:
+        """The estimated prompt tokens of the requests in flight on `replica` (what they
+        hold in its KV cache: the admission queue's KV usage between scrapes), those the
+        ledger's sweep forgot counted as still there: a sweep is no end, and the queue
+        reads only the difference from what a scrape was asked for with
+        (gateway/admission/engine.py)."""
+        return (sum(t for _, t in self.live_prompts(replica))
+                + self._ledger.swept.get(replica, 0.0))
+
+    def swept_tokens(self, replica: str) -> float:
+        """What `pinned_tokens` counts of requests the ledger's sweep forgot."""
+        return self._ledger.swept.get(replica, 0.0)
 
     def cache_free_tokens(self, replica: str) -> float:
         """Tokens the index believes `replica`'s prefix cache can still take before it
