@@ -149,20 +149,24 @@ def test_kv_usage_moves_with_what_the_gateway_sent_or_finished_since_the_scrape(
     assert got == (None if expect is None else pytest.approx(expect))
 
 
-@pytest.mark.parametrize(("prompts", "waiting", "swept", "pinned"), [
-    ([(1.0, 100.0), (2.0, 200.0), (3.0, 400.0)], 0, 0.0, 700.0),  # all running
-    # one waits in the engine: the youngest, first come first served; it holds no blocks
-    ([(3.0, 400.0), (1.0, 100.0), (2.0, 200.0)], 1, 0.0, 300.0),
-    ([(1.0, 100.0), (2.0, 200.0)], 5, 0.0, 0.0),  # others' requests wait too: none held
-    ([(1.0, 100.0)], None, 0.0, 100.0),  # no waiting count exported: all
-    ([(1.0, 100.0)], float("nan"), 0.0, 100.0),
-    ([(1.0, 100.0)], 0, 50.0, 150.0),  # the sweep's forgotten, counted as still there
-    ([], 3, 0.0, 0.0),
+@pytest.mark.parametrize(("prompts", "waiting", "swept", "kv", "pinned"), [
+    ([(1.0, 100.0), (2.0, 200.0), (3.0, 400.0)], 0, 0.0, 0.95, 700.0),  # all running
+    # one waits in the engine beside a nearly full cache: the youngest (first come, first
+    # served), waiting for blocks; it holds none, and takes those the next finish frees
+    ([(3.0, 400.0), (1.0, 100.0), (2.0, 200.0)], 1, 0.0, 0.95, 300.0),
+    # ... below 0.9 it waits for a step's budget or a sequence, not for blocks: counted
+    ([(3.0, 400.0), (1.0, 100.0), (2.0, 200.0)], 1, 0.0, 0.89, 700.0),
+    ([(3.0, 400.0), (1.0, 100.0), (2.0, 200.0)], 1, 0.0, None, 700.0),
+    ([(1.0, 100.0), (2.0, 200.0)], 5, 0.0, 0.99, 0.0),  # others' wait too: none held
+    ([(1.0, 100.0)], None, 0.0, 0.99, 100.0),  # no waiting count exported: all
+    ([(1.0, 100.0)], float("nan"), 0.0, 0.99, 100.0),
+    ([(1.0, 100.0)], 0, 50.0, 0.5, 150.0),  # the sweep's forgotten, counted as still there
+    ([], 3, 0.0, 0.99, 0.0),
 ])
 def test_what_held_kv_blocks_when_a_scrape_was_asked_for(
         prompts: list[tuple[float, float]], waiting: float | None, swept: float,
-        pinned: float) -> None:
-    assert pinned_at_scrape(prompts, waiting, swept) == pinned
+        kv: float | None, pinned: float) -> None:
+    assert pinned_at_scrape(prompts, waiting, swept, kv) == pinned
 
 
 LIMITS = RoomLimits(math.inf, 1000, 0.9)

@@ -66,7 +66,8 @@ class Bench:
         self.fleet.set_snapshot(name, snap(self.clock.t, kv, running, waiting), self.clock.t,
                                 r.in_flight, pinned_at_scrape(self.router.live_prompts(name),
                                                               waiting,
-                                                              self.router.swept_tokens(name)))
+                                                              self.router.swept_tokens(name),
+                                                              kv))
 
     async def send(self, text: str, name: str = "a") -> Ticket:
         r = self.fleet.replicas[name]

@@ -21,11 +21,14 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   engine for blocks (issue 36, bench/results/admission.md). The estimate counts each
   request's whole prompt (blocks shared by two running requests are pinned once: it errs
   towards full) and not the tokens decoded since (a few blocks a request). What the
-  scrape was asked for with counts only what held blocks then (`pinned_at_scrape`): not
-  the requests the scrape shows waiting (the youngest of this gateway's sent before it:
-  vLLM admits first come, first served), which hold none until a finish lets them in,
-  when the blocks freed are theirs (read as freed, a full cache under a queue passed for
-  one with room at every finish). A request the router's ledger stopped tracking (its
+  scrape was asked for with counts only what held blocks then (`pinned_at_scrape`):
+  beside a KV usage of `KV_QUEUE_USAGE` (0.9) or more, not the requests the scrape shows
+  waiting (the youngest of this gateway's sent before it: vLLM admits first come, first
+  served), which may wait for blocks and take those a finish frees (read as freed, a
+  full cache under a queue passed for one with room at every finish); below it they
+  wait for a step's budget or a sequence and hold their blocks a step later, so they
+  count as held (left out there too, the agent preset's p99 at 4x rose by a third:
+  bench/results/admission.md). A request the router's ledger stopped tracking (its
   sweep, after `routing.pending_ttl_s`) stays counted on both sides: no end was seen.
   Waiting now = the scraped waiting less what finished since (a finish lets one in), less
   what the engine has begun since at its own pace (`drain_s`, below).
@@ -361,12 +364,13 @@ def _probing(saturated: int | None, confirmed_at: float | None, ts: float) -> bo
 
 
 def pinned_at_scrape(prompts: Sequence[tuple[float, float]], waiting: float | None,
-                     swept: float = 0.0) -> float:
+                     swept: float = 0.0, kv_usage: float | None = None) -> float:
     """The prompt tokens of this gateway's requests there that held KV blocks when a
     scrape was asked for: `prompts` (sent at, tokens) of those in flight then, less the
-    `waiting` youngest of them (the scrape's waiting count; none when it is no count),
-    plus `swept` (module docstring, "KV usage now")."""
-    n = _count(waiting) or 0
+    `waiting` youngest of them (the scrape's waiting count; none when it is no count)
+    when the scrape's `kv_usage` says they may wait for blocks, plus `swept` (module
+    docstring, "KV usage now")."""
+    n = (_count(waiting) or 0) if _kv_held(kv_usage) else 0
     held = sorted(prompts)[:max(0, len(prompts) - n)]
     return sum(t for _, t in held) + swept
 

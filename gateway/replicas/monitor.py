@@ -327,7 +327,8 @@ class FleetMonitor:
         text = body.decode("utf-8", "replace")
         snapshot = parse_engine_metrics(text, self.clock())
         # what held KV blocks then: not what the scrape shows waiting (engine.py)
-        pinned = pinned_at_scrape(prompts, snapshot.num_requests_waiting, swept)
+        pinned = pinned_at_scrape(prompts, snapshot.num_requests_waiting, swept,
+                                  snapshot.kv_cache_usage)
         new_process = self.fleet.set_start_time(replica.name,
                                                snapshot.process_start_time_seconds)
         if self.fleet.set_snapshot(replica.name, snapshot, asked_at, in_flight,
