@@ -43,15 +43,20 @@ def turn(text: str, program: ProgramId | None) -> Ask:
 
 
 def answered(g: Gate, t: Ticket, ok: bool = True) -> str:
+    """The request is over, as the request path ends it: the router's report, then the
+    gate's `done` (the router no longer counts its prompt in the replica's KV)."""
     o = t.plan.outcome
     o.ok, o.prompt_tokens, o.completion_tokens = ok, 900, 100
+    g.router.report(t.plan, 0.0)
     g.done(t)
     assert t.replica is not None
     return t.replica
 
 
 def kv(g: Gate, fleet: Fleet, clock: Clock, name: str) -> float | None:
-    fleet.set_snapshot(name, snap(clock, 1.0, kv=0.2))
+    """The KV usage the gate reads just after a scrape showing 0.2 (asked for with what
+    is in flight there now, as the monitor asks)."""
+    fleet.set_snapshot(name, snap(clock, 1.0, kv=0.2), pinned=g.router.pinned_tokens(name))
     return g._fleet_view.load(fleet.replicas[name], 1).kv_usage
 
 
