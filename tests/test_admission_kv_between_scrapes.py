@@ -36,8 +36,8 @@ class Clock:
         return self.t
 
 
-def snap(ts: float, kv: float, running: float) -> EngineSnapshot:
-    return EngineSnapshot(ts, kv, running, 0, None, None, None, None, BLOCKS, 16)
+def snap(ts: float, kv: float, running: float, waiting: float = 0) -> EngineSnapshot:
+    return EngineSnapshot(ts, kv, running, waiting, None, None, None, None, BLOCKS, 16)
 
 
 def asked(text: str, ts: float) -> Ask:

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.admission.config import AdmissionConfig
 from gateway.admission.engine import pinned_at_scrape
-from gateway.admission.gate import Ask, Gate, Ticket
+from gateway.admission.gate import Gate, Ticket
 from gateway.bench.compare import gateway_env
 from gateway.bench.presets import PRESETS
 from gateway.replicas.fleet import Fleet
@@ -20,27 +20,7 @@ from gateway.routing.config import RoutingConfig
 from gateway.routing.router import Router
 from gateway.settings import ReplicaSettings
 from gateway.usage.metrics import GatewayMetrics
-from gateway.usage.snapshot import EngineSnapshot
-
-BLOCKS = 4000  # x 16 tokens: a 64,000-token KV cache
-LONG = "lorem ipsum dolor sit amet " * 2200  # about 14k tokens by the router's estimate
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def snap(ts: float, kv: float, running: float, waiting: float = 0) -> EngineSnapshot:
-    return EngineSnapshot(ts, kv, running, waiting, None, None, None, None, BLOCKS, 16)
-
-
-def asked(text: str, ts: float) -> Ask:
-    return Ask({"model": "m", "messages": [{"role": "user", "content": text}]}, "chat", "m",
-               None, None, None, None, ts)
+from tests.test_admission_kv_between_scrapes import LONG, Clock, asked, snap
 
 
 class Bench:
@@ -102,6 +82,26 @@ class Bench:
         return None if got is None else float(got)
 
 
+async def a_finish_beside(running: float, waiting: float) -> tuple[bool, float | None]:
+    """A and B (~14k tokens each) sent to `a`; a scrape at 0.99 showing `running` and
+    `waiting` with both in flight; A ends: does a third go at once, and what KV usage is
+    read?"""
+    b = Bench()
+    try:
+        b.scrape("a", 0.0, 0)
+        first = await b.send(f"A {LONG}")
+        await b.send(f"B {LONG}")
+        b.clock.t += 1.0
+        b.scrape("a", 0.99, running=running, waiting=waiting)
+        b.router.engine_began("a", b.clock.t, waiting)  # what waits: its prefill queued
+        b.clock.t += 0.1
+        b.finish(first)
+        went = await b.goes(f"third {LONG}")
+        return went, b.kv()
+    finally:
+        await b.gate.aclose()
+
+
 def test_a_finish_that_lets_a_waiting_request_in_frees_no_kv() -> None:
     """The engine at its KV limit with a queue: other clients fill ~0.77 of a 64k-token
     cache, this gateway's A (~14k tokens) runs, its B (~14k) waits in the engine for
@@ -112,23 +112,7 @@ def test_a_finish_that_lets_a_waiting_request_in_frees_no_kv() -> None:
     It broke: the baseline counted B, so the queue read 0.99 - 14k/64k and let the third go
     into an engine that made it wait for blocks. Mutation caught: `pinned_at_scrape`
     keeping the `waiting` youngest."""
-    async def go() -> tuple[bool, float | None]:
-        b = Bench()
-        try:
-            b.scrape("a", 0.0, 0)
-            first = await b.send(f"A {LONG}")
-            await b.send(f"B {LONG}")
-            b.clock.t += 1.0
-            b.scrape("a", 0.99, running=3, waiting=1)
-            b.router.engine_began("a", b.clock.t, 1)  # B still waits: its prefill queued
-            b.clock.t += 0.1
-            b.finish(first)
-            went = await b.goes(f"third {LONG}")
-            return went, b.kv()
-        finally:
-            await b.gate.aclose()
-
-    went, kv = asyncio.run(go())
+    went, kv = asyncio.run(a_finish_beside(running=3, waiting=1))
     assert kv is not None and kv >= 0.97, kv  # admission.kv_usage_limit
     assert not went
 
@@ -136,23 +120,7 @@ def test_a_finish_that_lets_a_waiting_request_in_frees_no_kv() -> None:
 def test_control_a_finish_with_nothing_waiting_frees_its_prompt() -> None:
     """The control of the test above: the same cache, nothing waiting at the scrape
     (both running): A's end frees its blocks, and the third goes."""
-    async def go() -> tuple[bool, float | None]:
-        b = Bench()
-        try:
-            b.scrape("a", 0.0, 0)
-            first = await b.send(f"A {LONG}")
-            await b.send(f"B {LONG}")
-            b.clock.t += 1.0
-            b.scrape("a", 0.99, running=4, waiting=0)
-            b.router.engine_began("a", b.clock.t, 0)
-            b.clock.t += 0.1
-            b.finish(first)
-            went = await b.goes(f"third {LONG}")
-            return went, b.kv()
-        finally:
-            await b.gate.aclose()
-
-    went, kv = asyncio.run(go())
+    went, kv = asyncio.run(a_finish_beside(running=4, waiting=0))
     assert kv is not None and 0.7 < kv < 0.85, kv
     assert went
 
