@@ -11,9 +11,10 @@ import contextlib
 import socket
 
 import httpx
+import pytest
 
 from gateway.admission.config import AdmissionConfig
-from gateway.admission.engine import pinned_at_scrape
+from gateway.admission.engine import Capacity, Scrape, pinned_at_scrape, view
 from gateway.admission.gate import Ask, Gate, Ticket
 from gateway.replicas.fleet import Fleet
 from gateway.routing.config import RoutingConfig
@@ -43,6 +44,47 @@ def snap(ts: float, kv: float, running: float, waiting: float = 0) -> EngineSnap
 def asked(text: str, ts: float) -> Ask:
     return Ask({"model": "m", "messages": [{"role": "user", "content": text}]}, "chat", "m",
                None, None, None, None, ts)
+
+
+@pytest.mark.parametrize(("kv", "pinned_then", "pinned_now", "capacity", "expect"), [
+    # 1,000 prompt tokens sent since a scrape at 0.5, of a 10,000-token cache: 0.6
+    (0.5, 0.0, 1000.0, 10_000.0, 0.6),
+    # its requests finished since a scrape at 0.98: their blocks are free, 0.58
+    (0.98, 4000.0, 0.0, 10_000.0, 0.58),
+    # one finished, two sent: the difference
+    (0.7, 3000.0, 4000.0, 10_000.0, 0.8),
+    (0.1, 5000.0, 0.0, 10_000.0, 0.0),  # never below 0 (other clients' requests ended too)
+    (0.5, 0.0, 1000.0, None, 0.5),  # the cache's size unknown: as scraped
+    (0.5, 0.0, 1000.0, 0.0, 0.5),
+    (None, 0.0, 1000.0, 10_000.0, None),  # no usage exported: none
+])
+def test_kv_usage_moves_with_what_the_gateway_sent_or_finished_since_the_scrape(
+        kv: float | None, pinned_then: float, pinned_now: float, capacity: float | None,
+        expect: float | None) -> None:
+    seen = Scrape(0.0, 2, 0, kv, 2, pinned_then)
+    got = view(seen, Capacity(0.0, 4, 4), 2, 1.0, max_age_s=3.0, pinned_now=pinned_now,
+               capacity_tokens=capacity).kv_usage
+    assert got == (None if expect is None else pytest.approx(expect))
+
+
+@pytest.mark.parametrize(("prompts", "waiting", "swept", "kv", "pinned"), [
+    ([(1.0, 100.0), (2.0, 200.0), (3.0, 400.0)], 0, 0.0, 0.95, 700.0),  # all running
+    # one waits in the engine beside a nearly full cache: the youngest (first come, first
+    # served), waiting for blocks; it holds none, and takes those the next finish frees
+    ([(3.0, 400.0), (1.0, 100.0), (2.0, 200.0)], 1, 0.0, 0.95, 300.0),
+    # ... below 0.9 it waits for a step's budget or a sequence, not for blocks: counted
+    ([(3.0, 400.0), (1.0, 100.0), (2.0, 200.0)], 1, 0.0, 0.89, 700.0),
+    ([(3.0, 400.0), (1.0, 100.0), (2.0, 200.0)], 1, 0.0, None, 700.0),
+    ([(1.0, 100.0), (2.0, 200.0)], 5, 0.0, 0.99, 0.0),  # others' wait too: none held
+    ([(1.0, 100.0)], None, 0.0, 0.99, 100.0),  # no waiting count exported: all
+    ([(1.0, 100.0)], float("nan"), 0.0, 0.99, 100.0),
+    ([(1.0, 100.0)], 0, 50.0, 0.5, 150.0),  # the sweep's forgotten, counted as still there
+    ([], 3, 0.0, 0.99, 0.0),
+])
+def test_what_held_kv_blocks_when_a_scrape_was_asked_for(
+        prompts: list[tuple[float, float]], waiting: float | None, swept: float,
+        kv: float | None, pinned: float) -> None:
+    assert pinned_at_scrape(prompts, waiting, swept, kv) == pinned
 
 
 def run(scraped_kv: float, finish: int, before: bool = False) -> tuple[bool, float | None]:

@@ -37,7 +37,7 @@ SYSTEM = " ".join(f"rule{i}" for i in range(400))  # ~800 tokens (the simulator'
 # unmeasured: the miss cost stays at the slow engine the routing settings describe, which
 # the simulator's real speed would not be (P's context would not be worth a hold). The
 # gate learns a rate from 1,024 tokens or more computed between the scrapes two of its
-# reads see (engine.py RATE_MIN_TOKENS): turn 1 computes ~1,056 but over P's 14-s gap
+# reads see (prefillrate.py RATE_MIN_TOKENS): turn 1 computes ~1,056 but over P's 14-s gap
 # (~75 tokens/s, below the configured 100), turns 2 and 3 ~432 each, the long answer ~400
 # (LONG). A scrape older than turn 3's end, read when the long answer arrives, merges
 # those two: ~830, still below. (CI saw LONG = 300 merge to ~1,032 there: A measured at

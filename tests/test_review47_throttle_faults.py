@@ -3,9 +3,9 @@ requests wait, odd engine output, and time. Each test here is a break the review
 first left as `xfail(strict=True)` with a reason saying what a fix must do; all eight are
 fixed (branch fix47) and the markers gone, so each now guards its fix.
 
-Pure where the decision is (engine.py `learn`, `learn_rate`, `view`); through `FleetView`
-(no sockets, the clock given) where the break is in how the scrapes are read together
-(a restart, two scrapes showing an engine that begins nothing)."""
+Pure where the decision is (engine.py `learn`, `view`; prefillrate.py `learn_rate`);
+through `FleetView` (no sockets, the clock given) where the break is in how the scrapes
+are read together (a restart, two scrapes showing an engine that begins nothing)."""
 
 from __future__ import annotations
 
@@ -15,17 +15,10 @@ import math
 import pytest
 
 from gateway.admission.config import AdmissionConfig
-from gateway.admission.engine import (
-    PROBE_SEQS,
-    Capacity,
-    PrefillRate,
-    Scrape,
-    learn,
-    learn_rate,
-    view,
-)
+from gateway.admission.engine import PROBE_SEQS, Capacity, Scrape, learn, view
 from gateway.admission.fleetview import FleetView
 from gateway.admission.gate import Ask, Gate
+from gateway.admission.prefillrate import PrefillRate, learn_rate
 from gateway.admission.room import ReplicaLoad, RoomLimits, has_room, prefill_room
 from gateway.replicas.fleet import Fleet
 from gateway.routing.config import RoutingConfig

@@ -1,5 +1,5 @@
 """The admission queue's room floor and its one cost model, by tables (room.py), and the
-prefill rate an engine's scrapes show (engine.py `learn_rate`)."""
+prefill rate an engine's scrapes show (prefillrate.py `learn_rate`)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,8 @@ import math
 
 import pytest
 
-from gateway.admission.engine import (
-    RATE_ALPHA,
-    RATE_HALF_LIFE_S,
-    PrefillRate,
-    drain_s,
-    learn_rate,
-)
+from gateway.admission.engine import drain_s
+from gateway.admission.prefillrate import RATE_ALPHA, RATE_HALF_LIFE_S, PrefillRate, learn_rate
 from gateway.admission.room import (
     ReplicaLoad,
     bind,

@@ -44,9 +44,9 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   scrapes folded one after the other (at most `max_gap_s` apart, below) showing the
   same waiting count or more and its prompt-token counter flat (not a prompt token
   prefilled: a stalled engine, or running requests only decoding while the waiting
-  wait for KV blocks or a sequence) say it began none of them
-  (`PrefillRate.began_nothing`), and the scraped waiting count stands until a finish
-  or the next scrape (`drain_s` inf). One scrape showing a queue drains as above: it is
+  wait for KV blocks or a sequence) say it began none of them (prefillrate.py
+  `PrefillRate.began_nothing`), and the scraped waiting count stands until a finish or
+  the next scrape (`drain_s` inf). One scrape showing a queue drains as above: it is
   a fact about its moment.
 - **What it can run** (`Capacity`, learned by `learn` from each new scrape): vLLM does
   not export `max_num_seqs`, but it shows it: the running count stays at it while
@@ -96,28 +96,8 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   gateway yet, counts in flight but not running: counted there, the engine's real limit
   could never be confirmed).
 
-- **How fast it prefills** (`PrefillRate`, folded by `learn_rate` from each new scrape):
-  the prompt tokens it computed between two scrapes (`vllm:prompt_tokens_total` less its
-  prefix-cache hits) over the time between them. That is what it did, a lower bound on
-  what it can do: while requests wait in it (both scrapes show a queue) it is its rate
-  (averaged, `RATE_ALPHA`); otherwise a sample at or above the rate believed raises it
-  (an idle engine computes little and is not slow for it), starting from the cost
-  model's, and one below it lets it down by decay only: what the rate believed holds
-  above both that sample and the cost model's rate halves every `RATE_HALF_LIFE_S`
-  (300 s) of the time the sample spans, so one high sample (a counter's jump, a slow
-  /metrics answer timed from when it was asked) is not kept for the engine's life: a
-  rate 10x too high comes within 2x of what later samples show after 3.2 half-lives
-  (16 min) of samples, and the same for one measured under a queue once none shows.
-  Never below the cost model's rate by decay (a slow sample says the engine was not
-  asked for more), and a rate measured below it under a queue stays.
-  A sample beyond `RATE_MAX_TOKENS_PER_S` (a counter that leapt) is dropped, and so is
-  one between two scrapes that differ in which counters they show (the prefix-cache hit
-  counter there at one and not at the other: read as 0, the computed count would leap
-  by every hit the engine ever had): the later scrape is a new baseline, as after a
-  scrape without the prompt counter; an engine that never shows the hit counter has
-  all its prompt tokens counted as computed.
-  Until a sample says more, room.py prices prefill at the routing cost model's
-  `prefill_s_per_token`.
+- **How fast it prefills**: prefillrate.py (`PrefillRate`, `learn_rate`), folded from
+  the same scrapes by the same rule below.
 
 - **Only from scrapes folded one after another.** Both are folded when the gate reads a
   replica's load (fleetview.py), not at each scrape, so after an idle spell the next
@@ -134,8 +114,7 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   (every `recheck_s` while any wait), so consecutive scrapes are paired; learning
   nothing across an idle spell loses nothing the next burst's scrapes do not show.
 
-Bounds: one `Capacity` and one `PrefillRate` per replica in the fleet (the gate drops
-those that left).
+Bounds: one `Capacity` per replica in the fleet (the gate drops those that left).
 """
 
 from __future__ import annotations
@@ -169,93 +148,7 @@ KV_QUEUE_USAGE = 0.9
 # engine ever ran, and no real limit below it could be learnt after it
 MAX_RUNNING = 1 << 16
 
-# weight of a new saturated sample in the prefill rate (a few scrapes' memory)
-RATE_ALPHA = 0.3
-# the half-life of a believed prefill rate's excess over what unsaturated samples show
-# (and over the cost model's rate): one high sample (a counter's jump, a slow /metrics
-# answer) stays believed for minutes, not for the engine's life, and honest samples
-# bring a rate 10x too high within 2x in 3.2 half-lives (16 min; the module docstring)
-RATE_HALF_LIFE_S = 300.0
-# fewer computed tokens than this between two scrapes say nothing of the rate (a request
-# or two: their timing within the interval is unknown)
-RATE_MIN_TOKENS = 1024.0
-# a sample above this many tokens per second is a counter's glitch, not a rate (an
-# exporter's jump, a counter summed across processes): no engine prefills ~1M tokens/s,
-# and one believed sample would floor the shedding projection at ~0 s (gate.py
-# `_projected_s`), so it is dropped and the rate believed stays as it was
-RATE_MAX_TOKENS_PER_S = 1_000_000.0
-
 Source = Literal["engine", "gateway"]
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillRate:
-    """How fast an engine was seen to prefill (module docstring); tokens per second."""
-
-    last_ts: float | None = None
-    last_computed: float | None = None  # prompt tokens computed (not cache hits) by then
-    last_waiting: float = 0.0  # requests waiting at that scrape (0: none, or not shown)
-    tokens_per_s: float | None = None  # None: never measured
-    last_hits_shown: bool = False  # that scrape showed the cache-hit counter
-    last_prompt: float | None = None  # its prompt-token counter
-    # that scrape and the one folded before it showed the same queue or a longer one and
-    # not a prompt token more: the engine began none of it (module docstring)
-    began_nothing: bool = False
-
-    def s_per_token(self) -> float | None:
-        tps = self.tokens_per_s
-        return None if tps is None or tps <= 0 else 1.0 / tps
-
-
-def learn_rate(rate: PrefillRate, ts: float, prompt_total: float | None,
-               hits_total: float | None, waiting: float | None,
-               default_s_per_token: float, max_gap_s: float = math.inf) -> PrefillRate:
-    """Fold one scrape (at `ts`: its prompt-token and cache-hit counters and waiting
-    count) into `rate`; `default_s_per_token`: the cost model's, the floor of what an
-    unsaturated sample may claim; `max_gap_s`: the longest time from the scrape last
-    folded that a sample may span (longer: a new baseline, module docstring)."""
-    if ts == rate.last_ts:
-        return rate
-    if prompt_total is None or not math.isfinite(prompt_total):
-        return PrefillRate(tokens_per_s=rate.tokens_per_s)
-    shown = hits_total is not None and math.isfinite(hits_total)
-    hits = hits_total if hits_total is not None and shown else 0.0
-    computed = max(0.0, prompt_total - hits)
-    queued = bool(waiting) and waiting is not None and math.isfinite(waiting) and waiting > 0
-    now_waiting = waiting if queued and waiting is not None else 0.0
-    tps = rate.tokens_per_s
-    prev, prev_ts = rate.last_computed, rate.last_ts
-    # the hit counter there at one scrape and not at the other: `computed` jumps by every
-    # hit the engine ever had (or drops by them), no sample; a new baseline instead
-    same = shown == rate.last_hits_shown
-    # the scrape last folded and this one are a pair (module docstring: folds far apart)
-    paired = prev_ts is not None and 0 < ts - prev_ts <= max_gap_s
-    if same and paired and prev is not None and prev_ts is not None and computed >= prev:
-        done = computed - prev
-        sample = done / (ts - prev_ts)
-        if done >= RATE_MIN_TOKENS and sample <= RATE_MAX_TOKENS_PER_S:
-            if queued and rate.last_waiting:  # busy throughout: what it can do
-                tps = sample if tps is None else tps + RATE_ALPHA * (sample - tps)
-            else:  # it did at least this much: raises the rate believed; an excess over
-                # this and the cost model's rate decays (module docstring)
-                tps = _seen_at_least(tps, sample, 1.0 / default_s_per_token,
-                                     ts - prev_ts)
-    stuck = (paired and rate.last_prompt is not None and rate.last_waiting > 0
-             and now_waiting >= rate.last_waiting and prompt_total == rate.last_prompt)
-    return PrefillRate(ts, computed, now_waiting, tps, shown, prompt_total, stuck)
-
-
-def _seen_at_least(tps: float | None, sample: float, floor: float, dt: float) -> float:
-    """The rate believed after an unsaturated `sample` over `dt` seconds (module
-    docstring): raised to it, or what it believed above both it and `floor` (the cost
-    model's rate) halved every `RATE_HALF_LIFE_S`; a rate measured below `floor` stays."""
-    believed = floor if tps is None else tps
-    if sample >= believed:
-        return sample
-    target = max(sample, floor)
-    if believed <= target:
-        return believed
-    return target + (believed - target) * math.pow(0.5, dt / RATE_HALF_LIFE_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,7 +311,7 @@ def drain_s(s_per_token: float, largest_prompt_tokens: float,
     one of the largest prompts this gateway has in flight there (the waiting are most
     likely among them; none there: `STEP_TOKENS`) at its prefill rate, `s_per_token`;
     never (inf) while its last two scrapes show it began nothing (`began_nothing`,
-    `PrefillRate.began_nothing`)."""
+    prefillrate.py `PrefillRate.began_nothing`)."""
     if began_nothing:
         return math.inf
     size = largest_prompt_tokens if largest_prompt_tokens > 0 else STEP_TOKENS

@@ -24,7 +24,7 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   non-streamed answer's last byte. Beside it: the largest prompt in flight there (the
   floor of its prefill room, `Router.largest_by_replica`), the room left in its prefix
   cache by the router's index (`Router.cache_free_tokens`), and its engine's prefill
-  rate as its scrapes show it (engine.py `PrefillRate`), for room.py's cost model.
+  rate as its scrapes show it (prefillrate.py), for room.py's cost model.
 - **Held for agent programs** (`reserved`: gateway.agents.reserve), fed once: the context
   of the programs in a tool call there is added to its KV usage now (the scraped one
   moved by what this gateway sent or finished since, engine.py) as a share of its
@@ -62,16 +62,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from gateway.admission.engine import (
-    Capacity,
-    EngineView,
-    PrefillRate,
-    Scrape,
-    drain_s,
-    learn,
-    learn_rate,
-    view,
-)
+from gateway.admission.engine import Capacity, EngineView, Scrape, drain_s, learn, view
+from gateway.admission.prefillrate import PrefillRate, learn_rate
 from gateway.admission.room import ReplicaLoad
 from gateway.agents.reserve import kv_with_reserved
 from gateway.routing.router import Router

@@ -26,7 +26,7 @@ prompt admits another of that size once the first has begun.
 **The room is a wait, priced by the cost model**: what a request admitted now waits
 behind in the engine is the queued prefill at that engine's rate, so the configured room
 (tokens, sized at the cost model's `prefill_s_per_token`: `RoomLimits.sized_s_per_token`)
-holds as many seconds of prefill on an engine measured faster (engine.py `PrefillRate`):
+holds as many seconds of prefill on an engine measured faster (prefillrate.py `PrefillRate`):
 the same wait, more tokens; never fewer tokens than configured. (At the configured 32k
 tokens, `normal`'s half held about one of the Mooncake trace's 14k-token prompts beside
 the one being prefilled on a simulated engine that prefills several times the cost
@@ -40,7 +40,7 @@ less than moving, both priced by one cost model in seconds (`cost_own`,
 the replicas with room, where the router chooses as always. Each side is the request's
 own time to first token plus the prefill it makes others redo, at each replica's prefill
 rate (`ReplicaLoad.prefill_s_per_token`: measured from the engine's scraped prompt-token
-counter when it has shown one, engine.py `PrefillRate`; else the routing cost model's
+counter when it has shown one, prefillrate.py `PrefillRate`; else the routing cost model's
 `prefill_s_per_token`):
 - **hold**: what it waited already + the wait for its own replica (`wait_estimate`) + the
   prefill of the part of its prompt its own replica lacks + what that part evicts there;
@@ -119,7 +119,7 @@ class ReplicaLoad:
     seq_limit: int | None = None
     # the largest prompt (estimated tokens) of this gateway's requests in flight there
     largest_prompt_tokens: float = 0.0
-    # seconds per prefilled token there (engine.py `PrefillRate`; None: the cost model's)
+    # seconds per prefilled token there (prefillrate.py `PrefillRate`; None: the cost model's)
     prefill_s_per_token: float | None = None
     # room left in its prefix cache before it evicts, by the router's index (None: unknown)
     cache_free_tokens: float | None = None
