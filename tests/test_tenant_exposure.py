@@ -37,7 +37,10 @@ STATS: dict[str, Any] = {
                   "admitted_tokens": {"alice": 10, "bob": 20},
                   # how many programs are in a tool call and how much of their context
                   # is held per replica: moves with other tenants' agents (operators only)
-                  "agent_programs": {"between_turns": 2, "held_tokens": {"r1": 1896}}},
+                  "agent_programs": {"between_turns": 2, "held_tokens": {"r1": 1896}},
+                  # the KV usage the queue reads now moves with every tenant's prompts
+                  # sent there since the scrape (operators only; the source is open)
+                  "replicas": {"r1": {"source": "engine", "kv_usage": 0.61}}},
 }
 
 
@@ -51,7 +54,8 @@ def leaves(doc: Any, path: str = "") -> set[str]:
 
 OPEN = {".summary.requests", ".now", ".windows.1m.requests", ".windows.1m.latency.p99_ms",
         ".windows.1m.by_model.m.requests", ".windows.1m.by_replica.r1.requests",
-        ".replicas.r1.healthy", ".admission.enabled", ".admission.queued.high"}
+        ".replicas.r1.healthy", ".admission.enabled", ".admission.queued.high",
+        ".admission.replicas.r1.source"}
 ALICE = {".windows.1m.by_tenant.alice.requests", ".windows.1m.by_tenant.alice.cached_ratio",
          ".windows.1m.hygiene.by_tenant.alice.x", ".hygiene.window",
          ".hygiene.latest[].tenant", ".hygiene.latest[].session",
