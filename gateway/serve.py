@@ -252,6 +252,10 @@ async def _serve(settings: Settings, sock: socket.socket,
             timeout_keep_alive=settings.server.keep_alive_s,
         )
         server = DrainingServer(config)
+        # before serving: once /ready answers, a SIGHUP must reload, never kill (its
+        # default action) in the moment between the bind and the handler; one sent
+        # while the app still starts reloads nothing (`reload_settings`: no sources yet)
+        hangup(app)
         serving = asyncio.ensure_future(server.serve(sockets=[sock]))
         # "Started" only once the port is bound (uvicorn sets `started` after the bind), so
         # an "address already in use" is never preceded by it.
@@ -262,7 +266,6 @@ async def _serve(settings: Settings, sock: socket.socket,
             # out of the collector's way, so its rare full collections walk only what
             # requests left behind.
             gc.freeze()
-            hangup(app)
             services = app.services
             log.info("gateway started", extra={
                 "listen": f"http://{settings.server.host}:{sock.getsockname()[1]}",
