@@ -46,6 +46,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
+from gateway.routing.marks import Gates
+
 SHARED = -1  # a sample two conversations sent: it identifies neither
 
 
@@ -68,6 +70,7 @@ class Conversations:
         self._max_tail = max_tail_blocks
         self._length: dict[int, int] = {}  # conversation -> blocks of its latest prompt
         self._tips: dict[int, int] = {}  # tip hash -> conversation
+        self._gates = Gates()  # the tips' windows: `find` skips the rest (marks.py)
         # conversation -> its tips, most recent last; least recently active first
         self._conversations: OrderedDict[int, list[int]] = OrderedDict()
         self._next = 1
@@ -81,10 +84,9 @@ class Conversations:
         `scope`: the tenant's (module docstring)."""
         tips = self._tips
         if tips:
-            tail = reversed(hashes) if not scope else map(scope.__xor__, reversed(hashes))
-            hit = next(filter(tips.__contains__, tail), None)
-            if hit is not None:
-                return Found(tips[hit], "follows")
+            j = self._gates.deepest(hashes, len(hashes), tips, scope)
+            if j:
+                return Found(tips[hashes[j - 1] ^ scope], "follows")
         samples = self._samples
         every = self._every
         if not every:
@@ -133,17 +135,18 @@ class Conversations:
             mine.remove(tip)
         mine.append(tip)
         self._tips[tip] = conv
+        self._gates.add(tip, hashes, len(hashes) - 1, scope)
         while len(mine) > self._keep:
             old = mine.pop(0)
             if self._tips.get(old) == conv:
-                del self._tips[old]
+                self._forget_tip(old)
         self._conversations[conv] = mine
         while len(self._conversations) > self._capacity:
             gone, old_tips = self._conversations.popitem(last=False)
             self._length.pop(gone, None)
             for old in old_tips:
                 if self._tips.get(old) == gone:
-                    del self._tips[old]
+                    self._forget_tip(old)
 
     def _sample(self, conv: int, hashes: Sequence[int], scope: int) -> None:
         samples = self._samples
@@ -158,8 +161,12 @@ class Conversations:
         while len(samples) > self._sample_capacity:
             samples.popitem(last=False)
 
-    def _drop_tip(self, conv: int, tip: int) -> None:
+    def _forget_tip(self, tip: int) -> None:
         del self._tips[tip]
+        self._gates.remove(tip)
+
+    def _drop_tip(self, conv: int, tip: int) -> None:
+        self._forget_tip(tip)
         mine = self._conversations.get(conv)
         if mine is not None and tip in mine:
             mine.remove(tip)

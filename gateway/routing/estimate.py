@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.routing.blocks import tail_hash
+from gateway.routing.marks import Gates
 from gateway.routing.normalize import END, START
 
 END_MARK = END[0].encode()  # end of a message in the canonical stream
@@ -47,6 +48,7 @@ class TokenEstimator:
         self._alpha = alpha
         self._ratios: dict[str, float] = {}
         self._anchors: OrderedDict[int, Anchor] = OrderedDict()
+        self._gates = Gates()  # the anchors' windows: a search skips the rest (marks.py)
         self._capacity = max(1, anchor_capacity)
         self._block = block_bytes
         # The last search: (hashes, their length, anchors version, searched up to, found j).
@@ -82,9 +84,7 @@ class TokenEstimator:
                 and last[2] == self._version and last[4] <= upto <= last[3]):
             j = last[4]
         else:
-            window = hashes[:upto]
-            found = next(filter(anchors.__contains__, reversed(window)), None)
-            j = 0 if found is None else upto - window[::-1].index(found)
+            j = self._gates.deepest(hashes, upto, anchors)
             self._last = (hashes, len(hashes), self._version, upto, j)
         return (j, anchors[hashes[j - 1]]) if j else (0, None)
 
@@ -166,8 +166,9 @@ class TokenEstimator:
         self._version += 1
         anchors[hashes[n - 1]] = anchor
         anchors.move_to_end(hashes[n - 1])
+        self._gates.add(hashes[n - 1], hashes, n - 1)
         while len(anchors) > self._capacity:
-            anchors.popitem(last=False)
+            self._gates.remove(anchors.popitem(last=False)[0])
 
     def bytes_for_tokens(
         self, hashes: Sequence[int], blocks: int, tokens: float, ratio: float

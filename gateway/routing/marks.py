@@ -1,0 +1,102 @@
+"""The deepest marked block of a chain, found without testing every block. Pure.
+
+Conversations mark the last block of each recent prompt (their tips) and the estimator
+the last block of each completed prompt (its anchors); a request asks for the deepest of
+those marks its chain contains. Tested block by block from the end, a request that
+contains none (a new conversation under a long shared system prompt) or whose newest mark
+lies far back (a long new tail) costs one dict lookup per block: 1,000 at 64 KiB, about
+40 µs of a request that costs 400.
+
+So each mark also counts at its *gate*: the hash of the block just before the window of
+`stride` blocks it lies in (window w holds blocks [w*stride, (w+1)*stride); window 0 has no
+gate and is always looked at). Because a block's hash names its whole prefix, a chain
+holds a mark of window w only if it holds that mark's gate at block w*stride - 1: the
+search tests one gate per window from the deepest down (a C slice and filter) and looks
+inside a window only when its gate is counted, so a request costs about
+blocks / stride lookups plus one window per gate it shares with a mark (one, usually).
+The answer is the block-by-block scan's (the property tests hold it to that); a gate that
+a chain shares with another chain's mark (the same prefix, another continuation) costs
+a window's look and nothing else.
+
+Marks may be scoped (XOR-ed with a tenant's key, as conversations store their tips): a
+mark's gate is scoped the same way, and the search XORs the chain with the scope.
+
+Bounds: one entry per mark (its gate) and at most one per gate: the owner bounds its marks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Sequence
+from itertools import compress
+
+_NO_GATE = -1  # window 0: the chain's start is its own gate (a hash is never looked up as it)
+
+
+class Gates:
+    def __init__(self, stride: int = 16) -> None:
+        if stride < 1:
+            raise ValueError("stride must be positive")
+        self.stride = stride
+        self._gate: dict[int, int | None] = {}  # mark -> its gate (None: window 0)
+        self._count: dict[int, int] = {}  # gate -> marks in its window
+
+    def __len__(self) -> int:
+        return len(self._gate)
+
+    def add(self, mark: int, hashes: Sequence[int], at: int, scope: int = 0) -> None:
+        """`mark` (hashes[at] ^ scope) is now a mark; a mark already counted is not again
+        (its position, so its gate, is the same: the hash names its prefix)."""
+        if mark in self._gate:
+            return
+        w = at // self.stride
+        gate = hashes[w * self.stride - 1] ^ scope if w else None
+        self._gate[mark] = gate
+        if gate is not None:
+            self._count[gate] = self._count.get(gate, 0) + 1
+
+    def remove(self, mark: int) -> None:
+        """`mark` is no longer one (unknown marks are ignored)."""
+        gate = self._gate.pop(mark, _NO_GATE)
+        if gate is None or gate == _NO_GATE:
+            return
+        left = self._count[gate] - 1
+        if left:
+            self._count[gate] = left
+        else:
+            del self._count[gate]
+
+    def clear(self) -> None:
+        self._gate.clear()
+        self._count.clear()
+
+    def deepest(self, hashes: Sequence[int], upto: int, marks: Container[int],
+                scope: int = 0) -> int:
+        """j such that hashes[j - 1] ^ scope is the deepest of hashes[:upto] in `marks`
+        (which must hold exactly the marks added here and not removed); 0 when none."""
+        upto = min(upto, len(hashes))
+        if upto <= 0:
+            return 0
+        stride, count = self.stride, self._count
+        top = (upto - 1) // stride  # the deepest window holding a block below upto
+        if top and count:
+            # the gates of windows top, top - 1, .., 1 (window w's: block w*stride - 1)
+            gates = hashes[top * stride - 1 :: -stride]
+            if scope:
+                gates = [g ^ scope for g in gates]
+            for k in compress(range(len(gates)), map(count.__contains__, gates)):
+                w = top - k
+                j = _scan(hashes, w * stride, min(upto, (w + 1) * stride), marks, scope)
+                if j:
+                    return j
+        return _scan(hashes, 0, min(upto, stride), marks, scope)
+
+
+def _scan(hashes: Sequence[int], lo: int, hi: int, marks: Container[int], scope: int) -> int:
+    """j for the deepest of hashes[lo:hi] (scoped) in `marks`, 0 when none (a C filter)."""
+    window = hashes[lo:hi]
+    if scope:
+        window = [h ^ scope for h in window]
+    found = next(filter(marks.__contains__, reversed(window)), None)
+    if found is None:
+        return 0
+    return hi - window[::-1].index(found)
