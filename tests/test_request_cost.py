@@ -4,8 +4,7 @@ block index's tip stamps against the LRU list it replaced; the estimator's remem
 search for the deepest anchor against a scan; the hygiene scanner's candidates found
 through a digit mask against the regex engine's own scan; the deepest conversation sample
 searched from the end in C against the loop it replaced; hygiene's reading of plain
-messages against the general one; a follow-up's samples taken from where its previous
-prompt ended against sampling it whole."""
+messages against the general one."""
 
 from __future__ import annotations
 
@@ -248,34 +247,3 @@ def test_parts_of_plain_messages_as_the_general_reading(messages: list[Any]) -> 
     assert [(p.message_index, p.role, p.text, p.extra) for p in parts] == expected
     assert all(type(p) is Part and p.digest == _part(None, "", p.text, p.extra).digest
                for p in parts)
-
-
-# a follow-up samples only its new blocks: the same samples and answers as sampling it all -----
-
-class ResampleAll(Conversations):
-    """Conversations as they were: every prompt sampled whole."""
-
-    def _sampled_before(self, conv: int, hashes: Any, scope: int) -> int:
-        return 0
-
-
-@given(sends=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.integers(0, 60),
-                                st.sampled_from([0, 0x77])), min_size=1, max_size=40),
-       every=st.integers(1, 5), tail=st.integers(0, 12))
-@settings(max_examples=300, deadline=None)
-def test_follow_ups_sample_only_their_new_blocks(
-    sends: list[tuple[int, int, int, int]], every: int, tail: int
-) -> None:
-    """Below the samples' capacity (where only recency could differ), a conversation's
-    next prompts leave the samples and every answer of `find` as sampling them whole."""
-    new, old = Conversations(4, 2, every, 4096, tail), ResampleAll(4, 2, every, 4096, tail)
-    base = [[(c % 2) * 1000 + i if i < 8 else c * 1000 + i for i in range(60)]
-            for c in range(6)]
-    for conv, which, n, scope in sends:
-        new.advance(conv + 1, base[which][:n], scope)
-        old.advance(conv + 1, base[which][:n], scope)
-        assert dict(new._samples) == dict(old._samples)
-        for other in base:
-            for m in (n, max(0, n - 3), len(other)):
-                for s in (0, 0x77):
-                    assert new.find(other[:m], s) == old.find(other[:m], s)

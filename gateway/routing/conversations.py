@@ -119,7 +119,7 @@ class Conversations:
         """`conv` sent the prompt chained as `hashes`: its tip joins the conversation's."""
         if not hashes:
             return
-        self._sample(conv, hashes, scope, self._sampled_before(conv, hashes, scope))
+        self._sample(conv, hashes, scope)
         self._length[conv] = len(hashes)
         tip = hashes[-1] ^ scope
         owner = self._tips.get(tip)
@@ -148,30 +148,12 @@ class Conversations:
                 if self._tips.get(old) == gone:
                     self._forget_tip(old)
 
-    def _sampled_before(self, conv: int, hashes: Sequence[int], scope: int) -> int:
-        """Blocks of `hashes` this conversation's latest prompt already sampled: all of
-        that prompt when this one extends it (its tip, the last tip it recorded, is where
-        that prompt ended), else 0."""
-        length = self._length.get(conv, 0)
-        mine = self._conversations.get(conv)
-        if 0 < length <= len(hashes) and mine and mine[-1] == hashes[length - 1] ^ scope:
-            return length
-        return 0
-
-    def _sample(self, conv: int, hashes: Sequence[int], scope: int, start: int) -> None:
-        """Remember the samples of hashes[start:] (module docstring). A follow-up starts
-        where its conversation's previous prompt ended: the samples before were that
-        prompt's, sent by this conversation; sampling them again would only renew their
-        recency (their owner is this conversation or SHARED either way), so a turn costs
-        its new blocks, not its history. Recency is then when a sample was last sent by a
-        new prompt; under the LRU's pressure a long conversation's oldest samples go
-        first, and those identify nothing anyway: a fork is recognised only within
-        `max_tail_blocks` of its conversation's latest prompt, whose samples are new."""
+    def _sample(self, conv: int, hashes: Sequence[int], scope: int) -> None:
         samples = self._samples
         every = self._every
         if not every:
             return
-        for i in range(start + (every - 1 - start) % every, len(hashes), every):
+        for i in range(every - 1, len(hashes), every):
             h = hashes[i] ^ scope
             was = samples.get(h)
             samples[h] = conv if was is None or was == conv else SHARED
