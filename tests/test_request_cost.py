@@ -4,7 +4,8 @@ block index's tip stamps against the LRU list it replaced; the estimator's remem
 search for the deepest anchor against a scan; the hygiene scanner's candidates found
 through a digit mask against the regex engine's own scan; the deepest conversation sample
 searched from the end in C against the loop it replaced; hygiene's reading of plain
-messages against the general one."""
+messages against the general one; a prompt's samples renewed in one pass against the loop.
+"""
 
 from __future__ import annotations
 
@@ -247,3 +248,35 @@ def test_parts_of_plain_messages_as_the_general_reading(messages: list[Any]) -> 
     assert [(p.message_index, p.role, p.text, p.extra) for p in parts] == expected
     assert all(type(p) is Part and p.digest == _part(None, "", p.text, p.extra).digest
                for p in parts)
+
+
+# a prompt's samples renewed in one pass over a C slice: the LRU the per-block loop kept -------
+
+class SampledByLoop(Conversations):
+    """`Conversations._sample` as the loop it was."""
+
+    def _sample(self, conv: int, hashes: Any, scope: int) -> None:
+        samples = self._samples
+        for i in range(self._every - 1, len(hashes), self._every):
+            h = hashes[i] ^ scope
+            was = samples.get(h)
+            samples[h] = conv if was is None or was == conv else SHARED
+            samples.move_to_end(h)
+        while len(samples) > self._sample_capacity:
+            samples.popitem(last=False)
+
+
+@given(sends=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.integers(0, 60),
+                                st.sampled_from([0, 0x77])), min_size=1, max_size=40),
+       every=st.integers(1, 5), capacity=st.integers(1, 40))
+@settings(max_examples=300, deadline=None)
+def test_samples_renewed_in_one_pass_as_the_loop_kept_them(
+    sends: list[tuple[int, int, int, int]], every: int, capacity: int
+) -> None:
+    new, old = Conversations(4, 2, every, capacity), SampledByLoop(4, 2, every, capacity)
+    base = [[(c % 2) * 1000 + i if i < 8 else c * 1000 + i for i in range(60)]
+            for c in range(6)]
+    for conv, which, n, scope in sends:
+        new.advance(conv + 1, base[which][:n], scope)
+        old.advance(conv + 1, base[which][:n], scope)
+        assert list(new._samples.items()) == list(old._samples.items())

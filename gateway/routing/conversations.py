@@ -153,11 +153,21 @@ class Conversations:
         every = self._every
         if not every:
             return
-        for i in range(every - 1, len(hashes), every):
-            h = hashes[i] ^ scope
-            was = samples.get(h)
-            samples[h] = conv if was is None or was == conv else SHARED
-            samples.move_to_end(h)
+        # every sample of the prompt renewed, deepest last (the order the LRU keeps):
+        # each turn of an active conversation keeps its whole history's samples alive
+        # (tests/test_review55_marks.py); a new one is written last already
+        picked = hashes[every - 1 :: every]
+        if scope:
+            picked = [h ^ scope for h in picked]
+        get, renew = samples.get, samples.move_to_end
+        for h in picked:
+            was = get(h)
+            if was is None:
+                samples[h] = conv
+            else:
+                if was != conv and was != SHARED:
+                    samples[h] = SHARED
+                renew(h)
         while len(samples) > self._sample_capacity:
             samples.popitem(last=False)
 
