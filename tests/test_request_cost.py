@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from gateway.hygiene.patterns import _scan, scan_text
 from gateway.hygiene.prompt import Part, _content, _part, parse
 from gateway.proxy.errors import GatewayError
-from gateway.proxy.inbound import MAX_DEPTH, parse_json, shallow, too_deep
+from gateway.proxy.inbound import MAX_DEPTH, DepthGuard, parse_json, shallow, too_deep
 from gateway.routing.blocks import held_prefix
 from gateway.routing.conversations import SHARED, Conversations, Found
 from gateway.routing.estimate import TokenEstimator
@@ -48,6 +48,21 @@ def test_shallow_proves_exactly_what_the_walk_finds(depth: int, wide: int, leaf:
     except orjson.JSONEncodeError:
         return  # a value orjson cannot write proves nothing; the walk decides
     assert shallow(doc) is (not too_deep(doc, MAX_DEPTH))
+
+
+@given(docs=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 2)), min_size=1,
+                     max_size=12))
+@settings(max_examples=100, deadline=None)
+def test_one_guard_across_bodies_proves_what_a_fresh_one_does(
+    docs: list[tuple[int, int]]
+) -> None:
+    """The request flow's guard, reused body after body (too deep ones among them), answers
+    as a fresh guard does each time, and holds no body once it has answered."""
+    guard = DepthGuard()
+    for depth, wide in docs:
+        doc = nest(depth, "x", wide)
+        assert guard.shallow(doc) is shallow(doc) is (not too_deep(doc, MAX_DEPTH))
+        assert guard._inner == []
 
 
 @pytest.mark.parametrize(("depth", "pad", "ok"), [

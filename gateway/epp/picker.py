@@ -238,7 +238,7 @@ class Picker:
         """Any other call: the least busy healthy replica serving the body's model."""
         model, body = None, None
         if raw:
-            doc = parse_json(raw)
+            doc = parse_json(raw, self.flow.guard)
             if isinstance(doc, dict):
                 if isinstance(doc.get("model"), str):
                     model = doc["model"]

@@ -45,7 +45,14 @@ from gateway.proxy.auth import Authenticator
 from gateway.proxy.errors import GatewayError
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import response_headers
-from gateway.proxy.inbound import Endpoint, Inbound, chat_view, parse_inbound, strip_gateway_only
+from gateway.proxy.inbound import (
+    DepthGuard,
+    Endpoint,
+    Inbound,
+    chat_view,
+    parse_inbound,
+    strip_gateway_only,
+)
 from gateway.proxy.tenancy import WITHHELD, TenantSalts
 from gateway.replicas.fleet import Fleet, Replica
 from gateway.routing.affinity import AffinityStore
@@ -109,6 +116,7 @@ class RequestFlow:
                  tracer: RequestTracer | None = None) -> None:
         self.fleet = fleet
         self.tracer: RequestTracer = tracer or Passthrough()  # [tracing] (gateway.tracing)
+        self.guard = DepthGuard()  # every body's depth proof (inbound.py)
         self.router = router
         self.analyzer = analyzer
         self.metrics = metrics
@@ -142,7 +150,7 @@ class RequestFlow:
         binds a waiter within when it reads the fleet again); raises GatewayError (400,
         404, 503)."""
         ex = turn.ex
-        inbound = parse_inbound(raw, endpoint)
+        inbound = parse_inbound(raw, endpoint, self.guard)
         body = inbound.body
         # before anything reads or sends it: only the gateway sets kv_transfer_params
         stripped = strip_gateway_only(body)

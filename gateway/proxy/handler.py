@@ -266,7 +266,7 @@ class Proxy:
                                        self.affinity, self.fleet.replicas)
         model = None
         if raw and scope["method"] != "GET":
-            doc = parse_json(raw)
+            doc = parse_json(raw, self.flow.guard)
             if isinstance(doc, dict):
                 if isinstance(doc.get("model"), str):
                     model = doc["model"]

@@ -15,8 +15,8 @@ views), so a body nested deeper than `MAX_DEPTH` is a 400 before anything else r
 The walk runs only when a C-speed check cannot rule the depth out: for a small body, it
 holds at most `MAX_DEPTH` brackets (a byte count); for a larger one, where counting two
 bytes costs more than parsing (130 µs against 80 at 256 KiB), orjson serializes the parsed
-body inside `ORJSON_DEPTH - MAX_DEPTH` more levels (7 µs at 256 KiB), which it does exactly
-when the body is at most `MAX_DEPTH` deep.
+body inside `ORJSON_DEPTH - MAX_DEPTH` more levels (7 µs at 256 KiB; the levels built once
+per owner, `DepthGuard`), which it does exactly when the body is at most `MAX_DEPTH` deep.
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ class Inbound:
     client_wants_usage: bool  # stream_options.include_usage was already true
 
 
-def parse_json(raw: bytes) -> Any:
+def parse_json(raw: bytes, guard: DepthGuard | None = None) -> Any:
+    """The parsed body, or a 400 (invalid JSON, nested deeper than `MAX_DEPTH`); `guard`:
+    the caller's own, kept across requests (a fresh one per call without)."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -55,25 +57,49 @@ def parse_json(raw: bytes) -> Any:
     if len(raw) < _COUNT_BELOW:
         suspect = raw.count(b"[") + raw.count(b"{") > MAX_DEPTH
     else:
-        suspect = not shallow(doc)
+        suspect = not (guard or DepthGuard()).shallow(doc)
     if suspect and too_deep(doc, MAX_DEPTH):
         raise GatewayError(400, f"The JSON body is nested deeper than {MAX_DEPTH} levels.",
                            code="invalid_json")
     return doc
 
 
+class DepthGuard:
+    """The C-speed depth proof (`shallow`) with its wrapping built once: the
+    `ORJSON_DEPTH - MAX_DEPTH` nested lists around the body are made at construction and
+    reused, the body put in and taken out of the innermost. Built per request, they cost
+    more than serializing a 64 KiB body (measured in process: 20 µs a request on average
+    against 6). Not reentrant, and needs none: `shallow` runs to its end without yielding
+    to the event loop, and each owner (the request flow, the endpoint picker) runs on one
+    thread."""
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self) -> None:
+        self._inner: list[Any] = []
+        outer: list[Any] = self._inner
+        for _ in range(ORJSON_DEPTH - MAX_DEPTH - 1):
+            outer = [outer]
+        self._outer = outer
+
+    def shallow(self, doc: Any) -> bool:
+        """True proves `doc` nests at most `MAX_DEPTH` containers: orjson (C) serializes it
+        wrapped in `ORJSON_DEPTH - MAX_DEPTH` lists. False proves nothing (too deep, or a
+        value orjson cannot write): `too_deep` decides."""
+        inner = self._inner
+        inner.append(doc)
+        try:
+            orjson.dumps(self._outer)
+        except orjson.JSONEncodeError:
+            return False
+        finally:
+            inner.clear()  # the body is not kept alive past its request
+        return True
+
+
 def shallow(doc: Any) -> bool:
-    """True proves `doc` nests at most `MAX_DEPTH` containers: orjson (C) serializes it
-    wrapped in `ORJSON_DEPTH - MAX_DEPTH` lists. False proves nothing (too deep, or a value
-    orjson cannot write): `too_deep` decides."""
-    wrapped = doc
-    for _ in range(ORJSON_DEPTH - MAX_DEPTH):
-        wrapped = [wrapped]
-    try:
-        orjson.dumps(wrapped)
-    except orjson.JSONEncodeError:
-        return False
-    return True
+    """`DepthGuard.shallow` with a guard of its own."""
+    return DepthGuard().shallow(doc)
 
 
 def too_deep(doc: Any, limit: int) -> bool:
@@ -99,8 +125,8 @@ def _optional(body: dict[str, Any], key: str, kind: type | tuple[type, ...], exp
     return value
 
 
-def parse_inbound(raw: bytes, endpoint: Endpoint) -> Inbound:
-    body = parse_json(raw)
+def parse_inbound(raw: bytes, endpoint: Endpoint, guard: DepthGuard | None = None) -> Inbound:
+    body = parse_json(raw, guard)
     if not isinstance(body, dict):
         raise GatewayError(400, "The request body must be a JSON object.", code="invalid_json")
     model = body.get("model")
