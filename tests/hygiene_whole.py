@@ -2,7 +2,8 @@
 request walks every part (parse, the pattern-hit lookups of every scanned part, the common
 prefix, drift from the first part, a snapshot built from scratch, every conversation
 message recorded). Kept verbatim as the reference the incremental scan must equal
-(tests/test_property_hygiene_incremental.py); the findings, remedies and template keys
+(tests/test_property_hygiene_incremental.py), and the parse as it was, one call per message
+(`whole_parse`); the findings, remedies and template keys
 come from the analyzer's own methods, which the incremental path does not change."""
 
 from __future__ import annotations
@@ -16,7 +17,16 @@ import xxhash
 from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.hygiene.drift import Snapshot, diverge
 from gateway.hygiene.finding import Finding
-from gateway.hygiene.prompt import TEMPLATE_OVERHEAD, Prompt, parse, validate
+from gateway.hygiene.prompt import (
+    TEMPLATE_OVERHEAD,
+    Part,
+    Prompt,
+    _content,
+    _part,
+    _tools,
+    parse,
+    validate,
+)
 
 _SCANNED_ROLES = frozenset({"system", "developer", "user", "tools", "prompt"})
 _HEAD_PARTS = frozenset({"system", "developer", "tools", "prompt"})
@@ -129,3 +139,35 @@ def _remember(state: OrderedDict[Any, Snapshot], key: Any, snapshot: Snapshot,
     state.move_to_end(key)
     if len(state) > cap:
         state.popitem(last=False)
+
+
+def whole_parse(body: Mapping[str, Any]) -> Prompt:
+    """`prompt.parse` of a chat body as it was: one `_part` call per message and the
+    suffix sums in a Python loop."""
+    parts: list[Part] = []
+    tools: tuple[Any, ...] = ()
+    last_user = -1
+    raw_tools = body.get("tools")
+    if isinstance(raw_tools, list) and raw_tools:
+        tools, tools_text = _tools(raw_tools)
+        parts.append(_part(None, "tools", tools_text, ""))
+    msgs = body.get("messages")
+    for i, m in enumerate(msgs if isinstance(msgs, list) else ()):
+        if type(m) is not dict and not isinstance(m, Mapping):
+            continue
+        role = str(m.get("role", ""))
+        content = m.get("content")
+        if type(content) is str and len(m) == 2 and "role" in m:
+            text, extra = content, ""
+        else:
+            text, extra = _content(m)
+        if role == "user":
+            last_user = len(parts)
+        parts.append(_part(i, role, text, extra))
+    suffix = [0] * (len(parts) + 1)
+    acc = 0
+    for k in range(len(parts) - 1, -1, -1):
+        acc += parts[k].size
+        suffix[k] = acc
+    return Prompt(endpoint="chat", parts=tuple(parts), tools=tools,
+                  last_user=last_user if last_user >= 0 else len(parts), suffix=tuple(suffix))

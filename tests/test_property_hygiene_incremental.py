@@ -22,7 +22,8 @@ from gateway.hygiene.config import HygieneConfig
 from gateway.hygiene.drift import Snapshot
 from gateway.hygiene.incremental import _common, same_prefix
 from gateway.hygiene.prompt import parse
-from tests.hygiene_whole import WholeAnalyzer, _same_prefix
+from tests.hygiene_whole import WholeAnalyzer, _same_prefix, whole_parse
+from tests.props import chat_body
 
 NOW = 1717250602.0
 # A small pool, so conversations share messages (owners' SHARED digests, template heads)
@@ -148,6 +149,16 @@ def test_incremental_scan_equals_the_whole_one(
         want = whole.scan(body, endpoint, c.session, now, tenant=c.tenant)
         assert got == want
         assert state(inc) == state(whole)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(chat_body, st.fixed_dictionaries({"messages": st.lists(st.fixed_dictionaries(
+    {"role": st.one_of(st.sampled_from(["user", "assistant"]), st.integers()),
+     "content": st.one_of(st.text(), st.integers(), st.none())}), max_size=5)})))
+def test_parse_builds_the_parts_it_built_one_call_a_message(body: dict[str, Any]) -> None:
+    if not isinstance(body.get("messages"), list):
+        return
+    assert parse(body, "chat") == whole_parse(body)
 
 
 @settings(max_examples=300, deadline=None)
