@@ -6,8 +6,8 @@ calls, history rewrites (an edited, dropped or summarised earlier message, a rew
 tool changes, system prompt changes, system reminders inside the conversation,
 resends; with and without a session, two tenants,
 shared texts between conversations, the chat and the completions endpoint. Findings and
-the drift state (snapshots, message owners, template keys) must be equal after every
-request."""
+the drift state (snapshots, message owners in their LRU order, template keys) must be
+equal after every request, under small caps too."""
 
 from __future__ import annotations
 
@@ -121,18 +121,19 @@ def state(a: HygieneAnalyzer) -> tuple[Any, ...]:
         [(k, sig(s)) for k, s in a._sessions.items()],
         [(k, sig(s)) for k, s in a._templates.items()],
         [(k, sig(s)) for k, s in a._conversations.items()],
-        dict(a._owners._owner), a._owners._next,
+        list(a._owners._owner.items()), a._owners._next,
         list(a._template_keys.items()),
     )
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.data(), st.integers(0, 600), st.sampled_from([1, 3, 1024]))
+@given(st.data(), st.integers(0, 600), st.sampled_from([1, 3, 1024]),
+       st.sampled_from([1, 2, 64]))
 def test_incremental_scan_equals_the_whole_one(
-    data: st.DataObject, text_chars: int, cache: int
+    data: st.DataObject, text_chars: int, cache: int, sessions: int
 ) -> None:
-    # owners are not evicted (16 x max_sessions digests): their recency is what changed
-    config = HygieneConfig(redact=False, drift_text_chars=text_chars, max_sessions=64,
+    # small caps: every LRU evicts (the message owners hold 16 x max_sessions digests)
+    config = HygieneConfig(redact=False, drift_text_chars=text_chars, max_sessions=sessions,
                            max_templates=2, scan_cache_entries=cache)
     inc, whole = HygieneAnalyzer(config), WholeAnalyzer(config)
     convs = [Conv(data.draw(st.one_of(st.none(), text)),

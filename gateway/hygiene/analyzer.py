@@ -23,7 +23,7 @@ Per request (`scan`):
 Past the parse, a request pays for what it does not share with the entry's previous
 request (gateway.hygiene.incremental): the leading parts with that request's roles and
 digests are neither looked up in the hit cache (unless they had hits), nor walked by
-drift, nor signed again, nor recorded again as the conversation's messages.
+drift, nor signed again.
 
 Each finding carries its remedy, written from where it was found (gateway.hygiene.remedy):
 the previous request's tool order is at hand for a `tool_order` finding.
@@ -154,23 +154,18 @@ class HygieneAnalyzer:
         )
         _remember(state, key, snapshot, cap)
         if talk:
-            recorded = 0
             if conv is None:
                 conv = self._owners.open()
             else:  # new conversations still teach their template's head
                 template = (tenant, self._template_key(body, p))
                 _remember(self._templates, template, snapshot, self.config.max_templates)
-                # `old` is this conversation's previous request, which recorded all its
-                # messages: only the ones after the shared parts are new. So a message's
-                # recency in the owners' LRU is now the request that first sent it (or
-                # the latest that sent it after an edit), not the latest that repeated it:
-                # a live conversation keeps its newest messages the freshest, and those
-                # are the ones `find` asks first, so it is still found; what ages out
-                # first is a long conversation's oldest messages, which are evidence only
-                # for a request that drops all the later ones.
-                recorded = same
             _remember(self._conversations, conv, snapshot, self.config.max_sessions)
-            self._owners.record(conv, identifying(p, tenant, recorded))
+            # Every message, the shared ones too: recording renews a message's recency in
+            # the owners' LRU, and a live conversation (its early messages, a SHARED mark
+            # many conversations repeat) must stay the freshest under pressure; recording
+            # only the new ones would let them age out from their first request on (5 us
+            # at 48 messages is what that would save).
+            self._owners.record(conv, identifying(p, tenant))
         return findings[:_MAX_FINDINGS]
 
     def rewrite(self, body: dict[str, Any]) -> bool:

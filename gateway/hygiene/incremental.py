@@ -14,7 +14,8 @@ entry), but past the parse a turn pays for its new parts:
   again (their values feed `values` and the snapshot) with the new parts;
 - `earlier`: the digests that name the implicit conversation, derived latest first and
   lazily (`MessageOwners.find_latest` stops at the first one it knows, usually the first);
-- `identifying(p, tenant, start)`: the conversation messages to record, from `start` on;
+- `identifying(p, tenant)`: the conversation messages to record (all of them: recording
+  renews their recency in the owners' LRU, which must keep a live conversation fresh);
 - `Snapshot.of(..., prev=, same=)` (drift.py) reuses the signatures of the shared parts and
   `diverge(..., same=)` starts its walk past them.
 """
@@ -106,9 +107,9 @@ def earlier(p: Prompt, tenant: str | None) -> Iterator[int]:
             yield scoped(tenant, part.digest)
 
 
-def identifying(p: Prompt, tenant: str | None, start: int) -> list[int]:
-    """The identifying conversation messages from position `start` on, in order."""
-    return [scoped(tenant, part.digest) for part in p.parts[start:]
+def identifying(p: Prompt, tenant: str | None) -> list[int]:
+    """The identifying conversation messages, in order."""
+    return [scoped(tenant, part.digest) for part in p.parts
             if part.role not in HEAD_PARTS and part.size >= _LEAST]
 
 
