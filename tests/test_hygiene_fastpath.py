@@ -12,7 +12,7 @@ import random
 import pytest
 
 from gateway.hygiene.drift import Snapshot, diverge
-from gateway.hygiene.patterns import _CAND, _NUM, Hit, _judge, scan_text
+from gateway.hygiene.patterns import _CAND, _NUM, Hit, _judge, _scan, scan_text
 from gateway.hygiene.prompt import parse
 
 LONG = "You are a careful assistant. Follow the rules below. " * 30
@@ -130,6 +130,22 @@ def random_texts(n: int, seed: int) -> list[str]:
 def test_scan_text_reports_what_a_full_pass_reports(seed: int, permissive: bool) -> None:
     for text in random_texts(1500, seed):
         assert scan_text(text, permissive=permissive) == full_pass(text, permissive), text
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_window_of_ascii_text_is_scanned_as_the_text_itself(seed: int) -> None:
+    """ASCII text is searched for candidates with its digits zeroed, in a copy of the window
+    and a little before it (the look-behinds): it must report what the prefilter run on
+    the text itself reports, for any window (classify_span scans windows)."""
+    rng = random.Random(seed)
+    for text in random_texts(1500, seed):
+        lo = rng.randint(0, len(text))
+        hi = rng.randint(lo, len(text))
+        permissive = rng.random() < 0.5
+        assert _scan(text, lo, hi, permissive, True) == _scan(text, lo, hi, permissive, False)
+    text = "the interaction 5 and the Interaction 7 of 9"  # the longest counter word
+    for lo in range(len(text)):
+        assert _scan(text, lo, len(text), False, True) == _scan(text, lo, len(text), False, False)
 
 
 @pytest.mark.parametrize(

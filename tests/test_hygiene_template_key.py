@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.hygiene.analyzer import _SCANNED_ROLES, HygieneAnalyzer
+from gateway.hygiene.analyzer import HygieneAnalyzer
 from gateway.hygiene.config import HygieneConfig
 from gateway.hygiene.prompt import parse
 
@@ -27,10 +27,7 @@ tool_names = st.lists(st.sampled_from(["search", "fetch", "calc"]), max_size=2, 
 
 
 def key(analyzer: HygieneAnalyzer, body: dict[str, Any]) -> int:
-    p = parse(body, "chat")
-    hits = {k: analyzer._hits_of(p, k) for k, part in enumerate(p.parts)
-            if part.role in _SCANNED_ROLES and k < p.last_user}
-    return analyzer._template_key(body, p, hits)
+    return analyzer._template_key(body, parse(body, "chat"))
 
 
 @settings(max_examples=100, deadline=None)

@@ -20,6 +20,11 @@ Per request (`scan`):
    tool list costs a hash, not a scan.
 4. The new request becomes the entry's snapshot.
 
+Past the parse, a request pays for what it does not share with the entry's previous
+request (gateway.hygiene.incremental): the leading parts with that request's roles and
+digests are neither looked up in the hit cache (unless they had hits), nor walked by
+drift, nor signed again.
+
 Each finding carries its remedy, written from where it was found (gateway.hygiene.remedy):
 the previous request's tool order is at hand for a `tool_order` finding.
 
@@ -42,18 +47,21 @@ from gateway.hygiene.config import HygieneConfig
 from gateway.hygiene.conversations import MessageOwners
 from gateway.hygiene.drift import Divergence, Snapshot, diverge
 from gateway.hygiene.finding import Finding
+from gateway.hygiene.incremental import (
+    SCANNED_ROLES,
+    earlier,
+    has_talk,
+    identifying,
+    same_prefix,
+    scan_end,
+    scan_positions,
+)
 from gateway.hygiene.patterns import STRONG, WEAK, Hit, classify_span, scan_text
-from gateway.hygiene.prompt import TEMPLATE_OVERHEAD, Prompt, parse, validate
+from gateway.hygiene.prompt import Prompt, parse, validate
 from gateway.hygiene.remedy import remedy, where
 
-_SCANNED_ROLES = frozenset({"system", "developer", "user", "tools", "prompt"})
-# Parts every conversation of a template shares: they do not tell conversations apart.
-_HEAD_PARTS = frozenset({"system", "developer", "tools", "prompt"})
 # Message digests remembered per conversation slot to recognise implicit conversations.
 _DIGESTS_PER_CONVERSATION = 16
-# A message this short ("ok", "continue", a one-word tool result) is sent by many
-# conversations: it names none of them, so it neither owns nor finds a conversation.
-_MIN_IDENTIFYING_CHARS = 24
 _TEMPLATE_CHARS = 256
 _MAX_VALUES = 512
 _MAX_FINDINGS = 16
@@ -99,23 +107,12 @@ class HygieneAnalyzer:
         p = parse(body, endpoint)
         if not p.parts:
             return []
-        scanned = [
-            k
-            for k, part in enumerate(p.parts)
-            if part.role in _SCANNED_ROLES and (k < p.last_user or endpoint == "completions")
-        ]
-        hits = {k: self._hits_of(p, k) for k in scanned}
         state: OrderedDict[Any, Snapshot]
         key: Any
         conv: int | None = None
-        messages: list[int] = []
-        talk = [part for part in p.parts if part.role not in _HEAD_PARTS]
-        if session is None:
-            # identifying messages: `size` is text + extra + the template overhead
-            least = _MIN_IDENTIFYING_CHARS + TEMPLATE_OVERHEAD
-            messages = [_scoped(tenant, part.digest) for part in talk if part.size >= least]
-            earlier = messages[:-1] if talk and talk[-1].size >= least else messages
-            conv = self._owners.find(earlier)
+        talk = session is None and has_talk(p)
+        if talk:
+            conv = self._owners.find_latest(earlier(p, tenant))
             if conv is not None and conv not in self._conversations:
                 conv = None  # its snapshot was forgotten: nothing to compare with
         head_only = session is None and conv is None
@@ -126,39 +123,49 @@ class HygieneAnalyzer:
         else:
             state, key, cap = (
                 self._templates,
-                (tenant, self._template_key(body, p, hits)),
+                (tenant, self._template_key(body, p)),
                 self.config.max_templates,
             )
         old = state.get(key)
+        same = same_prefix(old, p) if old is not None else 0
+        hits = {k: self._hits_of(p, k) for k in scan_positions(p, old, same)}
         findings: list[Finding] = []
-        same = 0
         seen: frozenset[str] = frozenset()
         if old is not None:
-            same = _same_prefix(old, p)
             seen = old.values
-            d = diverge(old, p, head_only=head_only, known=hits)
+            d = diverge(old, p, head_only=head_only, known=hits, same=same)
             if d is not None:
                 findings.append(self._drift_finding(p, d, session, head_only=head_only,
                                                     before=old.tool_names))
         findings.extend(self._pattern_findings(p, hits, same, seen, findings, session, now,
                                                _MAX_FINDINGS - len(findings)))
         values = (
-            frozenset(p.parts[k].text[h.start : h.end] for k in scanned for h in hits[k])
+            frozenset(p.parts[k].text[h.start : h.end] for k, found in hits.items()
+                      for h in found)
             if hits
             else frozenset()
         )
         if len(values) > _MAX_VALUES:
             values = frozenset(sorted(values)[:_MAX_VALUES])
-        snapshot = Snapshot.of(p, values, self.config.drift_text_chars)
+        snapshot = Snapshot.of(
+            p, values, self.config.drift_text_chars,
+            hit_parts=tuple([k for k, found in hits.items() if found]), scan_end=scan_end(p),
+            prev=old, same=same,
+        )
         _remember(state, key, snapshot, cap)
-        if session is None and talk:
+        if talk:
             if conv is None:
                 conv = self._owners.open()
             else:  # new conversations still teach their template's head
-                template = (tenant, self._template_key(body, p, hits))
+                template = (tenant, self._template_key(body, p))
                 _remember(self._templates, template, snapshot, self.config.max_templates)
             _remember(self._conversations, conv, snapshot, self.config.max_sessions)
-            self._owners.record(conv, messages)
+            # Every message, the shared ones too: recording renews a message's recency in
+            # the owners' LRU, and a live conversation (its early messages, a SHARED mark
+            # many conversations repeat) must stay the freshest under pressure; recording
+            # only the new ones would let them age out from their first request on (5 us
+            # at 48 messages is what that would save).
+            self._owners.record(conv, identifying(p, tenant))
         return findings[:_MAX_FINDINGS]
 
     def rewrite(self, body: dict[str, Any]) -> bool:
@@ -183,15 +190,14 @@ class HygieneAnalyzer:
             self._hits.popitem(last=False)
         return found
 
-    def _template_key(
-        self, body: Mapping[str, Any], p: Prompt, hits: dict[int, tuple[Hit, ...]]
-    ) -> int:
+    def _template_key(self, body: Mapping[str, Any], p: Prompt) -> int:
         k = 1 if p.tools and len(p.parts) > 1 else 0
+        scanned = p.parts[k].role in SCANNED_ROLES and k < scan_end(p)
         # The key is a function of these alone (the part's hits follow from its digest);
         # most requests repeat a template, and masking and folding its head each time was
         # a few percent of the gateway's CPU per request.
         model, tools = str(body.get("model", "")), "\x00".join(sorted(t.name for t in p.tools))
-        cache_key = (model, p.endpoint, tools, k, k in hits, p.parts[k].role, p.parts[k].digest)
+        cache_key = (model, p.endpoint, tools, k, scanned, p.parts[k].role, p.parts[k].digest)
         cached = self._template_keys.get(cache_key)
         if cached is not None:
             self._template_keys.move_to_end(cache_key)
@@ -203,7 +209,7 @@ class HygieneAnalyzer:
         text = p.parts[k].text[: 2 * _TEMPLATE_CHARS]
         masked: list[str] = []
         pos = 0
-        for hit in hits.get(k, ()):
+        for hit in self._hits_of(p, k) if scanned else ():
             if hit.start >= len(text):
                 break
             masked.append(text[pos : hit.start])
@@ -312,24 +318,6 @@ def _time_of_day(kind: str, text: str) -> bool:
         return True
     hit = classify_span(text, 0)
     return hit is None or hit.dated
-
-
-def _scoped(tenant: str | None, digest: int) -> int:
-    """A message digest as its tenant's: equal messages of two tenants never name one
-    implicit conversation."""
-    if tenant is None:
-        return digest
-    return xxhash.xxh3_64_intdigest(tenant.encode("utf-8", "surrogatepass"), seed=digest)
-
-
-def _same_prefix(old: Snapshot, p: Prompt) -> int:
-    """How many leading parts are identical to the previous request's."""
-    n = 0
-    for o, part in zip(old.parts, p.parts, strict=False):
-        if o.digest != part.digest or o.role != part.role:
-            break
-        n += 1
-    return n
 
 
 def _remember(state: OrderedDict[Any, Snapshot], key: Any, snapshot: Snapshot,

@@ -17,7 +17,7 @@ Bounded: `capacity` digests in an LRU; conversations are ints from a counter.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 SHARED = -1  # a digest two conversations sent: it identifies neither
 
@@ -35,8 +35,13 @@ class MessageOwners:
 
     def find(self, earlier: Sequence[int]) -> int | None:
         """The conversation owning the latest of `earlier` (digests, in order), or None."""
+        return self.find_latest(reversed(earlier))
+
+    def find_latest(self, latest_first: Iterable[int]) -> int | None:
+        """As `find`, given the digests latest first: the owner is usually the first one
+        asked, so a caller that derives digests lazily derives one or two, not all."""
         owner = self._owner
-        for digest in reversed(earlier):
+        for digest in latest_first:
             conv = owner.get(digest)
             if conv is not None and conv != SHARED:
                 return conv

@@ -51,28 +51,58 @@ class Snapshot:
     tool_canon: tuple[int, ...]
     tool_digest: tuple[int, ...]  # hash of each tool's text as sent
     values: frozenset[str]  # volatile-looking values seen in scanned parts
+    # What the next request's scan skips by (gateway.hygiene.incremental): the positions
+    # of the parts scanned for patterns (those before `scan_end` with a scanned role) that
+    # had hits, in order; None when not known (every shared part is then looked up).
+    hit_parts: tuple[int, ...] | None = None
+    scan_end: int = 0
 
     @staticmethod
-    def of(p: Prompt, values: frozenset[str], text_budget: int) -> Snapshot:
+    def of(
+        p: Prompt,
+        values: frozenset[str],
+        text_budget: int,
+        *,
+        hit_parts: tuple[int, ...] | None = None,
+        scan_end: int = 0,
+        prev: Snapshot | None = None,
+        same: int = 0,
+    ) -> Snapshot:
+        """The snapshot of `p`. `prev` and `same`: the previous snapshot of the entry, whose
+        first `same` parts have the roles and digests of `p`'s first `same` parts; its
+        signatures past the text budget are reused for them (a conversation's next turn
+        builds signatures for its new parts and the budgeted head only)."""
         sigs: list[PartSig] = []
         left = text_budget
         new = tuple.__new__  # a named tuple's own constructor is a Python function
-        for part in p.parts:
-            text = part.text
+        parts = p.parts
+        k = 0
+        for part in parts:
             if left <= 0:
-                sigs.append(new(PartSig, (part.role, part.digest, None, False)))
-            elif len(text) <= left:
+                break
+            text = part.text
+            if len(text) <= left:
                 left -= part.size
                 sigs.append(new(PartSig, (part.role, part.digest, text, True)))
             else:
                 sigs.append(new(PartSig, (part.role, part.digest, text[:left], False)))
                 left = 0
+            k += 1
+        # Past the budget a signature is (role, digest, None, False): the previous
+        # snapshot's is the same for a shared part when its budget had run out there too
+        # (its text is None; budgets run out earliest parts first, so all later are None).
+        if prev is not None and k < same and prev.parts[k].text is None:
+            sigs.extend(prev.parts[k:same])
+            k = same
+        sigs.extend([new(PartSig, (part.role, part.digest, None, False)) for part in parts[k:]])
         return Snapshot(
             parts=tuple(sigs),
             tool_names=tuple(t.name for t in p.tools),
             tool_canon=tuple(t.canon for t in p.tools),
             tool_digest=tuple(hash(t.text) for t in p.tools),
             values=values,
+            hit_parts=hit_parts,
+            scan_end=scan_end,
         )
 
 
@@ -86,11 +116,16 @@ class Divergence:
 
 
 def diverge(
-    old: Snapshot, new: Prompt, head_only: bool, known: Mapping[int, Sequence[Hit]] | None = None
+    old: Snapshot,
+    new: Prompt,
+    head_only: bool,
+    known: Mapping[int, Sequence[Hit]] | None = None,
+    same: int = 0,
 ) -> Divergence | None:
     """The first break of `new` against `old`, or None. `known`: pattern hits already found
     in some parts of `new` (by position); a hit covering the break names it without
-    rescanning the text around it."""
+    rescanning the text around it. `same`: how many leading parts of both have equal roles
+    and digests, position by position (the caller knows it): the walk starts past them."""
     k_new = 0
     old_parts = old.parts
     k_old = 0
@@ -105,6 +140,10 @@ def diverge(
         # tools were dropped: the first message now sits where the tools were
         return _at(0, 0, len(new.parts[0].text) if new.parts else 0, "volatile_span", False)
     last = len(new.parts) - 1
+    if not head_only and k_old == k_new:
+        # the walk would step over these (equal); head_only stops at the first
+        # conversation part, equal or not, so it walks from the start (the head is short)
+        k_old = k_new = max(k_new, same)
     while k_old < len(old_parts) and k_new < len(new.parts):
         o, n = old_parts[k_old], new.parts[k_new]
         if head_only and (o.role not in HEAD_ROLES or n.role not in HEAD_ROLES):

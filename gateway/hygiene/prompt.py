@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import orjson
@@ -36,6 +38,7 @@ class Tool:
 
 
 _new = tuple.__new__
+_SIZE = itemgetter(5)  # Part.size
 
 
 class Part(NamedTuple):
@@ -95,19 +98,29 @@ def parse(body: Mapping[str, Any], endpoint: str) -> Prompt:
             tools, tools_text = _tools(raw_tools)
             parts.append(_part(None, "tools", tools_text, ""))
         msgs = body.get("messages")
+        new, enc, size, append = _new, str.encode, len, parts.append
         for i, m in enumerate(msgs if isinstance(msgs, list) else ()):
+            if type(m) is dict and len(m) == 2:
+                # the usual message, {"role": ..., "content": "..."}, nothing else to
+                # render: its part is built here (no call), as most of a long
+                # conversation's are
+                text = m.get("content")
+                role = m.get("role")
+                if type(text) is str and type(role) is str:
+                    if role == "user":
+                        last_user = len(parts)
+                    append(new(Part, (i, role, text, "",
+                                      xxh3(enc(text, "utf-8", "surrogatepass")),
+                                      size(text) + TEMPLATE_OVERHEAD)))
+                    continue
             # `type is dict` first: the ABC check of Mapping costs more than the rest
             if type(m) is not dict and not isinstance(m, Mapping):
                 continue
             role = str(m.get("role", ""))
-            content = m.get("content")
-            if type(content) is str and len(m) == 2 and "role" in m:
-                text, extra = content, ""  # the usual message: nothing else to render
-            else:
-                text, extra = _content(m)
+            text, extra = _content(m)
             if role == "user":
                 last_user = len(parts)
-            parts.append(_part(i, role, text, extra))
+            append(_part(i, role, text, extra))
     else:
         prompt = body.get("prompt", "")
         if isinstance(prompt, list):
@@ -115,17 +128,14 @@ def parse(body: Mapping[str, Any], endpoint: str) -> Prompt:
             first = prompt[0] if prompt else ""
             prompt = first if isinstance(first, str) else _dumps(prompt)
         parts.append(_part(None, "prompt", str(prompt), ""))
-    suffix = [0] * (len(parts) + 1)
-    acc = 0
-    for k in range(len(parts) - 1, -1, -1):
-        acc += parts[k].size
-        suffix[k] = acc
+    # suffix[k] = sizes of parts k.. end, summed from the end (in C)
+    suffix = tuple(accumulate(map(_SIZE, reversed(parts)), initial=0))[::-1]
     return Prompt(
         endpoint=endpoint,
         parts=tuple(parts),
         tools=tools,
         last_user=last_user if last_user >= 0 else len(parts),
-        suffix=tuple(suffix),
+        suffix=suffix,
     )
 
 
