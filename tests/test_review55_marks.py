@@ -91,9 +91,10 @@ def test_a_popular_agents_new_conversation_is_not_a_fork_after_churn() -> None:
 
 def test_a_scoped_tip_past_the_first_window_is_found() -> None:
     """Kills: Conversations.advance adding the tip's gate unscoped (the search XORs the
-    gates with the tenant's scope, so every tip past block 16 of a tenant is missed)."""
+    gates with the tenant's scope, so every tip past block 16 of a tenant is missed); the
+    chain is long enough to be searched through its gates (marks._PLAIN windows and more)."""
     convs = Conversations(8)
-    history = blocks(b"T", 40)
+    history = blocks(b"T", 100)
     scope = 0x1234_5678_9ABC
     assert route(convs, chain(history), scope) is None
     conv = convs._tips[chain(history)[-1] ^ scope]

@@ -30,6 +30,10 @@ from collections.abc import Container, Sequence
 from itertools import compress
 
 _NO_GATE = -1  # window 0: the chain's start is its own gate (a hash is never looked up as it)
+# Chains of at most this many windows are scanned block by block: below about 4 windows
+# (64 blocks, 4 KiB at the default block size) that costs less than testing the gates
+# (measured: 0.7 against 1.3 µs at 32 blocks, 1.1 against 1.3 at 64, 2.3 against 1.4 at 128)
+_PLAIN = 4
 
 
 class Gates:
@@ -77,8 +81,10 @@ class Gates:
         if upto <= 0:
             return 0
         stride, count = self.stride, self._count
+        if upto <= _PLAIN * stride:  # a short chain: one C scan costs less than the gates
+            return _scan(hashes, 0, upto, marks, scope)
         top = (upto - 1) // stride  # the deepest window holding a block below upto
-        if top and count:
+        if count:
             # the gates of windows top, top - 1, .., 1 (window w's: block w*stride - 1)
             gates = hashes[top * stride - 1 :: -stride]
             if scope:
