@@ -163,7 +163,8 @@ def plain_deepest(anchors: dict[int, object], hashes: list[int], upto: int) -> i
     return max((j for j in range(1, upto + 1) if hashes[j - 1] in anchors), default=0)
 
 
-estimator_op = st.tuples(st.booleans(), st.integers(0, 5), st.integers(0, 40))
+# chains past the gates' head (64 blocks, marks.py): searched through the gates too
+estimator_op = st.tuples(st.booleans(), st.integers(0, 5), st.integers(0, 100))
 
 
 @given(ops=st.lists(estimator_op, min_size=1, max_size=80))
@@ -173,7 +174,7 @@ def test_deepest_anchor_remembered_per_chain_equals_a_scan(
 ) -> None:
     est = TokenEstimator(4.0, 0.1, 8, 4)
     # chains sharing prefixes, so an anchor set through one is found through another
-    chains = [[(c % 3) * 100 + i if i < 10 else c * 1000 + i for i in range(40)]
+    chains = [[(c % 3) * 100 + i if i < 70 else c * 1000 + i for i in range(100)]
               for c in range(6)]
     for anchor, c, n in ops:
         hashes = chains[c]
@@ -235,7 +236,7 @@ def find_by_loop(convs: Conversations, hashes: list[int]) -> Found | None:
     return None
 
 
-@given(sends=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.integers(0, 40)),
+@given(sends=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.integers(0, 100)),
                       min_size=1, max_size=40),
        every=st.integers(1, 5), tail=st.integers(0, 12))
 @settings(max_examples=300, deadline=None)
@@ -243,7 +244,7 @@ def test_find_scans_samples_as_the_loop_did(
     sends: list[tuple[int, int, int]], every: int, tail: int
 ) -> None:
     convs = Conversations(3, 1, every, 64, tail)
-    base = [[(c % 2) * 1000 + i if i < 8 else c * 1000 + i for i in range(40)]
+    base = [[(c % 2) * 1000 + i if i < 70 else c * 1000 + i for i in range(100)]
             for c in range(6)]
     for conv, which, n in sends:
         for other in base:

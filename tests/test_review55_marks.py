@@ -106,7 +106,8 @@ def test_conversations_gates_hold_exactly_the_tips() -> None:
     """Kills: _forget_tip not removing the gate; Gates.add counting a mark twice; a gate
     whose count reaches 0 kept. Each leaves answers alone but grows Gates without bound."""
     convs = Conversations(3, tips_per_conversation=2, sample_every=0)
-    prompts = [chain(blocks(bytes([65 + i % 5]), 20 + 7 * (i % 4))) for i in range(40)]
+    # past the gates' head (64 blocks), so every tip is counted at a gate
+    prompts = [chain(blocks(bytes([65 + i % 5]), 70 + 7 * (i % 4))) for i in range(40)]
     for i, p in enumerate(prompts):
         route(convs, p, scope=(i % 2) * 0x55)
         route(convs, p, scope=(i % 2) * 0x55)  # the same prompt again: its tip again
@@ -122,7 +123,7 @@ def test_estimator_gates_hold_exactly_the_anchors() -> None:
     """Kills: set_anchor's eviction not removing the evicted anchor's gate."""
     est = TokenEstimator(4.0, 0.1, 4, BLOCK)
     for i in range(30):
-        data = blocks(bytes([65 + i % 7]), 18 + i % 5) + b"xy"
+        data = blocks(bytes([65 + i % 7]), 66 + i % 5) + b"xy"  # past the head
         est.set_anchor(data, chain(data), 100.0 + i, 4.0)
         consistent(est._gates, est._anchors)
     assert len(est._gates) == len(est._anchors) == 4
