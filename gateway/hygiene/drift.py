@@ -94,7 +94,9 @@ class Snapshot:
         if prev is not None and k < same and prev.parts[k].text is None:
             sigs.extend(prev.parts[k:same])
             k = same
-        sigs.extend([new(PartSig, (part.role, part.digest, None, False)) for part in parts[k:]])
+        if k < len(parts):
+            sigs.extend([new(PartSig, (part.role, part.digest, None, False))
+                         for part in parts[k:]])
         return Snapshot(
             parts=tuple(sigs),
             tool_names=tuple(t.name for t in p.tools),

@@ -38,6 +38,7 @@ HEAD_PARTS = frozenset({"system", "developer", "tools", "prompt"})
 MIN_IDENTIFYING_CHARS = 24
 # `size` is text + extra + the template overhead
 _LEAST = MIN_IDENTIFYING_CHARS + TEMPLATE_OVERHEAD
+_FEW = 8  # parts compared one by one (a one-shot request has two or three)
 _SIG_ROLE, _SIG_DIGEST = itemgetter(0), itemgetter(1)  # drift.PartSig
 _PART_ROLE, _PART_DIGEST = itemgetter(1), itemgetter(4)  # prompt.Part
 
@@ -52,6 +53,13 @@ def scan_end(p: Prompt) -> int:
 def same_prefix(old: Snapshot, p: Prompt) -> int:
     """How many leading parts have the role and digest of the previous request's, position
     by position."""
+    if len(p.parts) <= _FEW:  # a step per part costs less than the lists for a few
+        n = 0
+        for o, part in zip(old.parts, p.parts, strict=False):
+            if o.digest != part.digest or o.role != part.role:
+                break
+            n += 1
+        return n
     n = _common(list(map(_SIG_DIGEST, old.parts)), list(map(_PART_DIGEST, p.parts)))
     if n == 0:
         return 0
