@@ -40,8 +40,8 @@ def route(convs: Conversations, hashes: list[int], scope: int = 0) -> Found | No
 
 def consistent(gates: Gates, marks: Any) -> None:
     """The gates hold exactly the marks, and each gate's count is its marks' number."""
-    assert set(gates._gate) == set(marks)
-    assert gates._count == dict(Counter(g for g in gates._gate.values() if g is not None))
+    assert set(gates.gate_of) == set(marks)
+    assert gates._count == dict(Counter(g for g in gates.gate_of.values() if g is not None))
 
 
 # the samples' LRU at capacity: an active conversation renews its whole history ---------------

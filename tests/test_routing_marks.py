@@ -60,7 +60,7 @@ def test_deepest_through_gates_is_the_scan(
             marks.discard(mark)
             past_head.discard(mark)
             gates.remove(mark)
-        assert set(gates._gate) == past_head
+        assert set(gates.gate_of) == past_head
     for hashes in hashed:
         for scope in (0, 0x5A5A):
             n = len(hashes)

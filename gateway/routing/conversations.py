@@ -135,7 +135,8 @@ class Conversations:
             mine.remove(tip)
         mine.append(tip)
         self._tips[tip] = conv
-        self._gates.add(tip, hashes, len(hashes) - 1, scope)
+        if len(hashes) > self._gates.head:  # (a tip in the head is counted nowhere)
+            self._gates.add(tip, hashes, len(hashes) - 1, scope)
         while len(mine) > self._keep:
             old = mine.pop(0)
             if self._tips.get(old) == conv:
@@ -173,7 +174,8 @@ class Conversations:
 
     def _forget_tip(self, tip: int) -> None:
         del self._tips[tip]
-        self._gates.remove(tip)
+        if self._gates.gate_of:
+            self._gates.remove(tip)
 
     def _drop_tip(self, conv: int, tip: int) -> None:
         self._forget_tip(tip)

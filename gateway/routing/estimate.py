@@ -166,9 +166,13 @@ class TokenEstimator:
         self._version += 1
         anchors[hashes[n - 1]] = anchor
         anchors.move_to_end(hashes[n - 1])
-        self._gates.add(hashes[n - 1], hashes, n - 1)
+        gates = self._gates
+        if n > gates.head:  # (a mark in the head is counted nowhere: marks.py)
+            gates.add(hashes[n - 1], hashes, n - 1)
         while len(anchors) > self._capacity:
-            self._gates.remove(anchors.popitem(last=False)[0])
+            gone = anchors.popitem(last=False)[0]
+            if gates.gate_of:
+                gates.remove(gone)
 
     def bytes_for_tokens(
         self, hashes: Sequence[int], blocks: int, tokens: float, ratio: float

@@ -47,26 +47,27 @@ class Gates:
             raise ValueError("stride must be positive")
         self.stride = stride
         self.head = HEAD_WINDOWS * stride  # blocks always scanned one by one
-        self._gate: dict[int, int] = {}  # mark past the head -> its gate
+        # mark past the head -> its gate (read-only outside: an owner tests it for any)
+        self.gate_of: dict[int, int] = {}
         self._count: dict[int, int] = {}  # gate -> marks in its window
 
     def __len__(self) -> int:
-        return len(self._gate)
+        return len(self.gate_of)
 
     def add(self, mark: int, hashes: Sequence[int], at: int, scope: int = 0) -> None:
         """`mark` (hashes[at] ^ scope) is now a mark; one in the head, or already
         counted, is not counted (again: its position, so its gate, is the same, since the
         hash names its prefix)."""
-        if at < self.head or mark in self._gate:
+        if at < self.head or mark in self.gate_of:
             return
         stride = self.stride
         gate = hashes[at // stride * stride - 1] ^ scope
-        self._gate[mark] = gate
+        self.gate_of[mark] = gate
         self._count[gate] = self._count.get(gate, 0) + 1
 
     def remove(self, mark: int) -> None:
         """`mark` is no longer one (a mark never counted is ignored)."""
-        gate = self._gate.pop(mark, _ABSENT)
+        gate = self.gate_of.pop(mark, _ABSENT)
         if gate == _ABSENT:
             return
         left = self._count[gate] - 1
@@ -76,7 +77,7 @@ class Gates:
             del self._count[gate]
 
     def clear(self) -> None:
-        self._gate.clear()
+        self.gate_of.clear()
         self._count.clear()
 
     def deepest(self, hashes: Sequence[int], upto: int, marks: Container[int],
@@ -88,7 +89,11 @@ class Gates:
             return 0
         stride, count, head = self.stride, self._count, self.head
         if upto <= head:
-            return _scan(hashes, 0, upto, marks, scope)
+            if scope or upto < len(hashes):
+                return _scan(hashes, 0, upto, marks, scope)
+            # the whole of a short chain, unscoped (most requests): no copy to scan
+            found = next(filter(marks.__contains__, reversed(hashes)), None)
+            return 0 if found is None else upto - hashes[::-1].index(found)
         if count:
             top = (upto - 1) // stride  # the deepest window holding a block below upto
             # the gates of windows top, top - 1, .., HEAD_WINDOWS (window w's: block
