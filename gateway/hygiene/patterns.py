@@ -219,15 +219,11 @@ def _scan(text: str, lo: int, end: int, permissive: bool, ascii_text: bool) -> l
 
 
 def _candidates(text: str, lo: int, end: int, ascii_text: bool) -> Iterator[int]:
-    """Where the prefilter matches in text[lo:end], in order (each match is the one digit
-    that starts a run, so one pass finds them all). For ASCII text the pass runs over a
-    copy with every digit written "0" (`_CAND0`, the prefilter with that literal first):
-    the regex engine then skips prose with its literal-character loop, instead of its
-    charset test per character (about 5 ns a character), and a digit run the prefilter
-    refuses ("line 42") costs no Python at all (a find and a match per run did: half a
-    microsecond each). The copy starts `_BEHIND` characters before `lo`: look-behinds.
-    Yielded one by one: a text dense with candidates the judge refuses would otherwise hold
-    a list of them all, several times the text's size (review 57)."""
+    """Where the prefilter matches in text[lo:end], in order, one by one (a list of them
+    all would be several times a candidate-dense text's size). ASCII text is searched in a
+    copy with every digit "0" (`_CAND0`, that literal first), from `_BEHIND` characters
+    before `lo` (look-behinds): the engine skips prose by its literal loop, not a charset
+    test per character, and a run the prefilter refuses ("line 42") costs no Python."""
     if not ascii_text:
         yield from (c.start() for c in _CAND.finditer(text, lo, end))
         return

@@ -76,10 +76,6 @@ class Gates:
         else:
             del self._count[gate]
 
-    def clear(self) -> None:
-        self.gate_of.clear()
-        self._count.clear()
-
     def deepest(self, hashes: Sequence[int], upto: int, marks: Container[int],
                 scope: int = 0) -> int:
         """j such that hashes[j - 1] ^ scope is the deepest of hashes[:upto] in `marks`
