@@ -139,7 +139,10 @@ def load(in_flight: int = 1, healthy: bool = True, occupancy: float | None = Non
     (load(occupancy=4, seq=4), LIMITS, False),  # every sequence taken
     (load(occupancy=3, seq=4), LOWER, False),  # the last one is high's
     (load(occupancy=2, seq=4), LOWER, True),
-    (load(occupancy=2, waiting=1, seq=8), LIMITS, False),  # the engine queues already
+    # a request waiting in the engine closes no room by itself: what it waits for is a
+    # sequence (the occupancy), KV blocks or a step's budget (the prefill room)
+    (load(occupancy=2, waiting=1, seq=8), LIMITS, True),
+    (load(occupancy=8, waiting=3, seq=8), LIMITS, False),  # waiting for a sequence
     (load(in_flight=4, seq=4), LIMITS, False),  # stale scrape: own count against its limit
     (load(in_flight=3, seq=4), LIMITS, True),
     (load(occupancy=2, seq=256, kv=0.95), LIMITS, False),  # fresh KV usage
@@ -305,10 +308,12 @@ def test_a_scrape_with_an_empty_engine_queue_ends_a_non_streamed_requests_prefil
     assert queued > 10 * short > 0 and partly == short and done == 0
 
 
-def test_a_prompt_larger_than_the_room_goes_where_less_than_it_waits() -> None:
+def test_a_prompt_larger_than_the_room_waits_its_turn() -> None:
     """One long prompt queued on `a` (more than the 16k-token room `normal` sees): a
-    prompt longer than what is queued there goes at once (the room is never below the
-    waiting prompt); a short one waits for the long one to begin."""
+    prompt longer than what is queued there waits as a short one does, for the long one
+    to begin (the room is not raised to the waiting prompt's own size: a large prompt
+    would overtake the smaller ones before it, which waited to their class's limit on the
+    Mooncake trace, issue 36); then both go, first come first served."""
     async def run() -> None:
         g, router, fleet, clock, _ = world()
         a = fleet.replicas["a"]
@@ -325,12 +330,18 @@ def test_a_prompt_larger_than_the_room_goes_where_less_than_it_waits() -> None:
         assert seen.prefill_s_per_token is None  # no scrape has shown a rate yet
         short = asyncio.create_task(g.admit(at("short"), [a]))
         longer = asyncio.create_task(g.admit(at("longer " + "y" * 150_000), [a]))
-        ticket = await asyncio.wait_for(longer, 5)
-        assert ticket.plan.decision.replica == "a" and not short.done()
-        # a scrape shows the engine's queue empty: the long ones began, the short goes
+        for _ in range(50):  # bounded: until both wait in the gate
+            if g.stats()["queued"]["normal"] >= 2:
+                break
+            await asyncio.sleep(0.001)
+        assert not short.done() and not longer.done()
+        # a scrape shows the engine's queue empty: the long one began, both go
         clock.t += 0.1
         fleet.set_snapshot("a", snap(clock, running=2), clock.t, 2)
-        assert (await asyncio.wait_for(short, 5)).plan.decision.replica == "a"
+        first = await asyncio.wait_for(short, 5)
+        ticket = await asyncio.wait_for(longer, 5)
+        assert first.plan.decision.replica == ticket.plan.decision.replica == "a"
+        g.done(first)
         for t in (held, ticket):
             g.done(t)
         await g.aclose()

@@ -187,7 +187,7 @@ def test_a_follow_up_goes_to_its_own_replica_past_the_room(past_room: float,
         routing = RoutingConfig()
         router = Router(routing)
         # the wall clock stands still: no engine figures and no estimate ends a prefill
-        g = Gate(AdmissionConfig(enabled=True, replica_max_queued_prefill_tokens=100,
+        g = Gate(AdmissionConfig(enabled=True, replica_max_queued_prefill_tokens=2400,
                                  recheck_s=0.001, own_replica_past_room=past_room),
                  routing, router, GatewayMetrics(), lambda: 0.0, Clock())
         fleet = [replica("a"), replica("b")]

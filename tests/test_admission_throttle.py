@@ -106,10 +106,11 @@ def load_of(cap: Capacity, seen: Scrape, own: int, now: float,
     (SAT, scrape(0.0, 2, 0, own=2), 3, 1.0, math.inf, False),  # 3 of 3 for `normal`
     (SAT, scrape(0.0, 1, 0, own=1), 2, 1.0, math.inf, True),
     # one scrape showed 2 waiting beside fewer running than it ran (a long prefill):
-    # held for two prompts' prefill at its pace, not until the next scrape
-    (BUDGET, scrape(0.0, 2, 2, own=4), 4, 0.5, 0.4, False),
+    # those waiting close no room by themselves (room.py): they wait for the step's
+    # budget, which the gateway's queued-prefill room holds (none of its own here)
+    (BUDGET, scrape(0.0, 2, 2, own=4), 4, 0.5, 0.4, True),
     (BUDGET, scrape(0.0, 2, 2, own=4), 4, 0.8, 0.4, True),
-    (BUDGET, scrape(0.0, 2, 2, own=4), 4, 4.0, math.inf, False),  # no pace: it stands
+    (BUDGET, scrape(0.0, 2, 2, own=4), 4, 4.0, math.inf, True),
     # waiting beside the most it ran: the guess (12, `normal` 9) binds on the occupancy
     # (6 running + 3 waiting), however long ago the waiting began (a finish lets one in)
     (PENDING, scrape(0.0, 6, 3, own=9), 9, 4.0, 0.1, False),
@@ -201,7 +202,7 @@ SIZED = RoomLimits(math.inf, 16_000, 0.97, sized_s_per_token=33e-6)
     (None, 0.0, 0.0, 16_000),  # never measured: the room as configured
     (33e-6, 0.0, 0.0, 16_000),  # measured at the rate it was sized at
     (8.25e-6, 0.0, 0.0, 64_000),  # 4x faster: the same seconds of prefill, 4x the tokens
-    (8.25e-6, 0.0, 90_000.0, 90_000),  # never below the prompt at stake
+    (8.25e-6, 0.0, 90_000.0, 64_000),  # not raised to the waiting prompt's own size
     (66e-6, 0.0, 0.0, 16_000),  # slower: never fewer tokens than configured
     (66e-6, 20_000.0, 0.0, 20_000),  # nor below the largest prompt it serves
     (0.0, 0.0, 0.0, 16_000),  # no figure
@@ -213,7 +214,7 @@ def test_the_prefill_room_is_a_wait_at_the_engines_measured_rate(
     assert prefill_room(load, SIZED, prompt) == pytest.approx(room)
     # as configured without the rate it was sized at
     assert prefill_room(load, RoomLimits(math.inf, 16_000, 0.97), prompt) == max(
-        16_000, largest, prompt)
+        16_000, largest)
 
 
 @pytest.mark.parametrize(("measured", "queued", "room"), [

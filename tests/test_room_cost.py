@@ -33,11 +33,12 @@ from tests.room_builders import IN_FLIGHT_S, LIMITS, PER_TOKEN, load
     (load("a", queued=0, largest=20_000), 20_000.0, 20_000.0, True),
     # a 40k prompt running and a 12k queued behind it: room for another 40k
     (load("a", in_flight=2, queued=18_000, largest=40_000), 40_000.0, 40_000.0, True),
-    # the waiting request's own prompt: a 40k prompt is not refused a replica holding
-    # 20k of queued prefill for being larger than the configured room
-    (load("a", in_flight=3, queued=20_000, largest=9_000), 40_000.0, 40_000.0, True),
-    # ... but it is when the queued prefill there is already as large
-    (load("a", in_flight=3, queued=40_000, largest=20_000), 40_000.0, 40_000.0, False),
+    # not the waiting request's own prompt: a 40k prompt waits, as a smaller one does,
+    # until less than the room (or the largest prompt there) is queued (first come,
+    # first served: raised to its own size, large prompts overtook the smaller ones
+    # before them, which waited to their class's limit on the Mooncake trace, issue 36)
+    (load("a", in_flight=3, queued=20_000, largest=9_000), 40_000.0, 16_384.0, False),
+    (load("a", in_flight=3, queued=15_000, largest=9_000), 40_000.0, 16_384.0, True),
     # a replica running nothing of this gateway's always has room
     (load("a", in_flight=0, queued=50_000), 14_000.0, 16_384.0, True),
 ])
@@ -100,13 +101,19 @@ def test_holding_and_moving_are_priced_alike(loads: list[ReplicaLoad], prompt: f
     assert b.go is (why != "own")
 
 
-def test_a_waiting_prompt_larger_than_the_room_is_not_held_for_it() -> None:
-    # every replica holds more queued prefill than the configured room; the 40k-token
-    # request has room wherever less than its own size waits
+def test_a_waiting_prompt_larger_than_the_room_waits_as_a_smaller_one_does() -> None:
+    # every replica holds more queued prefill than the configured room and its largest
+    # prompt: a 40k-token request is held as a 10k one is (neither overtakes the other)
     loads = [load("a", queued=30_000, largest=20_000, predicted=1_000),
              load("b", queued=45_000, largest=20_000)]
-    assert bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, 0.0, 2.0, 0.0, 40_000).replicas == ("a",)
+    assert bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, 0.0, 2.0, 0.0, 40_000).why == "full"
     assert bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, 0.0, 2.0, 0.0, 10_000).why == "full"
+    # and where less than the largest prompt there is queued, both go
+    loads = [load("a", queued=19_000, largest=20_000, predicted=1_000),
+             load("b", queued=45_000, largest=20_000)]
+    for prompt in (40_000, 10_000):
+        assert bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, 0.0, 2.0, 0.0,
+                    prompt).replicas == ("a",)
 
 
 DEFAULT = 0.001  # the cost model's 1,000 tokens a second

@@ -6,11 +6,12 @@ replica, nor ahead of one of its own class before it in the gate's order."""
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
 from gateway.admission.gate import Ask, Ticket
-from gateway.admission.room import ReplicaLoad, passable
+from gateway.admission.room import ReplicaLoad, RoomLimits, has_room, passable
 from tests.room_builders import LIMITS, ask, two_replicas, wait_queued
 from tests.test_admission_engine import Clock, snap
 
@@ -25,11 +26,12 @@ BULK = "a long unrelated document, queued and not begun " * 900  # ~11k tokens e
 
 
 def scenario(first: bytes | None, tenant: str = "y") -> tuple[bool, bool]:
-    """The low follow-up's own replica holds two ~11k-token prompts this gateway sent and
-    the engine has not begun (full by the queued prefill: past the room is open to it);
-    both engines show three requests waiting (those two among them), so a `first`
-    newcomer (no history) of `tenant` waits here (None: none comes). Returns (the
-    follow-up went, the newcomer went)."""
+    """Each replica holds two ~11k-token prompts this gateway sent and the engine has not
+    begun (full by the queued prefill for `low`: past the room is open to the follow-up
+    whose history is on one of them), so a `first` newcomer (no history) of `tenant`
+    waits here, unless its class is not held for queued prefill (`high`: it waits behind
+    that prefill in the engine just the same); None: none comes. Returns (the follow-up
+    went, the newcomer went)."""
     async def run() -> tuple[bool, bool]:
         clock = Clock()  # stands still: the scrapes stay fresh, nothing begins
         fleet, g = two_replicas(clock)
@@ -44,6 +46,9 @@ def scenario(first: bytes | None, tenant: str = "y") -> tuple[bool, bool]:
                                       [fleet.replicas[home]]))
         held.append(await g.admit(chat(b"low", "x", "an unrelated conversation " * 40),
                                   [fleet.replicas[other]]))
+        for i in range(2):  # the other replica full by queued prefill too
+            held.append(await g.admit(chat(b"low", "x", f"other {i} " + BULK),
+                                      [fleet.replicas[other]]))
         for name, r in fleet.replicas.items():
             r.in_flight = 1
             fleet.set_snapshot(name, snap(clock, 64.0, waiting=3.0), in_flight=1)
@@ -75,10 +80,28 @@ def test_alone_the_follow_up_goes_past_the_room() -> None:
     assert low_went
 
 
-def test_a_low_follow_up_does_not_go_past_the_room_ahead_of_a_waiting_high() -> None:
-    low_went, high_went = scenario(b"high")
-    assert not high_went
-    assert not low_went, "a low follow-up went past the room while high waited for it"
+def test_high_is_not_held_where_a_low_follow_up_goes_past_the_room() -> None:
+    """What opens past the room to a lower follow-up (a replica full by the gateway's
+    queued prefill) never holds `high`: it goes at once, ahead of the follow-up."""
+    _, high_went = scenario(b"high")
+    assert high_went, "high waited while the replicas were full by queued prefill alone"
+
+
+@pytest.mark.parametrize("stuck", [False, True])
+@pytest.mark.parametrize("waiting", [0.0, 3.0])
+@pytest.mark.parametrize("kv", [0.3, 0.98])
+@pytest.mark.parametrize("occupancy", [10.0, 63.0, 64.0])
+@pytest.mark.parametrize("queued", [0.0, 20_000.0, 40_000.0])  # LIMITS: room 16,384
+def test_whatever_holds_high_holds_a_lower_follow_up_too(
+        stuck: bool, waiting: float, kv: float, occupancy: float, queued: float) -> None:
+    """Over the limits one at a time and together: where `high` has no room, no lower
+    follow-up may go past the room (the engine would serve it first)."""
+    ld = ReplicaLoad("a", in_flight=2, queued_prefill_tokens=queued, kv_usage=kv,
+                     occupancy=occupancy + waiting, engine_waiting=waiting, seq_limit=64,
+                     engine_stuck=stuck)
+    high = RoomLimits(math.inf, math.inf, LIMITS.kv_usage_limit)
+    if not has_room(ld, high, 4_000.0):
+        assert not passable(ld, LIMITS, 4_000.0, 2.0)
 
 
 def test_nor_ahead_of_an_earlier_waiter_of_its_own_class() -> None:
@@ -91,7 +114,7 @@ def test_nor_ahead_of_an_earlier_waiter_of_its_own_class() -> None:
 
 
 @pytest.mark.parametrize(("queued", "waiting", "past"), [
-    (0.0, 1.0, False),  # only the engine's queue fills it: that holds `high` too
+    (0.0, 1.0, False),  # only the engine's queue: not full by the queued prefill
     (8_000.0, 5.0, False),
     (20_000.0, 0.0, True),  # full by this gateway's queued prefill
     (20_000.0, 5.0, True),  # ... whatever else waits in the engine

@@ -195,7 +195,8 @@ class FleetView:
             occupancy=v.occupancy, engine_waiting=v.waiting, seq_limit=v.seq_limit,
             largest_prompt_tokens=largest,
             prefill_s_per_token=rate.s_per_token(),
-            cache_free_tokens=self.router.cache_free_tokens(name))
+            cache_free_tokens=self.router.cache_free_tokens(name),
+            engine_stuck=rate.began_nothing)
 
     def s_per_token(self, name: str) -> float:
         """`name`'s prefill rate as its scrapes showed it, else the cost model's."""

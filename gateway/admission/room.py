@@ -1,9 +1,10 @@
 """Room on a replica and the late-binding choice (pure).
 
 A replica has room for another request when it is healthy and below every limit:
-- **what its engine says** (engine.py, when its last scrape is fresh): nothing waits in
-  the engine now and its occupancy (running + waiting, plus what this gateway sent since
-  the scrape) is below what the engine has shown it runs at once (`seq_limit`); a class
+- **what its engine says** (engine.py, when its last scrape is fresh): its occupancy
+  (running + waiting, plus what this gateway sent since the scrape) is below what the
+  engine has shown it runs at once (`seq_limit`), and no queue waits there that the
+  engine does not move (`engine_stuck`, below); a class
   other than `high` sees `seq_share` of that (`lower_class_room`), so `high` finds a free
   sequence in the engine, not a queue it cannot pass. Its KV usage is below
   `kv_usage_limit` (a full cache preempts and recomputes).
@@ -17,12 +18,26 @@ A replica has room for another request when it is healthy and below every limit:
 A healthy replica with nothing of this gateway's in flight always has room, so signals
 that misjudge it cannot block the queue for ever; an unhealthy one never has.
 
-**The prefill room is never smaller than a prompt at stake** (`prefill_room`): the larger
-of the configured room, the largest prompt this gateway has in flight on the replica
-(`largest_prompt_tokens`) and the waiting request's own prompt. A room of 16k tokens
-would otherwise call "full" a replica holding one queued 20k-token prompt for ever, and
-never admit a 40k-token prompt anywhere but an idle replica: a replica serving a 40k
-prompt admits another of that size once the first has begun.
+**Waiting in the engine.** Requests the engine shows waiting close no room by
+themselves: they wait for a sequence (counted in the occupancy), for KV blocks (the KV
+usage) or for a step's token budget behind long prefills (the queued-prefill room). Read
+as "full" whenever one waited, a replica serving the Mooncake trace's long prompts was
+full most of the time (vLLM's chunked prefill keeps requests waiting while a long prompt
+takes the step's budget): its KV cache at 0.3-0.5 and its sequences free while 85
+requests waited in the gateway, which answered 7-31% of the trace's requests at 4x with
+a 429 where the engines' own queues served every one (issue 36,
+bench/results/admission.md). Only a queue the engine shows it does not move (two
+scrapes, the same waiting count or more and not a prompt token prefilled between them:
+a stalled engine, or requests held for KV blocks while the running ones only decode;
+`engine_stuck`) closes the replica, for every class and past the room too.
+**The prefill room is never smaller than the largest prompt in flight there**
+(`prefill_room`): the larger of the configured room and the largest prompt this gateway
+has in flight on the replica (`largest_prompt_tokens`). A room of 16k tokens would
+otherwise call "full" a replica holding one queued 20k-token prompt for ever: a replica
+serving a 40k prompt admits another of that size once the first has begun. It is not
+raised to the waiting request's own prompt: the same room for every waiter keeps the
+queue first come, first served (raised, a large prompt found room where the smaller
+ones before it did not, and they waited to their class's limit).
 **The room is a wait, priced by the cost model**: what a request admitted now waits
 behind in the engine is the queued prefill at that engine's rate, so the configured room
 (tokens, sized at the cost model's `prefill_s_per_token`: `RoomLimits.sized_s_per_token`)
@@ -125,6 +140,9 @@ class ReplicaLoad:
     cache_free_tokens: float | None = None
     # context held for agent programs in a tool call there (priced when evicted; 0: none)
     reserved_tokens: float = 0.0
+    # its last two scrapes show a queue it does not move (prefillrate.py
+    # `PrefillRate.began_nothing`: a stalled engine, or waiting requests held for KV blocks)
+    engine_stuck: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +187,8 @@ def prefill_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0
     sized, measured = limits.sized_s_per_token, load.prefill_s_per_token
     if sized is not None and measured is not None and 0 < measured < sized:
         room *= sized / measured
-    return max(room, load.largest_prompt_tokens, prompt_tokens)
+    del prompt_tokens  # no floor of its own: module docstring, "first come, first served"
+    return max(room, load.largest_prompt_tokens)
 
 
 def has_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0,
@@ -186,8 +205,11 @@ def has_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0,
         return False
     if load.queued_prefill_tokens >= prefill_factor * prefill_room(load, limits, prompt_tokens):
         return False
-    if load.engine_waiting and prefill_factor <= 1.0:
-        return False  # the engine holds requests it cannot run yet: another only queues
+    if load.engine_waiting and load.engine_stuck:
+        return False  # a queue the engine does not move: another request only joins it
+    # a queue it moves closes no room by itself (module docstring, "Waiting in the
+    # engine"): what it waits for is a sequence (the occupancy above), KV blocks (below)
+    # or a step's token budget (the prefill room above)
     return load.kv_usage is None or load.kv_usage < limits.kv_usage_limit
 
 
