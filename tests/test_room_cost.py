@@ -24,25 +24,28 @@ from tests.room_builders import IN_FLIGHT_S, LIMITS, PER_TOKEN, load
 
 
 @pytest.mark.parametrize(("ld", "prompt", "room", "roomy"), [
-    # the configured room (16,384 for `normal`) when nothing larger is at stake
+    # the configured room (16,384 for `normal`), whatever is at stake
     (load("a", queued=10_000, largest=10_000), 0.0, 16_384.0, True),
     (load("a", queued=16_384, largest=8_000), 8_000.0, 16_384.0, False),
-    # one 20k prompt sent and not begun: full for now (the room is that prompt) ...
-    (load("a", queued=20_000, largest=20_000), 14_000.0, 20_000.0, False),
+    # one 20k prompt sent and not begun: full for now ...
+    (load("a", queued=20_000, largest=20_000), 14_000.0, 16_384.0, False),
     # ... and once it began, another of its size goes there
-    (load("a", queued=0, largest=20_000), 20_000.0, 20_000.0, True),
-    # a 40k prompt running and a 12k queued behind it: room for another 40k
-    (load("a", in_flight=2, queued=18_000, largest=40_000), 40_000.0, 40_000.0, True),
-    # not the waiting request's own prompt: a 40k prompt waits, as a smaller one does,
-    # until less than the room (or the largest prompt there) is queued (first come,
-    # first served: raised to its own size, large prompts overtook the smaller ones
-    # before them, which waited to their class's limit on the Mooncake trace, issue 36)
+    (load("a", queued=0, largest=20_000), 20_000.0, 16_384.0, True),
+    # a 40k prompt running and 12k queued behind it: room for another 40k
+    (load("a", in_flight=2, queued=12_000, largest=40_000), 40_000.0, 16_384.0, True),
+    # not raised to the largest prompt there: 18k queued behind a begun 40k one is full
+    # (raised, a lower class queued up to a begun `high` prompt's size, issue 36's review)
+    (load("a", in_flight=2, queued=18_000, largest=40_000), 4_000.0, 16_384.0, False),
+    # nor to the waiting request's own prompt: a 40k prompt waits, as a smaller one does,
+    # until less than the room is queued (first come, first served: raised to its own
+    # size, large prompts overtook the smaller ones before them, which waited to their
+    # class's limit on the Mooncake trace, issue 36)
     (load("a", in_flight=3, queued=20_000, largest=9_000), 40_000.0, 16_384.0, False),
     (load("a", in_flight=3, queued=15_000, largest=9_000), 40_000.0, 16_384.0, True),
     # a replica running nothing of this gateway's always has room
     (load("a", in_flight=0, queued=50_000), 14_000.0, 16_384.0, True),
 ])
-def test_the_prefill_room_is_never_below_a_prompt_at_stake(
+def test_the_prefill_room_is_the_same_for_every_prompt(
         ld: ReplicaLoad, prompt: float, room: float, roomy: bool) -> None:
     assert prefill_room(ld, LIMITS, prompt) == room
     assert has_room(ld, LIMITS, prompt) is roomy
@@ -108,8 +111,8 @@ def test_a_waiting_prompt_larger_than_the_room_waits_as_a_smaller_one_does() -> 
              load("b", queued=45_000, largest=20_000)]
     assert bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, 0.0, 2.0, 0.0, 40_000).why == "full"
     assert bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, 0.0, 2.0, 0.0, 10_000).why == "full"
-    # and where less than the largest prompt there is queued, both go
-    loads = [load("a", queued=19_000, largest=20_000, predicted=1_000),
+    # and where less than the room is queued, both go
+    loads = [load("a", queued=15_000, largest=20_000, predicted=1_000),
              load("b", queued=45_000, largest=20_000)]
     for prompt in (40_000, 10_000):
         assert bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, 0.0, 2.0, 0.0,

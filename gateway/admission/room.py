@@ -30,14 +30,18 @@ bench/results/admission.md). Only a queue the engine shows it does not move (two
 scrapes, the same waiting count or more and not a prompt token prefilled between them:
 a stalled engine, or requests held for KV blocks while the running ones only decode;
 `engine_stuck`) closes the replica, for every class and past the room too.
-**The prefill room is never smaller than the largest prompt in flight there**
-(`prefill_room`): the larger of the configured room and the largest prompt this gateway
-has in flight on the replica (`largest_prompt_tokens`). A room of 16k tokens would
-otherwise call "full" a replica holding one queued 20k-token prompt for ever: a replica
-serving a 40k prompt admits another of that size once the first has begun. It is not
-raised to the waiting request's own prompt: the same room for every waiter keeps the
-queue first come, first served (raised, a large prompt found room where the smaller
-ones before it did not, and they waited to their class's limit).
+**The prefill room is the same for every waiter** (`prefill_room`): the configured
+room at the engine's measured rate, whatever the size of the waiting prompt or of those
+in flight there. A replica has room while less than the room is queued, so any prompt,
+however large, goes there then (a 14k-token prompt does not find "full" a replica
+holding 10k of queued prefill; a 40k prompt goes where less than the room is queued,
+and another once the first has begun). It was raised to the waiting request's own
+prompt and to the largest prompt in flight there: raised to the first, a large prompt
+found room where the smaller ones before it did not and overtook them (they waited to
+their class's limit on the Mooncake trace); raised to the second, a lower class queued
+as much prefill as the largest prompt there, a begun `high` one included, far past its
+share (a review found six `normal` prompts, 58k tokens, sent behind a 105k-token `high`
+prompt against a share of 16k, and the next `high` waiting behind them).
 **The room is a wait, priced by the cost model**: what a request admitted now waits
 behind in the engine is the queued prefill at that engine's rate, so the configured room
 (tokens, sized at the cost model's `prefill_s_per_token`: `RoomLimits.sized_s_per_token`)
@@ -181,14 +185,14 @@ def _over(load: ReplicaLoad, limits: RoomLimits) -> float:
 
 def prefill_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0) -> float:
     """The queued prefill `load` may hold: the configured room, as many seconds of prefill
-    at its engine's measured rate when that is faster than the rate the room was sized at,
-    and never below a prompt at stake (module docstring)."""
+    at its engine's measured rate when that is faster than the rate the room was sized
+    at; the same for every waiter and every prompt in flight (module docstring)."""
     room = limits.max_queued_prefill_tokens
     sized, measured = limits.sized_s_per_token, load.prefill_s_per_token
     if sized is not None and measured is not None and 0 < measured < sized:
         room *= sized / measured
     del prompt_tokens  # no floor of its own: module docstring, "first come, first served"
-    return max(room, load.largest_prompt_tokens)
+    return room
 
 
 def has_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0,
