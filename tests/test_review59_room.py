@@ -1,8 +1,10 @@
 """Outside review of a6ec647 (room.py: a queue the engine moves closes no room by itself,
 only `engine_stuck` does; the prefill room is no longer raised to the waiter's prompt).
 
-The xfail(strict) tests are breaks found; the plain ones pin rules that no test caught
-when mutated (tests/test_review59_room.py's module docstring in the review report)."""
+The xfail(strict) tests are breaks found. The plain ones pin the stuck rule: that it
+needs a waiting count (mutation `if load.engine_stuck:`, caught by no other test) and
+that fleetview.py hands `began_nothing` to the room (`engine_stuck=False` there, also
+caught by tests/test_review47_throttle_faults.py)."""
 
 from __future__ import annotations
 
