@@ -1,0 +1,174 @@
+"""Outside review of a6ec647 (room.py: a queue the engine moves closes no room by itself,
+only `engine_stuck` does; the prefill room is no longer raised to the waiter's prompt).
+
+The xfail(strict) tests are breaks found. The plain ones pin the stuck rule: that it
+needs a waiting count (mutation `if load.engine_stuck:`, caught by no other test) and
+that fleetview.py hands `began_nothing` to the room (`engine_stuck=False` there, also
+caught by tests/test_review47_throttle_faults.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from gateway.admission.fleetview import FleetView
+from gateway.admission.prefillrate import PrefillRate, learn_rate
+from gateway.admission.room import ReplicaLoad, RoomLimits, has_room, passable
+from gateway.replicas.fleet import Fleet
+from gateway.routing.config import RoutingConfig
+from gateway.routing.router import Router
+from gateway.settings import ReplicaSettings
+from gateway.usage.snapshot import EngineSnapshot
+from tests.room_builders import LIMITS, ask, two_replicas
+from tests.test_admission_engine import Clock, snap
+
+HIGH = RoomLimits(math.inf, math.inf, LIMITS.kv_usage_limit)  # gate.py's `high`
+COST_MODEL = 1e-3  # RoutingConfig's prefill_s_per_token (1,000 tokens a second)
+
+
+# -- breaks ------------------------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a6ec647: with the engine's moving queue no longer closing a replica, the only bound "
+    "on what `normal`/`low` put into the engine's first-come queue is their prefill "
+    "share, and prefill_room floors that share at the largest prompt in flight there "
+    "(any class, begun or decoding): one 100k prompt on the replica lets the lower "
+    "classes queue up to 100k tokens (6x their 16k share) while the engine already shows "
+    "a queue, and a `high` arriving then (prefill room unbounded) goes in behind all of "
+    "it; before, the waiting count closed the replica to them"))
+@pytest.mark.parametrize("queued", [20_000.0, 60_000.0, 95_000.0])
+def test_a_lower_class_queues_no_more_than_its_share_where_the_engine_shows_a_queue(
+        queued: float) -> None:
+    ld = ReplicaLoad("a", in_flight=8, queued_prefill_tokens=queued, kv_usage=0.5,
+                     occupancy=20.0, engine_waiting=5.0, seq_limit=256,
+                     largest_prompt_tokens=100_000.0, engine_stuck=False)
+    assert has_room(ld, HIGH)  # high goes: it will wait behind the queued prefill
+    assert not has_room(ld, LIMITS), (
+        f"normal adds to {queued:.0f} queued prefill tokens (its share: "
+        f"{LIMITS.max_queued_prefill_tokens:.0f}) in an engine showing a queue")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the same through the gate: a ~105k-token `high` prompt begun on `a` (decoding) and "
+    "the engine showing 2 requests waiting (a queue it moves): six ~9.8k-token `normal` "
+    "prompts all go at once, 58.5k tokens of prefill queued in the engine ahead of any "
+    "`high` that comes next, where `normal`'s share is 16,384 (two of them)"))
+def test_the_gate_sends_a_lower_class_no_more_than_its_share_behind_a_queue() -> None:
+    async def run() -> int:
+        clock = Clock()  # stands still: the scrapes stay fresh, nothing else begins
+        fleet, g = two_replicas(clock)
+        fleet.replicas["b"].healthy = False  # one replica: nowhere else to go
+        a = fleet.replicas["a"]
+        big = await g.admit(ask(b"high", "t", "a very long document " * 20_000, at=clock.t),
+                            [a])
+        a.in_flight = 1
+        clock.t += 0.1
+        fleet.set_snapshot("a", snap(clock, 20.0, waiting=0.0), in_flight=1)  # it began
+        small = await g.admit(ask(b"high", "t", "hello", at=clock.t), [a])  # reads it
+        a.in_flight = 2
+        clock.t += 0.1
+        fleet.set_snapshot("a", snap(clock, 20.0, waiting=2.0), in_flight=2)  # a queue
+        tasks = [asyncio.create_task(g.admit(
+            ask(b"normal", "t", f"doc {i} " + "some text here " * 2_600, at=clock.t), [a]))
+            for i in range(6)]
+        for _ in range(50):  # bounded: until the gate settles
+            await asyncio.sleep(0.001)
+        went = sum(t.done() and not t.cancelled() and t.exception() is None
+                   for t in tasks)
+        assert g.router.largest_by_replica()["a"] > 100_000
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for t in (big, small):
+            g.done(t)
+        await g.aclose()
+        return went
+    went = asyncio.run(run())
+    assert went <= 2, f"{went} normal prompts of ~9.8k tokens went behind the queue"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "vLLM v1 adds a request's whole prompt to vllm:prompt_tokens_total only at its first "
+    "token (IterationStats.update_from_output: no output for a partial chunked prefill), "
+    "so two scrapes 5 s apart during one 100k-token prefill (10 s at the 10k tok/s "
+    "measured there) show the counter flat beside the requests waiting for the step's "
+    "budget: `began_nothing` reads it as a stalled engine and closes the replica to every "
+    "class, `high` included: the very queue the change says closes no room (Mooncake's "
+    "long prompts, issue 36)"))
+def test_a_queue_behind_a_long_prefill_in_progress_is_not_read_as_stuck() -> None:
+    rate = PrefillRate(tokens_per_s=10_000.0)
+    rate = learn_rate(rate, 0.0, 500_000.0, 0.0, 2.0, COST_MODEL, 15.0)
+    rate = learn_rate(rate, 5.0, 500_000.0, 0.0, 2.0, COST_MODEL, 15.0)  # mid-prefill
+    ld = ReplicaLoad("a", in_flight=3, queued_prefill_tokens=4_000.0, kv_usage=0.4,
+                     occupancy=5.0, engine_waiting=2.0, seq_limit=256,
+                     largest_prompt_tokens=100_000.0,
+                     prefill_s_per_token=rate.s_per_token(), engine_stuck=rate.began_nothing)
+    assert ld.prefill_s_per_token == pytest.approx(1e-4)
+    # the largest prompt there takes 10 s to prefill: a flat counter over 5 s is expected
+    assert has_room(ld, HIGH), "a prefill in progress read as a stalled engine"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "an engine whose scrapes show the waiting count but no prompt-token counter (an "
+    "exporter without it, or the line dropped as unreadable) can never be `engine_stuck` "
+    "(learn_rate returns began_nothing False without a counter): a queue that stands "
+    "scrape after scrape no longer closes it, and `high` (prefill room unbounded) is "
+    "sent into it up to the sequence guess; before a6ec647 any waiting closed it"))
+def test_a_standing_queue_closes_a_replica_that_shows_no_prompt_counter() -> None:
+    rate = PrefillRate()
+    for ts in (0.0, 5.0, 10.0):
+        rate = learn_rate(rate, ts, None, None, 5.0, COST_MODEL, 15.0)
+    ld = ReplicaLoad("a", in_flight=4, queued_prefill_tokens=0.0, kv_usage=0.5,
+                     occupancy=9.0, engine_waiting=5.0, seq_limit=64,
+                     engine_stuck=rate.began_nothing)
+    assert not has_room(ld, HIGH)
+
+
+# -- mutations no test of a6ec647 caught ---------------------------------------------------
+
+def test_a_stuck_queue_closes_only_while_requests_still_wait() -> None:
+    """The stuck rule needs a waiting count: once finishes let the scraped queue in
+    (engine.py: the count stands "until a request finishes"), the replica has room again.
+    Mutation caught: `if load.engine_stuck:` without `load.engine_waiting`."""
+    def at(waiting: float) -> ReplicaLoad:
+        return ReplicaLoad("a", in_flight=2, queued_prefill_tokens=0.0, kv_usage=0.3,
+                           occupancy=2.0 + waiting, engine_waiting=waiting, seq_limit=64,
+                           engine_stuck=True)
+    assert has_room(at(0.0), HIGH) and has_room(at(0.0), LIMITS)
+    assert not has_room(at(1.0), HIGH) and not has_room(at(1.0), LIMITS)
+    assert not passable(at(1.0), LIMITS, 1_000.0, 2.0)
+
+
+def _fleet_view() -> tuple[Fleet, FleetView, Clock]:
+    fleet = Fleet([ReplicaSettings(name="a", url="http://a:8000", models=("m",))])
+    fleet.replicas["a"].healthy = True
+    clock = Clock()
+    return fleet, FleetView(fleet, Router(RoutingConfig()), clock, 15.0, None), clock
+
+
+def _scrape(clock: Clock, running: float, prompt: float, waiting: float) -> EngineSnapshot:
+    return EngineSnapshot(clock.t, 0.3, running, waiting, None, None, prompt, None, None,
+                          None)
+
+
+@pytest.mark.parametrize(("second", "stuck"), [
+    ((9_000.0, 3.0), True),  # the same queue, not a prompt token more
+    ((12_000.0, 3.0), False),  # it prefilled: a queue it moves
+])
+def test_the_fleet_view_hands_the_stuck_reading_to_the_room(
+        second: tuple[float, float], stuck: bool) -> None:
+    """fleetview.py wires `PrefillRate.began_nothing` into `ReplicaLoad.engine_stuck`
+    (mutation caught: `engine_stuck=False` there), and the room follows it."""
+    fleet, fv, clock = _fleet_view()
+    r = fleet.replicas["a"]
+    # the running count changes (no sequence limit is learnt: the guess, 8, binds)
+    fleet.set_snapshot("a", _scrape(clock, 1.0, 9_000.0, 3.0), in_flight=2)
+    assert not fv.load(r, 2).engine_stuck  # one scrape's queue: a moment
+    clock.t += 5.0
+    fleet.set_snapshot("a", _scrape(clock, 2.0, *second), in_flight=2)
+    ld = fv.load(r, 2)
+    assert ld.engine_stuck is stuck
+    assert ld.engine_waiting == 3.0
+    assert has_room(ld, HIGH) is not stuck
