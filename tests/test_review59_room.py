@@ -1,10 +1,12 @@
 """Outside review of a6ec647 (room.py: a queue the engine moves closes no room by itself,
 only `engine_stuck` does; the prefill room is no longer raised to the waiter's prompt).
 
-The xfail(strict) tests are breaks found. The plain ones pin the stuck rule: that it
-needs a waiting count (mutation `if load.engine_stuck:`, caught by no other test) and
-that fleetview.py hands `began_nothing` to the room (`engine_stuck=False` there, also
-caught by tests/test_review47_throttle_faults.py)."""
+The xfail(strict) tests are breaks found and still open; break 1 (the lower classes'
+share floored at the largest prompt in flight) is fixed and its tests plain. The other
+plain ones pin the stuck rule: that it needs a waiting count (mutation
+`if load.engine_stuck:`, caught by no other test) and that fleetview.py hands
+`began_nothing` to the room (`engine_stuck=False` there, also caught by
+tests/test_review47_throttle_faults.py)."""
 
 from __future__ import annotations
 
@@ -30,17 +32,13 @@ COST_MODEL = 1e-3  # RoutingConfig's prefill_s_per_token (1,000 tokens a second)
 
 # -- breaks ------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a6ec647: with the engine's moving queue no longer closing a replica, the only bound "
-    "on what `normal`/`low` put into the engine's first-come queue is their prefill "
-    "share, and prefill_room floors that share at the largest prompt in flight there "
-    "(any class, begun or decoding): one 100k prompt on the replica lets the lower "
-    "classes queue up to 100k tokens (6x their 16k share) while the engine already shows "
-    "a queue, and a `high` arriving then (prefill room unbounded) goes in behind all of "
-    "it; before, the waiting count closed the replica to them"))
 @pytest.mark.parametrize("queued", [20_000.0, 60_000.0, 95_000.0])
 def test_a_lower_class_queues_no_more_than_its_share_where_the_engine_shows_a_queue(
         queued: float) -> None:
+    """Break 1 (fixed in 4119081): behind a queue the engine moves, the lower classes'
+    prefill share was floored at the largest prompt in flight there (any class, begun or
+    decoding): one 100k prompt let them queue up to 100k tokens, 6x their 16k share, and
+    a `high` arriving then went in behind all of it. The room is no longer raised."""
     ld = ReplicaLoad("a", in_flight=8, queued_prefill_tokens=queued, kv_usage=0.5,
                      occupancy=20.0, engine_waiting=5.0, seq_limit=256,
                      largest_prompt_tokens=100_000.0, engine_stuck=False)
@@ -50,12 +48,10 @@ def test_a_lower_class_queues_no_more_than_its_share_where_the_engine_shows_a_qu
         f"{LIMITS.max_queued_prefill_tokens:.0f}) in an engine showing a queue")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the same through the gate: a ~105k-token `high` prompt begun on `a` (decoding) and "
-    "the engine showing 2 requests waiting (a queue it moves): six ~9.8k-token `normal` "
-    "prompts all go at once, 58.5k tokens of prefill queued in the engine ahead of any "
-    "`high` that comes next, where `normal`'s share is 16,384 (two of them)"))
 def test_the_gate_sends_a_lower_class_no_more_than_its_share_behind_a_queue() -> None:
+    """Break 1 through the gate: a ~105k-token `high` prompt begun on `a` (decoding), the
+    engine showing 2 requests waiting (a queue it moves): six ~9.8k-token `normal`
+    prompts all went at once (58.5k tokens queued where `normal`'s share is 16,384)."""
     async def run() -> int:
         clock = Clock()  # stands still: the scrapes stay fresh, nothing else begins
         fleet, g = two_replicas(clock)
