@@ -429,9 +429,9 @@ class Gate:
         replicas = {r.name: r for pool in pools.values() for r in pool}
         base = {name: self._load(r, queued.get(name, 0.0), largest.get(name, 0.0))
                 for name, r in replicas.items()}
-        # the largest prompt waiting per class: room for it is room for some waiter of
-        # the class (a replica's prefill room grows with the prompt, room.py), so the
-        # class's candidates are a superset of each of its waiters'
+        # the largest prompt waiting per class (room.py's room is the same for every
+        # prompt now; a size-dependent one would make the class's candidates a superset
+        # of each waiter's only with the largest)
         prompts = {c: 0.0 for c, _ in self._flows}
         for (c, _), q in self._flows.items():
             prompts[c] = max([prompts[c], *(w.tokens for w in q)])

@@ -80,8 +80,8 @@ the gateway's own count, not the engine's: a follow-up whose own replica is full
 queued prefill (this gateway's count: whatever else waits in the engine besides) while
 every other limit still has room (its sequences, learned or capped, and KV usage:
 `passable`), may be sent there anyway, and the engine queues it behind what is queued.
-Not when only the engine's waiting queue fills it: that is what holds `high` (whose
-prefill room is unbounded), and whatever holds `high` holds a lower follow-up too; the
+Whatever holds `high` (whose prefill room is unbounded) holds a lower follow-up too: its
+sequences, the KV usage, a queue the engine does not move, at any factor; the
 gate also sends none past the room while a request of a higher class, or one before it
 in the gate's order, waits for that replica (gate.py).
 Priced by the same model (`cost_past`): what waits there (`queue_ahead`: the prefill
@@ -198,9 +198,9 @@ def prefill_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0
 def has_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0,
              prefill_factor: float = 1.0) -> bool:
     """Room for a request of `prompt_tokens` (0: unknown yet) on `load`; `prefill_factor`
-    > 1: room past the queued-prefill room up to that multiple of it, whatever waits in
-    the engine (`bind`'s bound for a follow-up sent to its own replica past the room:
-    it joins that queue), every other limit the same."""
+    > 1: room past the queued-prefill room up to that multiple of it (`bind`'s bound for
+    a follow-up sent to its own replica past the room: it joins that queue), every
+    other limit the same."""
     if not load.healthy:
         return False
     if load.in_flight <= 0:
@@ -301,9 +301,9 @@ def passable(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float,
              past_room: float) -> bool:
     """`load` is full by its queued-prefill room and within `past_room` times it: a
     follow-up whose history it holds may be sent there past the room (module docstring).
-    Never when only the engine's waiting queue fills it: that queue is what holds `high`
-    in the gateway (its prefill room is unbounded), and a lower class must not reach the
-    engine ahead of a `high` held for it."""
+    Never where `high` has no room: whatever holds it (sequences, KV usage, a queue the
+    engine does not move) holds this too, so a lower class never reaches the engine
+    ahead of a `high` held for it."""
     return (past_room > 1.0 and not has_room(load, limits, prompt_tokens)
             and load.queued_prefill_tokens >= prefill_room(load, limits, prompt_tokens)
             and has_room(load, limits, prompt_tokens, past_room))
