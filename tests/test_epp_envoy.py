@@ -130,7 +130,14 @@ def test_hygiene_findings_and_usage_records(stack: Stack) -> None:
         max_tokens=8, stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
     assert chunks[-1].usage is not None
+    # the log is written after each answer and the module's earlier tests wrote to it:
+    # wait for this request's own record, not for any (bounded)
     records = read_records(stack.usage, 1)
+    deadline = time.monotonic() + 10
+    while (not any(r["request_id"] == rid for r in records)
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+        records = read_records(stack.usage, 1)
     mine = [r for r in records if r["request_id"] == rid]
     assert len(mine) == 1 and mine[0]["hygiene"] >= 1 and mine[0]["status"] == 200
     assert mine[0]["predicted_cached_tokens"] is not None and mine[0]["prompt_tokens"] > 0
