@@ -429,27 +429,21 @@ class Gate:
         replicas = {r.name: r for pool in pools.values() for r in pool}
         base = {name: self._load(r, queued.get(name, 0.0), largest.get(name, 0.0))
                 for name, r in replicas.items()}
-        # the largest prompt waiting per class (room.py's room is the same for every
-        # prompt now; a size-dependent one would make the class's candidates a superset
-        # of each waiter's only with the largest)
-        prompts = {c: 0.0 for c, _ in self._flows}
-        for (c, _), q in self._flows.items():
-            prompts[c] = max([prompts[c], *(w.tokens for w in q)])
         rounds = 0
         while self._count and rounds <= cfg.max_queue:
             # room per waiting class: under overload a replica often has room for `high`
             # only, and scanning every lower-class waiter each recheck for nothing made
             # the dispatcher the gateway's main CPU cost with a thousand waiting
-            # (a program back from its tool call sees no reservation: a superset of room)
+            # (a program back from its tool call sees no reservation: a superset of room;
+            # room.py's room is the same whatever a waiter's size, so none is passed)
             classes = {c for c, _ in self._flows}
             roomy = {c: {name for name, ld in base.items()
-                         if has_room(self._fleet_view.without_held(ld), self._limits(c, now),
-                                     prompts.get(c, 0.0))}
+                         if has_room(self._fleet_view.without_held(ld), self._limits(c, now))}
                      for c in classes}
             # and those a follow-up holding its history there may go to past the room
             past = {c: {name for name, ld in base.items()
                         if passable(self._fleet_view.without_held(ld), self._limits(c, now),
-                                    prompts.get(c, 0.0), cfg.own_replica_past_room)}
+                                    0.0, cfg.own_replica_past_room)}
                     for c in classes}
             if not any(roomy.values()) and not any(past.values()):
                 return  # nobody can go anywhere: the common case under overload
