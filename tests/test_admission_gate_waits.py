@@ -103,6 +103,7 @@ def test_waiters_of_a_class_with_no_room_anywhere_are_not_examined(
         return real_bind(*args, **kwargs)
 
     monkeypatch.setattr("gateway.admission.gate.bind", counting_bind)
+    monkeypatch.setattr("gateway.admission.dispatch.bind", counting_bind)  # the dispatcher's
 
     async def run() -> None:
         g, _ = gate_with(AdmissionConfig(enabled=True, replica_max_in_flight=4,

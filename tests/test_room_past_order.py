@@ -1,4 +1,4 @@
-"""Past the room in the gate's order (gate.py `_release_pass`, room.py "past"): a follow-up
+"""Past the room in the gate's order (dispatch.py `_release_pass`, room.py "past"): a follow-up
 whose own replica is full by this gateway's queued prefill may go there past the room,
 but never into the engine ahead of a request of a higher class that waits here for that
 replica, nor ahead of one of its own class before it in the gate's order."""

@@ -64,7 +64,7 @@ class AdmissionConfig:
     # A tenant that took more than this multiple of its weighted share of its class's
     # recently admitted prompt tokens is shed at once (429, `tenant_share`) while another
     # tenant of the class waits; one below its share by the same factor keeps its place
-    # when a replica frees (gate.py, `_owed`); "recently": decayed with this half-life.
+    # when a replica frees (dispatch.py, `owed`); "recently": decayed with this half-life.
     over_share: float = 1.25
     share_half_life_s: float = 5.0
     # Late binding: a request waits for the replica holding most of its prefix, while
