@@ -1,8 +1,9 @@
 """Outside review of a6ec647 (room.py: a queue the engine moves closes no room by itself,
 only `engine_stuck` does; the prefill room is no longer raised to the waiter's prompt).
 
-The xfail(strict) tests are breaks found and still open; break 1 (the lower classes'
-share floored at the largest prompt in flight) is fixed and its tests plain. The other
+The xfail(strict) test is a break found and still open; break 1 (the lower classes'
+share floored at the largest prompt in flight) and break 2 (a long prefill in progress
+read as a stalled engine) are fixed and their tests plain. The other
 plain ones pin the stuck rule: that it needs a waiting count (mutation
 `if load.engine_stuck:`, caught by no other test) and that fleetview.py hands
 `began_nothing` to the room (`engine_stuck=False` there, also caught by
@@ -11,6 +12,7 @@ tests/test_review47_throttle_faults.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import pytest
@@ -85,25 +87,62 @@ def test_the_gate_sends_a_lower_class_no_more_than_its_share_behind_a_queue() ->
     assert went <= 2, f"{went} normal prompts of ~9.8k tokens went behind the queue"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "vLLM v1 adds a request's whole prompt to vllm:prompt_tokens_total only at its first "
-    "token (IterationStats.update_from_output: no output for a partial chunked prefill), "
-    "so two scrapes 5 s apart during one 100k-token prefill (10 s at the 10k tok/s "
-    "measured there) show the counter flat beside the requests waiting for the step's "
-    "budget: `began_nothing` reads it as a stalled engine and closes the replica to every "
-    "class, `high` included: the very queue the change says closes no room (Mooncake's "
-    "long prompts, issue 36)"))
 def test_a_queue_behind_a_long_prefill_in_progress_is_not_read_as_stuck() -> None:
+    """Break 2 (fixed): vLLM v1 adds a request's whole prompt to
+    vllm:prompt_tokens_total only at its first token (IterationStats.update_from_output:
+    no output for a partial chunked prefill), so two scrapes 5 s apart during one
+    100k-token prefill (10 s at the 10k tok/s measured there) show the counter flat
+    beside the requests waiting for the step's budget; read as a stalled engine, it
+    closed the replica to every class, `high` included. A flat counter is a stall only
+    once it has been flat for longer than the largest prompt there takes to prefill."""
     rate = PrefillRate(tokens_per_s=10_000.0)
     rate = learn_rate(rate, 0.0, 500_000.0, 0.0, 2.0, COST_MODEL, 15.0)
     rate = learn_rate(rate, 5.0, 500_000.0, 0.0, 2.0, COST_MODEL, 15.0)  # mid-prefill
+    per_token = rate.s_per_token()
+    assert per_token == pytest.approx(1e-4)
+    prefill_s = 100_000.0 * per_token  # the largest prompt there takes 10 s to prefill
+    assert rate.began_nothing and not rate.stalled(prefill_s)
     ld = ReplicaLoad("a", in_flight=3, queued_prefill_tokens=4_000.0, kv_usage=0.4,
                      occupancy=5.0, engine_waiting=2.0, seq_limit=256,
                      largest_prompt_tokens=100_000.0,
-                     prefill_s_per_token=rate.s_per_token(), engine_stuck=rate.began_nothing)
-    assert ld.prefill_s_per_token == pytest.approx(1e-4)
-    # the largest prompt there takes 10 s to prefill: a flat counter over 5 s is expected
+                     prefill_s_per_token=per_token, engine_stuck=rate.stalled(prefill_s))
     assert has_room(ld, HIGH), "a prefill in progress read as a stalled engine"
+    # still flat well past that prefill: stalled, and the replica closes
+    rate = learn_rate(rate, 10.0, 500_000.0, 0.0, 2.0, COST_MODEL, 15.0)
+    assert not rate.stalled(prefill_s)  # 10 s flat: the prefill may just be ending
+    rate = learn_rate(rate, 15.0, 500_000.0, 0.0, 2.0, COST_MODEL, 15.0)
+    assert rate.stalled(prefill_s)
+    assert not has_room(dataclasses.replace(ld, engine_stuck=rate.stalled(prefill_s)), HIGH)
+
+
+@pytest.mark.parametrize(("scrapes", "prefill_s", "stalled"), [
+    # flat 5 s beside a queue: stalled unless a prefill of 5 s or more may explain it
+    ([(0.0, 9_000.0, 3.0), (5.0, 9_000.0, 3.0)], 0.0, True),
+    ([(0.0, 9_000.0, 3.0), (5.0, 9_000.0, 3.0)], 4.9, True),
+    ([(0.0, 9_000.0, 3.0), (5.0, 9_000.0, 3.0)], 5.0, False),
+    ([(0.0, 9_000.0, 3.0), (5.0, 9_000.0, 3.0), (10.0, 9_000.0, 3.0)], 8.0, True),
+    # the counter moved at 5 s: flat only since then
+    ([(0.0, 8_000.0, 3.0), (5.0, 9_000.0, 3.0), (10.0, 9_000.0, 3.0)], 8.0, False),
+    ([(0.0, 8_000.0, 3.0), (5.0, 9_000.0, 3.0), (10.0, 9_000.0, 3.0)], 4.0, True),
+    # flat, but the queue shrank at the last scrape: it began some
+    ([(0.0, 9_000.0, 3.0), (5.0, 9_000.0, 3.0), (10.0, 9_000.0, 2.0)], 0.0, False),
+    # scrapes farther apart than max_gap_s pair nothing: the flat run starts afresh
+    ([(0.0, 9_000.0, 3.0), (15.5, 9_000.0, 3.0), (20.5, 9_000.0, 3.0)], 5.0, False),
+    ([(0.0, 9_000.0, 3.0), (15.5, 9_000.0, 3.0), (20.5, 9_000.0, 3.0)], 4.0, True),
+])
+def test_a_flat_counter_is_a_stall_only_past_the_largest_prefill(
+        scrapes: list[tuple[float, float, float]], prefill_s: float, stalled: bool) -> None:
+    rate = PrefillRate()
+    for ts, prompt, waiting in scrapes:
+        rate = learn_rate(rate, ts, prompt, 0.0, waiting, COST_MODEL, 15.0)
+    assert rate.stalled(prefill_s) is stalled
+
+
+def test_no_prompt_counter_is_never_a_stall() -> None:
+    rate = PrefillRate()
+    for ts in (0.0, 5.0, 10.0):
+        rate = learn_rate(rate, ts, None, None, 5.0, COST_MODEL, 15.0)
+    assert rate.flat_since is None and not rate.stalled(0.0)
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -167,4 +206,26 @@ def test_the_fleet_view_hands_the_stuck_reading_to_the_room(
     ld = fv.load(r, 2)
     assert ld.engine_stuck is stuck
     assert ld.engine_waiting == 3.0
+    assert has_room(ld, HIGH) is not stuck
+
+
+@pytest.mark.parametrize(("prefill_s", "stuck"), [
+    (0.0, True),  # nothing large there: two flat scrapes say it began nothing
+    (4.0, True),  # its largest prompt takes 4 s to prefill: flat 5 s is a stall
+    (6.0, False),  # 6 s: the flat counter may be that prefill in progress
+])
+def test_the_fleet_view_waits_out_the_largest_prefill_before_a_stall(
+        prefill_s: float, stuck: bool) -> None:
+    """fleetview.py prices the largest prompt in flight there at the engine's rate (the
+    cost model's here: no sample yet) before a flat counter closes the replica (mutation
+    caught: `rate.began_nothing` there)."""
+    fleet, fv, clock = _fleet_view()
+    r = fleet.replicas["a"]
+    largest = prefill_s / RoutingConfig().prefill_s_per_token
+    fleet.set_snapshot("a", _scrape(clock, 1.0, 9_000.0, 3.0), in_flight=2)
+    fv.load(r, 2, largest=largest)
+    clock.t += 5.0
+    fleet.set_snapshot("a", _scrape(clock, 2.0, 9_000.0, 3.0), in_flight=2)
+    ld = fv.load(r, 2, largest=largest)
+    assert ld.engine_stuck is stuck
     assert has_room(ld, HIGH) is not stuck

@@ -44,10 +44,11 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   scrapes folded one after the other (at most `max_gap_s` apart, below) showing the
   same waiting count or more and its prompt-token counter flat (not a prompt token
   prefilled: a stalled engine, or running requests only decoding while the waiting
-  wait for KV blocks or a sequence) say it began none of them (prefillrate.py
-  `PrefillRate.began_nothing`), and the scraped waiting count stands until a finish or
-  the next scrape (`drain_s` inf). One scrape showing a queue drains as above: it is
-  a fact about its moment.
+  wait for KV blocks or a sequence) say it began none of them once the counter has been
+  flat for longer than the prefill of the largest prompt in flight there (vLLM counts a
+  prompt only at its first token: prefillrate.py `PrefillRate.stalled`), and the
+  scraped waiting count stands until a finish or the next scrape (`drain_s` inf). One
+  scrape showing a queue drains as above: it is a fact about its moment.
 - **What it can run** (`Capacity`, learned by `learn` from each new scrape): vLLM does
   not export `max_num_seqs`, but it shows it: the running count stays at it while
   requests wait. Scrapes that show requests waiting and the same running count (at least
@@ -310,8 +311,8 @@ def drain_s(s_per_token: float, largest_prompt_tokens: float,
     """Seconds an engine takes to begin one request waiting in it (`view`'s `drain_s`):
     one of the largest prompts this gateway has in flight there (the waiting are most
     likely among them; none there: `STEP_TOKENS`) at its prefill rate, `s_per_token`;
-    never (inf) while its last two scrapes show it began nothing (`began_nothing`,
-    prefillrate.py `PrefillRate.began_nothing`)."""
+    never (inf) while its scrapes show it began nothing (`began_nothing`: prefillrate.py
+    `PrefillRate.stalled`)."""
     if began_nothing:
         return math.inf
     size = largest_prompt_tokens if largest_prompt_tokens > 0 else STEP_TOKENS

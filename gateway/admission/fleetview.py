@@ -175,9 +175,12 @@ class FleetView:
         if largest is None:
             largest = self.router.largest_by_replica().get(name, 0.0)
         per_token = rate.s_per_token() or self.router.config.prefill_s_per_token
+        # a flat prompt counter beside a queue is no stall while the largest prompt there
+        # may still be in its prefill (prefillrate.py, "Stalled")
+        stuck = rate.stalled(per_token * largest)
         capacity = replica.capacity_tokens()
         v = self._views[name] = view(scrape, cap, own, self.clock(), self.max_age_s,
-                                     drain_s(per_token, largest, rate.began_nothing),
+                                     drain_s(per_token, largest, stuck),
                                      pinned_now=self.router.pinned_tokens(name),
                                      capacity_tokens=float(capacity) if capacity else None)
         if scrape is not None and cap.last_ts != old.last_ts and v.source == "engine":
@@ -196,7 +199,7 @@ class FleetView:
             largest_prompt_tokens=largest,
             prefill_s_per_token=rate.s_per_token(),
             cache_free_tokens=self.router.cache_free_tokens(name),
-            engine_stuck=rate.began_nothing)
+            engine_stuck=stuck)
 
     def s_per_token(self, name: str) -> float:
         """`name`'s prefill rate as its scrapes showed it, else the cost model's."""

@@ -23,6 +23,17 @@ without the prompt counter; an engine that never shows the hit counter has all i
 prompt tokens counted as computed. Until a sample says more, room.py prices prefill at
 the routing cost model's `prefill_s_per_token`.
 
+**Stalled** (`stalled`): two scrapes one after the other showing the same queue or a
+longer one and not a prompt token more (`began_nothing`) say the engine began none of
+it, unless a prefill in progress explains the flat counter: vLLM adds a request's whole
+prompt to `vllm:prompt_tokens_total` only at its first token (no output for a partial
+chunked prefill), so a 100k-token prompt at 10k tokens a second keeps the counter flat
+for 10 s while the engine works, and the requests behind it wait for the step's budget.
+The engine is stalled once the counter has been flat (since `flat_since`, the scrape
+after which it last moved) for longer than the caller's `prefill_s`: the prefill of the
+largest prompt it may be working on (fleetview.py: the largest of this gateway's in
+flight there, at the engine's rate); nothing large in flight, two scrapes suffice.
+
 Folded only from scrapes one after another, as engine.py's capacity is (its module
 docstring, "Only from scrapes folded one after another"): a pair further apart than
 `max_gap_s` is a new baseline. Bounds: one `PrefillRate` per replica in the fleet
@@ -64,6 +75,16 @@ class PrefillRate:
     # that scrape and the one folded before it showed the same queue or a longer one and
     # not a prompt token more: the engine began none of it (module docstring)
     began_nothing: bool = False
+    # the scrape since which its prompt-token counter has not moved (None: no counter)
+    flat_since: float | None = None
+
+    def stalled(self, prefill_s: float) -> bool:
+        """It began nothing (`began_nothing`) and its counter has been flat for longer
+        than `prefill_s`, the prefill of the largest prompt it may be working on (module
+        docstring, "Stalled")."""
+        if not self.began_nothing or self.last_ts is None or self.flat_since is None:
+            return False
+        return self.last_ts - self.flat_since > max(0.0, prefill_s)
 
     def s_per_token(self) -> float | None:
         tps = self.tokens_per_s
@@ -103,9 +124,12 @@ def learn_rate(rate: PrefillRate, ts: float, prompt_total: float | None,
                 # this and the cost model's rate decays (module docstring)
                 tps = _seen_at_least(tps, sample, 1.0 / default_s_per_token,
                                      ts - prev_ts)
-    stuck = (paired and rate.last_prompt is not None and rate.last_waiting > 0
-             and now_waiting >= rate.last_waiting and prompt_total == rate.last_prompt)
-    return PrefillRate(ts, computed, now_waiting, tps, shown, prompt_total, stuck)
+    flat = paired and rate.last_prompt is not None and prompt_total == rate.last_prompt
+    stuck = flat and rate.last_waiting > 0 and now_waiting >= rate.last_waiting
+    # flat since the scrape before this one, or since earlier when that was flat too
+    since = (rate.flat_since if flat and rate.flat_since is not None
+             else (prev_ts if flat else ts))
+    return PrefillRate(ts, computed, now_waiting, tps, shown, prompt_total, stuck, since)
 
 
 def _seen_at_least(tps: float | None, sample: float, floor: float, dt: float) -> float:

@@ -29,7 +29,9 @@ a 429 where the engines' own queues served every one (issue 36,
 bench/results/admission.md). Only a queue the engine shows it does not move (two
 scrapes, the same waiting count or more and not a prompt token prefilled between them:
 a stalled engine, or requests held for KV blocks while the running ones only decode;
-`engine_stuck`) closes the replica, for every class and past the room too.
+`engine_stuck`), for longer than the prefill of the largest prompt there (vLLM counts a
+prompt's tokens only at its first token: prefillrate.py, "Stalled") closes the
+replica, for every class and past the room too.
 **The prefill room is the same for every waiter** (`prefill_room`): the configured
 room at the engine's measured rate, whatever the size of the waiting prompt or of those
 in flight there. A replica has room while less than the room is queued, so any prompt,
@@ -144,8 +146,9 @@ class ReplicaLoad:
     cache_free_tokens: float | None = None
     # context held for agent programs in a tool call there (priced when evicted; 0: none)
     reserved_tokens: float = 0.0
-    # its last two scrapes show a queue it does not move (prefillrate.py
-    # `PrefillRate.began_nothing`: a stalled engine, or waiting requests held for KV blocks)
+    # its scrapes show a queue it does not move for longer than the largest prompt there
+    # takes to prefill (prefillrate.py `PrefillRate.stalled`: a stalled engine, or
+    # waiting requests held for KV blocks)
     engine_stuck: bool = False
 
 
