@@ -29,7 +29,7 @@ from tests.room_builders import LIMITS, ask, two_replicas
 from tests.test_admission_engine import Clock, snap
 
 HIGH = RoomLimits(math.inf, math.inf, LIMITS.kv_usage_limit)  # gate.py's `high`
-COST_MODEL = 1e-3  # RoutingConfig's prefill_s_per_token (1,000 tokens a second)
+COST_MODEL = 1e-3  # a cost model of 1,000 tokens a second (not RoutingConfig's default)
 
 
 # -- breaks ------------------------------------------------------------------------------

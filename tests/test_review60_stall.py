@@ -3,7 +3,9 @@ reads `engine_stuck` and the drain from `rate.stalled(per_token * largest)`: a f
 counter beside a queue is a stall only once flat for longer than the largest prompt in
 flight there takes to prefill).
 
-The xfail(strict) tests are breaks found and open; the plain ones pin properties of the
+Its three breaks (a flat spell before the queue counted into a stall, the same through
+fleetview.py, and a stall window without a bound) are fixed and their tests plain; the
+other plain ones pin properties of the
 change no earlier test pinned, each naming the mutation it catches. One mutation no test
 can catch: in `learn_rate`, `prev_ts if flat` -> `ts if flat` (a flat pair after a rate
 whose `flat_since` is None): every rate `learn_rate` returns with a prompt counter has
@@ -68,15 +70,15 @@ IDLE_THEN_LONG_PREFILL = (
     + [(65.0, 9_000.0, 2.0), (70.0, 9_000.0, 2.0)])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "flat_since counts the flat run from the last time the counter moved, however long "
-    "before the queue (and the long prompt) arrived: an engine idle (or only decoding) for "
-    "60 s, then a 100k-token prompt prefilling at 10k tok/s (10 s) with two requests behind "
-    "it, reads `stalled(10)` True 5 s into that prefill (70 - 0 > 10) and the replica "
-    "closes to every class, `high` included: exactly the case b5f509b set out to fix, in "
-    "its commonest form (a quiet replica, then a long prompt). The flat run that can say "
-    "'stalled' starts no earlier than the queue (or the largest prompt's arrival)"))
 def test_a_long_prefill_after_an_idle_spell_is_not_read_as_a_stall() -> None:
+    """Break (fixed): flat_since counts the flat run from the last time the counter moved,
+    however long before the queue (and the long prompt) arrived: an engine idle (or only
+    decoding) for 60 s, then a 100k-token prompt prefilling at 10k tok/s (10 s) with two
+    requests behind it, reads `stalled(10)` True 5 s into that prefill (70 - 0 > 10) and
+    the replica closes to every class, `high` included: exactly the case b5f509b set out
+    to fix, in its commonest form (a quiet replica, then a long prompt). The flat run
+    that can say 'stalled' starts no earlier than the queue (or the largest prompt's
+    arrival)"""
     rate = _fold(PrefillRate(tokens_per_s=10_000.0), IDLE_THEN_LONG_PREFILL)
     per_token = rate.s_per_token()
     assert per_token == pytest.approx(1e-4)
@@ -86,14 +88,13 @@ def test_a_long_prefill_after_an_idle_spell_is_not_read_as_a_stall() -> None:
         f"flat since {rate.flat_since}, queue only since 65 s: a 10 s prefill read as stalled")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the same break through fleetview.py: a replica measured prefilling 10k tokens a "
-    "second under a queue, then idle (counter flat, no queue) for 5 minutes, then a "
-    "100k-token prompt in flight (10 s at that rate) and two requests waiting behind it: "
-    "the second scrape with the queue reads `engine_stuck` (flat since the idle spell "
-    "began) and `has_room(high)` is False 5 s into the prefill"))
 def test_the_fleet_view_does_not_close_a_replica_that_was_idle_before_a_long_prefill(
         ) -> None:
+    """Break (fixed): the same break through fleetview.py: a replica measured prefilling
+    10k tokens a second under a queue, then idle (counter flat, no queue) for 5 minutes,
+    then a 100k-token prompt in flight (10 s at that rate) and two requests waiting
+    behind it: the second scrape with the queue reads `engine_stuck` (flat since the
+    idle spell began) and `has_room(high)` is False 5 s into the prefill"""
     fleet, fv, clock = _fleet_view()
     r = fleet.replicas["a"]
     for prompt in (0.0, 50_000.0):  # busy: 50k tokens in 5 s under a queue
@@ -113,16 +114,15 @@ def test_the_fleet_view_does_not_close_a_replica_that_was_idle_before_a_long_pre
     assert has_room(ld, HIGH)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the stall window has no upper bound: it is the largest prompt in flight (a decoding "
-    "one too, and counting its cached prefix) at the rate measured under a queue, and that "
-    "rate is the prompt counter's movement, which slows exactly as an engine starves "
-    "(waiting requests held for KV blocks: few prompts begin). An engine seen admitting "
-    "~220 prompt tokens/s under a queue, with a 32k prompt in flight (decoding), reads a "
-    "window of ~145 s: a standing queue beside a counter flat for a minute keeps the "
-    "replica open, and `high` is sent into a queue the engine does not move (before "
-    "b5f509b: closed after two scrapes, 5 s)"))
 def test_a_starving_engine_is_closed_within_a_minute_of_a_flat_counter() -> None:
+    """Break (fixed): the stall window has no upper bound: it is the largest prompt in
+    flight (a decoding one too, and counting its cached prefix) at the rate measured
+    under a queue, and that rate is the prompt counter's movement, which slows exactly
+    as an engine starves (waiting requests held for KV blocks: few prompts begin). An
+    engine seen admitting ~220 prompt tokens/s under a queue, with a 32k prompt in
+    flight (decoding), reads a window of ~145 s: a standing queue beside a counter flat
+    for a minute keeps the replica open, and `high` is sent into a queue the engine does
+    not move (before b5f509b: closed after two scrapes, 5 s)"""
     # under a queue, the counter moves ~1,100 tokens per 5 s: measured as its prefill rate
     rising = [(5.0 * i, 1_100.0 * i, 4.0) for i in range(6)]
     flat = [(25.0 + 5.0 * i, 5_500.0, 4.0) for i in range(1, 13)]  # then flat for 60 s

@@ -29,10 +29,13 @@ it, unless a prefill in progress explains the flat counter: vLLM adds a request'
 prompt to `vllm:prompt_tokens_total` only at its first token (no output for a partial
 chunked prefill), so a 100k-token prompt at 10k tokens a second keeps the counter flat
 for 10 s while the engine works, and the requests behind it wait for the step's budget.
-The engine is stalled once the counter has been flat (since `flat_since`, the scrape
-after which it last moved) for longer than the caller's `prefill_s`: the prefill of the
-largest prompt it may be working on (fleetview.py: the largest of this gateway's in
-flight there, at the engine's rate); nothing large in flight, two scrapes suffice.
+The engine is stalled once the counter has been flat beside a queue (since `flat_since`:
+the scrape after which it last moved, or the last one that showed no queue: an idle
+spell before a long prompt arrived is no part of it) for longer than the caller's
+`prefill_s`, the prefill of the largest prompt it may be working on (fleetview.py: the
+largest of this gateway's in flight there, at the engine's rate, or the cost model's
+until one is measured, when the allowance is short), and never longer than
+`STALL_MAX_S` (30 s) whatever that prices; nothing large in flight, two scrapes suffice.
 
 Folded only from scrapes one after another, as engine.py's capacity is (its module
 docstring, "Only from scrapes folded one after another"): a pair further apart than
@@ -55,6 +58,11 @@ RATE_HALF_LIFE_S = 300.0
 # fewer computed tokens than this between two scrapes say nothing of the rate (a request
 # or two: their timing within the interval is unknown)
 RATE_MIN_TOKENS = 1024.0
+# the longest a flat prompt counter beside a standing queue is put down to a prefill in
+# progress (`stalled`): the largest prompt in flight may be decoding already, and the
+# measured rate slows as an engine starves (few prompts begin), so the window it prices
+# is bounded; a 128k-token prompt at 5k tokens a second takes 26 s
+STALL_MAX_S = 30.0
 # a sample above this many tokens per second is a counter's glitch, not a rate (an
 # exporter's jump, a counter summed across processes): no engine prefills ~1M tokens/s,
 # and one believed sample would floor the shedding projection at ~0 s (gate.py
@@ -84,7 +92,7 @@ class PrefillRate:
         docstring, "Stalled")."""
         if not self.began_nothing or self.last_ts is None or self.flat_since is None:
             return False
-        return self.last_ts - self.flat_since > max(0.0, prefill_s)
+        return self.last_ts - self.flat_since > min(max(0.0, prefill_s), STALL_MAX_S)
 
     def s_per_token(self) -> float | None:
         tps = self.tokens_per_s
@@ -126,9 +134,11 @@ def learn_rate(rate: PrefillRate, ts: float, prompt_total: float | None,
                                      ts - prev_ts)
     flat = paired and rate.last_prompt is not None and prompt_total == rate.last_prompt
     stuck = flat and rate.last_waiting > 0 and now_waiting >= rate.last_waiting
-    # flat since the scrape before this one, or since earlier when that was flat too
-    since = (rate.flat_since if flat and rate.flat_since is not None
-             else (prev_ts if flat else ts))
+    # flat since the scrape before this one, or since earlier when that one was flat
+    # beside a queue too: a flat spell without one (idle, or only decoding) is no part of
+    # a stall, and a long prompt arriving after it has its whole prefill to show
+    chained = flat and rate.last_waiting > 0 and rate.flat_since is not None
+    since = rate.flat_since if chained else (prev_ts if flat else ts)
     return PrefillRate(ts, computed, now_waiting, tps, shown, prompt_total, stuck, since)
 
 
