@@ -121,6 +121,10 @@ def test_a_queue_behind_a_long_prefill_in_progress_is_not_read_as_stuck() -> Non
     ([(0.0, 9_000.0, 3.0), (5.0, 9_000.0, 3.0)], 4.9, True),
     ([(0.0, 9_000.0, 3.0), (5.0, 9_000.0, 3.0)], 5.0, False),
     ([(0.0, 9_000.0, 3.0), (5.0, 9_000.0, 3.0), (10.0, 9_000.0, 3.0)], 8.0, True),
+    # no queue at 0 s, one from 5 s: flat since the last scrape without one (0 s), so
+    # 10 s by the third (mutation caught: the run starting at the first queued scrape)
+    ([(0.0, 9_000.0, 0.0), (5.0, 9_000.0, 3.0), (10.0, 9_000.0, 3.0)], 7.0, True),
+    ([(0.0, 9_000.0, 0.0), (5.0, 9_000.0, 3.0), (10.0, 9_000.0, 3.0)], 10.0, False),
     # the counter moved at 5 s: flat only since then
     ([(0.0, 8_000.0, 3.0), (5.0, 9_000.0, 3.0), (10.0, 9_000.0, 3.0)], 8.0, False),
     ([(0.0, 8_000.0, 3.0), (5.0, 9_000.0, 3.0), (10.0, 9_000.0, 3.0)], 4.0, True),

@@ -6,11 +6,10 @@ flight there takes to prefill).
 Its three breaks (a flat spell before the queue counted into a stall, the same through
 fleetview.py, and a stall window without a bound) are fixed and their tests plain; the
 other plain ones pin properties of the
-change no earlier test pinned, each naming the mutation it catches. One mutation no test
-can catch: in `learn_rate`, `prev_ts if flat` -> `ts if flat` (a flat pair after a rate
-whose `flat_since` is None): every rate `learn_rate` returns with a prompt counter has
-`flat_since` set, so that branch is reached only from a hand-built `PrefillRate`
-(dead in production)."""
+change no earlier test pinned, each naming the mutation it catches. The branch the
+review found unreachable (`prev_ts if flat` in `learn_rate`) is reached since the fix
+(a flat pair after a scrape without a queue), and tests/test_review59_room.py's table
+catches its mutation to `ts`."""
 
 from __future__ import annotations
 

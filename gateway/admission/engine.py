@@ -307,13 +307,13 @@ def waiting_since(waiting: int, delta: int, age_s: float, drain_s: float) -> flo
 
 
 def drain_s(s_per_token: float, largest_prompt_tokens: float,
-            began_nothing: bool = False) -> float:
+            stalled: bool = False) -> float:
     """Seconds an engine takes to begin one request waiting in it (`view`'s `drain_s`):
     one of the largest prompts this gateway has in flight there (the waiting are most
     likely among them; none there: `STEP_TOKENS`) at its prefill rate, `s_per_token`;
-    never (inf) while its scrapes show it began nothing (`began_nothing`: prefillrate.py
+    never (inf) while its scrapes show it began nothing (`stalled`: prefillrate.py
     `PrefillRate.stalled`)."""
-    if began_nothing:
+    if stalled:
         return math.inf
     size = largest_prompt_tokens if largest_prompt_tokens > 0 else STEP_TOKENS
     return max(0.0, s_per_token) * size

@@ -21,8 +21,9 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   queued prefill of what it shows out of the engine's waiting queue
   (`Router.engine_began`); without engine figures (none exported, or the scrape stale) a
   request's prefill ends by the routing cost model (`Router.estimate_began`), not at a
-  non-streamed answer's last byte. Beside it: the largest prompt in flight there (the
-  floor of its prefill room, `Router.largest_by_replica`), the room left in its prefix
+  non-streamed answer's last byte. Beside it: the largest prompt in flight there
+  (`Router.largest_by_replica`: what a waiting request's drain and a stall's window
+  are priced with, engine.py `drain_s`, prefillrate.py `stalled`), the room left in its prefix
   cache by the router's index (`Router.cache_free_tokens`), and its engine's prefill
   rate as its scrapes show it (prefillrate.py), for room.py's cost model.
 - **Held for agent programs** (`reserved`: gateway.agents.reserve), fed once: the context

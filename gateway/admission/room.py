@@ -139,6 +139,8 @@ class ReplicaLoad:
     engine_waiting: float | None = None
     seq_limit: int | None = None
     # the largest prompt (estimated tokens) of this gateway's requests in flight there
+    # (no rule here reads it since the room stopped being floored at it; fleetview.py
+    # prices a waiting count's drain and a stall's window with it)
     largest_prompt_tokens: float = 0.0
     # seconds per prefilled token there (prefillrate.py `PrefillRate`; None: the cost model's)
     prefill_s_per_token: float | None = None
@@ -194,7 +196,8 @@ def prefill_room(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0
     sized, measured = limits.sized_s_per_token, load.prefill_s_per_token
     if sized is not None and measured is not None and 0 < measured < sized:
         room *= sized / measured
-    del prompt_tokens  # no floor of its own: module docstring, "first come, first served"
+    del prompt_tokens  # no floor of its own: module docstring, "The prefill room is the
+    # same for every waiter"
     return room
 
 
