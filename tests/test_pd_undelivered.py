@@ -8,16 +8,27 @@ of PullFailed when no decode replica is left."""
 
 from __future__ import annotations
 
+import socket
+
 import httpx
 import pytest
 
 from tests.pd_gateway import CHAT, gateway, replicas, sse_texts, url
-from tests.test_fault_hang import free_port
 
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_no_decode_replica_delivered_is_answered_by_p(stream: bool) -> None:
-    refused = (free_port(), free_port())
+    # ports bound and never listened on, held for the whole test: connecting is refused,
+    # and no other server (the suite's own) can take them meanwhile, as it could a port
+    # freed after picking it (seen once: a "gone" decode replica answered 200)
+    with socket.socket() as s1, socket.socket() as s2:
+        s1.bind(("127.0.0.1", 0))
+        s2.bind(("127.0.0.1", 0))
+        refused = (s1.getsockname()[1], s2.getsockname()[1])
+        await _answered_by_p(stream, refused)
+
+
+async def _answered_by_p(stream: bool, refused: tuple[int, int]) -> None:
     async with replicas(("p1", "ok")) as (p,), gateway(
             [("p1", url(p), "prefill"),
              ("gone1", f"http://127.0.0.1:{refused[0]}", "decode"),
