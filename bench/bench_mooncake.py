@@ -30,7 +30,8 @@ engines. (At `--speedup 4` and `--kv-blocks 40000` on 4 replicas, 1x is absorbed
 p50 stays near an unqueued prefill and the replay ends with the trace; bench/results/
 admission.md, 2026-11-26, has the figures.) A policy named `P+queue` runs `P` with the
 admission queue on (`[admission] enabled`), its waits scaled to the simulated clock
-(`1 / --speedup`) so they mean the same engine time, every other setting its default.
+(`1 / --speedup`) so they mean the same engine time, every other setting its default;
+`P` alone runs it with the queue off.
 One JSON file per run in --out; a Markdown table on stdout.
 """
 

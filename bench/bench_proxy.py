@@ -1,5 +1,6 @@
-"""Proxy overhead benchmark: the gateway (routing on, default settings) in front of two
-instant backends, against the same load sent straight to a backend.
+"""Proxy overhead benchmark: the gateway (routing on, default settings but the admission
+queue off, as before it was on by default) in front of two instant backends, against the
+same load sent straight to a backend.
 
 Backends: a raw-asyncio HTTP/1.1 server in its own process that answers every POST at once,
 with a canned chat completion carrying usage, or, for `"stream": true`, 64 SSE events plus
