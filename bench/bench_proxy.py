@@ -1,6 +1,6 @@
-"""Proxy overhead benchmark: the gateway (routing on, default settings but the admission
-queue off, as before it was on by default) in front of two instant backends, against the
-same load sent straight to a backend.
+"""Proxy overhead benchmark: the gateway (routing on, default settings, the admission queue
+pinned off, its default, so the figure keeps its meaning) in front of two instant
+backends, against the same load sent straight to a backend.
 
 Backends: a raw-asyncio HTTP/1.1 server in its own process that answers every POST at once,
 with a canned chat completion carrying usage, or, for `"stream": true`, 64 SSE events plus
@@ -48,7 +48,7 @@ from proxy_servers import COMPLETION, MODELS, STREAM, serve_asgi_relay, serve_ba
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
-# the gateway's own overhead, as measured before the admission queue was on by default
+# the gateway's own overhead, the admission queue pinned off whatever the default
 # (`--gateway-env GATEWAY_ADMISSION__ENABLED=true` measures it with the queue)
 QUEUE_OFF = {"GATEWAY_ADMISSION__ENABLED": "false"}
 

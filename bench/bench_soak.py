@@ -315,7 +315,7 @@ def main() -> None:
                 PREFILL_STEPS * ENGINE_STEP_TOKENS),
             "GATEWAY_ACCESS_LOG": "false",
         })
-    # off unless asked for (it is on by default; the environment wins over --config)
+    # off unless asked for, whatever the default (the environment wins over --config)
     gw_env["GATEWAY_ADMISSION__ENABLED"] = "true" if args.admission else "false"
     sim = Managed(gateway_command("sim", "--replicas", str(args.replicas), "--port",
                                   str(sim_port), "--model", MODEL, "--speed", str(args.speed),

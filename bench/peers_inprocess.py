@@ -92,7 +92,7 @@ def gateway_env(args: argparse.Namespace) -> dict[str, str]:
     peers' prefix trees hold 32-64 M characters per worker by default; the gateway's
     default, 262,144 tokens, is about 1 MiB of prompt, less than these cases' working
     set, so its index would evict, and model the engine evicting, on every request), the
-    admission queue off (on by default; these cases never overload a replica), and
+    admission queue pinned off, whatever the default (these cases never overload a replica), and
     whatever `--gateway-env` adds."""
     return {"GATEWAY_ROUTING__DEFAULT_CAPACITY_TOKENS": str(args.capacity_tokens),
             "GATEWAY_ADMISSION__ENABLED": "false",

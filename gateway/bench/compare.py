@@ -129,7 +129,7 @@ def gateway_env(column: str, preset: Preset, time_scale: float = 1.0,
                 replicas: tuple[str, ...] = ()) -> dict[str, str]:
     """Settings every gateway of a column gets besides the usage log: the workload's
     tenants as API keys (any class allowed, so the header decides) and the queue: on in a
-    `+queue` column, turned off in every other (it is on by default), so a column means
+    `+queue` column, pinned off in every other, so a column means
     the same whatever the default.
     No engine setting of the preset (`--max-num-seqs`, `--max-num-batched-tokens`) is
     copied into the gateway: it learns each replica's room from the engine's scrapes, as
