@@ -146,6 +146,7 @@ class Gate:
         self._low_yielding = reserved(lower, config.lower_class_room, 1.0)
         self._active_s = 2.0 * config.share_half_life_s
         self._above_low_at = -math.inf  # timer: the last arrival of a class above `low`
+        self._high_at = -math.inf  # timer: the last arrival of a `high` request
         self._shares = FairShare(config.class_weight, config.tenant_weight)
         self._drain = DrainRate(floor=1.0 / routing.prefill_s_per_token)
         self._recent = RecentTokens(config.share_half_life_s)
@@ -162,7 +163,8 @@ class Gate:
         self._dispatcher = Dispatcher(
             config, self._flows, self._tokens, lambda: self._count, self._fleet_view, router,
             self._shares, self._recent, self._drain, self.failures, clock, timer,
-            load=self._load, limits=self._limits, seen_by=self._seen_by,
+            load=self._load, limits=self._limits, cache_steers=self._cache_steers,
+            seen_by=self._seen_by,
             fair_part=self._fair_part, leave=self._leave, go=self._go,
             per_token=self._per_token, in_flight_s=self._in_flight_s, prior_s=self._prior_s)
 
@@ -187,6 +189,8 @@ class Gate:
         pool = [r for r in candidates if r.name == ask.pin] or candidates
         if cls != "low":
             self._above_low_at = self.timer()
+        if cls == "high":
+            self._high_at = self.timer()
         limits = self._limits(cls, self.timer())
         if self._count == 0 and all(has_room(self._seen_by(returning, self._load(r)), limits)
                                     for r in pool):
@@ -334,6 +338,11 @@ class Gate:
         if cls == "low" and now - self._above_low_at <= self._active_s:
             return self._low_yielding
         return self._class_limits[cls]
+
+    def _cache_steers(self, cls: Priority, now: float) -> bool:
+        """Whether a full cache only steers `cls` at `now` (timer) (room.py, "When every
+        cache is full"): always `high`; a lower class while no `high` came lately."""
+        return cls == "high" or now - self._high_at > self._active_s
 
     def _projected_s(self, flow: Flow, tokens: float, waiting: Mapping[Flow, float],
                      loads: Sequence[ReplicaLoad], limits: RoomLimits, now: float) -> float:

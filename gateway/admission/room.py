@@ -7,7 +7,8 @@ A replica has room for another request when it is healthy and below every limit:
   engine does not move (`engine_stuck`, below); a class
   other than `high` sees `seq_share` of that (`lower_class_room`), so `high` finds a free
   sequence in the engine, not a queue it cannot pass. Its KV usage is below
-  `kv_usage_limit` (a full cache preempts and recomputes).
+  `kv_usage_limit` (a full cache preempts and recomputes) while some candidate's is
+  ("When every cache is full", below).
 - **the gateway's own counts** (always; the only ones when the scrape is stale or the
   replica exports none): its requests there against `seq_limit` (learnt, or engine.py's
   guess; none if the engine never showed a running count) and
@@ -98,6 +99,22 @@ KV usage); beyond that it holds or moves as above. Only a follow-up goes past th
 and only where leaving costs it history: a new conversation (no replica holds any of its
 prompt), a single candidate, or a prefix every healthy candidate holds (a shared system
 prompt) gains nothing from it but a place ahead of the gateway's queue.
+
+**When every cache is full** (`cache_steers`): a waiter none of whose candidates has
+room, but some have by every limit except their KV usage, may go to those, where the
+router chooses as always; the KV usage then steers a request to a cache with room
+while one has it, and holds none once none has. Held in the gateway for a block to free,
+a request then goes to the same engine's queue, first come first served, where it would
+have waited anyway; holding adds the gate's pass and the scrape's lag to its wait (the
+agent preset at 4x: 79-88% of the gateway's waits were this hold, and the queue's p99
+time to first token stayed 1.1-1.2x off's; bench/results/admission.md). Its sequences,
+the prefill room and a stalled engine still hold it, so the engine's queue stays short.
+Always for `high`; for a lower class only while no `high` request came lately (within
+twice the shares' half-life, as `low` yields to the classes above it: gate.py): while
+`high` comes the lower classes are held in the gateway as before, and `high` takes the
+next block that frees, ahead of them. The first `high` after a quiet spell may meet
+lower-class requests waiting in an engine for blocks: at most their share of its
+sequences and of its prefill room.
 
 The wait estimate is deliberately rough: the queued prefill in front of it at the
 replica's rate (it waits behind all of it, in the gateway or in the engine), plus
@@ -315,13 +332,22 @@ def passable(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float,
             and has_room(load, limits, prompt_tokens, past_room))
 
 
+def room_but_cache(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0) -> bool:
+    """`load` has room by every limit but its KV usage (module docstring, "When every
+    cache is full")."""
+    return has_room(dataclasses.replace(load, kv_usage=None), limits, prompt_tokens)
+
+
 def bind(loads: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: float,
          in_flight_s: float, waited_s: float, own_max_wait_s: float,
-         prior_s: float = 0.0, prompt_tokens: float = 0.0, past_room: float = 1.0) -> Binding:
+         prior_s: float = 0.0, prompt_tokens: float = 0.0, past_room: float = 1.0,
+         *, cache_steers: bool = False) -> Binding:
     """Where a waiting request of `prompt_tokens` (0: unknown, then its longest cached
     prefix stands for it) may go now, if anywhere (module docstring); `past_room` > 1: a
     follow-up may go to its own replica past the queued-prefill room up to that multiple
-    of it, when that costs least."""
+    of it, when that costs least; `cache_steers`: when no candidate's KV cache has room,
+    those with room by every other limit have room (no higher class waits: the caller's
+    to say; module docstring, "When every cache is full")."""
     best = max((ld.predicted_tokens for ld in loads), default=0)
     prompt = max(prompt_tokens, float(best))
     owns = [ld for ld in loads if ld.predicted_tokens == best]
@@ -335,6 +361,8 @@ def bind(loads: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: 
     past_names = tuple(ld.name for ld in past if
                        cost_past(ld, prefill_s_per_token, prompt) == past_s)
     roomy = [ld for ld in loads if has_room(ld, limits, prompt_tokens)]
+    if not roomy and cache_steers:
+        roomy = [ld for ld in loads if room_but_cache(ld, limits, prompt_tokens)]
     if not roomy:
         # nowhere to move to: the engine there serves it no later than holding would (the
         # same queue, ahead of the dispatch), so within the bound it goes
