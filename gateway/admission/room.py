@@ -7,8 +7,8 @@ A replica has room for another request when it is healthy and below every limit:
   engine does not move (`engine_stuck`, below); a class
   other than `high` sees `seq_share` of that (`lower_class_room`), so `high` finds a free
   sequence in the engine, not a queue it cannot pass. Its KV usage is below
-  `kv_usage_limit` (a full cache preempts and recomputes) while some candidate's is
-  ("When every cache is full", below).
+  `kv_usage_limit` (a full cache preempts and recomputes), except where that only steers
+  ("The KV usage steers, and holds none", below).
 - **the gateway's own counts** (always; the only ones when the scrape is stale or the
   replica exports none): its requests there against `seq_limit` (learnt, or engine.py's
   guess; none if the engine never showed a running count) and
@@ -100,21 +100,29 @@ and only where leaving costs it history: a new conversation (no replica holds an
 prompt), a single candidate, or a prefix every healthy candidate holds (a shared system
 prompt) gains nothing from it but a place ahead of the gateway's queue.
 
-**When every cache is full** (`cache_steers`): a waiter none of whose candidates has
-room, but some have by every limit except their KV usage, may go to those, where the
-router chooses as always; the KV usage then steers a request to a cache with room
-while one has it, and holds none once none has. Held in the gateway for a block to free,
-a request then goes to the same engine's queue, first come first served, where it would
-have waited anyway; holding adds the gate's pass and the scrape's lag to its wait (the
-agent preset at 4x: 79-88% of the gateway's waits were this hold, and the queue's p99
-time to first token stayed 1.1-1.2x off's; bench/results/admission.md). Its sequences,
-the prefill room and a stalled engine still hold it, so the engine's queue stays short.
-Always for `high`; for a lower class only while no `high` request came lately (within
-twice the shares' half-life, as `low` yields to the classes above it: gate.py): while
-`high` comes the lower classes are held in the gateway as before, and `high` takes the
-next block that frees, ahead of them. The first `high` after a quiet spell may meet
-lower-class requests waiting in an engine for blocks: at most their share of its
-sequences and of its prefill room.
+**The KV usage steers, and holds none** (`cache_steers`; always for `high`, for a lower
+class while no `high` came lately, below). Two rules:
+- a replica holding the longest cached prefix of a request's prompt (a follow-up's
+  history, a shared system prompt) is not closed to that request by its KV usage: what
+  it needs there beyond the prefix is its new turn's blocks, which the engine gives it as
+  soon as it gives anyone blocks, while moving it recomputes the prefix in another cache;
+- a waiter none of whose candidates has room, but some have by every limit except their
+  KV usage, may go to those, where the router chooses as always.
+So the KV usage, and the context held there for agent programs in a tool call, steers a
+request with no prefix on a full replica to a cache with room while one has it, and
+keeps none waiting once none has. Held in the gateway for a block to free, a request
+went to the same engine's queue, first come first served, where it would have waited
+anyway: the hold added the gate's pass and the scrape's lag to its wait, and moving a
+follow-up off its full replica cost its history (the agent preset at 4x: 79-88% of the
+gateway's waits were this hold, and the queue's p99 time to first token was 1.1-1.2x
+off's; with these rules 0.95-1.0x, the cached ratio above off's:
+bench/results/admission.md). Its sequences, the prefill room and a stalled engine still
+hold it, so an engine's own queue stays short.
+While `high` requests come (one within twice the shares' half-life, as `low` yields to
+the classes above it: gate.py), the lower classes are held on the KV usage as before,
+and `high` takes the next block that frees, ahead of them. The first `high` after a
+quiet spell may meet lower-class requests waiting in an engine for blocks: at most
+their share of its sequences and of its prefill room.
 
 The wait estimate is deliberately rough: the queued prefill in front of it at the
 replica's rate (it waits behind all of it, in the gateway or in the engine), plus
@@ -345,15 +353,19 @@ def bind(loads: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: 
     """Where a waiting request of `prompt_tokens` (0: unknown, then its longest cached
     prefix stands for it) may go now, if anywhere (module docstring); `past_room` > 1: a
     follow-up may go to its own replica past the queued-prefill room up to that multiple
-    of it, when that costs least; `cache_steers`: when no candidate's KV cache has room,
-    those with room by every other limit have room (no higher class waits: the caller's
-    to say; module docstring, "When every cache is full")."""
+    of it, when that costs least; `cache_steers`: the KV usage closes no replica holding
+    a follow-up's history, and when no candidate has room, those with room by every
+    limit but their KV usage have room (no `high` came lately: the caller's to say;
+    module docstring, "The KV usage steers, and holds none")."""
     best = max((ld.predicted_tokens for ld in loads), default=0)
     prompt = max(prompt_tokens, float(best))
-    owns = [ld for ld in loads if ld.predicted_tokens == best]
-    # a follow-up's own replicas that only the gateway's queued-prefill count calls full;
-    # only when leaving them costs history: another healthy candidate holds less of it
+    # leaving its own replicas costs it history: another healthy candidate holds less
     history = best > 0 and any(ld.healthy and ld.predicted_tokens < best for ld in loads)
+    if cache_steers and best > 0:  # those holding its prefix: their caches close none
+        loads = [dataclasses.replace(ld, kv_usage=None) if ld.predicted_tokens == best else ld
+                 for ld in loads]
+    owns = [ld for ld in loads if ld.predicted_tokens == best]
+    # a follow-up's own replicas that only the gateway's queued-prefill count calls full
     past = ([ld for ld in owns if passable(ld, limits, prompt_tokens, past_room)]
             if history else [])
     past_s = min((cost_past(ld, prefill_s_per_token, prompt) for ld in past),
