@@ -1,0 +1,197 @@
+"""Review of "when every cache is full, the KV usage steers and holds none" (room.py,
+"When every cache is full"; gate.py `_cache_steers`, `_high_at`): breaks found by an
+outside reviewer, each a strict xfail until the code (or the docstring) answers it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.admission.config import AdmissionConfig
+from gateway.admission.gate import Ask, Gate, Ticket
+from gateway.admission.room import ReplicaLoad, bind
+from gateway.admission.shedding import Shed
+from gateway.replicas.fleet import Fleet
+from gateway.routing.config import RoutingConfig
+from gateway.routing.router import Router
+from gateway.settings import ReplicaSettings
+from gateway.usage.metrics import GatewayMetrics
+from tests.room_builders import IN_FLIGHT_S, LIMITS, PER_TOKEN, ask, load, two_replicas
+from tests.test_admission_engine import Clock, snap
+from tests.test_agent_gate import taught, turn
+from tests.test_agent_gate import world as agent_world
+
+
+def _fill(fleet: Fleet, clock: Clock, kv: float) -> None:
+    """Every replica scraped now: one request running (this gateway's), none waiting,
+    its cache at `kv`."""
+    clock.t += 0.01
+    for name, r in fleet.replicas.items():
+        r.in_flight = 1
+        fleet.set_snapshot(name, snap(clock, 1.0, kv=kv), in_flight=1)
+
+
+async def _went(g: Gate, pool: list, a: Ask, naps: int = 30) -> bool:  # type: ignore[type-arg]
+    """Whether `a` is admitted within `naps` rechecks (the task is cancelled if not)."""
+    task = asyncio.create_task(g.admit(a, pool))
+    for _ in range(naps):
+        if task.done():
+            break
+        await asyncio.sleep(0.002)
+    went = task.done() and task.exception() is None
+    if went:
+        g.done(task.result())
+    else:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return went
+
+
+# 1. agent programs ----------------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason=(
+    "medium: a replica read full only by the context held for an agent program in its "
+    "tool call (engine's own usage 0.9 < 0.97, +0.1 reserved) is 'every cache full', so "
+    "a newcomer is steered to it at once and evicts the held context; the engine has "
+    "free blocks, so it does not 'wait in the engine's queue where it would have waited "
+    "anyway' (room.py); fleetview.py still says such a replica 'reads as full until the "
+    "reservation ends'"))
+def test_a_newcomer_is_not_steered_onto_a_programs_held_context() -> None:
+    async def run() -> bool:
+        g, fleet, clock = agent_world(10.0)
+        home = await taught(g, fleet, clock)
+        for name, r in fleet.replicas.items():
+            r.healthy = name == home  # a fleet of one (the other is down)
+        r = fleet.replicas[home]
+        r.in_flight = 1
+        fleet.set_snapshot(home, snap(clock, 1.0, kv=0.9))
+        assert g._fleet_view.load(r, 1).kv_usage == pytest.approx(1.0)  # 0.9 + held 0.1
+        went = await _went(g, [r], turn("someone new", None))
+        await g.aclose()
+        return went
+    assert not asyncio.run(run()), "a newcomer evicted a held program context"
+
+
+# 2. a follow-up's own replica full by its cache alone -----------------------------------
+
+def _bind(loads: list[ReplicaLoad]) -> str:
+    return bind(loads, LIMITS, PER_TOKEN, IN_FLIGHT_S, 0.0, 2.0, 0.0, 2000.0, 2.0,
+                cache_steers=True).why
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "low-medium, not monotonic: a follow-up whose own replica is full by its KV usage "
+    "alone goes there at once when the other replica's cache is full too ('room'), but "
+    "is held in the gateway for that cache ('own', up to own_replica_max_wait_s, then "
+    "recomputes its history elsewhere) when the other has room: the hold the change "
+    "calls pure lag ('Held in the gateway for a block to free, a request then goes to "
+    "the same engine's queue') stays, and more room in the fleet makes it wait longer"))
+def test_more_room_elsewhere_does_not_hold_a_follow_up_for_its_own_full_cache() -> None:
+    own = load("a", kv=0.99, occupancy=2.0, seq_limit=16, predicted=1500.0)
+    full_other = load("b", kv=0.99, occupancy=2.0, seq_limit=16)
+    roomy_other = load("b", kv=0.5, occupancy=2.0, seq_limit=16)
+    assert _bind([own, full_other]) == "room"  # both full: it goes (to its own or b)
+    assert _bind([own, roomy_other]) != "own", "held for a full cache it would not wait for"
+
+
+# 3. two tenants in a class --------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason=(
+    "medium: with every cache full, tenant b's burst is sent into the engines at once "
+    "(up to the class's sequences; `high` has no prefill room to stop it), where it "
+    "waits for blocks first come first served; tenant z's single request, next, is "
+    "served after all of b's burst. Held in the gateway (before), the fair share put z "
+    "first or second when blocks freed. 'The engines' own queues serve it as soon as "
+    "the gateway would' is untrue across tenants: the docstring admits only the first "
+    "`high` after a quiet spell meeting lower classes"))
+@pytest.mark.parametrize("cls", [b"normal", b"high"])
+def test_a_tenants_burst_into_full_caches_does_not_put_a_quiet_tenant_behind_it(
+        cls: bytes) -> None:
+    async def run() -> int:
+        clock = Clock()
+        fleet, g = two_replicas(clock)
+        pool = list(fleet.replicas.values())
+        _fill(fleet, clock, 0.99)
+        order: list[str] = []
+        tickets: list[Ticket] = []
+
+        def seen(tenant: str):  # type: ignore[no-untyped-def]
+            def cb(t: asyncio.Task[Ticket]) -> None:
+                if not t.cancelled() and t.exception() is None:
+                    order.append(tenant)
+                    tickets.append(t.result())
+            return cb
+
+        tasks = []
+        for i in range(16):
+            t = asyncio.create_task(g.admit(ask(cls, "b", f"burst {i} " * 40), pool))
+            t.add_done_callback(seen("b"))
+            tasks.append(t)
+        await asyncio.sleep(0.01)
+        quiet = asyncio.create_task(g.admit(ask(cls, "z", "one question " * 40), pool))
+        quiet.add_done_callback(seen("z"))
+        tasks.append(quiet)
+        await asyncio.sleep(0.01)
+        _fill(fleet, clock, 0.5)  # blocks free: what waits may go, one a finish
+        for _ in range(200):
+            if all(t.done() for t in tasks):
+                break
+            if tickets:
+                g.done(tickets.pop(0))
+            await asyncio.sleep(0.002)
+        await g.aclose()
+        return order.index("z")
+    position = asyncio.run(run())
+    assert position <= 2, f"the quiet tenant went {position + 1}th, after b's burst"
+
+
+# 4. what turns steering off for everyone ------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason=(
+    "low: `_high_at` is set before the shedding verdict, so a `high` answered 429 at "
+    "once (here wait_limit; also queue_full, tenant_share, a 400 body) holds every "
+    "tenant's lower classes for 10 s, though it takes no block; harmless in direction "
+    "(the old hold) but a tenant allowed `high` whose requests all bounce keeps the "
+    "benefit off for everyone"))
+def test_a_shed_high_request_does_not_hold_the_lower_classes() -> None:
+    async def run() -> bool:
+        clock = Clock()
+        fleet, g = two_replicas(clock, high_max_wait_s=1e-6)
+        pool = list(fleet.replicas.values())
+        _fill(fleet, clock, 0.99)
+        with pytest.raises(Shed):
+            await g.admit(ask(b"high", "t", "urgent " * 40), pool)
+        went = await _went(g, pool, ask(b"normal", "t", "a question " * 40))
+        await g.aclose()
+        return went
+    assert asyncio.run(run()), "a shed high held a normal request for a full cache"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "low (safe direction): `_high_at` is one gateway-wide time, so a `high` for a model "
+    "served on replicas of its own holds the lower classes of every other model for "
+    "full caches `high` never takes a block of; a steady `high` trickle on dedicated "
+    "replicas turns the change off everywhere"))
+def test_a_high_for_another_model_does_not_hold_lower_classes_here() -> None:
+    async def run() -> bool:
+        clock = Clock()
+        routing = RoutingConfig()
+        fleet = Fleet([ReplicaSettings(name=n, url=f"http://{n}:8000", models=(m,))
+                       for n, m in (("a", "m"), ("b", "m"), ("c", "x"))])
+        for r in fleet.replicas.values():
+            r.healthy = True
+        g = Gate(AdmissionConfig(enabled=True, recheck_s=0.001, default_priority_cap="high"),
+                 routing, Router(routing), GatewayMetrics(), clock, clock, fleet=fleet,
+                 scrape_interval_s=1.0)
+        _fill(fleet, clock, 0.99)
+        c = fleet.replicas["c"]
+        other = Ask({"model": "x", "messages": [{"role": "user", "content": "x " * 40}]},
+                    "chat", "x", None, None, "t", b"high", 0.0)
+        await _went(g, [c], other)
+        _fill(fleet, clock, 0.99)
+        went = await _went(g, [fleet.replicas["a"], fleet.replicas["b"]],
+                           ask(b"normal", "t", "a question " * 40))
+        await g.aclose()
+        return went
+    assert asyncio.run(run()), "a high request for model x held model m's normal request"
