@@ -50,13 +50,6 @@ async def _went(g: Gate, pool: list, a: Ask, naps: int = 30) -> bool:  # type: i
 
 # 1. agent programs ----------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "medium: a replica read full only by the context held for an agent program in its "
-    "tool call (engine's own usage 0.9 < 0.97, +0.1 reserved) is 'every cache full', so "
-    "a newcomer is steered to it at once and evicts the held context; the engine has "
-    "free blocks, so it does not 'wait in the engine's queue where it would have waited "
-    "anyway' (room.py); fleetview.py still says such a replica 'reads as full until the "
-    "reservation ends'"))
 def test_a_newcomer_is_not_steered_onto_a_programs_held_context() -> None:
     async def run() -> bool:
         g, fleet, clock = agent_world(10.0)
@@ -80,13 +73,6 @@ def _bind(loads: list[ReplicaLoad]) -> str:
                 cache_steers=True).why
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "low-medium, not monotonic: a follow-up whose own replica is full by its KV usage "
-    "alone goes there at once when the other replica's cache is full too ('room'), but "
-    "is held in the gateway for that cache ('own', up to own_replica_max_wait_s, then "
-    "recomputes its history elsewhere) when the other has room: the hold the change "
-    "calls pure lag ('Held in the gateway for a block to free, a request then goes to "
-    "the same engine's queue') stays, and more room in the fleet makes it wait longer"))
 def test_more_room_elsewhere_does_not_hold_a_follow_up_for_its_own_full_cache() -> None:
     own = load("a", kv=0.99, occupancy=2.0, seq_limit=16, predicted=1500.0)
     full_other = load("b", kv=0.99, occupancy=2.0, seq_limit=16)
@@ -97,14 +83,6 @@ def test_more_room_elsewhere_does_not_hold_a_follow_up_for_its_own_full_cache() 
 
 # 3. two tenants in a class --------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "medium: with every cache full, tenant b's burst is sent into the engines at once "
-    "(up to the class's sequences; `high` has no prefill room to stop it), where it "
-    "waits for blocks first come first served; tenant z's single request, next, is "
-    "served after all of b's burst. Held in the gateway (before), the fair share put z "
-    "first or second when blocks freed. 'The engines' own queues serve it as soon as "
-    "the gateway would' is untrue across tenants: the docstring admits only the first "
-    "`high` after a quiet spell meeting lower classes"))
 @pytest.mark.parametrize("cls", [b"normal", b"high"])
 def test_a_tenants_burst_into_full_caches_does_not_put_a_quiet_tenant_behind_it(
         cls: bytes) -> None:
@@ -148,12 +126,6 @@ def test_a_tenants_burst_into_full_caches_does_not_put_a_quiet_tenant_behind_it(
 
 # 4. what turns steering off for everyone ------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "low: `_high_at` is set before the shedding verdict, so a `high` answered 429 at "
-    "once (here wait_limit; also queue_full, tenant_share, a 400 body) holds every "
-    "tenant's lower classes for 10 s, though it takes no block; harmless in direction "
-    "(the old hold) but a tenant allowed `high` whose requests all bounce keeps the "
-    "benefit off for everyone"))
 def test_a_shed_high_request_does_not_hold_the_lower_classes() -> None:
     async def run() -> bool:
         clock = Clock()

@@ -8,10 +8,11 @@ off for the others)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
-from gateway.admission.room import Binding, ReplicaLoad, bind
+from gateway.admission.room import Binding, ReplicaLoad, bind, room_but_cache
 from tests.room_builders import IN_FLIGHT_S, LIMITS, PER_TOKEN, ask, load, two_replicas
 from tests.test_admission_engine import Clock, snap
 
@@ -90,7 +91,8 @@ def _fill(fleet, clock: Clock, kv: float) -> None:  # type: ignore[no-untyped-de
 
 
 async def _admitted_now(g, pool, a) -> bool:  # type: ignore[no-untyped-def]
-    """Whether `a` goes within a few rechecks (bounded); the task is cancelled if not."""
+    """Whether `a` goes within a few rechecks (bounded); the task is cancelled if not.
+    One that went has begun (its first token) and ended: nothing of it is left queued."""
     task = asyncio.create_task(g.admit(a, pool))
     for _ in range(30):
         if task.done():
@@ -98,7 +100,9 @@ async def _admitted_now(g, pool, a) -> bool:  # type: ignore[no-untyped-def]
         await asyncio.sleep(0.001)
     went = task.done() and task.exception() is None
     if went:
-        g.done(task.result())
+        ticket = task.result()
+        ticket.plan.outcome.first_token_at = 0.0
+        g.done(ticket)
     else:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -144,3 +148,25 @@ def test_a_tenant_that_may_not_ask_for_high_does_not_hold_the_others() -> None:
         return b, a
     b, a = asyncio.run(run())
     assert b and a
+
+
+def _held(name: str, kv: float, held: float, **kw: float) -> ReplicaLoad:
+    return dataclasses.replace(load(name, **kw), kv_usage=kv, kv_held=held)
+
+
+# room_but_cache: where a full cache may steer (its engine's own cache full, nothing of
+# this gateway's waiting there to begin, every other limit with room)
+BUT_CACHE = [
+    ("the engine's own cache full, nothing unbegun there", _held("a", 0.99, 0.0), True),
+    ("something sent there not begun yet: one at a time", _held("a", 0.99, 0.0,
+                                                                 queued=100.0), False),
+    ("full only by the context held for an agent program", _held("a", 1.0, 0.1), False),
+    ("full by the engine's own cache and a held context", _held("a", 1.0, 0.02), True),
+    ("a cache with room has room", _held("a", 0.5, 0.0), True),
+    ("its sequences full", _held("a", 0.99, 0.0, occupancy=16.0, seq_limit=16), False),
+]
+
+
+@pytest.mark.parametrize(("case", "ld", "expected"), BUT_CACHE, ids=[r[0] for r in BUT_CACHE])
+def test_where_a_full_cache_may_steer(case: str, ld: ReplicaLoad, expected: bool) -> None:
+    assert room_but_cache(ld, LIMITS) is expected, case

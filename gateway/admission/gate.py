@@ -189,12 +189,12 @@ class Gate:
         pool = [r for r in candidates if r.name == ask.pin] or candidates
         if cls != "low":
             self._above_low_at = self.timer()
-        if cls == "high":
-            self._high_at = self.timer()
         limits = self._limits(cls, self.timer())
         if self._count == 0 and all(has_room(self._seen_by(returning, self._load(r)), limits)
                                     for r in pool):
-            return self._go(ask, cls, flow, pool, ask.ts, 0.0, queued=False)
+            ticket = self._go(ask, cls, flow, pool, ask.ts, 0.0, queued=False)
+            self._came(cls)
+            return ticket
         now = self.timer()
         preview = router.preview(ask.body, ask.kind, ask.model, ask.session,
                                  [r.state() for r in pool], self.clock(), tenant=ask.tenant)
@@ -221,6 +221,7 @@ class Gate:
             raise self._shedding(v, cls, projected_s)
         if v == "displace":
             self._displace(cls)
+        self._came(cls)  # queued: not one shed or refused (those take no block)
         waiter = Waiter(ask, cls, flow, tokens, preview, pool, now, returning=returning)
         self._shares.activate(flow, waiting)
         self._flows.setdefault(flow, deque()).append(waiter)
@@ -338,6 +339,12 @@ class Gate:
         if cls == "low" and now - self._above_low_at <= self._active_s:
             return self._low_yielding
         return self._class_limits[cls]
+
+    def _came(self, cls: Priority) -> None:
+        """A request of `cls` was routed or queued: a `high` one holds the lower classes
+        on a full cache for a while (`_cache_steers`)."""
+        if cls == "high":
+            self._high_at = self.timer()
 
     def _cache_steers(self, cls: Priority, now: float) -> bool:
         """Whether a full cache only steers `cls` at `now` (timer) (room.py, "When every

@@ -173,6 +173,9 @@ class ReplicaLoad:
     cache_free_tokens: float | None = None
     # context held for agent programs in a tool call there (priced when evicted; 0: none)
     reserved_tokens: float = 0.0
+    # the part of `kv_usage` that is context held for agent programs in a tool call there
+    # (fleetview.py; 0: none): the rest is its engine's own
+    kv_held: float = 0.0
     # its scrapes show a queue it does not move for longer than the largest prompt there
     # takes to prefill (prefillrate.py `PrefillRate.stalled`: a stalled engine, or
     # waiting requests held for KV blocks)
@@ -341,9 +344,13 @@ def passable(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float,
 
 
 def room_but_cache(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0) -> bool:
-    """`load` has room by every limit but its KV usage (module docstring, "When every
-    cache is full")."""
-    return has_room(dataclasses.replace(load, kv_usage=None), limits, prompt_tokens)
+    """`load` has room by every limit but a KV cache its engine itself reads full, and
+    nothing this gateway sent there waits for the engine to begin it (module docstring,
+    "The KV usage steers, and holds none")."""
+    if load.kv_usage is not None and load.kv_usage - load.kv_held < limits.kv_usage_limit:
+        return has_room(load, limits, prompt_tokens)  # full, if at all, by held context
+    return (load.queued_prefill_tokens <= 0
+            and has_room(dataclasses.replace(load, kv_usage=None), limits, prompt_tokens))
 
 
 def bind(loads: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: float,
@@ -362,8 +369,9 @@ def bind(loads: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: 
     # leaving its own replicas costs it history: another healthy candidate holds less
     history = best > 0 and any(ld.healthy and ld.predicted_tokens < best for ld in loads)
     if cache_steers and best > 0:  # those holding its prefix: their caches close none
-        loads = [dataclasses.replace(ld, kv_usage=None) if ld.predicted_tokens == best else ld
-                 for ld in loads]
+        loads = [dataclasses.replace(ld, kv_usage=None)
+                 if ld.predicted_tokens == best and room_but_cache(ld, limits, prompt_tokens)
+                 else ld for ld in loads]
     owns = [ld for ld in loads if ld.predicted_tokens == best]
     # a follow-up's own replicas that only the gateway's queued-prefill count calls full
     past = ([ld for ld in owns if passable(ld, limits, prompt_tokens, past_room)]
