@@ -1,6 +1,9 @@
 """Review of "when every cache is full, the KV usage steers and holds none" (room.py,
-"When every cache is full"; gate.py `_cache_steers`, `_high_at`): breaks found by an
-outside reviewer, each a strict xfail until the code (or the docstring) answers it."""
+"The KV usage steers, and holds none"; gate.py `_cache_steers`, `_high_at`): breaks
+found by an outside reviewer. Four are fixed (a program's held context, a follow-up held
+for its own full cache while another has room, a tenant's burst ahead of a quiet
+tenant, a shed `high`); the last, a `high` of another model, is accepted: it errs
+towards the old hold (room.py's docstring says so), a strict xfail."""
 
 from __future__ import annotations
 

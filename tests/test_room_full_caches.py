@@ -1,6 +1,8 @@
-"""When every cache is full (room.py): the KV usage steers a request to a cache with room
-while one has it, and holds none once none has (the engines' own queues serve it as soon
-as the gateway would); its sequences, the prefill room and a stalled engine still hold
+"""The KV usage steers, and holds none (room.py): a full cache steers a request to a cache
+with room while one has it, holds none once none has, and closes no replica to a request
+whose prefix it holds; one request at a time goes to an engine whose own cache is full
+(nothing of this gateway's waiting there to begin), never to one full only by an agent
+program's held context; its sequences, the prefill room and a stalled engine still hold
 it; a lower class is held as before while `high` requests come, and only a `high` the
 tenant may ask for counts (a tenant capped at `normal` asking for `high` turns nothing
 off for the others)."""

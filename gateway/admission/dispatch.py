@@ -80,7 +80,8 @@ class Dispatcher:
         self.timer = timer
         self._load = load
         self._limits = limits
-        self._cache_steers = cache_steers  # (class, timer): room.py, "When every cache is full"
+        # (class, timer): whether a full cache only steers (room.py, "The KV usage steers")
+        self._cache_steers = cache_steers
         self._seen_by = seen_by
         self._fair_part = fair_part
         self._leave = leave
@@ -126,7 +127,7 @@ class Dispatcher:
             # (a program back from its tool call sees no reservation: a superset of room;
             # room.py's room is the same whatever a waiter's size, so none is passed)
             # (and, for a class a full cache steers, those full by their KV usage alone:
-            # room.py, "When every cache is full")
+            # room.py, "The KV usage steers, and holds none")
             classes = {c for c, _ in self._flows}
             roomy = {c: {name for name, ld in base.items()
                          if has_room(self._fleet_view.without_held(ld), self._limits(c, now))

@@ -32,7 +32,9 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   KV capacity (`kv_with_reserved`: the engine's block count times block size), so a
   replica whose running requests would evict that context reads as full (room.py
   `has_room`) until the reservation ends, and one with room beyond it still takes other
-  requests. `ReplicaLoad.reserved_tokens` stays 0 here, on purpose: room.py prices it
+  requests; `ReplicaLoad.kv_held` is that added share, so a replica full only by it
+  stays closed where a full cache would only steer (room.py `room_but_cache`).
+  `ReplicaLoad.reserved_tokens` stays 0 here, on purpose: room.py prices it
   only in a waiter's hold-or-move cost, which a new conversation (no cached prefix
   anywhere: bound by room alone, `Binding.why == "room"`) never reaches, so fed there the
   reservation would keep no newcomer off the program's replica; fed in both, a replica

@@ -136,7 +136,8 @@ class Gate:
         # `high` is not held back for queued prefill: that wait is the same in the engine
         # as here (it goes behind what is queued either way) plus a dispatch, and the
         # lower classes' share keeps that queue to about a step; only sequence slots
-        # and the KV cache hold it here.
+        # and the KV cache hold it here (a full cache only steers it: room.py, "The KV
+        # usage steers, and holds none").
         high = RoomLimits(cap, math.inf, config.kv_usage_limit)
         self._class_limits: dict[Priority, RoomLimits] = {
             "high": high, "normal": lower, "low": lower}

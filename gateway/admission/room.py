@@ -100,29 +100,35 @@ and only where leaving costs it history: a new conversation (no replica holds an
 prompt), a single candidate, or a prefix every healthy candidate holds (a shared system
 prompt) gains nothing from it but a place ahead of the gateway's queue.
 
-**The KV usage steers, and holds none** (`cache_steers`; always for `high`, for a lower
-class while no `high` came lately, below). Two rules:
-- a replica holding the longest cached prefix of a request's prompt (a follow-up's
-  history, a shared system prompt) is not closed to that request by its KV usage: what
-  it needs there beyond the prefix is its new turn's blocks, which the engine gives it as
-  soon as it gives anyone blocks, while moving it recomputes the prefix in another cache;
-- a waiter none of whose candidates has room, but some have by every limit except their
-  KV usage, may go to those, where the router chooses as always.
-So the KV usage, and the context held there for agent programs in a tool call, steers a
-request with no prefix on a full replica to a cache with room while one has it, and
-keeps none waiting once none has. Held in the gateway for a block to free, a request
-went to the same engine's queue, first come first served, where it would have waited
-anyway: the hold added the gate's pass and the scrape's lag to its wait, and moving a
-follow-up off its full replica cost its history (the agent preset at 4x: 79-88% of the
-gateway's waits were this hold, and the queue's p99 time to first token was 1.1-1.2x
-off's; with these rules 0.95-1.0x, the cached ratio above off's:
-bench/results/admission.md). Its sequences, the prefill room and a stalled engine still
-hold it, so an engine's own queue stays short.
-While `high` requests come (one within twice the shares' half-life, as `low` yields to
-the classes above it: gate.py), the lower classes are held on the KV usage as before,
-and `high` takes the next block that frees, ahead of them. The first `high` after a
-quiet spell may meet lower-class requests waiting in an engine for blocks: at most
-their share of its sequences and of its prefill room.
+**The KV usage steers, and holds none** (`cache_steers`, `room_but_cache`; always for
+`high`, for a lower class while no `high` came lately, below). A replica whose engine
+reads its own cache full (its KV usage without the context held for agent programs,
+`kv_held`, at the limit) but has room by every other limit, and where nothing this
+gateway sent waits for the engine to begin it, is not closed by its KV usage:
+- to a request holding the longest cached prefix of its prompt there (a follow-up's
+  history, a shared system prompt): what it needs beyond that prefix is its new turn's
+  blocks, which the engine gives it as soon as it gives anyone blocks, while moving it
+  recomputes the prefix in another cache;
+- to any waiter none of whose candidates has room: it goes to those, where the router
+  chooses as always.
+So the KV usage steers a request with no prefix there to a cache with room while one
+has it, and keeps none waiting once none has: held in the gateway for a block to free, a
+request went to the same engine's queue, first come first served, where it would have
+waited anyway, with the gate's pass and the scrape's lag added (the agent preset at 4x:
+79-88% of the gateway's waits were this hold, and the queue's p99 time to first token
+1.1-1.2x off's: bench/results/admission.md). One request at a time goes there this way
+(nothing of this gateway's unbegun): the rest wait in the gateway, whose order (classes,
+tenants' shares) picks the next one when the engine begins it; sent at once, a
+tenant's burst filled the engines' queues and a quiet tenant's request waited behind
+all of it (review 61). A replica full only by context held for a program in a tool call
+stays closed (its engine has the blocks a newcomer would take from that program).
+While `high` requests come (one routed or queued within twice the shares' half-life, as
+`low` yields to the classes above it: gate.py; one shed takes no block and counts for
+nothing) the lower classes are held on the KV usage as before, and `high` takes the
+next block that frees. The first `high` after a quiet spell may meet one lower-class
+request per replica waiting in its engine for blocks. The time is the gateway's, not a
+model's: a `high` for one model holds the lower classes of every model on a full cache
+(the old hold: the safe side).
 
 The wait estimate is deliberately rough: the queued prefill in front of it at the
 replica's rate (it waits behind all of it, in the gateway or in the engine), plus
