@@ -143,6 +143,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+# the prefill this gateway may have waiting to begin in an engine whose cache is full
+# (room_but_cache): one step of vLLM's default token budget (max_num_batched_tokens
+# 8192), the blocks of about one large prompt; what more waits, waits in the gateway,
+# whose order (classes, tenants' shares) picks who goes next (module docstring)
+FULL_CACHE_QUEUE_TOKENS = 8192.0
+
 
 @dataclass(frozen=True, slots=True)
 class RoomLimits:
@@ -351,11 +357,11 @@ def passable(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float,
 
 def room_but_cache(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0) -> bool:
     """`load` has room by every limit but a KV cache its engine itself reads full, and
-    nothing this gateway sent there waits for the engine to begin it (module docstring,
-    "The KV usage steers, and holds none")."""
+    less than `FULL_CACHE_QUEUE_TOKENS` of prefill this gateway sent there waits for the
+    engine to begin it (module docstring, "The KV usage steers, and holds none")."""
     if load.kv_usage is not None and load.kv_usage - load.kv_held < limits.kv_usage_limit:
         return has_room(load, limits, prompt_tokens)  # full, if at all, by held context
-    return (load.queued_prefill_tokens <= 0
+    return (load.queued_prefill_tokens < FULL_CACHE_QUEUE_TOKENS
             and has_room(dataclasses.replace(load, kv_usage=None), limits, prompt_tokens))
 
 
