@@ -1,7 +1,7 @@
 """The KV usage steers, and holds none (room.py): a full cache steers a request to a cache
 with room while one has it, holds none once none has, and closes no replica to a request
-whose prefix it holds; one request at a time goes to an engine whose own cache is full
-(nothing of this gateway's waiting there to begin), never to one full only by an agent
+whose prefix it holds; up to a step's prefill (8192 tokens) of this gateway's requests
+waits to begin in an engine whose own cache is full, never in one full only by an agent
 program's held context; its sequences, the prefill room and a stalled engine still hold
 it; a lower class is held as before while `high` requests come, and only a `high` the
 tenant may ask for counts (a tenant capped at `normal` asking for `high` turns nothing
@@ -160,8 +160,10 @@ def _held(name: str, kv: float, held: float, **kw: float) -> ReplicaLoad:
 # this gateway's waiting there to begin, every other limit with room)
 BUT_CACHE = [
     ("the engine's own cache full, nothing unbegun there", _held("a", 0.99, 0.0), True),
-    ("something sent there not begun yet: one at a time", _held("a", 0.99, 0.0,
-                                                                 queued=100.0), False),
+    ("some prefill sent there not begun yet, below a step", _held("a", 0.99, 0.0,
+                                                                   queued=8000.0), True),
+    ("a step's prefill sent there not begun: the rest wait in the gateway",
+     _held("a", 0.99, 0.0, queued=8192.0), False),
     ("full only by the context held for an agent program", _held("a", 1.0, 0.1), False),
     ("full by the engine's own cache and a held context", _held("a", 1.0, 0.02), True),
     ("a cache with room has room", _held("a", 0.5, 0.0), True),
