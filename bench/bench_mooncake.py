@@ -65,12 +65,13 @@ BLOCK = 16
 
 def column_env(column: str, speedup: float) -> tuple[str, dict[str, str]]:
     """The routing policy a column names and the settings its gateway gets for the queue:
-    `prefix+queue` is `prefix` with the queue on, its waits in the engines' time; every
-    column reads the engines' /metrics as often in their time as a user's gateway does."""
+    `prefix+queue` is `prefix` with the queue on, its waits in the engines' time, and
+    every other column turns it off (it is on by default); every column reads the
+    engines' /metrics as often in their time as a user's gateway does."""
     policy = column.partition("+")[0]
     signals = scaled_signals(1.0 / speedup)
     if not queued(column):
-        return policy, signals
+        return policy, {**signals, "GATEWAY_ADMISSION__ENABLED": "false"}
     return policy, {**signals, "GATEWAY_ADMISSION__ENABLED": "true",
                     **scaled_waits(1.0 / speedup)}
 

@@ -47,6 +47,9 @@ from proxy_servers import COMPLETION, MODELS, STREAM, serve_asgi_relay, serve_ba
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
+# the gateway's own overhead, as measured before the admission queue was on by default
+# (`--gateway-env GATEWAY_ADMISSION__ENABLED=true` measures it with the queue)
+QUEUE_OFF = {"GATEWAY_ADMISSION__ENABLED": "false"}
 
 # -- load -------------------------------------------------------------------------------------
 
@@ -128,7 +131,8 @@ async def _in_process(n: int, stream: bool) -> float:
     from gateway.proxy.app import create_app
     from gateway.settings import parse_settings
 
-    settings = parse_settings(None, {}, backends=["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    settings = parse_settings(None, QUEUE_OFF,
+                              backends=["http://127.0.0.1:1", "http://127.0.0.1:2"])
     app = create_app(settings, upstream=_InstantUpstream())  # type: ignore[arg-type]
     async with app.running():
         assert app.services is not None
@@ -269,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         backends = [f"http://127.0.0.1:{p}" for p in ports]
         for b in backends:
             wait(b + "/health")
-        env = {**os.environ, "GATEWAY_LOG_LEVEL": "warning",
+        env = {**os.environ, "GATEWAY_LOG_LEVEL": "warning", **QUEUE_OFF,
                **dict(kv.split("=", 1) for kv in args.gateway_env)}
         gateways: list[tuple[str, subprocess.Popen[bytes], str]] = []
         proc, url = start_gateway(backends, env)
