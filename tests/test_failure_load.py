@@ -1,17 +1,18 @@
 """Busy is not down, under load: 600 concurrent long streams through `gateway serve` with its
-default settings (but three, below) to two simulated replicas (`gateway sim --max-num-seqs
+default settings (but two, below) to two simulated replicas (`gateway sim --max-num-seqs
 512`, real-time decode). Raw sockets hold the streams (a client library's own cost would be
 most of the machine). Every stream answers 200 and runs to `[DONE]`; the gateway never says
 "replica down" (or "unreachable"), `/ready` lists both replicas while the streams run, and
 no request gets a 503 (the congestion answer included: the default pool is larger than this
 load).
 
-Three settings differ from the defaults. The admission queue is off: on (the default) it
-holds a burst beyond what it has seen the engines run and sheds what waits past its
-class's limit (90 of the 600 got 429 `wait_timeout` here), and this test is about health,
-not the queue. Both timeouts are raised to 60 s: the health probe's (2 s) and the
-connect to a replica (5 s). On a loaded 2-core machine (five or six busy loops beside the
-test) a probe's answer came after 2 s (the simulator's /health is served
+Two settings differ from the defaults, and one is pinned. The admission queue is off,
+as by default, whatever the default becomes: on, it holds a burst beyond what it has
+seen the engines run and sheds what waits past its class's limit (90 of the 600 got 429
+`wait_timeout` here), and this test is about health, not the queue. Both timeouts are
+raised to 60 s: the health probe's (2 s) and the connect to a replica (5 s). On a loaded
+2-core machine (five or six busy loops beside the test) a probe's answer came after 2 s
+(the simulator's /health is served
 by the loop that decodes 600 streams, and read by the gateway's loop that relays them),
 and 595 of 600 streams got 502 "Connection timeout to host" (600 connects at once, not
 seen done within 5 s by starved processes). The gateway rightly counts both as
