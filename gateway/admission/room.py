@@ -103,8 +103,9 @@ prompt) gains nothing from it but a place ahead of the gateway's queue.
 **The KV usage steers, and holds none** (`cache_steers`, `room_but_cache`; always for
 `high`, for a lower class while no `high` came lately, below). A replica whose engine
 reads its own cache full (its KV usage without the context held for agent programs,
-`kv_held`, at the limit) but has room by every other limit, and where nothing this
-gateway sent waits for the engine to begin it, is not closed by its KV usage:
+`kv_held`, at the limit) but has room by every other limit, and where less than a
+step's prefill of this gateway's requests (`FULL_CACHE_QUEUE_TOKENS`) waits for the
+engine to begin it, is not closed by its KV usage:
 - to a request holding the longest cached prefix of its prompt there (a follow-up's
   history, a shared system prompt): what it needs beyond that prefix is its new turn's
   blocks, which the engine gives it as soon as it gives anyone blocks, while moving it
@@ -115,20 +116,23 @@ So the KV usage steers a request with no prefix there to a cache with room while
 has it, and keeps none waiting once none has: held in the gateway for a block to free, a
 request went to the same engine's queue, first come first served, where it would have
 waited anyway, with the gate's pass and the scrape's lag added (the agent preset at 4x:
-79-88% of the gateway's waits were this hold, and the queue's p99 time to first token
-1.1-1.2x off's: bench/results/admission.md). One request at a time goes there this way
-(nothing of this gateway's unbegun): the rest wait in the gateway, whose order (classes,
-tenants' shares) picks the next one when the engine begins it; sent at once, a
-tenant's burst filled the engines' queues and a quiet tenant's request waited behind
-all of it (review 61). A replica full only by context held for a program in a tool call
-stays closed (its engine has the blocks a newcomer would take from that program).
+79% of the gateway's waits were this hold, and the queue's p99 time to first token
+1.04-1.15x off's; with this rule 0.97-1.08x, the cached ratio above off's:
+bench/results/admission.md). Up to a step's prefill waits in such an engine this way,
+the blocks of about one large prompt: the rest wait in the gateway, whose order
+(classes, tenants' shares) picks who goes next as the engine begins what it has; sent
+whole, a tenant's burst filled the engines' queues and a quiet tenant's request waited
+behind all of it (review 61); one at a time, the next waited for the first one's first
+token, and the p99 stayed 1.1x off's. A replica full only by context held for a
+program in a tool call stays closed (its engine has the blocks a newcomer would take
+from that program).
 While `high` requests come (one routed or queued within twice the shares' half-life, as
 `low` yields to the classes above it: gate.py; one shed takes no block and counts for
 nothing) the lower classes are held on the KV usage as before, and `high` takes the
-next block that frees. The first `high` after a quiet spell may meet one lower-class
-request per replica waiting in its engine for blocks. The time is the gateway's, not a
-model's: a `high` for one model holds the lower classes of every model on a full cache
-(the old hold: the safe side).
+next block that frees. The first `high` after a quiet spell may meet up to a step's
+prefill of lower-class requests per replica waiting in its engine for blocks. The
+time is the gateway's, not a model's: a `high` for one model holds the lower classes of
+every model on a full cache (the old hold: the safe side).
 
 The wait estimate is deliberately rough: the queued prefill in front of it at the
 replica's rate (it waits behind all of it, in the gateway or in the engine), plus
