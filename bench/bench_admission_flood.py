@@ -156,8 +156,8 @@ def main() -> None:
         paths = [str(args.gateway_src.resolve()), *(p for p in sys.path if "site-packages" in p)]
         env["PYTHONPATH"] = os.pathsep.join(paths)
         serve_argv = [sys.executable, "-S", "-m", "gateway.cli", "serve"]
-    if args.admission == "on":
-        env["GATEWAY_ADMISSION__ENABLED"] = "true"
+    # set either way, whatever the default of the tree measured (`--gateway-src`)
+    env["GATEWAY_ADMISSION__ENABLED"] = "true" if args.admission == "on" else "false"
     serve = None
     try:
         for i in range(2):

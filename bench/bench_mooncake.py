@@ -30,7 +30,8 @@ engines. (At `--speedup 4` and `--kv-blocks 40000` on 4 replicas, 1x is absorbed
 p50 stays near an unqueued prefill and the replay ends with the trace; bench/results/
 admission.md, 2026-11-26, has the figures.) A policy named `P+queue` runs `P` with the
 admission queue on (`[admission] enabled`), its waits scaled to the simulated clock
-(`1 / --speedup`) so they mean the same engine time, every other setting its default.
+(`1 / --speedup`) so they mean the same engine time, every other setting its default;
+`P` alone runs it with the queue off.
 One JSON file per run in --out; a Markdown table on stdout.
 """
 
@@ -65,12 +66,13 @@ BLOCK = 16
 
 def column_env(column: str, speedup: float) -> tuple[str, dict[str, str]]:
     """The routing policy a column names and the settings its gateway gets for the queue:
-    `prefix+queue` is `prefix` with the queue on, its waits in the engines' time; every
-    column reads the engines' /metrics as often in their time as a user's gateway does."""
+    `prefix+queue` is `prefix` with the queue on, its waits in the engines' time, and
+    every other column pins it off, whatever the default; every column reads the
+    engines' /metrics as often in their time as a user's gateway does."""
     policy = column.partition("+")[0]
     signals = scaled_signals(1.0 / speedup)
     if not queued(column):
-        return policy, signals
+        return policy, {**signals, "GATEWAY_ADMISSION__ENABLED": "false"}
     return policy, {**signals, "GATEWAY_ADMISSION__ENABLED": "true",
                     **scaled_waits(1.0 / speedup)}
 

@@ -1,5 +1,6 @@
-"""Proxy overhead benchmark: the gateway (routing on, default settings) in front of two
-instant backends, against the same load sent straight to a backend.
+"""Proxy overhead benchmark: the gateway (routing on, default settings, the admission queue
+pinned off, its default, so the figure keeps its meaning) in front of two instant
+backends, against the same load sent straight to a backend.
 
 Backends: a raw-asyncio HTTP/1.1 server in its own process that answers every POST at once,
 with a canned chat completion carrying usage, or, for `"stream": true`, 64 SSE events plus
@@ -47,6 +48,9 @@ from proxy_servers import COMPLETION, MODELS, STREAM, serve_asgi_relay, serve_ba
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
+# the gateway's own overhead, the admission queue pinned off whatever the default
+# (`--gateway-env GATEWAY_ADMISSION__ENABLED=true` measures it with the queue)
+QUEUE_OFF = {"GATEWAY_ADMISSION__ENABLED": "false"}
 
 # -- load -------------------------------------------------------------------------------------
 
@@ -128,7 +132,8 @@ async def _in_process(n: int, stream: bool) -> float:
     from gateway.proxy.app import create_app
     from gateway.settings import parse_settings
 
-    settings = parse_settings(None, {}, backends=["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    settings = parse_settings(None, QUEUE_OFF,
+                              backends=["http://127.0.0.1:1", "http://127.0.0.1:2"])
     app = create_app(settings, upstream=_InstantUpstream())  # type: ignore[arg-type]
     async with app.running():
         assert app.services is not None
@@ -269,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         backends = [f"http://127.0.0.1:{p}" for p in ports]
         for b in backends:
             wait(b + "/health")
-        env = {**os.environ, "GATEWAY_LOG_LEVEL": "warning",
+        env = {**os.environ, "GATEWAY_LOG_LEVEL": "warning", **QUEUE_OFF,
                **dict(kv.split("=", 1) for kv in args.gateway_env)}
         gateways: list[tuple[str, subprocess.Popen[bytes], str]] = []
         proc, url = start_gateway(backends, env)

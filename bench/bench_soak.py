@@ -294,7 +294,8 @@ def main() -> None:
                    help="gateway TOML config (e.g. smaller caps, to reach every bound in the run)")
     p.add_argument("--overload", action="store_true",
                    help="the overload preset's small engines, tenants and classes")
-    p.add_argument("--admission", action="store_true", help="the gateway queue on")
+    p.add_argument("--admission", action="store_true",
+                   help="the gateway queue on (off without it, whatever --config says)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -314,8 +315,8 @@ def main() -> None:
                 PREFILL_STEPS * ENGINE_STEP_TOKENS),
             "GATEWAY_ACCESS_LOG": "false",
         })
-    if args.admission:
-        gw_env["GATEWAY_ADMISSION__ENABLED"] = "true"
+    # off unless asked for, whatever the default (the environment wins over --config)
+    gw_env["GATEWAY_ADMISSION__ENABLED"] = "true" if args.admission else "false"
     sim = Managed(gateway_command("sim", "--replicas", str(args.replicas), "--port",
                                   str(sim_port), "--model", MODEL, "--speed", str(args.speed),
                                   "--output-len", "16", *engine_args),

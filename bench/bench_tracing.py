@@ -62,7 +62,7 @@ async def one_mode(n: int, ratio: str | None, collector: str) -> tuple[float, fl
     from gateway.proxy.app import create_app
     from gateway.settings import parse_settings
 
-    env = {}
+    env = {"GATEWAY_ADMISSION__ENABLED": "false"}  # tracing's cost alone, whatever the default
     if ratio is not None:
         env["GATEWAY_TRACING__ENABLED"] = "true"
         os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": collector,

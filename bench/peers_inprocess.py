@@ -91,9 +91,11 @@ def gateway_env(args: argparse.Namespace) -> dict[str, str]:
     """The gateway's settings beyond its defaults: the KV capacity its index models (the
     peers' prefix trees hold 32-64 M characters per worker by default; the gateway's
     default, 262,144 tokens, is about 1 MiB of prompt, less than these cases' working
-    set, so its index would evict, and model the engine evicting, on every request), and
+    set, so its index would evict, and model the engine evicting, on every request), the
+    admission queue pinned off, whatever the default (these cases never overload a replica), and
     whatever `--gateway-env` adds."""
     return {"GATEWAY_ROUTING__DEFAULT_CAPACITY_TOKENS": str(args.capacity_tokens),
+            "GATEWAY_ADMISSION__ENABLED": "false",
             **dict(kv.split("=", 1) for kv in args.gateway_env)}
 
 

@@ -61,16 +61,17 @@ def ask(priority: bytes, tenant: str, *turns: str, at: float = 0.0) -> Ask:
     return Ask(body, "chat", "m", None, None, tenant, priority, at)
 
 
-def two_replicas(clock: Clock) -> tuple[Fleet, Gate]:
+def two_replicas(clock: Clock, **cfg: object) -> tuple[Fleet, Gate]:
     """Replicas `a` and `b`, healthy, serving "m", and an enabled gate in front of them
-    (every class up to `high` allowed, rechecks every millisecond, scrapes fresh for a
-    second) on `clock`."""
+    (every class up to `high` allowed unless `cfg` says otherwise, rechecks every
+    millisecond, scrapes fresh for a second) on `clock`."""
     routing = RoutingConfig()
     fleet = Fleet([ReplicaSettings(name=n, url=f"http://{n}:8000", models=("m",))
                    for n in ("a", "b")])
     for r in fleet.replicas.values():
         r.healthy = True
-    g = Gate(AdmissionConfig(enabled=True, recheck_s=0.001, default_priority_cap="high"),
+    settings: dict[str, object] = {"default_priority_cap": "high", **cfg}
+    g = Gate(AdmissionConfig(enabled=True, recheck_s=0.001, **settings),  # type: ignore[arg-type]
              routing, Router(routing), GatewayMetrics(), clock, clock, fleet=fleet,
              scrape_interval_s=1.0)
     return fleet, g

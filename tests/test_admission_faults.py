@@ -316,12 +316,17 @@ class ScrapedBackend:
 
 
 def test_a_scrape_that_starts_failing_does_not_keep_the_gate_throttled() -> None:
-    with ScrapedBackend() as backend, gateway([backend.url], env=ENV) as url, \
+    """The holder is `high`: while `high` comes, a full cache holds `normal` in the gateway
+    (room.py, "The KV usage steers, and holds none"; without it the waiters would be
+    steered to the one replica's engine queue, and nothing would wait here)."""
+    env = {**ENV, "GATEWAY_ADMISSION__DEFAULT_PRIORITY_CAP": "high"}
+    with ScrapedBackend() as backend, gateway([backend.url], env=env) as url, \
             ThreadPoolExecutor(4) as pool:
         name = f"127.0.0.1:{backend.port}"  # scraped before the gateway is ready
         holder = pool.submit(httpx.post, url + "/v1/chat/completions",
                              content=body("hold the replica", 1), timeout=60,
-                             headers={"content-type": "application/json"})
+                             headers={"content-type": "application/json",
+                                      "x-gateway-priority": "high"})
         until(lambda: "hold the replica" in backend.labels)
         waiters = [pool.submit(ask, url, i) for i in range(3)]
         until(lambda: queued(url) == 3)  # KV usage 0.98: no room beside the holder

@@ -133,7 +133,8 @@ def test_a_tenant_over_its_share_while_others_wait_is_shed() -> None:
 def test_admission_off_is_a_plain_decision() -> None:
     async def run() -> Ticket:
         routing = RoutingConfig()
-        g = Gate(AdmissionConfig(), routing, Router(routing), GatewayMetrics(), Clock(), Clock())
+        g = Gate(AdmissionConfig(enabled=False), routing, Router(routing), GatewayMetrics(),
+                 Clock(), Clock())
         fleet = [replica("a")]
         fleet[0].in_flight = 100  # no room, but admission is off: it goes
         return await g.admit(ask("x", "high"), fleet)

@@ -87,10 +87,14 @@ def test_what_held_kv_blocks_when_a_scrape_was_asked_for(
     assert pinned_at_scrape(prompts, waiting, swept, kv) == pinned
 
 
-def run(scraped_kv: float, finish: int, before: bool = False) -> tuple[bool, float | None]:
+def run(scraped_kv: float, finish: int, before: bool = False,
+        high_lately: bool = True) -> tuple[bool, float | None]:
     """Two ~14k-token prompts sent to `a`; a scrape then shows `scraped_kv` (asked for
     with both in flight, as the monitor asks; `before`: asked for before they were sent);
-    `finish` of them end; does a third go at once, and what KV usage does the queue read?"""
+    `finish` of them end; does a third go at once, and what KV usage does the queue read?
+    `high_lately`: a `high` request came just before, so a full cache holds the `normal`
+    third (room.py, "The KV usage steers, and holds none"); without one it only steers,
+    and the third goes to the one replica's engine queue."""
     async def go() -> tuple[bool, float | None]:
         routing = RoutingConfig()
         router = Router(routing)
@@ -100,6 +104,8 @@ def run(scraped_kv: float, finish: int, before: bool = False) -> tuple[bool, flo
         clock = Clock()
         g = Gate(AdmissionConfig(enabled=True), routing, router, GatewayMetrics(), clock,
                  clock, fleet=fleet, scrape_interval_s=5.0)
+        if high_lately:
+            g._high_at = clock.t  # what a `high` arrival records (gate.py `admit`)
         fleet.set_snapshot("a", snap(clock.t, scraped_kv if before else 0.0, 0), clock.t, 0,
                            0.0)
         tickets: list[Ticket] = []
@@ -141,6 +147,15 @@ def test_a_replica_still_full_stays_full() -> None:
     """The same scrape with both requests still there: no room (the control)."""
     went, kv = run(0.98, finish=0)
     assert not went
+    assert kv is not None and kv >= 0.97
+
+
+def test_a_full_cache_with_no_high_lately_only_steers() -> None:
+    """The same with no `high` request lately: the one replica's cache is full, it has
+    room by every other limit and nothing sent there waits to begin, so the third goes
+    to its engine's queue (room.py, "The KV usage steers, and holds none")."""
+    went, kv = run(0.98, finish=0, high_lately=False)
+    assert went
     assert kv is not None and kv >= 0.97
 
 

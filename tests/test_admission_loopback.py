@@ -219,7 +219,8 @@ def test_priority_reaches_a_replica_with_priority_scheduling() -> None:
 
 def test_admission_off_is_todays_path() -> None:
     with HoldingBackend() as backend, gateway([backend.url], env={
-            **FAST, "GATEWAY_ADMISSION__REPLICA_MAX_IN_FLIGHT": "1"}) as url, \
+            **FAST, "GATEWAY_ADMISSION__ENABLED": "false",
+            "GATEWAY_ADMISSION__REPLICA_MAX_IN_FLIGHT": "1"}) as url, \
             httpx.Client(timeout=10) as c:
         holder = raw_request(url, "hold the replica")
         until(lambda: len(backend.labels()) == 1)

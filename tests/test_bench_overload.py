@@ -59,7 +59,8 @@ def test_gateway_env_for_the_overload_preset(monkeypatch: pytest.MonkeyPatch) ->
     off = gateway_env("prefix", preset, 0.5)
     assert off["GATEWAY_AUTH__KEYS"] == auth_keys(preset.workload.tenants)
     assert f"{tenant_key('a')}=a" in off["GATEWAY_AUTH__KEYS"]
-    assert "GATEWAY_ADMISSION__ENABLED" not in off
+    # a column without the queue pins it off, whatever the default
+    assert off["GATEWAY_ADMISSION__ENABLED"] == "false"
     on = gateway_env("prefix+queue", preset, 0.5)
     assert on["GATEWAY_ADMISSION__ENABLED"] == "true"
     # the engine's limits are learnt from its scrapes, never copied from the preset
@@ -163,9 +164,11 @@ def _mooncake() -> Any:
 def test_the_mooncake_bench_columns_and_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GATEWAY_USAGE__SCRAPE_INTERVAL_S", raising=False)
     mooncake = _mooncake()
-    # both columns read the engines every 5 s of the engines' time (1.25 s at 4x)
+    # both columns read the engines every 5 s of the engines' time (1.25 s at 4x); the
+    # column without the queue pins it off, whatever the default
     assert mooncake.column_env("prefix", 4.0) == (
-        "prefix", {"GATEWAY_USAGE__SCRAPE_INTERVAL_S": "1.25"})
+        "prefix", {"GATEWAY_USAGE__SCRAPE_INTERVAL_S": "1.25",
+                   "GATEWAY_ADMISSION__ENABLED": "false"})
     policy, env = mooncake.column_env("prefix+queue", 4.0)
     assert policy == "prefix" and env["GATEWAY_ADMISSION__ENABLED"] == "true"
     assert env["GATEWAY_USAGE__SCRAPE_INTERVAL_S"] == "1.25"

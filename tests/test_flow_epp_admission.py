@@ -252,7 +252,8 @@ async def test_the_clients_priority_never_reaches_the_engine(one: list[str], mod
                                                             ) -> None:
     raw = orjson.dumps({"model": MODEL, "priority": -50,
                         "messages": [{"role": "user", "content": "jump the queue " * 30}]})
-    async with running_epp(one) as epp:  # admission off: the class is `normal`, no priority
+    # admission off: the class is `normal`, no priority
+    async with running_epp(one, admission=AdmissionConfig(enabled=False)) as epp:
         w = Wire(epp)
         if mode == "buffered":
             await w.send(modes_headers(mode=None), *split(raw, 1))

@@ -196,7 +196,7 @@ async def test_a_replicas_own_gateway_headers_never_reach_the_client(
     assert values["x-gateway-replica"] in (["a"], ["b"])
     assert values["x-gateway-route"] == [records[0].route] != ["spoofed"]
     assert len(values["x-gateway-cache"]) == 1 and "999999" not in values["x-gateway-cache"][0]
-    assert values["x-gateway-queue-ms"] == []  # admission off: the gateway sets none
+    assert values["x-gateway-queue-ms"] == []  # it never waited: the gateway sets none
     assert values["x-gateway-request-id"] == [records[0].engine_request_id]
     assert values["x-request-id"] == ["rid-1"]
     assert values["x-engine-note"] == ["kept"]  # any other header of the replica's is relayed

@@ -19,7 +19,14 @@ from gateway.admission.asks import Ask, PoolKey, Pools, Ticket, Waiter
 from gateway.admission.config import AdmissionConfig, Priority
 from gateway.admission.fleetview import FleetView
 from gateway.admission.passing import holds_history, wanted_above
-from gateway.admission.room import ReplicaLoad, RoomLimits, bind, has_room, passable
+from gateway.admission.room import (
+    ReplicaLoad,
+    RoomLimits,
+    bind,
+    has_room,
+    passable,
+    room_but_cache,
+)
 from gateway.admission.shares import FairShare, Flow, RecentTokens
 from gateway.admission.shedding import DrainRate
 from gateway.routing.router import Router
@@ -53,6 +60,7 @@ class Dispatcher:
                  recent: RecentTokens, drain: DrainRate, failures: FailureLog,
                  clock: Callable[[], float], timer: Callable[[], float], *,
                  load: LoadOf, limits: Callable[[Priority, float], RoomLimits],
+                 cache_steers: Callable[[Priority, float], bool],
                  seen_by: Callable[[str | None, ReplicaLoad], ReplicaLoad],
                  fair_part: Callable[[Flow], float], leave: Callable[[Waiter], None],
                  go: Go, per_token: float, in_flight_s: float, prior_s: float) -> None:
@@ -72,6 +80,8 @@ class Dispatcher:
         self.timer = timer
         self._load = load
         self._limits = limits
+        # (class, timer): whether a full cache only steers (room.py, "The KV usage steers")
+        self._cache_steers = cache_steers
         self._seen_by = seen_by
         self._fair_part = fair_part
         self._leave = leave
@@ -116,9 +126,13 @@ class Dispatcher:
             # the dispatcher the gateway's main CPU cost with a thousand waiting
             # (a program back from its tool call sees no reservation: a superset of room;
             # room.py's room is the same whatever a waiter's size, so none is passed)
+            # (and, for a class a full cache steers, those full by their KV usage alone:
+            # room.py, "The KV usage steers, and holds none")
             classes = {c for c, _ in self._flows}
             roomy = {c: {name for name, ld in base.items()
-                         if has_room(self._fleet_view.without_held(ld), self._limits(c, now))}
+                         if has_room(self._fleet_view.without_held(ld), self._limits(c, now))
+                         or (self._cache_steers(c, now) and room_but_cache(
+                             self._fleet_view.without_held(ld), self._limits(c, now)))}
                      for c in classes}
             # and those a follow-up holding its history there may go to past the room
             past = {c: {name for name, ld in base.items()
@@ -176,7 +190,7 @@ class Dispatcher:
                 b = bind(loads, self._limits(w.cls, now), self._per_token, self._in_flight_s,
                          0.0 if w.own_since is None else now - w.own_since,
                          cfg.own_replica_max_wait_s, self._prior_s, w.tokens,
-                         cfg.own_replica_past_room)
+                         cfg.own_replica_past_room, cache_steers=self._cache_steers(w.cls, now))
                 if b.why == "own" and w.own_since is None:
                     w.own_since = now
                 ahead = b.why == "past" and not (held | above[w.cls]).isdisjoint(b.replicas)

@@ -40,7 +40,9 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   cost model), and each `drain_s` of the scrape's age takes one off the waiting count.
   What that does not cover keeps holding: requests waiting for a sequence (they stay in
   the occupancy, counted against the limit, learnt or guessed), and a full KV cache (its
-  usage, room.py). Nor is a queue drained that the engine shows it does not move: two
+  usage, room.py, which steers rather than holds while no `high` comes: one request at
+  a time goes to an engine whose cache is full). Nor is a queue drained that the
+  engine shows it does not move: two
   scrapes folded one after the other (at most `max_gap_s` apart, below) showing the
   same waiting count or more and its prompt-token counter flat (not a prompt token
   prefilled: a stalled engine, or running requests only decoding while the waiting
@@ -72,7 +74,8 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   A queue seen beside a KV usage of `KV_QUEUE_USAGE` (0.9) or more teaches no limit (nor
   keeps the clock of one going): it may be waiting for cache blocks, not for a sequence,
   and learnt it held the gateway to that count for the engine's life, where the KV usage
-  limit (room.py) already holds it while the cache is full. A queue held by the cache
+  limit (room.py) already governs it while the cache is full (holds, or sends one
+  request at a time). A queue held by the cache
   below that usage (one prompt longer than what is left) can still pass for a limit,
   until a probe refutes it.
 - **Until then a guess binds, always**: `max(PROBE_SEQS, 2 x the most the engine has

@@ -32,7 +32,9 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   KV capacity (`kv_with_reserved`: the engine's block count times block size), so a
   replica whose running requests would evict that context reads as full (room.py
   `has_room`) until the reservation ends, and one with room beyond it still takes other
-  requests. `ReplicaLoad.reserved_tokens` stays 0 here, on purpose: room.py prices it
+  requests; `ReplicaLoad.kv_held` is that added share, so a replica full only by it
+  stays closed where a full cache would only steer (room.py `room_but_cache`).
+  `ReplicaLoad.reserved_tokens` stays 0 here, on purpose: room.py prices it
   only in a waiter's hold-or-move cost, which a new conversation (no cached prefix
   anywhere: bound by room alone, `Binding.why == "room"`) never reaches, so fed there the
   reservation would keep no newcomer off the program's replica; fed in both, a replica
@@ -191,11 +193,14 @@ class FleetView:
         elif v.source == "gateway":  # no figure from the engine: the cost model's estimate
             self.router.estimate_began(name, self.clock())
             queued = None
+        kv_now = self._kv_usage(replica, v.kv_usage)
         return ReplicaLoad(
             name=name, in_flight=own,
             queued_prefill_tokens=(self.router.queued_tokens(name) if queued is None
                                    else queued),
-            kv_usage=self._kv_usage(replica, v.kv_usage), healthy=self.trusted(replica),
+            kv_usage=kv_now, kv_held=(0.0 if kv_now is None or v.kv_usage is None
+                                      else max(0.0, kv_now - v.kv_usage)),
+            healthy=self.trusted(replica),
             occupancy=v.occupancy, engine_waiting=v.waiting, seq_limit=v.seq_limit,
             largest_prompt_tokens=largest,
             prefill_s_per_token=rate.s_per_token(),
@@ -217,7 +222,7 @@ class FleetView:
         """`load` (read by `load` at this look) with its KV usage now (engine.py), nothing
         held for agent programs: as a program returning from its tool call reads it."""
         v = self._views.get(load.name)
-        return load if v is None else replace(load, kv_usage=v.kv_usage)
+        return load if v is None else replace(load, kv_usage=v.kv_usage, kv_held=0.0)
 
     def _kv_usage(self, replica: Replica, kv_usage: float | None) -> float | None:
         """The KV usage now (engine.py) with the context held for agent programs added."""

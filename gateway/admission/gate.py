@@ -136,7 +136,8 @@ class Gate:
         # `high` is not held back for queued prefill: that wait is the same in the engine
         # as here (it goes behind what is queued either way) plus a dispatch, and the
         # lower classes' share keeps that queue to about a step; only sequence slots
-        # and the KV cache hold it here.
+        # and the KV cache hold it here (a full cache only steers it: room.py, "The KV
+        # usage steers, and holds none").
         high = RoomLimits(cap, math.inf, config.kv_usage_limit)
         self._class_limits: dict[Priority, RoomLimits] = {
             "high": high, "normal": lower, "low": lower}
@@ -146,6 +147,7 @@ class Gate:
         self._low_yielding = reserved(lower, config.lower_class_room, 1.0)
         self._active_s = 2.0 * config.share_half_life_s
         self._above_low_at = -math.inf  # timer: the last arrival of a class above `low`
+        self._high_at = -math.inf  # timer: the last arrival of a `high` request
         self._shares = FairShare(config.class_weight, config.tenant_weight)
         self._drain = DrainRate(floor=1.0 / routing.prefill_s_per_token)
         self._recent = RecentTokens(config.share_half_life_s)
@@ -162,7 +164,8 @@ class Gate:
         self._dispatcher = Dispatcher(
             config, self._flows, self._tokens, lambda: self._count, self._fleet_view, router,
             self._shares, self._recent, self._drain, self.failures, clock, timer,
-            load=self._load, limits=self._limits, seen_by=self._seen_by,
+            load=self._load, limits=self._limits, cache_steers=self._cache_steers,
+            seen_by=self._seen_by,
             fair_part=self._fair_part, leave=self._leave, go=self._go,
             per_token=self._per_token, in_flight_s=self._in_flight_s, prior_s=self._prior_s)
 
@@ -190,7 +193,9 @@ class Gate:
         limits = self._limits(cls, self.timer())
         if self._count == 0 and all(has_room(self._seen_by(returning, self._load(r)), limits)
                                     for r in pool):
-            return self._go(ask, cls, flow, pool, ask.ts, 0.0, queued=False)
+            ticket = self._go(ask, cls, flow, pool, ask.ts, 0.0, queued=False)
+            self._came(cls)
+            return ticket
         now = self.timer()
         preview = router.preview(ask.body, ask.kind, ask.model, ask.session,
                                  [r.state() for r in pool], self.clock(), tenant=ask.tenant)
@@ -217,6 +222,7 @@ class Gate:
             raise self._shedding(v, cls, projected_s)
         if v == "displace":
             self._displace(cls)
+        self._came(cls)  # queued: not one shed or refused (those take no block)
         waiter = Waiter(ask, cls, flow, tokens, preview, pool, now, returning=returning)
         self._shares.activate(flow, waiting)
         self._flows.setdefault(flow, deque()).append(waiter)
@@ -334,6 +340,17 @@ class Gate:
         if cls == "low" and now - self._above_low_at <= self._active_s:
             return self._low_yielding
         return self._class_limits[cls]
+
+    def _came(self, cls: Priority) -> None:
+        """A request of `cls` was routed or queued: a `high` one holds the lower classes
+        on a full cache for a while (`_cache_steers`)."""
+        if cls == "high":
+            self._high_at = self.timer()
+
+    def _cache_steers(self, cls: Priority, now: float) -> bool:
+        """Whether a full cache only steers `cls` at `now` (timer) (room.py, "When every
+        cache is full"): always `high`; a lower class while no `high` came lately."""
+        return cls == "high" or now - self._high_at > self._active_s
 
     def _projected_s(self, flow: Flow, tokens: float, waiting: Mapping[Flow, float],
                      loads: Sequence[ReplicaLoad], limits: RoomLimits, now: float) -> float:

@@ -7,7 +7,8 @@ A replica has room for another request when it is healthy and below every limit:
   engine does not move (`engine_stuck`, below); a class
   other than `high` sees `seq_share` of that (`lower_class_room`), so `high` finds a free
   sequence in the engine, not a queue it cannot pass. Its KV usage is below
-  `kv_usage_limit` (a full cache preempts and recomputes).
+  `kv_usage_limit` (a full cache preempts and recomputes), except where that only steers
+  ("The KV usage steers, and holds none", below).
 - **the gateway's own counts** (always; the only ones when the scrape is stale or the
   replica exports none): its requests there against `seq_limit` (learnt, or engine.py's
   guess; none if the engine never showed a running count) and
@@ -99,6 +100,40 @@ and only where leaving costs it history: a new conversation (no replica holds an
 prompt), a single candidate, or a prefix every healthy candidate holds (a shared system
 prompt) gains nothing from it but a place ahead of the gateway's queue.
 
+**The KV usage steers, and holds none** (`cache_steers`, `room_but_cache`; always for
+`high`, for a lower class while no `high` came lately, below). A replica whose engine
+reads its own cache full (its KV usage without the context held for agent programs,
+`kv_held`, at the limit) but has room by every other limit, and where less than a
+step's prefill of this gateway's requests (`FULL_CACHE_QUEUE_TOKENS`) waits for the
+engine to begin it, is not closed by its KV usage:
+- to a request holding the longest cached prefix of its prompt there (a follow-up's
+  history, a shared system prompt): what it needs beyond that prefix is its new turn's
+  blocks, which the engine gives it as soon as it gives anyone blocks, while moving it
+  recomputes the prefix in another cache;
+- to any waiter none of whose candidates has room: it goes to those, where the router
+  chooses as always.
+So the KV usage steers a request with no prefix there to a cache with room while one
+has it, and keeps none waiting once none has: held in the gateway for a block to free, a
+request went to the same engine's queue, first come first served, where it would have
+waited anyway, with the gate's pass and the scrape's lag added (the agent preset at 4x:
+79% of the gateway's waits were this hold, and the queue's p99 time to first token
+1.04-1.23x off's; with this rule 0.97-1.08x, the cached ratio above off's:
+bench/results/admission.md). Up to a step's prefill waits in such an engine this way,
+the blocks of about one large prompt: the rest wait in the gateway, whose order
+(classes, tenants' shares) picks who goes next as the engine begins what it has; sent
+whole, a tenant's burst filled the engines' queues and a quiet tenant's request waited
+behind all of it (review 61); one at a time, the next waited for the first one's first
+token, and the p99 stayed 1.1x off's. A replica full only by context held for a
+program in a tool call stays closed (its engine has the blocks a newcomer would take
+from that program).
+While `high` requests come (one routed or queued within twice the shares' half-life, as
+`low` yields to the classes above it: gate.py; one shed takes no block and counts for
+nothing) the lower classes are held on the KV usage as before, and `high` takes the
+next block that frees. The first `high` after a quiet spell may meet up to a step's
+prefill of lower-class requests per replica waiting in its engine for blocks. The
+time is the gateway's, not a model's: a `high` for one model holds the lower classes of
+every model on a full cache (the old hold: the safe side).
+
 The wait estimate is deliberately rough: the queued prefill in front of it at the
 replica's rate (it waits behind all of it, in the gateway or in the engine), plus
 `in_flight_s` per request over the in-flight limit.
@@ -111,6 +146,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+# the prefill this gateway may have waiting to begin in an engine whose cache is full
+# (room_but_cache): one step of vLLM's default token budget (max_num_batched_tokens
+# 8192), the blocks of about one large prompt; what more waits, waits in the gateway,
+# whose order (classes, tenants' shares) picks who goes next (module docstring)
+FULL_CACHE_QUEUE_TOKENS = 8192.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +189,9 @@ class ReplicaLoad:
     cache_free_tokens: float | None = None
     # context held for agent programs in a tool call there (priced when evicted; 0: none)
     reserved_tokens: float = 0.0
+    # the part of `kv_usage` that is context held for agent programs in a tool call there
+    # (fleetview.py; 0: none): the rest is its engine's own
+    kv_held: float = 0.0
     # its scrapes show a queue it does not move for longer than the largest prompt there
     # takes to prefill (prefillrate.py `PrefillRate.stalled`: a stalled engine, or
     # waiting requests held for KV blocks)
@@ -315,19 +359,37 @@ def passable(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float,
             and has_room(load, limits, prompt_tokens, past_room))
 
 
+def room_but_cache(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float = 0.0) -> bool:
+    """`load` has room by every limit but a KV cache its engine itself reads full, and
+    less than `FULL_CACHE_QUEUE_TOKENS` of prefill this gateway sent there waits for the
+    engine to begin it (module docstring, "The KV usage steers, and holds none")."""
+    if load.kv_usage is not None and load.kv_usage - load.kv_held < limits.kv_usage_limit:
+        return has_room(load, limits, prompt_tokens)  # full, if at all, by held context
+    return (load.queued_prefill_tokens < FULL_CACHE_QUEUE_TOKENS
+            and has_room(dataclasses.replace(load, kv_usage=None), limits, prompt_tokens))
+
+
 def bind(loads: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: float,
          in_flight_s: float, waited_s: float, own_max_wait_s: float,
-         prior_s: float = 0.0, prompt_tokens: float = 0.0, past_room: float = 1.0) -> Binding:
+         prior_s: float = 0.0, prompt_tokens: float = 0.0, past_room: float = 1.0,
+         *, cache_steers: bool = False) -> Binding:
     """Where a waiting request of `prompt_tokens` (0: unknown, then its longest cached
     prefix stands for it) may go now, if anywhere (module docstring); `past_room` > 1: a
     follow-up may go to its own replica past the queued-prefill room up to that multiple
-    of it, when that costs least."""
+    of it, when that costs least; `cache_steers`: the KV usage closes no replica holding
+    a follow-up's history, and when no candidate has room, those with room by every
+    limit but their KV usage have room (no `high` came lately: the caller's to say;
+    module docstring, "The KV usage steers, and holds none")."""
     best = max((ld.predicted_tokens for ld in loads), default=0)
     prompt = max(prompt_tokens, float(best))
-    owns = [ld for ld in loads if ld.predicted_tokens == best]
-    # a follow-up's own replicas that only the gateway's queued-prefill count calls full;
-    # only when leaving them costs history: another healthy candidate holds less of it
+    # leaving its own replicas costs it history: another healthy candidate holds less
     history = best > 0 and any(ld.healthy and ld.predicted_tokens < best for ld in loads)
+    if cache_steers and best > 0:  # those holding its prefix: their caches close none
+        loads = [dataclasses.replace(ld, kv_usage=None)
+                 if ld.predicted_tokens == best and room_but_cache(ld, limits, prompt_tokens)
+                 else ld for ld in loads]
+    owns = [ld for ld in loads if ld.predicted_tokens == best]
+    # a follow-up's own replicas that only the gateway's queued-prefill count calls full
     past = ([ld for ld in owns if passable(ld, limits, prompt_tokens, past_room)]
             if history else [])
     past_s = min((cost_past(ld, prefill_s_per_token, prompt) for ld in past),
@@ -335,6 +397,8 @@ def bind(loads: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: 
     past_names = tuple(ld.name for ld in past if
                        cost_past(ld, prefill_s_per_token, prompt) == past_s)
     roomy = [ld for ld in loads if has_room(ld, limits, prompt_tokens)]
+    if not roomy and cache_steers:
+        roomy = [ld for ld in loads if room_but_cache(ld, limits, prompt_tokens)]
     if not roomy:
         # nowhere to move to: the engine there serves it no later than holding would (the
         # same queue, ahead of the dispatch), so within the bound it goes

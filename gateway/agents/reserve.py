@@ -30,7 +30,8 @@ context passes its KV capacity (the blocks `vllm:cache_config_info` reports time
 size, `Replica.capacity_tokens`). The admission gate's view of a replica adds the
 reserved tokens as a share of that capacity to its scraped usage: a replica whose
 running requests leave room beyond the reserved context still takes other requests;
-one that would evict it reads as full until the reservation ends. Unknown capacity or
+one that would evict it reads as full until the reservation ends (even where a cache
+full by its engine's own count only steers: admission/room.py). Unknown capacity or
 usage: nothing is added (the gate reads the replica as before).
 
 Bounds: at most `max_threads` programs (sub-agents apart) between turns, least recently

@@ -128,7 +128,9 @@ def pd_column(column: str) -> bool:
 def gateway_env(column: str, preset: Preset, time_scale: float = 1.0,
                 replicas: tuple[str, ...] = ()) -> dict[str, str]:
     """Settings every gateway of a column gets besides the usage log: the workload's
-    tenants as API keys (any class allowed, so the header decides) and the queue when on.
+    tenants as API keys (any class allowed, so the header decides) and the queue: on in a
+    `+queue` column, pinned off in every other, so a column means
+    the same whatever the default.
     No engine setting of the preset (`--max-num-seqs`, `--max-num-batched-tokens`) is
     copied into the gateway: it learns each replica's room from the engine's scrapes, as
     a user's gateway does.
@@ -140,8 +142,8 @@ def gateway_env(column: str, preset: Preset, time_scale: float = 1.0,
     if workload.tenants:
         env["GATEWAY_AUTH__KEYS"] = auth_keys(workload.tenants)
         env["GATEWAY_ADMISSION__DEFAULT_PRIORITY_CAP"] = "high"
+    env["GATEWAY_ADMISSION__ENABLED"] = "true" if queued(column) else "false"
     if queued(column):
-        env["GATEWAY_ADMISSION__ENABLED"] = "true"
         if preset.scheduling_policy == "priority" and replicas:
             # replicas named as `--backend URL` names them: host:port
             env["GATEWAY_ADMISSION__PRIORITY_REPLICAS"] = ",".join(
