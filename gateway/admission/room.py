@@ -384,7 +384,7 @@ def bind(loads: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: 
     prompt = max(prompt_tokens, float(best))
     # leaving its own replicas costs it history: another healthy candidate holds less
     history = best > 0 and any(ld.healthy and ld.predicted_tokens < best for ld in loads)
-    if cache_steers and best > 0:  # those holding its prefix: their caches close none
+    if cache_steers and history:  # its own replicas: their caches close none to it
         loads = [dataclasses.replace(ld, kv_usage=None)
                  if ld.predicted_tokens == best and room_but_cache(ld, limits, prompt_tokens)
                  else ld for ld in loads]
