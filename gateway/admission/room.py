@@ -106,10 +106,11 @@ reads its own cache full (its KV usage without the context held for agent progra
 `kv_held`, at the limit) but has room by every other limit, and where less than a
 step's prefill of this gateway's requests (`FULL_CACHE_QUEUE_TOKENS`) waits for the
 engine to begin it, is not closed by its KV usage:
-- to a request holding the longest cached prefix of its prompt there (a follow-up's
-  history, a shared system prompt): what it needs beyond that prefix is its new turn's
-  blocks, which the engine gives it as soon as it gives anyone blocks, while moving it
-  recomputes the prefix in another cache;
+- to a request holding the longest cached prefix of its prompt there where another
+  candidate holds less (a follow-up's history; not a prefix every candidate holds, a
+  shared system prompt: moving that costs nothing, review 62): what it needs beyond
+  the prefix is its new turn's blocks, which the engine gives it as soon as it gives
+  anyone blocks, while moving it recomputes the prefix in another cache;
 - to any waiter none of whose candidates has room: it goes to those, where the router
   chooses as always.
 So the KV usage steers a request with no prefix there to a cache with room while one
@@ -125,7 +126,10 @@ whole, a tenant's burst filled the engines' queues and a quiet tenant's request 
 behind all of it (review 61); one at a time, the next waited for the first one's first
 token, and the p99 stayed 1.1x off's. A replica full only by context held for a
 program in a tool call stays closed (its engine has the blocks a newcomer would take
-from that program).
+from that program); one its engine reads full by itself does not: vLLM's usage counts
+the blocks running requests hold, a program's finished turn sits in the free pool, so
+there that context is in the last free blocks and goes with the next block anyone
+takes, sent now or held and sent later (review 62).
 While `high` requests come (one routed or queued within twice the shares' half-life, as
 `low` yields to the classes above it: gate.py; one shed takes no block and counts for
 nothing) the lower classes are held on the KV usage as before, and `high` takes the
@@ -384,7 +388,7 @@ def bind(loads: Sequence[ReplicaLoad], limits: RoomLimits, prefill_s_per_token: 
     prompt = max(prompt_tokens, float(best))
     # leaving its own replicas costs it history: another healthy candidate holds less
     history = best > 0 and any(ld.healthy and ld.predicted_tokens < best for ld in loads)
-    if cache_steers and best > 0:  # those holding its prefix: their caches close none
+    if cache_steers and history:  # its own replicas: their caches close none to it
         loads = [dataclasses.replace(ld, kv_usage=None)
                  if ld.predicted_tokens == best and room_but_cache(ld, limits, prompt_tokens)
                  else ld for ld in loads]
