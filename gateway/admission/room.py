@@ -118,8 +118,8 @@ has it, and keeps none waiting once none has: held in the gateway for a block to
 request went to the same engine's queue, first come first served, where it would have
 waited anyway, with the gate's pass and the scrape's lag added (the agent preset at 4x:
 79% of the gateway's waits were this hold, and the queue's p99 time to first token
-1.04-1.23x off's; with this rule 0.97-1.08x, the cached ratio above off's:
-bench/results/admission.md). Up to a step's prefill waits in such an engine this way,
+1.04-1.23x off's; with this rule about off's (median 1.02x), the cached ratio above
+off's: bench/results/admission.md). Up to a step's prefill waits in such an engine this way,
 the blocks of about one large prompt: the rest wait in the gateway, whose order
 (classes, tenants' shares) picks who goes next as the engine begins what it has; sent
 whole, a tenant's burst filled the engines' queues and a quiet tenant's request waited
