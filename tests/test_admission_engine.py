@@ -258,7 +258,7 @@ def test_a_stale_scrape_stops_throttling_the_gate() -> None:
     stale_after_scrapes intervals it is not used and the replica takes requests again."""
     async def run() -> tuple[int, int]:
         g, _, fleet, clock, _ = world()
-        g._high_at = clock.t  # a `high` came lately: a full cache holds `normal` (room.py)
+        g.classes.admitted("high", clock.t)  # a `high` lately: a full cache holds `normal`
         a = fleet.replicas["a"]
         fleet.replicas["b"].healthy = False
         (held,) = await busy(g, fleet, "a", 1)

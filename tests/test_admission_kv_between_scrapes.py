@@ -105,7 +105,7 @@ def run(scraped_kv: float, finish: int, before: bool = False,
         g = Gate(AdmissionConfig(enabled=True), routing, router, GatewayMetrics(), clock,
                  clock, fleet=fleet, scrape_interval_s=5.0)
         if high_lately:
-            g._high_at = clock.t  # what a `high` arrival records (gate.py `admit`)
+            g.classes.admitted("high", clock.t)  # a `high` routed or queued (classroom.py)
         fleet.set_snapshot("a", snap(clock.t, scraped_kv if before else 0.0, 0), clock.t, 0,
                            0.0)
         tickets: list[Ticket] = []

@@ -1,5 +1,5 @@
 """Review of "when every cache is full, the KV usage steers and holds none" (room.py,
-"The KV usage steers, and holds none"; gate.py `_cache_steers`, `_high_at`): breaks
+"The KV usage steers, and holds none"; classroom.py `cache_steers`, `admitted`): breaks
 found by an outside reviewer. Four are fixed (a program's held context, a follow-up held
 for its own full cache while another has room, a tenant's burst ahead of a quiet
 tenant, a shed `high`); the last, a `high` of another model, is accepted: it errs
@@ -155,7 +155,8 @@ def test_a_shed_high_request_does_not_hold_the_lower_classes() -> None:
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "low (safe direction): `_high_at` is one gateway-wide time, so a `high` for a model "
+    "low (safe direction): the last `high`'s time (classroom.py) is gateway-wide: a `high` "
+    "for a model "
     "served on replicas of its own holds the lower classes of every other model for "
     "full caches `high` never takes a block of; a steady `high` trickle on dedicated "
     "replicas turns the change off everywhere"))

@@ -1,6 +1,6 @@
 """Review 62 of "The KV usage steers, and holds none" (room.py `room_but_cache`, `bind(...,
 cache_steers=...)`, fleetview.py `kv_held` / `without_held`, dispatch.py's `roomy`,
-gate.py `_cache_steers`): two breaks an outside reviewer found. A prefix every candidate
+classroom.py `cache_steers`): two breaks an outside reviewer found. A prefix every candidate
 holds opened every full cache: fixed (the prefix rule applies only where leaving costs
 history, as `past` does). Held context on an engine full by itself: accepted, a strict
 xfail whose reason says why."""

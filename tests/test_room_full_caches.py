@@ -167,6 +167,8 @@ BUT_CACHE = [
     ("full only by the context held for an agent program", _held("a", 1.0, 0.1), False),
     ("full by the engine's own cache and a held context", _held("a", 1.0, 0.02), True),
     ("a cache with room has room", _held("a", 0.5, 0.0), True),
+    ("no KV usage known: room as ever, whatever is queued below the prefill room",
+     dataclasses.replace(load("a", queued=9000.0), kv_usage=None), True),
     ("its sequences full", _held("a", 0.99, 0.0, occupancy=16.0, seq_limit=16), False),
 ]
 

@@ -129,14 +129,15 @@ class Dispatcher:
             # (and, for a class a full cache steers, those full by their KV usage alone:
             # room.py, "The KV usage steers, and holds none")
             classes = {c for c, _ in self._flows}
-            roomy = {c: {name for name, ld in base.items()
-                         if has_room(self._fleet_view.without_held(ld), self._limits(c, now))
-                         or (self._cache_steers(c, now) and room_but_cache(
-                             self._fleet_view.without_held(ld), self._limits(c, now)))}
+            unheld = {name: self._fleet_view.without_held(ld) for name, ld in base.items()}
+            roomy = {c: {name for name, ld in unheld.items()
+                         if has_room(ld, self._limits(c, now))
+                         or (self._cache_steers(c, now)
+                             and room_but_cache(ld, self._limits(c, now)))}
                      for c in classes}
             # and those a follow-up holding its history there may go to past the room
-            past = {c: {name for name, ld in base.items()
-                        if passable(self._fleet_view.without_held(ld), self._limits(c, now),
+            past = {c: {name for name, ld in unheld.items()
+                        if passable(ld, self._limits(c, now),
                                     0.0, cfg.own_replica_past_room)}
                     for c in classes}
             if not any(roomy.values()) and not any(past.values()):

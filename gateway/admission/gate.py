@@ -53,13 +53,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway.admission import priority
 from gateway.admission.asks import Ask, Ticket, Waiter
+from gateway.admission.classroom import ClassRoom
 from gateway.admission.config import CLASSES, AdmissionConfig, Priority
 from gateway.admission.dispatch import Dispatcher
 from gateway.admission.fleetview import FleetView
@@ -70,7 +70,6 @@ from gateway.admission.room import (
     has_room,
     passable,
     rate,
-    reserved,
     wait_past,
 )
 from gateway.admission.shares import FairShare, Flow, RecentTokens
@@ -128,26 +127,8 @@ class Gate:
         self._per_token = routing.prefill_s_per_token
         self._in_flight_s = routing.in_flight_s
         self._prior_s = routing.prefill_s_per_token * routing.session_prior_tokens
-        cap = float(config.replica_max_in_flight or math.inf)
-        full = RoomLimits(cap, config.replica_max_queued_prefill_tokens, config.kv_usage_limit,
-                          sized_s_per_token=routing.prefill_s_per_token)
-        lower = reserved(full, config.lower_class_room,
-                         config.lower_class_prefill_room)
-        # `high` is not held back for queued prefill: that wait is the same in the engine
-        # as here (it goes behind what is queued either way) plus a dispatch, and the
-        # lower classes' share keeps that queue to about a step; only sequence slots
-        # and the KV cache hold it here (a full cache only steers it: room.py, "The KV
-        # usage steers, and holds none").
-        high = RoomLimits(cap, math.inf, config.kv_usage_limit)
-        self._class_limits: dict[Priority, RoomLimits] = {
-            "high": high, "normal": lower, "low": lower}
-        # While `normal` or `high` requests come, `low` also leaves `normal` its share of
-        # what `low` would fill (so a `normal` request beside a `low` flood finds a free
-        # sequence, as `high` does beside both); alone, `low` fills what `normal` would.
-        self._low_yielding = reserved(lower, config.lower_class_room, 1.0)
-        self._active_s = 2.0 * config.share_half_life_s
-        self._above_low_at = -math.inf  # timer: the last arrival of a class above `low`
-        self._high_at = -math.inf  # timer: the last arrival of a `high` request
+        # what each class may fill now, and how the lower ones yield (classroom.py)
+        self.classes = ClassRoom(config, routing.prefill_s_per_token)
         self._shares = FairShare(config.class_weight, config.tenant_weight)
         self._drain = DrainRate(floor=1.0 / routing.prefill_s_per_token)
         self._recent = RecentTokens(config.share_half_life_s)
@@ -164,7 +145,7 @@ class Gate:
         self._dispatcher = Dispatcher(
             config, self._flows, self._tokens, lambda: self._count, self._fleet_view, router,
             self._shares, self._recent, self._drain, self.failures, clock, timer,
-            load=self._load, limits=self._limits, cache_steers=self._cache_steers,
+            load=self._load, limits=self._limits, cache_steers=self.classes.cache_steers,
             seen_by=self._seen_by,
             fair_part=self._fair_part, leave=self._leave, go=self._go,
             per_token=self._per_token, in_flight_s=self._in_flight_s, prior_s=self._prior_s)
@@ -188,13 +169,12 @@ class Gate:
                                cfg.default_priority_cap)
         flow: Flow = (cls, ask.tenant or NO_TENANT)
         pool = [r for r in candidates if r.name == ask.pin] or candidates
-        if cls != "low":
-            self._above_low_at = self.timer()
+        self.classes.arrived(cls, self.timer())
         limits = self._limits(cls, self.timer())
         if self._count == 0 and all(has_room(self._seen_by(returning, self._load(r)), limits)
                                     for r in pool):
             ticket = self._go(ask, cls, flow, pool, ask.ts, 0.0, queued=False)
-            self._came(cls)
+            self.classes.admitted(cls, self.timer())
             return ticket
         now = self.timer()
         preview = router.preview(ask.body, ask.kind, ask.model, ask.session,
@@ -222,7 +202,7 @@ class Gate:
             raise self._shedding(v, cls, projected_s)
         if v == "displace":
             self._displace(cls)
-        self._came(cls)  # queued: not one shed or refused (those take no block)
+        self.classes.admitted(cls, self.timer())  # queued: not shed nor refused
         waiter = Waiter(ask, cls, flow, tokens, preview, pool, now, returning=returning)
         self._shares.activate(flow, waiting)
         self._flows.setdefault(flow, deque()).append(waiter)
@@ -336,21 +316,7 @@ class Gate:
         return self._fleet_view.without_held(load) if load.name == returning else load
 
     def _limits(self, cls: Priority, now: float) -> RoomLimits:
-        """`cls`'s room limits at `now` (timer): `low` yields more while others come."""
-        if cls == "low" and now - self._above_low_at <= self._active_s:
-            return self._low_yielding
-        return self._class_limits[cls]
-
-    def _came(self, cls: Priority) -> None:
-        """A request of `cls` was routed or queued: a `high` one holds the lower classes
-        on a full cache for a while (`_cache_steers`)."""
-        if cls == "high":
-            self._high_at = self.timer()
-
-    def _cache_steers(self, cls: Priority, now: float) -> bool:
-        """Whether a full cache only steers `cls` at `now` (timer) (room.py, "When every
-        cache is full"): always `high`; a lower class while no `high` came lately."""
-        return cls == "high" or now - self._high_at > self._active_s
+        return self.classes.limits(cls, now)
 
     def _projected_s(self, flow: Flow, tokens: float, waiting: Mapping[Flow, float],
                      loads: Sequence[ReplicaLoad], limits: RoomLimits, now: float) -> float:

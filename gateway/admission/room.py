@@ -367,7 +367,7 @@ def room_but_cache(load: ReplicaLoad, limits: RoomLimits, prompt_tokens: float =
     """`load` has room by every limit but a KV cache its engine itself reads full, and
     less than `FULL_CACHE_QUEUE_TOKENS` of prefill this gateway sent there waits for the
     engine to begin it (module docstring, "The KV usage steers, and holds none")."""
-    if load.kv_usage is not None and load.kv_usage - load.kv_held < limits.kv_usage_limit:
+    if load.kv_usage is None or load.kv_usage - load.kv_held < limits.kv_usage_limit:
         return has_room(load, limits, prompt_tokens)  # full, if at all, by held context
     return (load.queued_prefill_tokens < FULL_CACHE_QUEUE_TOKENS
             and has_room(dataclasses.replace(load, kv_usage=None), limits, prompt_tokens))
