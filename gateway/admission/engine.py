@@ -89,7 +89,13 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   no longer hold. Held to twice what it took, a burst sends at most that; under
   sustained load the gateway fills the limit, the next scrape shows none waiting, and
   the limit doubles from what it took, once a scrape, so an engine with room (vLLM runs
-  256 to 1024) is reached within a few scrapes. (Issue 36: held to the guess of 8 while
+  256 to 1024) is reached within a few scrapes. Those scrapes are asked for at once
+  while the guess grows (`scrape_teaches`: this gateway has more there than the engine
+  was seen to take, none seen waiting; the monitor's `scrape_soon`, at most one every
+  half second a replica): a burst to a cold fleet held a scrape interval (5 s) per
+  doubling reached 512 in about 30 s, `normal`'s wait limit, and 90 of 600 concurrent
+  streams to two such engines got 429 (bench/results/admission.md, "a cold burst").
+  (Issue 36: held to the guess of 8 while
   it grew only with the running count, one scrape in five seconds, a gateway held 8 x
   0.75 sequences per replica of engines running 6 of 256 while dozens waited in it;
   bound only while the engine showed requests waiting, a burst between two scrapes went
@@ -184,6 +190,8 @@ class Capacity:
     # confirmed that limit), and whether one more sequence is offered to test it
     confirmed_at: float | None = None
     probing: bool = False
+    # the last fold raised what it was shown to take in (the guess is growing)
+    rising: bool = False
 
     @property
     def seq_limit(self) -> int | None:
@@ -238,9 +246,10 @@ def learn(cap: Capacity, scrape: Scrape | None, max_gap_s: float = math.inf) -> 
     # none waited: all this gateway had there was taken in (module docstring)
     own = max(0, min(scrape.own_at_scrape, MAX_RUNNING)) if waiting == 0 else 0
     taken = max(cap.most_taken or 0, most, own)
+    rising = taken > max(cap.most_taken or 0, cap.most_running or 0)
     if not waiting or running <= 0 or _kv_held(scrape.kv_usage):
         return Capacity(scrape.ts, saturated, most, most_taken=taken, confirmed_at=confirmed,
-                        probing=_probing(saturated, confirmed, scrape.ts))
+                        probing=_probing(saturated, confirmed, scrape.ts), rising=rising)
     since = scrape.ts
     seen_between = cap.last_ts is not None and scrape.ts - cap.last_ts <= max_gap_s
     if running == cap.queued_running and cap.queued_since is not None and seen_between:
@@ -250,7 +259,23 @@ def learn(cap: Capacity, scrape: Scrape | None, max_gap_s: float = math.inf) -> 
     if saturated is not None and running >= saturated:
         confirmed = scrape.ts  # a queue beside the limit: learnt or confirmed (no probe)
     return Capacity(scrape.ts, saturated, most, running, since, taken, confirmed,
-                    _probing(saturated, confirmed, scrape.ts))
+                    _probing(saturated, confirmed, scrape.ts), rising)
+
+
+def scrape_teaches(cap: Capacity, scrape: Scrape | None, own_now: int) -> bool:
+    """Whether a scrape now could raise the guess (`Capacity.seq_limit` before any limit
+    is learnt): this gateway has more in flight there (`own_now`) than the engine was
+    seen to take in, and its last scrape showed none waiting or raised what it took (a
+    queue beside a running count that stopped growing says the engine holds what it
+    can, or its cache does; one beside a growing count is the requests sent just before
+    that scrape, not yet begun). The gate then asks for that scrape at once
+    (fleetview.py, monitor.py `scrape_soon`), so a burst to a cold fleet does not wait a
+    scrape interval per doubling (module docstring)."""
+    if cap.saturated is not None or cap.most_running is None:
+        return False
+    if scrape is not None and (_count(scrape.waiting) or 0) > 0 and not cap.rising:
+        return False
+    return own_now > max(cap.most_running, cap.most_taken or 0)
 
 
 def _probing(saturated: int | None, confirmed_at: float | None, ts: float) -> bool:

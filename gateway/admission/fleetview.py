@@ -25,7 +25,11 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   (`Router.largest_by_replica`: what a waiting request's drain and a stall's window
   are priced with, engine.py `drain_s`, prefillrate.py `stalled`), the room left in its prefix
   cache by the router's index (`Router.cache_free_tokens`), and its engine's prefill
-  rate as its scrapes show it (prefillrate.py), for room.py's cost model.
+  rate as its scrapes show it (prefillrate.py), for room.py's cost model. While an
+  engine's room is a guess this gateway's requests there outgrow (engine.py
+  `scrape_teaches`), its next scrape is asked for at once (`scrape_soon`:
+  `FleetMonitor.scrape_soon`), so the guess doubles at each scrape without waiting the
+  interval.
 - **Held for agent programs** (`reserved`: gateway.agents.reserve), fed once: the context
   of the programs in a tool call there is added to its KV usage now (the scraped one
   moved by what this gateway sent or finished since, engine.py) as a share of its
@@ -65,7 +69,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from gateway.admission.engine import Capacity, EngineView, Scrape, drain_s, learn, view
+from gateway.admission.engine import (
+    Capacity,
+    EngineView,
+    Scrape,
+    drain_s,
+    learn,
+    scrape_teaches,
+    view,
+)
 from gateway.admission.prefillrate import PrefillRate, learn_rate
 from gateway.admission.room import ReplicaLoad
 from gateway.agents.reserve import kv_with_reserved
@@ -80,13 +92,15 @@ if TYPE_CHECKING:  # annotations only: replicas reach usage, whose metrics name 
 class FleetView:
     def __init__(self, fleet: Fleet | None, router: Router, clock: Callable[[], float],
                  max_age_s: float, suspect: Callable[[Replica], None] | None,
-                 reserved: Callable[[str, float], int] | None = None) -> None:
+                 reserved: Callable[[str, float], int] | None = None,
+                 scrape_soon: Callable[[Replica], object] | None = None) -> None:
         self.fleet = fleet
         self.router = router
         self.clock = clock  # wall clock, as the scrapes' and probes' times
         self.max_age_s = max_age_s
         self._suspect = suspect
         self._reserved = reserved  # (replica, wall clock) -> tokens held for agent programs
+        self._scrape_soon = scrape_soon  # ask for a replica's next scrape now (monitor.py)
         self._capacity: dict[str, Capacity] = {}  # what each engine showed it runs
         self._rates: dict[str, PrefillRate] = {}  # how fast each engine was seen to prefill
         # whose engine that was: the replica object and its restart count when learnt
@@ -169,6 +183,8 @@ class FleetView:
             self._learnt_of[name] = epoch
         # folds further apart than a scrape stays fresh pair no scrapes (engine.py)
         cap = self._capacity[name] = learn(old, scrape, self.max_age_s)
+        if self._scrape_soon is not None and scrape_teaches(cap, scrape, own):
+            self._scrape_soon(replica)  # the guess may be low: learn it now (engine.py)
         rate = self._rates.get(name, PrefillRate())
         if snap is not None and scrape is not None:
             rate = self._rates[name] = learn_rate(

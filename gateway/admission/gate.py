@@ -104,7 +104,8 @@ class Gate:
                  metrics: GatewayMetrics, clock: Callable[[], float],
                  timer: Callable[[], float], *, fleet: Fleet | None = None,
                  scrape_interval_s: float = 5.0,
-                 suspect: Callable[[Replica], None] | None = None) -> None:
+                 suspect: Callable[[Replica], None] | None = None,
+                 scrape_soon: Callable[[Replica], object] | None = None) -> None:
         self.config = config
         # agent programs between tool calls: the context held for them on each replica
         # (gateway.agents.reserve), read into each replica's load by the fleet view
@@ -119,7 +120,8 @@ class Gate:
         # no fleet (tests of the queue alone): their arrival's candidates still healthy
         self._fleet_view = FleetView(fleet, router, clock,
                                      config.stale_after_scrapes * scrape_interval_s, suspect,
-                                     reserved=self.programs.reserved_tokens)
+                                     reserved=self.programs.reserved_tokens,
+                                     scrape_soon=scrape_soon)
         self.router = router
         self.metrics = metrics
         self.clock = clock

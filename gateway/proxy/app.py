@@ -178,7 +178,7 @@ class GatewayApp:
         gate = Gate(settings.admission, settings.routing, router, metrics, self.clock,
                     self.timer, fleet=fleet,
                     scrape_interval_s=settings.usage.scrape_interval_s,
-                    suspect=monitor.suspect)
+                    suspect=monitor.suspect, scrape_soon=monitor.scrape_soon)
         services.gate = gate
         self.services = services
         self._proxy = Proxy(gate=gate,

@@ -22,6 +22,18 @@ pool is full is still probed at once).
   `parse_engine_metrics`; feeds `Router.set_capacity` (reported capacity, else the
   configured `capacity_tokens`, also when the scrape fails or `/metrics` is off),
   `Router.replica_restarted` when the engine restarted, and `GatewayMetrics.replica_state`.
+  One scrape of a replica at a time: one asked for while another is in flight is skipped
+  (that one's answer is as new), so two answers never land out of order (an older
+  scrape stored after a newer one would read as counters gone backwards: a restart).
+- scrape soon (`scrape_soon`): the admission queue asks for a replica's next scrape now
+  when its engine's room is still a guess that a scrape could raise (this gateway has more
+  in flight there than the engine was seen to take in, and nothing was seen waiting:
+  gateway/admission/engine.py `scrape_teaches`); at most one every `SOON_SPACING_S` a
+  replica, counted from its last scrape asked for. The guess doubles once a scrape, so a
+  burst to a cold fleet reaches an engine's real room (vLLM runs 256 to 1024) in a few
+  seconds instead of a few scrape intervals: held at the guess meanwhile, 90 of 600
+  concurrent streams to two engines of 512 waited past `normal`'s 30 s and got 429 (see
+  bench/results/admission.md, "a cold burst").
 
 - details probe (`usage.startup_probe`, default on): once a replica is up and its models
   known, a background task sends it `POST /v1/completions` with a fixed ~40-token prompt
@@ -51,11 +63,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable
 
 import orjson
 
 from gateway.admission.engine import pinned_at_scrape
+from gateway.replicas.details import probe_details
 from gateway.replicas.fleet import Fleet, Replica, memory_verdict
 from gateway.replicas.scrape import parse_engine_metrics
 from gateway.routing.router import Router
@@ -63,20 +77,16 @@ from gateway.settings import Settings
 from gateway.tasks import FailureLog, every, guarded
 from gateway.upstream.errors import UpstreamConnectError, UpstreamError, UpstreamProtocolError
 from gateway.upstream.seam import Timeouts, Upstream
-from gateway.usage.extract import usage_from_body
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.recorder import UsageRecorder
 
 log = logging.getLogger("gateway.replicas")
 
-# ~40 tokens with common tokenizers (over two 16-token KV blocks, so the repeat is a hit)
-DETAILS_PROBE_PROMPT = (
-    "This is a start-up check from the gateway in front of this server. It sends the "
-    "same short prompt twice and reads the usage of both answers to see if cached "
-    "prompt tokens are reported."
-)
 DETAILS_PROBE_TIMEOUT_S = 30.0
 SUSPECT_SPACING_S = 0.5  # between the probes of a suspect run
+# the least time between a replica's scrapes asked for soon (module docstring): a vLLM
+# /metrics is ~100 KB, parsed on the event loop; asked only while a guess is growing
+SOON_SPACING_S = 0.25
 # A body of /health, /v1/models or /metrics larger than this is a failed probe or scrape,
 # never read further nor parsed: real vLLM /metrics is ~100 KB an engine, and parsing costs
 # ~10 us a line on the event loop (64 MiB of it stalled all routing for seconds).
@@ -132,6 +142,9 @@ class FleetMonitor:
         self._tasks: list[asyncio.Task[None]] = []
         self._details_probes: set[asyncio.Task[None]] = set()
         self._suspects: dict[str, asyncio.Task[None]] = {}  # at most one per replica
+        self._soon: dict[str, asyncio.Task[None]] = {}  # scrapes asked soon: one per replica
+        self._scraping: set[str] = set()  # replicas with a scrape in flight
+        self._asked: dict[str, float] = {}  # replica -> when its last scrape was asked for
         self.failures = FailureLog(log)  # the error boundary's log (gateway/tasks.py)
 
     async def start(self) -> None:
@@ -146,13 +159,15 @@ class FleetMonitor:
         ]
 
     async def aclose(self) -> None:
-        tasks = [*self._tasks, *self._details_probes, *self._suspects.values()]
+        tasks = [*self._tasks, *self._details_probes, *self._suspects.values(),
+                 *self._soon.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
         self._details_probes.clear()
         self._suspects.clear()
+        self._soon.clear()
 
     async def _each(self, what: str, step: Callable[[Replica], Awaitable[object]],
                     replicas: Iterable[Replica]) -> None:
@@ -265,9 +280,11 @@ class FleetMonitor:
     def forget_replica(self, name: str) -> None:
         """The replica left: its suspect run ends (what its other steps get back is dropped
         when it comes: module docstring)."""
-        task = self._suspects.pop(name, None)
-        if task is not None:
-            task.cancel()
+        self._asked.pop(name, None)
+        for tasks in (self._suspects, self._soon):
+            task = tasks.pop(name, None)
+            if task is not None:
+                task.cancel()
 
     async def _probe_suspect(self, replica: Replica) -> None:
         for i in range(self.fleet.unhealthy_after):
@@ -305,10 +322,40 @@ class FleetMonitor:
     async def scrape_all(self) -> None:
         await self._each("scrape", self.scrape, self.fleet.healthy())
 
+    def scrape_soon(self, replica: Replica) -> bool:
+        """Scrape `replica` now unless one is in flight or was asked for less than
+        `SOON_SPACING_S` ago (module docstring); True when one was started."""
+        name = replica.name
+        if (name in self._soon or name in self._scraping or not replica.healthy
+                or self.clock() - self._asked.get(name, -math.inf) < SOON_SPACING_S):
+            return False
+        task = asyncio.create_task(guarded(functools.partial(self.scrape, replica),
+                                           f"scrape {name}", self.failures))
+        self._soon[name] = task
+        task.add_done_callback(functools.partial(self._soon_done, name))
+        return True
+
+    def _soon_done(self, name: str, task: asyncio.Task[None]) -> None:
+        if self._soon.get(name) is task:
+            del self._soon[name]
+
     async def scrape(self, replica: Replica) -> None:
+        """One scrape of `replica`, skipped while another is in flight (module docstring)."""
+        name = replica.name
+        if name in self._scraping:
+            return
+        self._scraping.add(name)
+        try:
+            await self._scrape(replica)
+        finally:
+            self._scraping.discard(name)
+
+    async def _scrape(self, replica: Replica) -> None:
         # what the engine's counts are compared with (the admission queue adds what this
         # gateway sent or finished there since: gateway/admission/engine.py)
         asked_at, in_flight = self.clock(), replica.in_flight
+        if self.fleet.holds(replica):
+            self._asked[replica.name] = asked_at
         prompts = self.router.live_prompts(replica.name)
         swept = self.router.swept_tokens(replica.name)
         try:
@@ -353,38 +400,5 @@ class FleetMonitor:
     # cached_tokens reporting -------------------------------------------------------------
 
     async def probe_details(self, replica: Replica, recorder: UsageRecorder) -> None:
-        """The details probe (module docstring); no verdict when no answer carried usage."""
-        if not replica.models:
-            log.debug("details probe skipped: models unknown", extra={"replica": replica.name})
-            return
-        body = orjson.dumps({"model": min(replica.models), "prompt": DETAILS_PROBE_PROMPT,
-                             "max_tokens": 1, "temperature": 0})
-        headers = [("content-type", "application/json"), *replica.upstream_headers]
-        answered = False
-        for _ in range(2):
-            if not self.fleet.holds(replica):
-                return
-            try:
-                resp = await self.upstream.send("POST", replica.url + "/v1/completions",
-                                                headers, body, self.probe_timeouts)
-                try:
-                    data = await resp.read()
-                except BaseException:
-                    resp.abort()
-                    raise
-                resp.release()
-            except UpstreamError as exc:
-                log.debug("details probe failed", extra={"replica": replica.name,
-                                                         "error": str(exc)})
-                return
-            if not self.fleet.holds(replica):
-                return  # it left meanwhile: no verdict about a name that is gone
-            usage = usage_from_body(data) if resp.status == 200 else None
-            if usage is None or usage.prompt_tokens is None:
-                continue
-            answered = True
-            if usage.cached_tokens is not None:
-                recorder.probe_cached_tokens(replica.name, True)
-                return
-        if answered:
-            recorder.probe_cached_tokens(replica.name, False)
+        """The details probe (module docstring; details.py)."""
+        await probe_details(self.upstream, self.fleet, replica, recorder, self.probe_timeouts)
