@@ -62,6 +62,20 @@ def wait_ready(url: str, timeout: float = 60.0) -> None:
     raise TimeoutError(url)
 
 
+def serve_command(gateway_src: Path | None, admission: bool) -> tuple[list[str], dict[str, str]]:
+    """`gateway serve`'s argv and environment: this install's, or that of another source
+    tree (`--gateway-src`: another commit's `gateway/`, from `git archive`), with the
+    admission queue set on or off whatever that tree's default."""
+    env = {**os.environ}
+    argv = [str(Path(sys.executable).parent / "gateway"), "serve"]
+    if gateway_src is not None:  # site off: the editable install would win the import
+        paths = [str(gateway_src.resolve()), *(p for p in sys.path if "site-packages" in p)]
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        argv = [sys.executable, "-S", "-m", "gateway.cli", "serve"]
+    env["GATEWAY_ADMISSION__ENABLED"] = "true" if admission else "false"
+    return argv, env
+
+
 def quantile(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -150,14 +164,7 @@ def main() -> None:
     sim = subprocess.Popen([*gw, "sim", "--replicas", "2", "--port", str(port),
                             "--max-num-seqs", "4", "--speed", str(args.speed)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env = {**os.environ}
-    serve_argv = [*gw, "serve"]
-    if args.gateway_src is not None:  # site off: the editable install would win the import
-        paths = [str(args.gateway_src.resolve()), *(p for p in sys.path if "site-packages" in p)]
-        env["PYTHONPATH"] = os.pathsep.join(paths)
-        serve_argv = [sys.executable, "-S", "-m", "gateway.cli", "serve"]
-    # set either way, whatever the default of the tree measured (`--gateway-src`)
-    env["GATEWAY_ADMISSION__ENABLED"] = "true" if args.admission == "on" else "false"
+    serve_argv, env = serve_command(args.gateway_src, args.admission == "on")
     serve = None
     try:
         for i in range(2):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from bench_admission_flood import free_ports, quantile, wait_ready
+from bench_admission_flood import free_ports, quantile, serve_command, wait_ready
 
 MODEL = "Qwen/Qwen3-0.6B"
 CONTENT = re.compile(rb'"content":"[^"]')  # a delta with text (the first one has none)
@@ -76,13 +75,7 @@ def one_round(args: argparse.Namespace) -> dict[str, Any]:
     sim = subprocess.Popen([*gw, "sim", "--replicas", "2", "--port", str(port),
                             "--max-num-seqs", "512", "--model", MODEL],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env = {**os.environ}
-    serve_argv = [*gw, "serve"]
-    if args.gateway_src is not None:  # site off: the editable install would win the import
-        paths = [str(args.gateway_src.resolve()), *(p for p in sys.path if "site-packages" in p)]
-        env["PYTHONPATH"] = os.pathsep.join(paths)
-        serve_argv = [sys.executable, "-S", "-m", "gateway.cli", "serve"]
-    env["GATEWAY_ADMISSION__ENABLED"] = "true" if args.admission == "on" else "false"
+    serve_argv, env = serve_command(args.gateway_src, args.admission == "on")
     serve = None
     try:
         for i in range(2):
