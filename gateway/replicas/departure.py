@@ -9,7 +9,8 @@ What goes, through `Services.remove_replica` (gateway/proxy/app.py), which names
   view of it (`Router.remove_replica`);
 - every metric series labelled with it, in every family of the gateway's registry, and the
   cached children (`GatewayMetrics.remove_replica`);
-- the monitor's suspect run (`FleetMonitor.forget_replica`); answers to its probes, scrapes
+- the monitor's suspect run, scrape asked soon and when its last scrape was asked
+  (`FleetMonitor.forget_replica`); answers to its probes, scrapes
   and model refreshes in flight are dropped when they come (`Fleet.holds`);
 - its cached_tokens verdict (`UsageRecorder.forget_replica`) and the Responses API's
   response ids stored on it (`AffinityStore.forget_replica`);
