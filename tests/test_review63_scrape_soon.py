@@ -155,6 +155,74 @@ async def test_a_departure_cancels_its_soon_scrape_and_forgets_when_it_was_asked
         await monitor.aclose()
 
 
+async def test_soon_asked_twice_at_once_or_beside_a_periodic_scrape_starts_none_more() -> None:
+    """`scrape_soon` says True only when it started a scrape: not for a second call before
+    the first task ran (its ask time is not on record yet), nor beside a periodic scrape
+    in flight."""
+    replicas = Replicas()
+    clock = Clock()
+    fleet, monitor, _ = monitor_for(replicas, {"a": "a"}, clock)
+    a = fleet.replicas["a"]
+    replicas.hold["a"] = asyncio.Event()
+    try:
+        assert monitor.scrape_soon(a)
+        assert not monitor.scrape_soon(a)  # same turn of the loop
+        await asyncio.wait_for(replicas.arrived.wait(), 5)
+        replicas.hold["a"].set()
+        await until(lambda: not monitor._soon and not monitor._scraping)
+        assert replicas.gets == ["a /metrics"]
+        replicas.hold["a"].clear()
+        replicas.arrived.clear()
+        periodic = asyncio.create_task(monitor.scrape(a))
+        await asyncio.wait_for(replicas.arrived.wait(), 5)
+        clock.t += SOON_SPACING_S * 2
+        assert not monitor.scrape_soon(a)  # the periodic one is in flight
+        replicas.hold["a"].set()
+        await asyncio.wait_for(periodic, 5)
+    finally:
+        replicas.hold["a"].set()
+        await monitor.aclose()
+
+
+async def test_a_replica_down_is_not_scraped_soon() -> None:
+    replicas = Replicas()
+    fleet, monitor, _ = monitor_for(replicas, {"a": "a"}, Clock())
+    a = fleet.replicas["a"]
+    a.healthy = False
+    try:
+        assert not monitor.scrape_soon(a)
+        await asyncio.sleep(0.01)
+        assert replicas.gets == [] and not monitor._soon
+    finally:
+        await monitor.aclose()
+
+
+async def test_the_old_soon_scrapes_end_leaves_the_new_replicas_own_on_record() -> None:
+    """The departed replica's soon scrape, cancelled, ends one loop turn after a new
+    replica of its name asked its own: its done callback must not drop the new one's
+    (aclose would then leave it running, and a second could start beside it)."""
+    replicas = Replicas()
+    clock = Clock()
+    fleet, monitor, _ = monitor_for(replicas, {"a": "old"}, clock)
+    replicas.hold["old"] = asyncio.Event()
+    replicas.hold["new"] = asyncio.Event()
+    try:
+        assert monitor.scrape_soon(fleet.replicas["a"])
+        await asyncio.wait_for(replicas.arrived.wait(), 5)
+        fleet.remove("a")
+        monitor.forget_replica("a")  # cancels the old one's
+        new = fleet.add(ReplicaSettings(name="a", url="http://new.test", models=("m",)))
+        new.healthy = True
+        await asyncio.sleep(0)  # the old task ends; its done callback is next
+        assert monitor.scrape_soon(new)
+        task = monitor._soon["a"]
+        await asyncio.sleep(0.01)
+        assert monitor._soon.get("a") is task
+    finally:
+        replicas.hold["new"].set()
+        await monitor.aclose()
+
+
 async def test_aclose_cancels_a_soon_scrape_in_flight() -> None:
     replicas = Replicas()
     fleet, monitor, _ = monitor_for(replicas, {"a": "a"}, Clock())
@@ -256,6 +324,17 @@ async def test_a_wall_clock_step_back_does_not_stop_soon_scrapes() -> None:
 def test_the_engine_docstring_states_the_spacing_the_monitor_uses() -> None:
     doc = " ".join((engine_mod.__doc__ or "").split())
     assert SOON_SPACING_S == 0.5 or "every half second" not in doc
+
+
+def test_a_scrape_without_a_running_figure_ends_the_rise() -> None:
+    """A fold that learnt nothing (no running figure) says the guess is not growing: a
+    queue shown beside it asks for no scrape soon."""
+    cap = engine_mod.learn(engine_mod.Capacity(1.0, None, 4, most_taken=4),
+                           engine_mod.Scrape(2.0, 6, 3, None, 9))
+    assert cap.rising
+    blank = engine_mod.Scrape(3.0, math.nan, 3, None, 12)
+    cap = engine_mod.learn(cap, blank)
+    assert not cap.rising and not engine_mod.scrape_teaches(cap, blank, 12)
 
 
 # --- the fleet view, simulated: when do soon scrapes stop? ---------------------------------
