@@ -1,7 +1,8 @@
 """A guess that a scrape could raise asks for that scrape at once (engine.py
 `scrape_teaches`, fleetview.py, monitor.py `scrape_soon`): by table, what teaches; in the
 gate, when it asks; in the monitor, against a real /metrics server on loopback, one scrape
-of a replica at a time and at most one asked soon every `SOON_SPACING_S`."""
+of a replica at a time (one asked meanwhile runs once after) and at most one asked soon
+every `SOON_SPACING_S`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from gateway.admission.config import AdmissionConfig
 from gateway.admission.engine import Capacity, Scrape, learn, scrape_teaches
 from gateway.admission.gate import Ask, Gate
 from gateway.proxy.client import AiohttpUpstream, ClientLimits
-from gateway.replicas.fleet import Fleet
+from gateway.replicas.fleet import Fleet, Replica
 from gateway.replicas.monitor import SOON_SPACING_S, FleetMonitor
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import Router
@@ -57,7 +58,8 @@ TOOK_4 = Capacity(1.0, None, 4, most_taken=4)  # guess 8
     (Capacity(1.0, 4, 4, most_taken=4), scrape(running=4), 9, False),  # learnt: no guess
     (Capacity(1.0, 4, 4, most_taken=4, probing=True), scrape(running=4), 9, False),
     (Capacity(), None, 9, False),  # no running count ever: no guess to raise
-    (TOOK_4, scrape(running=4, waiting=math.nan), 5, True),  # no count: as none waiting
+    (TOOK_4, scrape(running=4, waiting=math.nan), 5, False),  # no count: nothing to learn
+    (TOOK_4, scrape(running=None), 5, False),  # no running figure either
 ])
 def test_what_a_scrape_now_could_teach(cap: Capacity, seen: Scrape | None, own: int,
                                        teaches: bool) -> None:
@@ -86,9 +88,14 @@ def test_the_gate_asks_for_a_scrape_while_its_sends_outgrow_what_the_engine_took
         a.healthy = True
         clock = Clock()
         asked: list[str] = []
+
+        def soon(r: Replica) -> bool:
+            asked.append(r.name)
+            return True
+
         g = Gate(AdmissionConfig(enabled=True, recheck_s=0.001), routing, router,
                  GatewayMetrics(), clock, clock, fleet=fleet, scrape_interval_s=1.0,
-                 scrape_soon=lambda r: asked.append(r.name))
+                 scrape_soon=soon)
 
         def scraped(running: float, waiting: float) -> None:
             clock.t += 0.5
@@ -160,21 +167,23 @@ def test_the_monitor_scrapes_a_replica_once_at_a_time_and_soon_at_most_so_often(
             assert monitor.scrape_soon(a)
             await asyncio.wait_for(server.got.wait(), 10)
             assert not monitor.scrape_soon(a)  # one in flight already
-            await asyncio.wait_for(monitor.scrape(a), 10)  # the periodic one: skipped
+            # the periodic one, asked meanwhile: it returns at once, and runs once after
+            await asyncio.wait_for(monitor.scrape(a), 10)
             assert server.gets == 1 and a.snapshot is None
             server.release.set()
-            for _ in range(1000):  # the answer lands (bounded: 10 s)
-                if a.snapshot is not None and not monitor.scrape_soon(a):
+            for _ in range(1000):  # both answers land (bounded: 10 s)
+                if a.snapshot is not None and server.gets == 2 and not monitor._scraping:
                     break
                 await asyncio.sleep(0.01)
             assert a.snapshot is not None and a.snapshot.num_requests_running == 3
+            assert server.gets == 2  # not one GET per ask: the asks meanwhile were one
             clock.t += SOON_SPACING_S * 0.9
             assert not monitor.scrape_soon(a)  # too soon after the last one asked
             clock.t += SOON_SPACING_S * 0.2
             server.got.clear()
             assert monitor.scrape_soon(a)
             await asyncio.wait_for(server.got.wait(), 10)
-            assert server.gets == 2
+            assert server.gets == 3
             a.healthy = False
             clock.t += SOON_SPACING_S * 2
             assert not monitor.scrape_soon(a)  # a replica down is not scraped soon

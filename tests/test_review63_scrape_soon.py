@@ -234,12 +234,6 @@ async def test_aclose_cancels_a_soon_scrape_in_flight() -> None:
     assert task.cancelled() and not monitor._soon and not monitor._scraping
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "`_scraping` is keyed by name: a replica replaced under its name (membership "
-    "`replace`: another URL) while the old one's scrape hangs (a vanished pod's address "
-    "blackholes until the connect timeout) has its joining scrape skipped, so it is "
-    "marked up on the configured/default KV capacity and without its engine figures "
-    "until the next scrape interval"))
 async def test_a_replica_replaced_under_its_name_gets_its_own_first_scrape() -> None:
     replicas = Replicas()
     clock = Clock()
@@ -265,11 +259,6 @@ async def test_a_replica_replaced_under_its_name_gets_its_own_first_scrape() -> 
         await monitor.aclose()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a scrape asked while one of that replica is in flight is dropped, not run after it: "
-    "the health probe's 'back after a hiccup' scrape (the quick restart check) is lost "
-    "behind a soon scrape that then fails, and the restart is seen only at the next "
-    "periodic scrape (5 s)"))
 async def test_the_hiccup_scrape_behind_a_failing_one_still_reads_the_metrics() -> None:
     replicas = Replicas()
     clock = Clock()
@@ -299,10 +288,6 @@ async def test_the_hiccup_scrape_behind_a_failing_one_still_reads_the_metrics() 
         await monitor.aclose()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the spacing is measured on the monitor's wall clock: a step back (NTP, a VM "
-    "resumed) stops every soon scrape for as long as the step; measure it on a monotonic "
-    "timer, or take a negative interval as past the spacing"))
 async def test_a_wall_clock_step_back_does_not_stop_soon_scrapes() -> None:
     replicas = Replicas()
     clock = Clock()
@@ -318,9 +303,6 @@ async def test_a_wall_clock_step_back_does_not_stop_soon_scrapes() -> None:
         await monitor.aclose()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine.py's docstring says soon scrapes come 'at most one every half second a "
-    "replica'; monitor.py's SOON_SPACING_S is 0.25 s"))
 def test_the_engine_docstring_states_the_spacing_the_monitor_uses() -> None:
     doc = " ".join((engine_mod.__doc__ or "").split())
     assert SOON_SPACING_S == 0.5 or "every half second" not in doc
@@ -449,12 +431,6 @@ PERSISTENT = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "scrape_teaches asks again at every look while this gateway has more there than the "
-    "engine was seen to take, also when the scrapes asked soon can teach nothing (no "
-    "waiting count, no running figure, a failed or stale scrape): ~3 GETs a second a "
-    "replica (vs 0.2) for as long as the load lasts, each /metrics parsed on the event "
-    "loop; ask soon only while the last fold rose, from a fresh scrape with both counts"))
 @pytest.mark.parametrize("case", sorted(PERSISTENT))
 def test_soon_scrapes_that_teach_nothing_stop(case: str) -> None:
     engine, ok = PERSISTENT[case]
@@ -462,10 +438,6 @@ def test_soon_scrapes_that_teach_nothing_stop(case: str) -> None:
     assert late(asked) <= 2, f"{late(asked)} soon scrapes in the last 30 s"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the 'metrics failing mid-ramp' case on the real monitor: once /metrics answers 500 "
-    "every look asks soon, and each SOON_SPACING_S sends another failing GET (8 in 2 s "
-    "where the periodic scrape sends none); ask soon once per scrape folded"))
 def test_soon_scrapes_of_a_failing_metrics_page_counted_on_the_real_monitor() -> None:
     """No periodic loop runs here: every GET counted is a soon one."""
     async def run() -> int:

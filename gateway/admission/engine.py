@@ -91,10 +91,11 @@ is, what the engine has shown it can run, and what this gateway sent or finished
   the limit doubles from what it took, once a scrape, so an engine with room (vLLM runs
   256 to 1024) is reached within a few scrapes. Those scrapes are asked for at once
   while the guess grows (`scrape_teaches`: this gateway has more there than the engine
-  was seen to take, none seen waiting; the monitor's `scrape_soon`, at most one every
-  half second a replica): a burst to a cold fleet held a scrape interval (5 s) per
-  doubling reached 512 in about 30 s, `normal`'s wait limit, and 90 of 600 concurrent
-  streams to two such engines got 429 (bench/results/admission.md, "a cold burst").
+  was seen to take, none seen waiting or the running count growing; the monitor's
+  `scrape_soon`, at most one every quarter second a replica, once per scrape folded):
+  a burst to a cold fleet held a scrape interval (5 s) per doubling reached 512 in
+  about 30 s, `normal`'s wait limit, and 90 of 600 concurrent streams to two such
+  engines got 429 (bench/results/admission.md, "a cold burst").
   (Issue 36: held to the guess of 8 while
   it grew only with the running count, one scrape in five seconds, a gateway held 8 x
   0.75 sequences per replica of engines running 6 of 256 while dozens waited in it;
@@ -270,11 +271,18 @@ def scrape_teaches(cap: Capacity, scrape: Scrape | None, own_now: int) -> bool:
     can, or its cache does; one beside a growing count is the requests sent just before
     that scrape, not yet begun). The gate then asks for that scrape at once
     (fleetview.py, monitor.py `scrape_soon`), so a burst to a cold fleet does not wait a
-    scrape interval per doubling (module docstring)."""
+    scrape interval per doubling (module docstring). A scrape without both counts (none
+    exported, no number) teaches nothing, nor would the next: False. The caller asks at
+    most once per scrape folded (fleetview.py), so a failing /metrics is not asked again
+    and again."""
     if cap.saturated is not None or cap.most_running is None:
         return False
-    if scrape is not None and (_count(scrape.waiting) or 0) > 0 and not cap.rising:
-        return False
+    if scrape is not None:
+        waiting = _count(scrape.waiting)
+        if _count(scrape.running, MAX_RUNNING) is None or waiting is None:
+            return False  # no figure to learn from: another such scrape teaches nothing
+        if waiting > 0 and not cap.rising:
+            return False
     return own_now > max(cap.most_running, cap.most_taken or 0)
 
 

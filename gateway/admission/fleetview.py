@@ -28,8 +28,9 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
   rate as its scrapes show it (prefillrate.py), for room.py's cost model. While an
   engine's room is a guess this gateway's requests there outgrow (engine.py
   `scrape_teaches`), its next scrape is asked for at once (`scrape_soon`:
-  `FleetMonitor.scrape_soon`), so the guess doubles at each scrape without waiting the
-  interval.
+  `FleetMonitor.scrape_soon`), once per scrape folded, so the guess doubles at each
+  scrape without waiting the interval, and a /metrics that fails is not asked again at
+  every look.
 - **Held for agent programs** (`reserved`: gateway.agents.reserve), fed once: the context
   of the programs in a tool call there is added to its KV usage now (the scraped one
   moved by what this gateway sent or finished since, engine.py) as a share of its
@@ -59,8 +60,9 @@ What an engine showed it runs is learnt afresh after each restart the router tak
 restarted engine that showed running counts before is held to the guess (engine.py
 `PROBE_SEQS`) from the restart until its next scrape, not left without a limit.
 
-Bounds: one learned `Capacity`, one `PrefillRate`, one last `EngineView` and one doubt
-per replica of the fleet; those of replicas that left are dropped (`forget_left`).
+Bounds: one learned `Capacity`, one `PrefillRate`, one last `EngineView`, one doubt and
+one scrape asked soon after per replica of the fleet; those of replicas that left are
+dropped (`forget_left`).
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class FleetView:
     def __init__(self, fleet: Fleet | None, router: Router, clock: Callable[[], float],
                  max_age_s: float, suspect: Callable[[Replica], None] | None,
                  reserved: Callable[[str, float], int] | None = None,
-                 scrape_soon: Callable[[Replica], object] | None = None) -> None:
+                 scrape_soon: Callable[[Replica], bool] | None = None) -> None:
         self.fleet = fleet
         self.router = router
         self.clock = clock  # wall clock, as the scrapes' and probes' times
@@ -101,6 +103,8 @@ class FleetView:
         self._suspect = suspect
         self._reserved = reserved  # (replica, wall clock) -> tokens held for agent programs
         self._scrape_soon = scrape_soon  # ask for a replica's next scrape now (monitor.py)
+        # the scrape (its time; None: none yet) after which a scrape was last asked soon
+        self._asked_after: dict[str, float | None] = {}
         self._capacity: dict[str, Capacity] = {}  # what each engine showed it runs
         self._rates: dict[str, PrefillRate] = {}  # how fast each engine was seen to prefill
         # whose engine that was: the replica object and its restart count when learnt
@@ -184,7 +188,7 @@ class FleetView:
         # folds further apart than a scrape stays fresh pair no scrapes (engine.py)
         cap = self._capacity[name] = learn(old, scrape, self.max_age_s)
         if self._scrape_soon is not None and scrape_teaches(cap, scrape, own):
-            self._scrape_soon(replica)  # the guess may be low: learn it now (engine.py)
+            self._ask_soon(replica, None if scrape is None else scrape.ts)
         rate = self._rates.get(name, PrefillRate())
         if snap is not None and scrape is not None:
             rate = self._rates[name] = learn_rate(
@@ -222,6 +226,16 @@ class FleetView:
             prefill_s_per_token=rate.s_per_token(),
             cache_free_tokens=self.router.cache_free_tokens(name),
             engine_stuck=stuck)
+
+    def _ask_soon(self, replica: Replica, after: float | None) -> None:
+        """The guess may be low: ask for `replica`'s next scrape now, once per scrape
+        folded (`after`: its time): one that failed or taught nothing is not asked again
+        at every look, only after the next scrape lands (engine.py `scrape_teaches`)."""
+        name = replica.name
+        if name in self._asked_after and self._asked_after[name] == after:
+            return
+        if self._scrape_soon is not None and self._scrape_soon(replica):
+            self._asked_after[name] = after
 
     def s_per_token(self, name: str) -> float:
         """`name`'s prefill rate as its scrapes showed it, else the cost model's."""
@@ -263,6 +277,7 @@ class FleetView:
         self._learnt_of.pop(name, None)
         self._views.pop(name, None)
         self._doubted.pop(name, None)
+        self._asked_after.pop(name, None)
 
     def stats(self) -> dict[str, Any]:
         """Per replica, where its room came from at the last look (`/stats`), and the

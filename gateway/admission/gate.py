@@ -105,7 +105,7 @@ class Gate:
                  timer: Callable[[], float], *, fleet: Fleet | None = None,
                  scrape_interval_s: float = 5.0,
                  suspect: Callable[[Replica], None] | None = None,
-                 scrape_soon: Callable[[Replica], object] | None = None) -> None:
+                 scrape_soon: Callable[[Replica], bool] | None = None) -> None:
         self.config = config
         # agent programs between tool calls: the context held for them on each replica
         # (gateway.agents.reserve), read into each replica's load by the fleet view

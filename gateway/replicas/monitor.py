@@ -22,14 +22,19 @@ pool is full is still probed at once).
   `parse_engine_metrics`; feeds `Router.set_capacity` (reported capacity, else the
   configured `capacity_tokens`, also when the scrape fails or `/metrics` is off),
   `Router.replica_restarted` when the engine restarted, and `GatewayMetrics.replica_state`.
-  One scrape of a replica at a time: one asked for while another is in flight is skipped
-  (that one's answer is as new), so two answers never land out of order (an older
-  scrape stored after a newer one would read as counters gone backwards: a restart).
+  One scrape of a replica at a time, so two answers never land out of order (an older
+  scrape stored after a newer one would read as counters gone backwards: a restart): one
+  asked for while another of that `Replica` is in flight runs once more after it (the
+  health probe's check after a hiccup is not lost behind a scrape that then fails); a
+  replica replaced under its name is another `Replica`, scraped at once.
 - scrape soon (`scrape_soon`): the admission queue asks for a replica's next scrape now
   when its engine's room is still a guess that a scrape could raise (this gateway has more
-  in flight there than the engine was seen to take in, and nothing was seen waiting:
-  gateway/admission/engine.py `scrape_teaches`); at most one every `SOON_SPACING_S` a
-  replica, counted from its last scrape asked for. The guess doubles once a scrape, so a
+  in flight there than the engine was seen to take in, and the last scrape showed nothing
+  waiting, or a running count still growing: gateway/admission/engine.py
+  `scrape_teaches`; asked once per scrape folded, gateway/admission/fleetview.py); none
+  while one of that replica is in flight, and at most one every `SOON_SPACING_S` a
+  replica, counted from its last scrape asked for (a wall clock stepped back counts as
+  past it). The guess doubles once a scrape, so a
   burst to a cold fleet reaches an engine's real room (vLLM runs 256 to 1024) in a few
   seconds instead of a few scrape intervals: held at the guess meanwhile, 90 of 600
   concurrent streams to two engines of 512 waited past `normal`'s 30 s and got 429 (see
@@ -143,7 +148,9 @@ class FleetMonitor:
         self._details_probes: set[asyncio.Task[None]] = set()
         self._suspects: dict[str, asyncio.Task[None]] = {}  # at most one per replica
         self._soon: dict[str, asyncio.Task[None]] = {}  # scrapes asked soon: one per replica
-        self._scraping: set[str] = set()  # replicas with a scrape in flight
+        # the `Replica`s (by id) with a scrape in flight, and those asked again meanwhile
+        self._scraping: set[int] = set()
+        self._again: set[int] = set()
         self._asked: dict[str, float] = {}  # replica -> when its last scrape was asked for
         self.failures = FailureLog(log)  # the error boundary's log (gateway/tasks.py)
 
@@ -326,8 +333,9 @@ class FleetMonitor:
         """Scrape `replica` now unless one is in flight or was asked for less than
         `SOON_SPACING_S` ago (module docstring); True when one was started."""
         name = replica.name
-        if (name in self._soon or name in self._scraping or not replica.healthy
-                or self.clock() - self._asked.get(name, -math.inf) < SOON_SPACING_S):
+        since = self.clock() - self._asked.get(name, -math.inf)
+        if (name in self._soon or id(replica) in self._scraping or not replica.healthy
+                or 0.0 <= since < SOON_SPACING_S):
             return False
         task = asyncio.create_task(guarded(functools.partial(self.scrape, replica),
                                            f"scrape {name}", self.failures))
@@ -340,15 +348,22 @@ class FleetMonitor:
             del self._soon[name]
 
     async def scrape(self, replica: Replica) -> None:
-        """One scrape of `replica`, skipped while another is in flight (module docstring)."""
-        name = replica.name
-        if name in self._scraping:
+        """One scrape of `replica`; asked while another of it is in flight, that one runs
+        once more after (module docstring)."""
+        key = id(replica)
+        if key in self._scraping:
+            self._again.add(key)
             return
-        self._scraping.add(name)
+        self._scraping.add(key)
         try:
-            await self._scrape(replica)
+            for _ in range(2):  # bounded: once more at most, however often asked meanwhile
+                self._again.discard(key)
+                await self._scrape(replica)
+                if key not in self._again:
+                    break
         finally:
-            self._scraping.discard(name)
+            self._scraping.discard(key)
+            self._again.discard(key)
 
     async def _scrape(self, replica: Replica) -> None:
         # what the engine's counts are compared with (the admission queue adds what this
