@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,36 @@ def serve_command(gateway_src: Path | None, admission: bool) -> tuple[list[str],
         argv = [sys.executable, "-S", "-m", "gateway.cli", "serve"]
     env["GATEWAY_ADMISSION__ENABLED"] = "true" if admission else "false"
     return argv, env
+
+
+@contextlib.contextmanager
+def two_replicas(sim_args: list[str], gateway_src: Path | None, admission: bool,
+                 serve_args: tuple[str, ...] = ()) -> Iterator[str]:
+    """`gateway sim --replicas 2 *sim_args` and `gateway serve` in front of it (from
+    `gateway_src` when given, `serve_command`), both stopped at the end; yields the
+    gateway's URL once it is ready."""
+    gw = [str(Path(sys.executable).parent / "gateway")]
+    port, gport = free_ports(2), free_ports(1)
+    sim = subprocess.Popen([*gw, "sim", "--replicas", "2", "--port", str(port), *sim_args],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    serve_argv, env = serve_command(gateway_src, admission)
+    serve = None
+    try:
+        for i in range(2):
+            wait_ready(f"http://127.0.0.1:{port + i}/health")
+        serve = subprocess.Popen(
+            [*serve_argv, "--host", "127.0.0.1", "--port", str(gport), *serve_args,
+             "--backend", f"http://127.0.0.1:{port}", "--backend",
+             f"http://127.0.0.1:{port + 1}"], env=env, cwd=gateway_src,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{gport}"
+        wait_ready(url + "/ready")
+        yield url
+    finally:
+        for p in (serve, sim):
+            if p is not None:
+                p.terminate()
+                p.wait(10)
 
 
 def quantile(xs: list[float], q: float) -> float | None:
@@ -158,34 +190,13 @@ def main() -> None:
                     help="run `gateway serve` from this source tree instead (another "
                          "commit's `gateway/`, from `git archive`), the simulator as is")
     args = ap.parse_args()
-    gw = [str(Path(sys.executable).parent / "gateway")]
-    port = free_ports(2)
-    gport = free_ports(1)
-    sim = subprocess.Popen([*gw, "sim", "--replicas", "2", "--port", str(port),
-                            "--max-num-seqs", "4", "--speed", str(args.speed)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    serve_argv, env = serve_command(args.gateway_src, args.admission == "on")
-    serve = None
-    try:
-        for i in range(2):
-            wait_ready(f"http://127.0.0.1:{port + i}/health")
-        serve = subprocess.Popen(
-            [*serve_argv, "--host", "127.0.0.1", "--port", str(gport),
-             "--backend", f"http://127.0.0.1:{port}", "--backend",
-             f"http://127.0.0.1:{port + 1}"], env=env, cwd=args.gateway_src,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{gport}"
-        wait_ready(url + "/ready")
+    with two_replicas(["--max-num-seqs", "4", "--speed", str(args.speed)],
+                      args.gateway_src, args.admission == "on") as url:
         fig = asyncio.run(measure(url, args.seconds, args.warmup, args.low, args.high,
                                   args.low_tokens, args.high_tokens))
         fig["admission"] = httpx.get(url + "/stats", timeout=10).json().get("admission")
         fig["args"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         print(json.dumps(fig, indent=2))
-    finally:
-        for p in (serve, sim):
-            if p is not None:
-                p.terminate()
-                p.wait(10)
 
 
 if __name__ == "__main__":

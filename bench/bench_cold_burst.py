@@ -20,14 +20,12 @@ import asyncio
 import json
 import re
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import orjson
-from bench_admission_flood import free_ports, quantile, serve_command, wait_ready
+from bench_admission_flood import quantile, two_replicas
 
 MODEL = "Qwen/Qwen3-0.6B"
 CONTENT = re.compile(rb'"content":"[^"]')  # a delta with text (the first one has none)
@@ -70,28 +68,9 @@ async def burst(port: int, streams: int, tokens: int) -> dict[str, Any]:
 
 
 def one_round(args: argparse.Namespace) -> dict[str, Any]:
-    gw = [str(Path(sys.executable).parent / "gateway")]
-    port, gport = free_ports(2), free_ports(1)
-    sim = subprocess.Popen([*gw, "sim", "--replicas", "2", "--port", str(port),
-                            "--max-num-seqs", "512", "--model", MODEL],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    serve_argv, env = serve_command(args.gateway_src, args.admission == "on")
-    serve = None
-    try:
-        for i in range(2):
-            wait_ready(f"http://127.0.0.1:{port + i}/health")
-        serve = subprocess.Popen(
-            [*serve_argv, "--host", "127.0.0.1", "--port", str(gport), "--no-access-log",
-             "--backend", f"http://127.0.0.1:{port}", "--backend",
-             f"http://127.0.0.1:{port + 1}"], env=env, cwd=args.gateway_src,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_ready(f"http://127.0.0.1:{gport}/ready")
-        return asyncio.run(burst(gport, args.streams, args.tokens))
-    finally:
-        for p in (serve, sim):
-            if p is not None:
-                p.terminate()
-                p.wait(10)
+    with two_replicas(["--max-num-seqs", "512", "--model", MODEL], args.gateway_src,
+                      args.admission == "on", ("--no-access-log",)) as url:
+        return asyncio.run(burst(int(url.rsplit(":", 1)[1]), args.streams, args.tokens))
 
 
 def main() -> None:
