@@ -34,7 +34,11 @@ from gateway.usage.config import UsageConfig
 from tests.recording_replica import EVENT, SSE_HEAD, chunk, completion, response
 
 READ_TIMEOUT_S = 0.5
-CONNECT_TIMEOUT_S = 0.3
+# the gateway, the replicas and the clients share one loop here: 30 connects at once to
+# the hanging replica on a loaded 2-core machine once took longer than 0.3 s (a 502
+# connect timeout where the test waits for 200 and 504), so 1 s: still well under the
+# read timeouts that matter to a client, and what the black hole's probe waits at start
+CONNECT_TIMEOUT_S = 1.0
 
 
 class HangingReplica:
