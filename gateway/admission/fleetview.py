@@ -286,7 +286,7 @@ class FleetView:
 
     def stats(self) -> dict[str, Any]:
         """Per replica, where its room came from at the last look (`/stats`), and the
-        prefill this gateway sent there that the engine has not begun (now)."""
+        prefill this gateway sent there that the engine has not done (now)."""
         return {name: {
             "source": v.source,
             "snapshot_age_s": None if v.age_s is None else round(v.age_s, 3),

@@ -141,9 +141,11 @@ class Ledger:
             return
         before = sorted((item[1], i, plan) for i, (plan, item) in enumerate(pend.items())
                         if item[1] < asked_at)
+        if not (math.isfinite(s_per_token) and s_per_token > 0):
+            s_per_token = self.config.prefill_s_per_token  # no rate of the engine's
         for _, _, plan in before[:began(len(before), waiting)]:
             if not plan.streamed and plan not in self.prefilled_by:
-                self.prefilled_by[plan] = asked_at + pend[plan][0] * max(0.0, s_per_token)
+                self.prefilled_by[plan] = asked_at + pend[plan][0] * s_per_token
 
     def estimate_began(self, replica: str, now: float) -> None:
         """See Router.estimate_began."""
