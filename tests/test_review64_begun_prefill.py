@@ -1,7 +1,8 @@
 """Review of bb0f9f7 (a streamed request's queued prefill ends at its first token, a begun
 non-streamed one's at its prefill time since the scrape that showed it begun): what holds,
-by tables on the router alone (time a parameter) and one in-process gate; and, as strict
-xfails, what does not."""
+by tables on the router alone (time a parameter) and one in-process gate; and the two
+defects it found, fixed since (Messages/Responses streams read as non-streamed; prompts
+begun together each priced alone)."""
 
 from __future__ import annotations
 
@@ -64,9 +65,6 @@ def test_a_stream_that_is_no_boolean_is_refused_at_the_door(value: object) -> No
         parse_inbound(raw, "chat")
 
 
-@pytest.mark.xfail(strict=True, reason="chat_view of a Messages/Responses body drops "
-                   "`stream`: the router reads every such stream as non-streamed, so its "
-                   "queued prefill ends at the rate estimate, not at its first token")
 @pytest.mark.parametrize(("endpoint", "b"), [
     ("messages", {"model": "m", "max_tokens": 8, "stream": True,
                   "messages": [{"role": "user", "content": "long " * 400}]}),
@@ -114,17 +112,17 @@ def test_a_read_without_a_clock_is_settled_at_the_last_decision() -> None:
     assert router.queued_tokens("a", 1e6) == 0
 
 
-@pytest.mark.parametrize(("rate", "ends_at_scrape"), [
-    (0.0, True), (-1.0, True), (math.nan, True), (math.inf, False),
-])
-def test_a_corrupt_rate_ends_it_at_the_scrape_or_at_its_answer(
-        rate: float, ends_at_scrape: bool) -> None:
-    """A rate no scrape could give: at worst the old behaviour (ended at the scrape) or
-    the one before it (queued to the answer's end); never an error, never a leak."""
+@pytest.mark.parametrize("rate", [0.0, -1.0, math.nan, math.inf])
+def test_a_corrupt_rate_is_the_cost_models(rate: float) -> None:
+    """A rate no scrape could give is the cost model's: not ended at the scrape (the old
+    behaviour), not queued to the answer's end (the one before it); never an error, never
+    a leak."""
     router = Router(RoutingConfig(seed=0))
     plan = sent(router, "odd ", stream=False)
     router.engine_began("a", 1.0, 0, rate)
-    assert (router.queued_tokens("a", 1.0) == 0) is ends_at_scrape
+    assert router.queued_tokens("a", 1.0) > 0
+    assert router.queued_tokens("a", 1.0 + plan.estimated_tokens
+                                * router.config.prefill_s_per_token) == 0
     router.report(plan, 2.0)
     assert router.queued_tokens("a", 2.0) == 0 and not router._ledger.prefilled_by
 
@@ -229,10 +227,6 @@ def test_a_thousand_in_flight_settle_in_one_pass_each() -> None:
 
 # what the change's estimate misses -----------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="engine_began prices each begun non-streamed prompt "
-                   "at its own tokens from the scrape, not behind those begun before it "
-                   "(estimate_began's FCFS sum): N long prompts begun at one scrape leave "
-                   "the replica looking free after one prompt's prefill time")
 def test_non_streamed_prompts_begun_together_are_prefilled_one_after_another() -> None:
     router = Router(RoutingConfig(seed=0))
     first = sent(router, "first ", stream=False, now=0.0)

@@ -143,9 +143,19 @@ class Ledger:
                         if item[1] < asked_at)
         if not (math.isfinite(s_per_token) and s_per_token > 0):
             s_per_token = self.config.prefill_s_per_token  # no rate of the engine's
+        # begun prompts are prefilled one after another (first come, first served, as
+        # `estimate_began` sums them): each ends after those begun before it
+        end = asked_at
         for _, _, plan in before[:began(len(before), waiting)]:
-            if not plan.streamed and plan not in self.prefilled_by:
-                self.prefilled_by[plan] = asked_at + pend[plan][0] * s_per_token
+            if plan.outcome.first_token_at is not None:
+                continue  # prefilled: its first token came (settled at the next read)
+            known = self.prefilled_by.get(plan)
+            if known is not None:  # a later scrape never pushes an end back
+                end = max(end, known)
+                continue
+            end += pend[plan][0] * s_per_token
+            if not plan.streamed:
+                self.prefilled_by[plan] = end
 
     def estimate_began(self, replica: str, now: float) -> None:
         """See Router.estimate_began."""

@@ -169,7 +169,8 @@ class Router:
         not prefilled (vLLM prefills a begun prompt in chunks, before any waiting one): a
         streamed request's prefill stays queued to its first token; a non-streamed one's,
         whose first byte is its last, ends once its uncached tokens' prefill at
-        `s_per_token` (the engine's rate) has passed since `asked_at`."""
+        `s_per_token` (the engine's rate), after that of those begun before it (first
+        come, first served), has passed since `asked_at`."""
         self._ledger.engine_began(replica, asked_at, waiting, s_per_token)
 
     def estimate_began(self, replica: str, now: float) -> None:
