@@ -280,39 +280,44 @@ def test_a_stale_scrape_stops_throttling_the_gate() -> None:
 
 def test_a_scrape_with_an_empty_engine_queue_ends_a_non_streamed_requests_prefill() -> None:
     """Two requests sent, a long one then a short one; a scrape shows one waiting: the
-    younger (short) one still waits, the long one's prefill has begun; then none waits."""
-    async def run() -> tuple[float, float, float, float]:
+    younger (short) one still waits, the long one has begun, and its prefill ends once it
+    has had its prefill time at the engine's rate since that scrape (begun is not
+    prefilled); then none waits, and the short one's ends after its own."""
+    async def run() -> tuple[float, float, float, float, float]:
         g, router, fleet, clock, _ = world()
         fleet.replicas["b"].healthy = False
         a = fleet.replicas["a"]
         def now(a_: Ask) -> Ask:  # sent at the router's clock (no scrape yet: the cost
             return dataclasses.replace(a_, ts=clock.t)  # model counts from there)
         tickets = [await g.admit(now(ask("a long prompt " * 200)), [a])]
-        short = router.queued_tokens("a")
+        long = router.queued_tokens("a")
         tickets.append(await g.admit(now(ask("short")), [a]))
-        short = router.queued_tokens("a") - short
+        short = router.queued_tokens("a") - long
         a.in_flight = 2
         queued = router.queued_tokens("a")
         clock.t += 0.1
         # asked for after both were sent: one runs, one still waits in the engine
         fleet.set_snapshot("a", snap(clock, running=1, waiting=1), clock.t, 2)
         g._load(a)
-        partly = router.queued_tokens("a")
-        clock.t += 0.1
+        begun = router.queued_tokens("a", clock.t)  # the long one began: not prefilled
+        clock.t += long * router.config.prefill_s_per_token + 1e-6  # its prefill's time
+        partly = router.queued_tokens("a", clock.t)
         fleet.set_snapshot("a", snap(clock, running=2, waiting=0), clock.t, 2)
         g._load(a)
+        clock.t += short * router.config.prefill_s_per_token + 1e-6
+        done = router.queued_tokens("a", clock.t)
         for t in tickets:
             g.done(t)
         await g.aclose()
-        return queued, short, partly, router.queued_tokens("a")
-    queued, short, partly, done = asyncio.run(run())
-    assert queued > 10 * short > 0 and partly == short and done == 0
+        return queued, short, begun, partly, done
+    queued, short, begun, partly, done = asyncio.run(run())
+    assert queued > 10 * short > 0 and begun == queued and partly == short and done == 0
 
 
 def test_a_prompt_larger_than_the_room_waits_its_turn() -> None:
     """One long prompt queued on `a` (more than the 16k-token room `normal` sees): a
     prompt longer than what is queued there waits as a short one does, for the long one
-    to begin (the room is not raised to the waiting prompt's own size: a large prompt
+    to be prefilled (the room is not raised to the waiting prompt's own size: a large prompt
     would overtake the smaller ones before it, which waited to their class's limit on the
     Mooncake trace, issue 36); then both go, first come first served."""
     async def run() -> None:
@@ -336,9 +341,13 @@ def test_a_prompt_larger_than_the_room_waits_its_turn() -> None:
                 break
             await asyncio.sleep(0.001)
         assert not short.done() and not longer.done()
-        # a scrape shows the engine's queue empty: the long one began, both go
+        # a scrape shows the engine's queue empty: the long one began, and once it has
+        # had its prefill time since (begun is not prefilled: ledger.py), both go
         clock.t += 0.1
         fleet.set_snapshot("a", snap(clock, running=2), clock.t, 2)
+        g._dispatch()
+        assert not short.done() and not longer.done()
+        clock.t += queued * router.config.prefill_s_per_token + 0.01
         first = await asyncio.wait_for(short, 5)
         ticket = await asyncio.wait_for(longer, 5)
         assert first.plan.decision.replica == ticket.plan.decision.replica == "a"

@@ -116,7 +116,7 @@ def run(scraped_kv: float, finish: int, before: bool = False,
         if not before:  # the scrape, asked for with both in flight
             fleet.set_snapshot("a", snap(clock.t, scraped_kv, 2), clock.t, a.in_flight,
                                pinned_at_scrape(router.live_prompts("a"), 0))
-        router.engine_began("a", clock.t, 0)  # their prefill begun: none queued
+        router.engine_began("a", clock.t, 0, 1e-9)  # begun, prefilled at once: none queued
         clock.t += 0.1
         for t in tickets[:finish]:
             router.report(t.plan, clock.t)

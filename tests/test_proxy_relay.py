@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.proxy.errors import UpstreamProtocolError
-from gateway.proxy.relay import RelayOutcome, relay
+from gateway.proxy.relay import RESPONSES_FIRST_TOKEN, RelayOutcome, relay
 
 EVENTS = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n',
           b'data: {"choices":[{"delta":{"content":"b"}}]}\n\n',
@@ -84,6 +84,29 @@ RESPONSES_EVENTS = [
 ]
 
 
+TOOL_CALL_EVENTS = [
+    *RESPONSES_EVENTS[:2],
+    b'event: response.function_call_arguments.delta\ndata: {"type":'
+    b'"response.function_call_arguments.delta","delta":"{"}\n\n',
+    RESPONSES_EVENTS[3],
+]
+
+
+async def test_a_responses_stream_that_only_calls_a_tool_has_a_first_token() -> None:
+    """No text delta at all: its first token is its tool call's first arguments delta (else
+    its prompt counted as queued prefill until the stream ended: review 64)."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    outcome = RelayOutcome()
+    await relay(Stream(TOOL_CALL_EVENTS, False), send, [], strip_usage=False,  # type: ignore[arg-type]
+                replica="r", outcome=outcome, on_first_byte=lambda: None,
+                timer=lambda: float(len(sent)), first_token=RESPONSES_FIRST_TOKEN)
+    assert outcome.first_byte == 3  # the head and two events before prefill had gone out
+
+
 @pytest.mark.parametrize(("marker", "first_at"), [(None, 1), (b'"response.output_text.delta"', 3)])
 async def test_responses_stream_first_token_and_id(marker: bytes | None, first_at: int) -> None:
     """The Responses stream opens before the prefill: its first token is the first delta.
@@ -98,7 +121,8 @@ async def test_responses_stream_first_token_and_id(marker: bytes | None, first_a
     await relay(Stream(RESPONSES_EVENTS, False), send, [], strip_usage=False,  # type: ignore[arg-type]
                 replica="r", outcome=outcome, on_first_byte=lambda: None,
                 timer=lambda: float(len(sent)),
-                on_response_id=lambda rid: ids.append((rid, len(sent))), first_token=marker)
+                on_response_id=lambda rid: ids.append((rid, len(sent))),
+                first_token=None if marker is None else (marker,))
     assert outcome.first_byte == first_at  # bodies sent before it (the head counts as one)
     assert ids == [("resp_1", 1)]  # heard while only the response head had gone out
     assert outcome.usage is not None and outcome.usage.prompt_tokens == 9

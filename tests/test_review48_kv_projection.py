@@ -93,7 +93,7 @@ async def a_finish_beside(running: float, waiting: float) -> tuple[bool, float |
         await b.send(f"B {LONG}")
         b.clock.t += 1.0
         b.scrape("a", 0.99, running=running, waiting=waiting)
-        b.router.engine_began("a", b.clock.t, waiting)  # what waits: its prefill queued
+        b.router.engine_began("a", b.clock.t, waiting, 1e-9)  # what waits: its prefill queued
         b.clock.t += 0.1
         b.finish(first)
         went = await b.goes(f"third {LONG}")

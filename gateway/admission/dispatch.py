@@ -114,7 +114,7 @@ class Dispatcher:
                         gone[key] = err
         if gone:
             self._answer(gone)
-        queued = self.router.queued_by_replica()
+        queued = self.router.queued_by_replica(self.clock())
         largest = self.router.largest_by_replica()
         replicas = {r.name: r for pool in pools.values() for r in pool}
         base = {name: self._load(r, queued.get(name, 0.0), largest.get(name, 0.0))

@@ -17,11 +17,14 @@ each replica's load with its engine's own signals (no I/O; the clock is given).
 - **Load** (`load`): engine.py's reading of the last scrape (fresh or stale, what was sent
   since, what the engine has begun since at its prefill rate: `drain_s`, one of the
   largest prompts in flight there at the rate below, what the engine runs at once) with
-  room.py's inputs; a new fresh scrape ends the
-  queued prefill of what it shows out of the engine's waiting queue
-  (`Router.engine_began`); without engine figures (none exported, or the scrape stale) a
-  request's prefill ends by the routing cost model (`Router.estimate_began`), not at a
-  non-streamed answer's last byte. Beside it: the largest prompt in flight there
+  room.py's inputs; a streamed request's queued prefill ends at its first token, a
+  non-streamed one's once a new fresh scrape shows it out of the engine's waiting queue
+  and its prefill has had time at the rate below since (`Router.engine_began`); without
+  engine figures (none exported, or the scrape stale) by the routing cost model
+  (`Router.estimate_began`), not at a non-streamed answer's last byte. Begun is not
+  prefilled: ended when a scrape showed it begun, a 114k-token prompt's prefill left
+  its replica looking free for the 10 s it took, and requests sent there waited behind
+  it (the Mooncake trace at 2x, issue 36). Beside it: the largest prompt in flight there
   (`Router.largest_by_replica`: what a waiting request's drain and a stall's window
   are priced with, engine.py `drain_s`, prefillrate.py `stalled`), the room left in its prefix
   cache by the router's index (`Router.cache_free_tokens`), and its engine's prefill
@@ -208,7 +211,9 @@ class FleetView:
                                      capacity_tokens=float(capacity) if capacity else None)
         if scrape is not None and cap.last_ts != old.last_ts and v.source == "engine":
             # a new scrape: what it shows past the engine's queue has begun its prefill
-            self.router.engine_began(name, scrape.ts, scrape.waiting)
+            # (a non-streamed request's ends at its rate from then; a stream's at its
+            # first token: Router.engine_began)
+            self.router.engine_began(name, scrape.ts, scrape.waiting, per_token)
             queued = None
         elif v.source == "gateway":  # no figure from the engine: the cost model's estimate
             self.router.estimate_began(name, self.clock())
@@ -216,7 +221,7 @@ class FleetView:
         kv_now = self._kv_usage(replica, v.kv_usage)
         return ReplicaLoad(
             name=name, in_flight=own,
-            queued_prefill_tokens=(self.router.queued_tokens(name) if queued is None
+            queued_prefill_tokens=(self.router.queued_tokens(name, self.clock()) if queued is None
                                    else queued),
             kv_usage=kv_now, kv_held=(0.0 if kv_now is None or v.kv_usage is None
                                       else max(0.0, kv_now - v.kv_usage)),
@@ -281,7 +286,7 @@ class FleetView:
 
     def stats(self) -> dict[str, Any]:
         """Per replica, where its room came from at the last look (`/stats`), and the
-        prefill this gateway sent there that the engine has not begun (now)."""
+        prefill this gateway sent there that the engine has not done (now)."""
         return {name: {
             "source": v.source,
             "snapshot_age_s": None if v.age_s is None else round(v.age_s, 3),

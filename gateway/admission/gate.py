@@ -28,9 +28,10 @@ A replica that a request left with no whole answer (its connection refused or cu
 replica dying is seen there seconds before the probes mark it down) is doubted: it takes
 no request from the queue until a health probe, asked for at once
 (`FleetMonitor.suspect`), succeeds after that. Room comes from each replica's own engine
-signals (engine.py, room.py), and a new scrape that shows the engine's queue empty ends
-the queued prefill of what was sent before it (`Router.engine_began`; without engine
-figures, the cost model's estimate: `Router.estimate_began`).
+signals (engine.py, room.py); a request's queued prefill there ends at its first token
+(a non-streamed one's, whose first byte is its last, at its prefill time since a scrape
+showed it begun: `Router.engine_began`; without engine figures, the cost model's
+estimate: `Router.estimate_began`).
 
 Error boundary (gateway/tasks.py): every pass (on arrival, in `done`, in the ticker) runs
 inside it, so an error in one (the router, the drain rate, metrics) is logged,

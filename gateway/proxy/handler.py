@@ -81,7 +81,13 @@ from gateway.proxy.inbound import (
     strip_gateway_only,
 )
 from gateway.proxy.pd_path import PdPath
-from gateway.proxy.relay import RelayOutcome, relay, shutting_down, upstream_request_headers
+from gateway.proxy.relay import (
+    RESPONSES_FIRST_TOKEN,
+    RelayOutcome,
+    relay,
+    shutting_down,
+    upstream_request_headers,
+)
 from gateway.proxy.target import client_request_id, forwarded_headers, upstream_target
 from gateway.proxy.tenancy import TenantSalts
 from gateway.replicas.fleet import Fleet, Replica, no_healthy
@@ -387,7 +393,7 @@ class Proxy:
                         on_first_byte=lambda: self.flow.first_token(turn), timer=self.timer,
                         on_response_id=((lambda rid: self.flow.remember_response(turn, rid))
                                         if responses else None),
-                        first_token=b'"response.output_text.delta"' if responses else None,
+                        first_token=RESPONSES_FIRST_TOKEN if responses else None,
                         collect_reply=self.pd.collects(ex.endpoint),
                         collect_ids=self.pd.reads_ids(turn, ex.endpoint),
                         strip_ids=turn.ids_added)

@@ -24,8 +24,10 @@ A Responses API answer names its id (body `id`, or the stream's `response.*` eve
 that continues the chain at once already finds its creator remembered.
 
 `first_token`: a stream whose first events come before the prefill (the Responses API's
-`response.created`) times its first token at the first chunk holding this marker (the
-first `response.output_text.delta`) instead of its first byte.
+`response.created`) times its first token at the first chunk holding one of these markers
+(the first delta of text, a tool call's arguments, reasoning or a refusal: a stream that
+only calls a tool has no text delta, and its prompt would count as queued prefill until
+it ended) instead of its first byte.
 """
 
 from __future__ import annotations
@@ -106,10 +108,19 @@ class RelayOutcome:
         self.token_ids: list[int] | None = None
 
 
+# the Responses API stream's events that come only once the prompt is prefilled: the
+# first delta of whatever the answer holds (relay's `first_token`)
+RESPONSES_FIRST_TOKEN: tuple[bytes, ...] = (
+    b'"response.output_text.delta"', b'"response.function_call_arguments.delta"',
+    b'"response.reasoning_text.delta"', b'"response.reasoning_summary_text.delta"',
+    b'"response.refusal.delta"')
+
+
 async def relay(
     resp: UpstreamResponse, send: Send, extra: Headers, *, strip_usage: bool, replica: str | None,
     outcome: RelayOutcome, on_first_byte: Callable[[], None], timer: Callable[[], float],
-    on_response_id: Callable[[str], None] | None = None, first_token: bytes | None = None,
+    on_response_id: Callable[[str], None] | None = None,
+    first_token: tuple[bytes, ...] | None = None,
     collect_reply: bool = False, collect_ids: bool = False, strip_ids: bool = False,
 ) -> None:
     """Send resp to the client. Upstream failures before the head propagate (nothing was
@@ -155,7 +166,8 @@ async def relay(
                 on_response_id = None
             if not out:
                 continue
-            if outcome.first_byte is None and (first_token is None or first_token in out):
+            if outcome.first_byte is None and (first_token is None
+                                               or any(m in out for m in first_token)):
                 outcome.first_byte = timer()
                 on_first_byte()
             if held:  # at_eof was wrong after all: keep the order

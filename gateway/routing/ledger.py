@@ -8,8 +8,13 @@ flight there (`live`) until it is reported, retried elsewhere or swept.
 
 The plan carries an `Outcome` the request path fills in as it goes. Each decision first
 settles the outcomes of requests still in flight (`settle`): a first token ends its queued
-prefill; so does an engine scrape that shows it began (`engine_began`), or, without engine
-figures, the cost model's prefill time (`estimate_began`).
+prefill. A non-streamed request's first byte is its last: its queued prefill ends once
+its prefill has had time at the engine's rate since a scrape showed it begun
+(`engine_began`: `prefilled_by`), or, without engine figures, at the cost model's prefill
+time (`estimate_began`). A streamed one's ends at its first token only: begun is not
+prefilled (vLLM prefills a begun prompt's chunks before any waiting one), and a replica
+whose queued prefill dropped when a 114k-token prompt began there drew the requests that
+then waited 10-15 s behind it (the Mooncake trace, issue 36).
 
 A request that failed before its first token was never scheduled: the blocks it alone added
 are dropped (`drop_own`: not those it found there, nor those another request in flight on
@@ -23,8 +28,8 @@ answer, when the proxy has it) the reply's blocks are indexed too, as vLLM cache
 tokens and the next turn of the conversation repeats them.
 
 Bounds: `pending` and `live` hold the requests in flight, each removed at report, by a
-retry, or by the sweep (`pending_ttl_s`); every table has one entry per replica the router
-knows, removed with it (`forget`).
+retry, or by the sweep (`pending_ttl_s`), and `prefilled_by` those of `pending` begun;
+every table has one entry per replica the router knows, removed with it (`forget`).
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ class Ledger:
         # Router.pinned_tokens counts them as still there (their end is never told)
         self.swept: dict[str, float] = {}
         self.queued: dict[str, float] = {}
+        # when a non-streamed request in `pending` will have been prefilled (engine_began);
+        # removed with its `pending` entry (unqueue)
+        self.prefilled_by: dict[RoutePlan, float] = {}
         self._last_sweep = float("-inf")
         self.last_settle = 0.0
 
@@ -74,6 +82,8 @@ class Ledger:
 
     def forget(self, replica: str) -> None:
         """The replica left the fleet: its entry in every table goes."""
+        for plan in self.pending.get(replica, ()):
+            self.prefilled_by.pop(plan, None)
         for table in (self.limits, self.capacity_tokens, self.engine_blocks, self.pending,
                       self.queued, self.live, self.swept):
             table.pop(replica, None)
@@ -81,10 +91,13 @@ class Ledger:
     # a request's life ---------------------------------------------------------------------
     def settle(self, now: float) -> None:
         """Apply what in-flight outcomes say since the last decision (O(requests in
-        flight)): first tokens end queued prefill."""
+        flight)): first tokens end queued prefill, and so does the time a begun
+        non-streamed request's prefill takes (`prefilled_by`)."""
         self.last_settle = now
+        done = self.prefilled_by
         for replica, pend in self.pending.items():
-            for plan in [p for p in pend if p.outcome.first_token_at is not None]:
+            for plan in [p for p in pend if p.outcome.first_token_at is not None
+                         or done.get(p, math.inf) <= now]:
                 self.unqueue(plan, replica)
 
     def sent(self, plan: RoutePlan, replica: str, now: float) -> None:
@@ -120,15 +133,29 @@ class Ledger:
         if live is not None:
             live.pop(plan, None)
 
-    def engine_began(self, replica: str, asked_at: float, waiting: float | None) -> None:
-        """See Router.engine_began."""
+    def engine_began(self, replica: str, asked_at: float, waiting: float | None,
+                     s_per_token: float) -> None:
+        """See Router.engine_began. O(n log n) in the requests queued there."""
         pend = self.pending.get(replica)
         if not pend:
             return
         before = sorted((item[1], i, plan) for i, (plan, item) in enumerate(pend.items())
                         if item[1] < asked_at)
+        if not (math.isfinite(s_per_token) and s_per_token > 0):
+            s_per_token = self.config.prefill_s_per_token  # no rate of the engine's
+        # begun prompts are prefilled one after another (first come, first served, as
+        # `estimate_began` sums them): each ends after those begun before it
+        end = asked_at
         for _, _, plan in before[:began(len(before), waiting)]:
-            self.unqueue(plan, replica)
+            if plan.outcome.first_token_at is not None:
+                continue  # prefilled: its first token came (settled at the next read)
+            known = self.prefilled_by.get(plan)
+            if known is not None:  # a later scrape never pushes an end back
+                end = max(end, known)
+                continue
+            end += pend[plan][0] * s_per_token
+            if not plan.streamed:
+                self.prefilled_by[plan] = end
 
     def estimate_began(self, replica: str, now: float) -> None:
         """See Router.estimate_began."""
@@ -139,7 +166,7 @@ class Ledger:
         ahead = 0.0
         for plan, (tokens, at) in sorted(pend.items(), key=lambda kv: kv[1][1]):
             ahead += tokens
-            if now - at >= ahead * per_token:
+            if not plan.streamed and now - at >= ahead * per_token:
                 self.unqueue(plan, replica)
 
     def _completed(
@@ -194,6 +221,7 @@ class Ledger:
         if pend is None:
             return
         item = pend.pop(plan, None)
+        self.prefilled_by.pop(plan, None)
         if item is not None:
             left = self.queued.get(replica, 0.0) - item[0]
             self.queued[replica] = left if pend else 0.0  # no float drift when idle

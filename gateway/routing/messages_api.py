@@ -132,4 +132,6 @@ def chat_view(body: Mapping[str, Any]) -> dict[str, Any]:
             if isinstance(t, Mapping) and "input_schema" in t else t
             for t in tools
         ]
+    if body.get("stream") is True:  # a stream: its prefill ends at its first token
+        view["stream"] = True
     return view

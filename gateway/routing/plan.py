@@ -30,6 +30,9 @@ class RoutePlan:
     estimated_tokens: float  # prompt tokens (unrounded)
     tokens: TokenLookup | None = None  # token mode: exact tokens and blocks held, if live
     tenant: str | None = None  # the API key's tenant: its sessions and conversations
+    # the body asks for a stream: its first byte is its first token, which ends its queued
+    # prefill (ledger.py); a non-streamed answer's first byte is its last
+    streamed: bool = False
     outcome: Outcome = field(default_factory=Outcome)  # filled in by the request path
 
 

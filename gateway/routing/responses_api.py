@@ -111,4 +111,6 @@ def chat_view(body: Mapping[str, Any]) -> dict[str, Any]:
         view["tools"] = [_tool(t) for t in tools]
     if isinstance(body.get("cache_salt"), str):
         view["cache_salt"] = body["cache_salt"]
+    if body.get("stream") is True:  # a stream: its prefill ends at its first token
+        view["stream"] = True
     return view

@@ -161,21 +161,27 @@ class Router:
         there either until its first token (rare: every prefill replica failed)."""
         self._ledger.unqueue(plan, plan.outcome.replica)
 
-    def engine_began(self, replica: str, asked_at: float, waiting: float | None) -> None:
+    def engine_began(self, replica: str, asked_at: float, waiting: float | None,
+                     s_per_token: float) -> None:
         """A scrape of `replica` asked for at `asked_at` shows `waiting` requests in its
         engine's queue: of this gateway's requests sent there before it and still counted
-        as queued prefill, all but the `waiting` youngest have begun (`began`), so their
-        prefill no longer waits, whether or not a first byte came (a non-streamed answer's
-        first byte is its last)."""
-        self._ledger.engine_began(replica, asked_at, waiting)
+        as queued prefill, all but the `waiting` youngest have begun (`began`). Begun is
+        not prefilled (vLLM prefills a begun prompt in chunks, before any waiting one): a
+        streamed request's prefill stays queued to its first token; a non-streamed one's,
+        whose first byte is its last, ends once its uncached tokens' prefill at
+        `s_per_token` (the engine's rate), after that of those begun before it (first
+        come, first served), has passed since `asked_at`."""
+        self._ledger.engine_began(replica, asked_at, waiting, s_per_token)
 
     def estimate_began(self, replica: str, now: float) -> None:
         """No engine figure says which requests sent to `replica` began (an engine without
-        running/waiting counts, llama.cpp's; or its scrapes fail): each counts as begun once
-        the cost model's prefill time of its prompt and of those sent before it (first
-        come, first served) has passed since it was sent, else a non-streamed one, whose
-        first byte is its last, would count as queued prefill until its answer ended.
-        O(n log n) in the requests queued there, asked only without engine figures."""
+        running/waiting counts, llama.cpp's; or its scrapes fail): a non-streamed one counts
+        as prefilled once the cost model's prefill time of its prompt and of those sent
+        before it (first come, first served) has passed since it was sent, else, its first
+        byte its last, it would count as queued prefill until its answer ended; a streamed
+        one at its first token (the estimate ends a prompt early that waited behind others:
+        `engine_began`). O(n log n) in the requests queued there, asked only without engine
+        figures."""
         self._ledger.estimate_began(replica, now)
 
     def retried(self, plan: RoutePlan, replica: str, now: float) -> None:
@@ -312,7 +318,8 @@ class Router:
         return RoutePlan(decision=decision, model=model, session=session,
                          conversation=conversation, data=data,
                          seed=seed, hashes=hashes, matched=matched, predicted=predicted,
-                         estimated_tokens=prompt_tokens, tokens=lookup, tenant=tenant)
+                         estimated_tokens=prompt_tokens, tokens=lookup, tenant=tenant,
+                         streamed=body.get("stream") is True)
 
     # what happened to it ----------------------------------------------------------------
     def _sent(self, plan: RoutePlan, replica: str, now: float) -> None:
@@ -462,8 +469,11 @@ class Router:
     def index_limit(self, replica: str) -> int:
         return self._ledger.index.capacity(replica)
 
-    def queued_tokens(self, replica: str) -> float:
-        self._ledger.settle(self._ledger.last_settle)
+    def queued_tokens(self, replica: str, now: float | None = None) -> float:
+        """The prefill sent to `replica` and not yet done (ledger.py), settled at `now`
+        (None: the last decision's time; a begun non-streamed request's prefill ends by
+        the clock)."""
+        self._ledger.settle(self._ledger.last_settle if now is None else now)
         return self._ledger.queued.get(replica, 0.0)
 
     def largest_by_replica(self) -> dict[str, float]:
@@ -498,10 +508,10 @@ class Router:
         free = ledger.index.capacity(replica) - ledger.index.size(replica)
         return max(0, free) * self.config.block_bytes / ledger.estimator.mean_ratio()
 
-    def queued_by_replica(self) -> dict[str, float]:
-        """`queued_tokens` of every replica, settled once (the admission queue reads them
-        all on each pass)."""
-        self._ledger.settle(self._ledger.last_settle)
+    def queued_by_replica(self, now: float | None = None) -> dict[str, float]:
+        """`queued_tokens` of every replica, settled once at `now` (the admission queue
+        reads them all on each pass)."""
+        self._ledger.settle(self._ledger.last_settle if now is None else now)
         return dict(self._ledger.queued)
 
     def session_load(self, replica: str, now: float) -> float:
