@@ -28,7 +28,10 @@ it, with no fallback, as in serve (gateway.proxy.pinning: 404 when it left, 503 
 down, another tenant's id a 404).
 A record whose body the EPP does not read (a stream under "json"; everything under
 "headers") has no token counts; it still ends, and releases its in-flight count, when the
-response does: Envoy closes the ext_proc stream then (`finish(cut=True)`).
+response does: Envoy closes the ext_proc stream then (`finish(cut=True)`). A stream's
+first token is its first chunk where the chunks reach the picker (read, or passed through
+in full duplex whatever `[epp] response` says), else its headers, which an engine sends
+before its prefill (docs/deployment/kubernetes.md, "A stream's first token").
 """
 
 from __future__ import annotations
@@ -294,10 +297,13 @@ class Picker:
     # response --------------------------------------------------------------------------
 
     def response_started(self, flow: Flow, status: int, served: str | None,
-                         content_type: str, *, unreachable: bool = False) -> Headers:
+                         content_type: str, *, unreachable: bool = False,
+                         body_follows: bool = False) -> Headers:
         """The response headers arrived; returns the headers to add to them. Sets whether
         the body is wanted (`flow.wants_body`). `unreachable`: Envoy could reach no
-        upstream it tried (it says so in the response's code details)."""
+        upstream it tried (it says so in the response's code details); `body_follows`:
+        the data plane sends the body's chunks through the picker whatever it asks (full
+        duplex), so a stream's first token is its first chunk (`stream_chunk`)."""
         ex = flow.ex
         ex.status = status
         flow.responded = True
@@ -325,9 +331,19 @@ class Picker:
             mode == "body" or (mode == "json" and not flow.sse))
         if flow.wants_body and flow.sse:
             flow.tap = SseUsageTap(strip=False)
-        else:
+        elif not (body_follows and flow.sse and status == 200):
+            # an engine sends a stream's headers before its prefill: taken as its first
+            # token, they end its queued prefill (Router.first_token) while the engine
+            # is still prefilling it, and the replica looks free to the next pick; where
+            # the chunks pass through anyway, the first one is taken instead
             self._first_byte(flow)
         return flow.added
+
+    def stream_chunk(self, flow: Flow, chunk: bytes) -> None:
+        """A chunk of a stream whose body the picker does not read (`body_follows`): the
+        first one with bytes is its first token."""
+        if chunk:
+            self._first_byte(flow)
 
     def _first_byte(self, flow: Flow) -> None:
         if flow.ex.outcome.first_byte is None:
