@@ -29,9 +29,10 @@ down, another tenant's id a 404).
 A record whose body the EPP does not read (a stream under "json"; everything under
 "headers") has no token counts; it still ends, and releases its in-flight count, when the
 response does: Envoy closes the ext_proc stream then (`finish(cut=True)`). A stream's
-first token is its first chunk where the chunks reach the picker (read, or passed through
-in full duplex whatever `[epp] response` says), else its headers, which an engine sends
-before its prefill (docs/deployment/kubernetes.md, "A stream's first token").
+first token is its first chunk (a Responses stream's, its first delta) where the chunks
+reach the picker (read, or passed through in full duplex whatever `[epp] response` says),
+else its headers, which an engine sends before its prefill (docs/deployment/kubernetes.md,
+"A stream's first token").
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ from gateway.settings import EppSettings
 from gateway.tracing import propagate
 from gateway.usage.extract import parse_answer
 from gateway.usage.metrics import UNKNOWN_MODEL
-from gateway.usage.sse import SseUsageTap
+from gateway.usage.sse import RESPONSES_FIRST_TOKEN, SseUsageTap, first_token_in
 
 log = logging.getLogger("gateway.epp")
 
@@ -340,9 +341,11 @@ class Picker:
         return flow.added
 
     def stream_chunk(self, flow: Flow, chunk: bytes) -> None:
-        """A chunk of a stream whose body the picker does not read (`body_follows`): the
-        first one with bytes is its first token."""
-        if chunk:
+        """A chunk of a stream, read or not (`body_follows`): the first one with bytes is
+        its first token; a Responses stream's, the first with a delta (its first events
+        come with the headers, before the prefill: `RESPONSES_FIRST_TOKEN`, as serve)."""
+        markers = RESPONSES_FIRST_TOKEN if flow.endpoint == "responses" else None
+        if flow.ex.outcome.first_byte is None and first_token_in(chunk, markers):
             self._first_byte(flow)
 
     def _first_byte(self, flow: Flow) -> None:
@@ -355,8 +358,8 @@ class Picker:
         responses = flow.endpoint == "responses" and not flow.remembered
         tap = flow.tap
         if tap is not None:
+            self.stream_chunk(flow, chunk)
             if chunk:
-                self._first_byte(flow)
                 tap.feed(chunk)
                 if responses and tap.response_id is not None:
                     # a continuation goes where this answer is stored, as in serve
