@@ -220,3 +220,37 @@ def test_the_next_turn_goes_where_the_fallback_served(tmp_path: Path) -> None:
     assert seen[0] == seen[1] and seen[2] != seen[0], seen
     assert seen[2] == seen[3] == seen[4], seen  # where the fallback served
     assert cached[2] == 0 and all(n > 100 for n in cached[3:]), cached
+
+
+def test_a_streams_first_token_is_its_first_chunk_not_its_headers(tmp_path: Path) -> None:
+    """The field's configuration with `[epp] response` at its default ("json", which does
+    not read streams): an engine sends a stream's headers before its prefill, and the
+    picker took them for its first token, so its queued prefill ended (and the replica
+    looked free to the next pick) while the engine was still prefilling it. The chunks
+    pass through the picker anyway: the first one is its first token, as the client
+    sees it (a replica at real-time speed, whose prefill of this prompt takes a while)."""
+    usage = tmp_path / "usage.jsonl"
+    env = {"GATEWAY_USAGE__LOG_PATH": str(usage), "GATEWAY_USAGE__STARTUP_PROBE": "false"}
+    with (replicas(1, ["--speed", "1", "--max-model-len", "65536"]) as pool,
+          epp([r.url for r in pool], env=env, log_path=tmp_path / "epp.log") as (port, _),
+          envoy(port, pool, fail_open=False, workdir=tmp_path, template=FULL_DUPLEX) as url):
+        body = {"model": MODEL, "stream": True, "max_tokens": 2,
+                "messages": [{"role": "user", "content": "prefill this " + RULES * 12}]}
+        start = time.monotonic()
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body,
+                          timeout=60) as resp:
+            assert resp.status_code == 200
+            headers_s = time.monotonic() - start
+            first_s = None
+            for chunk in resp.iter_raw():
+                if chunk and first_s is None:
+                    first_s = time.monotonic() - start
+            rid = resp.headers["x-request-id"]
+        assert first_s is not None
+        # the engine's prefill is what the client waits for: its headers came first
+        assert first_s - headers_s > 0.1, (headers_s, first_s)
+        rec = records(usage, rid)
+    assert rec["stream"] is True and rec["ttft_ms"] is not None
+    # the picker's first token is the client's, within Envoy's relaying, not the headers'
+    assert rec["ttft_ms"] / 1000 > headers_s + 0.5 * (first_s - headers_s), (
+        rec["ttft_ms"], headers_s, first_s)

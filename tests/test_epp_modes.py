@@ -198,6 +198,44 @@ async def test_response_chunks_pass_back_and_usage_is_read(
     assert (rec.status, rec.prompt_tokens, rec.cached_tokens) == (200, 7, 5)
 
 
+def queued(epp: object) -> float:
+    """The prefill the router counts as sent and not yet begun, over the fleet."""
+    router = epp.app.services.router  # type: ignore[attr-defined]
+    return float(sum(router.queued_by_replica().values()))
+
+
+@pytest.mark.parametrize(("mode", "at_headers"), [
+    # the field's configuration (llm-d, Istio, kgateway): the stream's chunks pass through
+    # the picker even under the default `[epp] response = "json"`: its first chunk ends it
+    ((FD, FD), False),
+    # the project's file: the stream's body is turned off (mode override NONE), so its
+    # headers are all the picker sees of it
+    ((BUF, NONE), True),
+])
+async def test_a_streams_queued_prefill_ends_at_its_first_chunk_where_chunks_pass(
+        urls: list[str], mode: tuple[int, int], at_headers: bool) -> None:
+    body = orjson.dumps({"model": MODEL, "stream": True,
+                         "messages": [{"role": "user", "content": "prefill " * 400}]})
+    async with running_epp(urls) as epp:  # `[epp] response` left at its default, "json"
+        w = Wire(epp)
+        await w.send(headers(mode=mode), *chunks(body, 1))
+        await w.read(2)  # the pick
+        assert queued(epp) > 0  # sent, not begun
+        # an engine sends a stream's headers before its prefill
+        await w.send(response_headers(content_type="text/event-stream"))
+        await w.read(1)
+        assert (queued(epp) == 0) is at_headers
+        if not at_headers:
+            await w.send(response_body(USAGE_SSE[0], False))  # the first token
+            await w.read(1)
+            assert queued(epp) == 0
+            await w.send(response_body(USAGE_SSE[1] + USAGE_SSE[2], True))
+            await w.read(1)
+        await w.close()
+    (rec,) = epp.records
+    assert rec.status == 200 and (rec.ttft_ms is not None)
+
+
 async def test_response_trailers_are_answered_and_end_the_record(urls: list[str]) -> None:
     async with running_epp(urls, response="body") as epp:
         w = Wire(epp)

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from gateway.proxy.errors import UpstreamProtocolError
-from gateway.proxy.relay import RESPONSES_FIRST_TOKEN, RelayOutcome, relay
+from gateway.proxy.relay import RelayOutcome, relay
+from gateway.usage.sse import RESPONSES_FIRST_TOKEN
 
 EVENTS = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n',
           b'data: {"choices":[{"delta":{"content":"b"}}]}\n\n',

@@ -28,7 +28,11 @@ it, with no fallback, as in serve (gateway.proxy.pinning: 404 when it left, 503 
 down, another tenant's id a 404).
 A record whose body the EPP does not read (a stream under "json"; everything under
 "headers") has no token counts; it still ends, and releases its in-flight count, when the
-response does: Envoy closes the ext_proc stream then (`finish(cut=True)`).
+response does: Envoy closes the ext_proc stream then (`finish(cut=True)`). A stream's
+first token is its first chunk (a Responses stream's, its first delta) where the chunks
+reach the picker (read, or passed through in full duplex whatever `[epp] response` says),
+else its headers, which an engine sends before its prefill (docs/deployment/kubernetes.md,
+"A stream's first token").
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from gateway.settings import EppSettings
 from gateway.tracing import propagate
 from gateway.usage.extract import parse_answer
 from gateway.usage.metrics import UNKNOWN_MODEL
-from gateway.usage.sse import SseUsageTap
+from gateway.usage.sse import RESPONSES_FIRST_TOKEN, SseUsageTap, first_token_in
 
 log = logging.getLogger("gateway.epp")
 
@@ -294,10 +298,13 @@ class Picker:
     # response --------------------------------------------------------------------------
 
     def response_started(self, flow: Flow, status: int, served: str | None,
-                         content_type: str, *, unreachable: bool = False) -> Headers:
+                         content_type: str, *, unreachable: bool = False,
+                         body_follows: bool = False) -> Headers:
         """The response headers arrived; returns the headers to add to them. Sets whether
         the body is wanted (`flow.wants_body`). `unreachable`: Envoy could reach no
-        upstream it tried (it says so in the response's code details)."""
+        upstream it tried (it says so in the response's code details); `body_follows`:
+        the data plane sends the body's chunks through the picker whatever it asks (full
+        duplex), so a stream's first token is its first chunk (`stream_chunk`)."""
         ex = flow.ex
         ex.status = status
         flow.responded = True
@@ -325,9 +332,21 @@ class Picker:
             mode == "body" or (mode == "json" and not flow.sse))
         if flow.wants_body and flow.sse:
             flow.tap = SseUsageTap(strip=False)
-        else:
+        elif not (body_follows and flow.sse and status == 200):
+            # an engine sends a stream's headers before its prefill: taken as its first
+            # token, they end its queued prefill (Router.first_token) while the engine
+            # is still prefilling it, and the replica looks free to the next pick; where
+            # the chunks pass through anyway, the first one is taken instead
             self._first_byte(flow)
         return flow.added
+
+    def stream_chunk(self, flow: Flow, chunk: bytes) -> None:
+        """A chunk of a stream, read or not (`body_follows`): the first one with bytes is
+        its first token; a Responses stream's, the first with a delta (its first events
+        come with the headers, before the prefill: `RESPONSES_FIRST_TOKEN`, as serve)."""
+        markers = RESPONSES_FIRST_TOKEN if flow.endpoint == "responses" else None
+        if flow.ex.outcome.first_byte is None and first_token_in(chunk, markers):
+            self._first_byte(flow)
 
     def _first_byte(self, flow: Flow) -> None:
         if flow.ex.outcome.first_byte is None:
@@ -339,8 +358,8 @@ class Picker:
         responses = flow.endpoint == "responses" and not flow.remembered
         tap = flow.tap
         if tap is not None:
+            self.stream_chunk(flow, chunk)
             if chunk:
-                self._first_byte(flow)
                 tap.feed(chunk)
                 if responses and tap.response_id is not None:
                     # a continuation goes where this answer is stored, as in serve

@@ -194,15 +194,16 @@ class Stream:
         meta, attrs = messages.served_values(request)
         status = int(headers.get(":status", "0") or 0)
         served = decision.served_endpoint(meta, attrs)
+        end = request.response_headers.end_of_stream
         added = self.picker.response_started(
             flow, status, served, headers.get("content-type", ""),
-            unreachable=decision.unreachable(status, attrs.get(decision.CODE_DETAILS)))
+            unreachable=decision.unreachable(status, attrs.get(decision.CODE_DETAILS)),
+            body_follows=self.modes.duplex_response and not end)
         if self.picker.epp.conformance:
             endpoint = served or (self.picker.endpoints.get(flow.replica.name)
                                   if flow.replica is not None else None)
             if endpoint:
                 added = [*added, (decision.TEST_SERVED, endpoint)]
-        end = request.response_headers.end_of_stream
         override = None if end else modes.response_override(
             self.modes, flow.wants_body, flow.sse)
         self.response_mode = self.modes.response if override is None else override
@@ -218,6 +219,8 @@ class Stream:
         out = (messages.streamed(chunk, end, request=False)
                if self.modes.duplex_response else messages.response_body_continue())
         flow = self.flow
+        if flow is not None and flow.sse and not flow.wants_body and not self.response_over:
+            self.picker.stream_chunk(flow, chunk)  # full duplex: its first token (picker.py)
         if flow is None or self.response_over or not flow.wants_body:
             if end:
                 self._end_response()

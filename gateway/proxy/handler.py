@@ -82,7 +82,6 @@ from gateway.proxy.inbound import (
 )
 from gateway.proxy.pd_path import PdPath
 from gateway.proxy.relay import (
-    RESPONSES_FIRST_TOKEN,
     RelayOutcome,
     relay,
     shutting_down,
@@ -103,6 +102,7 @@ from gateway.upstream.failure import answered, client_error, happened, verdict
 from gateway.upstream.seam import Timeouts, Upstream, UpstreamResponse
 from gateway.usage.metrics import UNKNOWN_MODEL, GatewayMetrics
 from gateway.usage.recorder import UsageRecorder
+from gateway.usage.sse import RESPONSES_FIRST_TOKEN
 
 log = logging.getLogger("gateway.proxy.handler")
 

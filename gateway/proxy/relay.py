@@ -44,7 +44,7 @@ from gateway.proxy.errors import GatewayError, UpstreamError, from_upstream
 from gateway.proxy.target import HOP_BY_HOP
 from gateway.upstream.seam import RawHeaders, UpstreamResponse
 from gateway.usage.extract import Usage, parse_answer
-from gateway.usage.sse import SseUsageTap
+from gateway.usage.sse import SseUsageTap, first_token_in
 
 DROP_RESPONSE = HOP_BY_HOP | {b"content-length", b"server", b"date", b"x-request-id"}
 
@@ -108,14 +108,6 @@ class RelayOutcome:
         self.token_ids: list[int] | None = None
 
 
-# the Responses API stream's events that come only once the prompt is prefilled: the
-# first delta of whatever the answer holds (relay's `first_token`)
-RESPONSES_FIRST_TOKEN: tuple[bytes, ...] = (
-    b'"response.output_text.delta"', b'"response.function_call_arguments.delta"',
-    b'"response.reasoning_text.delta"', b'"response.reasoning_summary_text.delta"',
-    b'"response.refusal.delta"')
-
-
 async def relay(
     resp: UpstreamResponse, send: Send, extra: Headers, *, strip_usage: bool, replica: str | None,
     outcome: RelayOutcome, on_first_byte: Callable[[], None], timer: Callable[[], float],
@@ -166,8 +158,7 @@ async def relay(
                 on_response_id = None
             if not out:
                 continue
-            if outcome.first_byte is None and (first_token is None
-                                               or any(m in out for m in first_token)):
+            if outcome.first_byte is None and first_token_in(out, first_token):
                 outcome.first_byte = timer()
                 on_first_byte()
             if held:  # at_eof was wrong after all: keep the order

@@ -94,6 +94,22 @@ def _data(event: bytes) -> bytes | None:
 MAX_EVENT_BYTES = 1024 * 1024  # a partial event held longer than this is let go (see feed)
 
 
+# the Responses API stream's events that come only once the prompt is prefilled: the
+# first delta of whatever the answer holds (`response.created` and `.in_progress` come
+# with the headers, before it); `gateway serve`'s relay and the picker time a Responses
+# stream's first token at the first chunk holding one
+RESPONSES_FIRST_TOKEN: tuple[bytes, ...] = (
+    b'"response.output_text.delta"', b'"response.function_call_arguments.delta"',
+    b'"response.reasoning_text.delta"', b'"response.reasoning_summary_text.delta"',
+    b'"response.refusal.delta"')
+
+
+def first_token_in(chunk: bytes, markers: tuple[bytes, ...] | None) -> bool:
+    """Whether a stream's `chunk` holds its first token: any bytes, or with `markers` one
+    of them."""
+    return bool(chunk) and (markers is None or any(m in chunk for m in markers))
+
+
 class SseUsageTap:
     def __init__(self, *, strip: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.strip = strip
