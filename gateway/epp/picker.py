@@ -29,10 +29,7 @@ down, another tenant's id a 404).
 A record whose body the EPP does not read (a stream under "json"; everything under
 "headers") has no token counts; it still ends, and releases its in-flight count, when the
 response does: Envoy closes the ext_proc stream then (`finish(cut=True)`). A stream's
-first token is its first chunk (a Responses stream's, its first delta) where the chunks
-reach the picker (read, or passed through in full duplex whatever `[epp] response` says),
-else its headers, which an engine sends before its prefill (docs/deployment/kubernetes.md,
-"A stream's first token").
+first token: `stream_chunk` (docs/deployment/kubernetes.md, "A stream's first token").
 """
 
 from __future__ import annotations
@@ -302,9 +299,8 @@ class Picker:
                          body_follows: bool = False) -> Headers:
         """The response headers arrived; returns the headers to add to them. Sets whether
         the body is wanted (`flow.wants_body`). `unreachable`: Envoy could reach no
-        upstream it tried (it says so in the response's code details); `body_follows`:
-        the data plane sends the body's chunks through the picker whatever it asks (full
-        duplex), so a stream's first token is its first chunk (`stream_chunk`)."""
+        upstream it tried (code details); `body_follows`: the chunks reach the picker
+        whatever it asks (full duplex): a stream's first token is in one (`stream_chunk`)."""
         ex = flow.ex
         ex.status = status
         flow.responded = True
@@ -333,17 +329,17 @@ class Picker:
         if flow.wants_body and flow.sse:
             flow.tap = SseUsageTap(strip=False)
         elif not (body_follows and flow.sse and status == 200):
-            # an engine sends a stream's headers before its prefill: taken as its first
-            # token, they end its queued prefill (Router.first_token) while the engine
-            # is still prefilling it, and the replica looks free to the next pick; where
-            # the chunks pass through anyway, the first one is taken instead
+            # the headers: all the picker gets. An engine sends them before its prefill,
+            # so they end the queued prefill (Router.first_token) while the replica is
+            # still prefilling; where the chunks pass through, `stream_chunk` waits
             self._first_byte(flow)
         return flow.added
 
     def stream_chunk(self, flow: Flow, chunk: bytes) -> None:
         """A chunk of a stream, read or not (`body_follows`): the first one with bytes is
-        its first token; a Responses stream's, the first with a delta (its first events
-        come with the headers, before the prefill: `RESPONSES_FIRST_TOKEN`, as serve)."""
+        its first token, after the headers that an engine sends before its prefill; a
+        Responses stream's, the first with a delta (its `response.created` comes with the
+        headers: `RESPONSES_FIRST_TOKEN`, as in serve)."""
         markers = RESPONSES_FIRST_TOKEN if flow.endpoint == "responses" else None
         if flow.ex.outcome.first_byte is None and first_token_in(chunk, markers):
             self._first_byte(flow)
