@@ -88,6 +88,15 @@ async def picked(epp: Epp, body: bytes = CHAT, mode: tuple[int, int] = (FD, FD),
     return w
 
 
+async def first_chunk_ends_it(w: Wire, epp: Epp) -> None:
+    """The stream's first chunk with a token ends its queued prefill; then its rest."""
+    await w.send(response_body(USAGE_SSE[0], False))
+    await w.read(1)
+    assert queued(epp) == 0
+    await w.send(response_body(USAGE_SSE[1] + USAGE_SSE[2], True))
+    await w.read(1)
+
+
 # the chunk that is the first token ---------------------------------------------------
 
 async def test_an_empty_first_chunk_is_not_the_first_token(urls: list[str]) -> None:
@@ -99,11 +108,7 @@ async def test_an_empty_first_chunk_is_not_the_first_token(urls: list[str]) -> N
         await w.send(response_body(b"", False))
         await w.read(1)
         assert queued(epp) > 0
-        await w.send(response_body(USAGE_SSE[0], False))
-        await w.read(1)
-        assert queued(epp) == 0
-        await w.send(response_body(USAGE_SSE[1] + USAGE_SSE[2], True))
-        await w.read(1)
+        await first_chunk_ends_it(w, epp)
         await w.close()
     (rec,) = epp.records
     assert rec.status == 200 and rec.ttft_ms is not None
@@ -186,11 +191,7 @@ async def test_under_headers_in_full_duplex_the_first_chunk_is_the_first_token(
         await w.send(response_headers(content_type=SSE))
         await w.read(1)
         assert queued(epp) > 0
-        await w.send(response_body(USAGE_SSE[0], False))
-        await w.read(1)
-        assert queued(epp) == 0
-        await w.send(response_body(USAGE_SSE[1] + USAGE_SSE[2], True))
-        await w.read(1)
+        await first_chunk_ends_it(w, epp)
         await w.close()
     (rec,) = epp.records
     assert rec.ttft_ms is not None and rec.prompt_tokens is None  # not read
@@ -255,11 +256,7 @@ async def test_a_fallbacks_stream_stays_queued_there_until_its_first_chunk(
         await w.send(response_headers(content_type=SSE, served=fallback))
         await w.read(1)
         assert set(queued_at(epp)) == {epp.picker.by_endpoint[fallback]}
-        await w.send(response_body(USAGE_SSE[0], False))
-        await w.read(1)
-        assert queued(epp) == 0
-        await w.send(response_body(USAGE_SSE[1] + USAGE_SSE[2], True))
-        await w.read(1)
+        await first_chunk_ends_it(w, epp)
         await w.close()
         assert in_flight(epp) == 0
     (rec,) = epp.records
