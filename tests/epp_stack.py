@@ -118,3 +118,15 @@ def envoy(epp_port: int, pool: Sequence[Replica], *, fail_open: bool, workdir: P
     with running(argv, [f"http://127.0.0.1:{admin}/ready"],
                  log_path=workdir / f"envoy-{listen}.log"):
         yield f"http://127.0.0.1:{listen}"
+
+
+@contextlib.contextmanager
+def realtime_duplex(workdir: Path, usage: Path) -> Iterator[str]:
+    """One simulated replica at real-time speed (a long prompt's prefill takes a while)
+    behind `gateway epp` at its defaults, its usage records in `usage`, behind a real Envoy
+    in the field's configuration (FULL_DUPLEX); yields Envoy's URL."""
+    env = {"GATEWAY_USAGE__LOG_PATH": str(usage), "GATEWAY_USAGE__STARTUP_PROBE": "false"}
+    with (replicas(1, ["--speed", "1", "--max-model-len", "65536"]) as pool,
+          epp([r.url for r in pool], env=env, log_path=workdir / "epp.log") as (port, _),
+          envoy(port, pool, fail_open=False, workdir=workdir, template=FULL_DUPLEX) as url):
+        yield url

@@ -5,9 +5,7 @@ queue wait counted in the simulated TTFT, figures per tenant and class."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +17,7 @@ from gateway.bench.presets import PRESETS
 from gateway.bench.runner import RequestRecord, auth_keys, record_of, tenant_key
 from gateway.bench.session import TurnRequest
 from gateway.bench.workload import WorkloadConfig, build_workload
+from tests.bench_scripts import load
 
 
 def test_tenants_and_classes_are_dealt_by_weight() -> None:
@@ -153,12 +152,7 @@ def test_groups_by_tenant_and_class_and_their_table() -> None:
 
 
 def _mooncake() -> Any:
-    path = Path(__file__).resolve().parents[1] / "bench" / "bench_mooncake.py"
-    spec = importlib.util.spec_from_file_location("bench_mooncake", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("bench_mooncake")
 
 
 def test_the_mooncake_bench_columns_and_loads(monkeypatch: pytest.MonkeyPatch) -> None:

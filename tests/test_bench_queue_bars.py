@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
+from tests.bench_scripts import load
 
-def _script() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "bench" / "bench_queue_bars.py"
-    spec = importlib.util.spec_from_file_location("bench_queue_bars", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-BARS = _script()
+BARS = load("bench_queue_bars")
 
 
 def run(off: float, on: float, off2: float = 0.0, on2: float = 0.0,

@@ -28,6 +28,7 @@ from tests.epp_stack import (
     envoy,
     envoy_binary,
     epp,
+    realtime_duplex,
     replicas,
 )
 
@@ -230,10 +231,7 @@ def test_a_streams_first_token_is_its_first_chunk_not_its_headers(tmp_path: Path
     pass through the picker anyway: the first one is its first token, as the client
     sees it (a replica at real-time speed, whose prefill of this prompt takes a while)."""
     usage = tmp_path / "usage.jsonl"
-    env = {"GATEWAY_USAGE__LOG_PATH": str(usage), "GATEWAY_USAGE__STARTUP_PROBE": "false"}
-    with (replicas(1, ["--speed", "1", "--max-model-len", "65536"]) as pool,
-          epp([r.url for r in pool], env=env, log_path=tmp_path / "epp.log") as (port, _),
-          envoy(port, pool, fail_open=False, workdir=tmp_path, template=FULL_DUPLEX) as url):
+    with realtime_duplex(tmp_path, usage) as url:
         body = {"model": MODEL, "stream": True, "max_tokens": 2,
                 "messages": [{"role": "user", "content": "prefill this " + RULES * 12}]}
         start = time.monotonic()

@@ -17,7 +17,7 @@ import pytest
 
 from gateway.admission.config import AdmissionConfig
 from gateway.epp import modes
-from tests.epp_stack import FULL_DUPLEX, envoy, envoy_binary, epp, replicas
+from tests.epp_stack import envoy_binary, realtime_duplex
 from tests.epp_wire import (
     USAGE_JSON,
     USAGE_SSE,
@@ -318,10 +318,7 @@ async def test_admission_room_holds_a_waiter_until_the_first_chunk(urls: list[st
 def test_a_responses_streams_first_token_behind_envoy_is_its_first_delta(
         tmp_path: Path) -> None:
     usage = tmp_path / "usage.jsonl"
-    env = {"GATEWAY_USAGE__LOG_PATH": str(usage), "GATEWAY_USAGE__STARTUP_PROBE": "false"}
-    with (replicas(1, ["--speed", "1", "--max-model-len", "65536"]) as pool,
-          epp([r.url for r in pool], env=env, log_path=tmp_path / "epp.log") as (port, _),
-          envoy(port, pool, fail_open=False, workdir=tmp_path, template=FULL_DUPLEX) as url):
+    with realtime_duplex(tmp_path, usage) as url:
         body = {"model": MODEL, "stream": True, "max_output_tokens": 2,
                 "input": "prefill this " + RULES * 12}
         start = time.monotonic()
